@@ -1,0 +1,42 @@
+"""pycircuits_widgets: reverse-engineer transformer circuits interactively in Jupyter.
+
+The public API (see README) is exported lazily, so that ``import pycircuits_widgets``
+stays cheap and the analysis core can be used without IPython or anywidget.
+"""
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "FactoredMatrix": "pycircuits_widgets.factored",
+    "load_pretrained": "pycircuits_widgets.models",
+    "from_transformer_lens": "pycircuits_widgets.models",
+    "from_hf": "pycircuits_widgets.models",
+    "run": "pycircuits_widgets.analysis",
+    "composition_scores": "pycircuits_widgets.analysis",
+    "eigenvalue_positivity": "pycircuits_widgets.analysis",
+    "skip_trigrams": "pycircuits_widgets.analysis",
+    "head_scores": "pycircuits_widgets.analysis",
+    "ColoredTokens": "pycircuits_widgets.widgets",
+    "AttentionPatterns": "pycircuits_widgets.widgets",
+    "SkipTrigramTable": "pycircuits_widgets.widgets",
+    "CompositionMatrix": "pycircuits_widgets.widgets",
+    "EigenvaluePlot": "pycircuits_widgets.widgets",
+    "CircuitExplorer": "pycircuits_widgets.widgets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pycircuits_widgets' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
