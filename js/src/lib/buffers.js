@@ -1,0 +1,48 @@
+// Decoding of binary payloads sent by pycircuits_widgets.widgets.payload.encode_array:
+// {view: DataView, dtype: string, shape: number[]}.
+
+const TYPED = {
+  uint8: Uint8Array,
+  int8: Int8Array,
+  uint16: Uint16Array,
+  int16: Int16Array,
+  uint32: Uint32Array,
+  int32: Int32Array,
+  float32: Float32Array,
+  float64: Float64Array,
+};
+
+/**
+ * View a binary payload as a typed array (copying only if the buffer is misaligned).
+ * @param {{view: DataView|ArrayBuffer|Uint8Array, dtype: string, shape: number[]}} payload
+ * @returns {{data: ArrayLike<number>, shape: number[]}}
+ */
+export function decodeArray(payload) {
+  if (!payload || payload.view == null) throw new Error("decodeArray: payload has no `view` buffer");
+  const Typed = TYPED[payload.dtype];
+  if (!Typed) throw new Error(`decodeArray: unsupported dtype "${payload.dtype}"`);
+  const { buffer, byteOffset, byteLength } = toBytes(payload.view);
+  const n = byteLength / Typed.BYTES_PER_ELEMENT;
+  const expected = payload.shape.reduce((a, b) => a * b, 1);
+  if (n !== expected) {
+    throw new Error(`decodeArray: ${n} ${payload.dtype} values for shape [${payload.shape}]`);
+  }
+  const data =
+    byteOffset % Typed.BYTES_PER_ELEMENT === 0
+      ? new Typed(buffer, byteOffset, n)
+      : new Typed(buffer.slice(byteOffset, byteOffset + byteLength));
+  return { data, shape: payload.shape };
+}
+
+function toBytes(view) {
+  if (view instanceof ArrayBuffer) return { buffer: view, byteOffset: 0, byteLength: view.byteLength };
+  return { buffer: view.buffer, byteOffset: view.byteOffset, byteLength: view.byteLength };
+}
+
+/** @param {string} b64 @returns {DataView} */
+export function decodeBase64(b64) {
+  const bin = atob(b64);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  return new DataView(bytes.buffer);
+}

@@ -1,0 +1,103 @@
+// A kernel-less anywidget host: a model object with anywidget's front-end API
+// (get/set/on/off/save_changes/send) backed by a saved widget state. The standalone HTML
+// export uses it as is; the browser test harness passes `onSave`/`onSend` to forward
+// changes to a live Python widget.
+import { decodeBase64 } from "./buffers.js";
+
+/**
+ * Put binary buffers back into a state object at their paths (ipywidgets' buffer_paths).
+ * @param {Record<string, any>} state  JSON state (mutated)
+ * @param {Array<Array<string|number>>} paths
+ * @param {DataView[]} buffers
+ */
+export function restoreBuffers(state, paths, buffers) {
+  paths.forEach((path, i) => {
+    let obj = state;
+    for (const key of path.slice(0, -1)) obj = obj[key];
+    obj[path[path.length - 1]] = buffers[i];
+  });
+  return state;
+}
+
+export class HostModel {
+  /**
+   * @param {string} id
+   * @param {Record<string, any>} state
+   * @param {{onSave?: (id: string, changes: Record<string, any>) => any, onSend?: (id: string, content: any, buffers: any[]) => any}} hooks
+   */
+  constructor(id, state, hooks = {}) {
+    this.model_id = id;
+    this._state = { ...state };
+    this._dirty = {};
+    this._listeners = new Map();
+    this._hooks = hooks;
+  }
+  get(name) {
+    return this._state[name];
+  }
+  set(name, value) {
+    if (this._state[name] === value) return;
+    this._state[name] = value;
+    this._dirty[name] = value;
+    this._emit(`change:${name}`, value);
+  }
+  /** Apply a state update coming from the kernel (no echo back). */
+  update(changes) {
+    for (const [name, value] of Object.entries(changes)) {
+      this._state[name] = value;
+      delete this._dirty[name];
+      this._emit(`change:${name}`, value);
+    }
+  }
+  save_changes() {
+    const changes = this._dirty;
+    this._dirty = {};
+    if (this._hooks.onSave && Object.keys(changes).length) this._hooks.onSave(this.model_id, changes);
+  }
+  send(content, _callbacks, buffers = []) {
+    if (this._hooks.onSend) this._hooks.onSend(this.model_id, content, buffers);
+  }
+  /** Deliver a custom message from the kernel. */
+  receive(content, buffers = []) {
+    this._emit("msg:custom", content, buffers);
+  }
+  on(event, cb) {
+    if (!this._listeners.has(event)) this._listeners.set(event, new Set());
+    this._listeners.get(event).add(cb);
+  }
+  off(event, cb) {
+    if (event == null) this._listeners.clear();
+    else if (cb == null) this._listeners.delete(event);
+    else this._listeners.get(event)?.delete(cb);
+  }
+  _emit(event, ...args) {
+    for (const cb of [...(this._listeners.get(event) ?? [])]) cb(...args);
+  }
+}
+
+/**
+ * Create a host for widget states saved by `pycircuits_widgets.widgets.standalone`.
+ * @param {{onSave?: Function, onSend?: Function}} hooks
+ */
+export function createHost(widgetDef, hooks = {}) {
+  const models = new Map();
+  return {
+    models,
+    /**
+     * @param {HTMLElement} el
+     * @param {{model_id: string, state: object, buffer_paths: any[], buffers: string[]}} saved
+     *   buffers are base64 strings
+     */
+    mount(el, saved) {
+      const state = restoreBuffers(
+        structuredClone(saved.state),
+        saved.buffer_paths,
+        saved.buffers.map(decodeBase64),
+      );
+      const model = new HostModel(saved.model_id, state, hooks);
+      models.set(saved.model_id, model);
+      widgetDef.render({ model, el });
+      return model;
+    },
+  };
+}

@@ -1,0 +1,87 @@
+"""The base class of every pycircuits_widgets view.
+
+A widget is an ``anywidget.AnyWidget`` whose front end is one Svelte file in
+``js/src/views/``, chosen by the ``_view`` trait. The base class adds what every view
+needs: an ``error`` trait shown in the view, rejection of bad browser input while keeping
+the last good state, strict keyword arguments, and a self-contained HTML export.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import anywidget
+import traitlets
+
+_STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
+
+
+def _bundle(name: str) -> pathlib.Path:
+    path = _STATIC / name
+    if not path.exists():
+        raise FileNotFoundError(
+            f"the built front end {path} is missing: install the package with pip (which builds it) "
+            "or run `npm --prefix js install && npm --prefix js run build`"
+        )
+    return path
+
+
+class CircuitWidget(anywidget.AnyWidget):
+    """Base of all views. Subclasses set ``_view`` to the name of their Svelte file."""
+
+    _esm = _bundle("widget.js")
+    _css = _bundle("widget.css")
+
+    _view = traitlets.Unicode("").tag(sync=True)
+    """str: name of the Svelte view (file name in js/src/views/ without extension)."""
+
+    error = traitlets.Unicode("").tag(sync=True)
+    """str, default "": message shown in the view's error panel; empty when all is well."""
+
+    def __init__(self, **kwargs):
+        unknown = sorted(set(kwargs) - set(self.trait_names()))
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
+            )
+        super().__init__(**kwargs)
+
+    # -- browser input ---------------------------------------------------------------
+    def set_state(self, sync_data):
+        """Apply a state change from the browser. An invalid value (TraitError) is not
+        applied: the view shows the message and is sent back the last good values."""
+        try:
+            super().set_state(sync_data)
+        except traitlets.TraitError as exc:
+            self.error = str(exc)
+            self.send_state([key for key in sync_data if key in self.keys])
+        else:
+            if self.error and "error" not in sync_data:
+                self.error = ""
+
+    # -- sharing ---------------------------------------------------------------------
+    def save_html(self, path, *, title: str | None = None) -> pathlib.Path:
+        """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
+        that shows this view with every interaction that needs no kernel."""
+        from .standalone import save_html
+
+        return save_html([self], path, title=title or type(self).__name__)
+
+
+def reports_errors(method):
+    """Run a kernel-side recompute; on failure show the error in the view and keep the
+    last good state (traits are only replaced once the new result is complete)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            result = method(self, *args, **kwargs)
+        except Exception as exc:  # shown to the user in the view, never swallowed
+            self.error = f"{type(exc).__name__}: {exc}"
+            return None
+        if self.error:
+            self.error = ""
+        return result
+
+    return wrapper

@@ -1,0 +1,82 @@
+"""ColoredTokens: tokens coloured by one value each (e.g. per-token loss)."""
+
+from __future__ import annotations
+
+import numpy as np
+import traitlets
+
+from .base import CircuitWidget
+from .payload import encode_array, to_numpy
+
+
+class ColoredTokens(CircuitWidget):
+    """Tokens coloured by one value per token, with a legend; hover shows token and value,
+    clicking a token sets ``selected_token``.
+
+    Args:
+        tokens: ``list[str]`` of length ``n_tokens`` (shown as text, whitespace made visible).
+        values: ``[n_tokens]`` tensor, array or list of finite numbers.
+        label: what the values are, shown in the legend (e.g. "loss").
+        colormap: "auto" (diverging when values have both signs), "sequential" or "diverging".
+        vmin, vmax: optional ends of the colour scale.
+    """
+
+    _view = traitlets.Unicode("ColoredTokens").tag(sync=True)
+
+    # -- data --
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    """list[str]: the tokens, in order."""
+    values = traitlets.Dict().tag(sync=True)
+    """binary float32 payload [n_tokens] (see payload.encode_array); set via ``set_values``."""
+
+    # -- display --
+    label = traitlets.Unicode("value").tag(sync=True)
+    """str, default "value": name of the values, shown in the legend."""
+    colormap = traitlets.Enum(["auto", "sequential", "diverging"], default_value="auto").tag(sync=True)
+    """str, default "auto": colour scale; auto is diverging around 0 if values have both signs."""
+    vmin = traitlets.Float(None, allow_none=True).tag(sync=True)
+    """float | None: lower end of the colour scale (default: min of values)."""
+    vmax = traitlets.Float(None, allow_none=True).tag(sync=True)
+    """float | None: upper end of the colour scale (default: max of values)."""
+
+    # -- selection --
+    selected_token = traitlets.Int(-1).tag(sync=True)
+    """int, default -1: index of the clicked token, -1 for none."""
+
+    def __init__(self, tokens, values, **kwargs):
+        tokens = _check_tokens(tokens)
+        super().__init__(tokens=tokens, values=_encode_values(values, len(tokens)), **kwargs)
+
+    def set_values(self, tokens, values):
+        """Replace tokens and values together (keeps them consistent)."""
+        tokens = _check_tokens(tokens)
+        payload = _encode_values(values, len(tokens))
+        with self.hold_sync():
+            self.selected_token = -1
+            self.tokens = tokens
+            self.values = payload
+
+    @traitlets.validate("selected_token")
+    def _valid_selection(self, proposal):
+        i = proposal["value"]
+        if not -1 <= i < len(self.tokens):
+            raise traitlets.TraitError(
+                f"selected_token must be -1 (none) or a token index in [0, {len(self.tokens) - 1}], got {i}"
+            )
+        return i
+
+
+def _check_tokens(tokens) -> list[str]:
+    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
+        raise TypeError("tokens must be a list of strings (e.g. model.to_str_tokens(text))")
+    return list(tokens)
+
+
+def _encode_values(values, n_tokens: int) -> dict:
+    arr = to_numpy(values, name="values").astype(np.float64)
+    if arr.ndim != 1 or arr.shape[0] != n_tokens:
+        raise ValueError(f"values must have shape [n_tokens] = [{n_tokens}], got {list(arr.shape)}")
+    if not np.isfinite(arr).all():
+        bad = np.flatnonzero(~np.isfinite(arr))[:5].tolist()
+        raise ValueError(f"values must be finite; non-finite at token positions {bad}")
+    return encode_array(arr, "float32")

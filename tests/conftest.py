@@ -1,0 +1,60 @@
+import pytest
+
+from harness import CHROMIUM, CHROMIUM_ARGS, WidgetView
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless Chromium, driven by Playwright (no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(10000)
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def show(page, tmp_path):
+    """``show(*widgets) -> WidgetView``: render real widgets in the page, wired to Python.
+    Fails the test if the page logged an error or opened a dialog."""
+    views = []
+
+    def _show(*widgets):
+        view = WidgetView(page, list(widgets), tmp_path)
+        views.append(view)
+        return view
+
+    yield _show
+    for view in views:
+        assert not view.errors, f"page errors: {view.errors}"
+
+
+# A skipped test hides a missing install step (a browser, a package): count it as failure.
+_skipped = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _skipped and exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _skipped:
+        terminalreporter.write_line(
+            f"FAILED: {len(_skipped)} test(s) were skipped; every test must run: {_skipped[:5]}", red=True
+        )
