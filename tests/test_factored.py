@@ -1,0 +1,305 @@
+"""FactoredMatrix against dense torch computations and TransformerLens's FactoredMatrix."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pycircuits_widgets import factored
+from pycircuits_widgets.factored import (
+    FactoredMatrix,
+    chain_matmul,
+    eigenvalues_of_product,
+    frobenius_norm_of_product,
+)
+
+LEADS = [(), (3,), (2, 3)]
+FAST = settings(max_examples=25, deadline=None)
+
+
+def tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
+
+
+@st.composite
+def factor_pairs(draw, square=False):
+    """Random A [lead_a, m, k], B [lead_b, k, n] whose leading dims broadcast."""
+    lead = draw(st.sampled_from(LEADS))
+    # drop or shrink leading dims on one side to exercise broadcasting
+    lead_a = lead[draw(st.integers(0, len(lead))) :]
+    lead_b = tuple(1 if draw(st.booleans()) else s for s in lead)
+    m, k = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    n = m if square else draw(st.integers(1, 9))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    A = torch.randn(*lead_a, m, k, generator=gen, dtype=dtype)
+    B = torch.randn(*lead_b, k, n, generator=gen, dtype=dtype)
+    return A, B
+
+
+def close_sets(ours, ref, atol):
+    """Each complex value of ``ours`` is near one of ``ref`` and vice versa (eigenvalue order is arbitrary)."""
+    dist = (ours[..., :, None] - ref[..., None, :]).abs()
+    assert dist.min(-1).values.max() < atol and dist.min(-2).values.max() < atol
+
+
+# ------------------------------------------------------------------ dense equivalence
+@FAST
+@given(factor_pairs())
+def test_dense_shape_transpose_and_norm_match_dense(pair):
+    A, B = pair
+    fm, M = FactoredMatrix(A, B), A @ B
+    assert fm.shape == M.shape and fm.ldim == A.shape[-2] and fm.rdim == B.shape[-1]
+    assert fm.mdim == fm.rank == A.shape[-1]
+    torch.testing.assert_close(fm.dense(), M)
+    torch.testing.assert_close(fm.AB, M)
+    torch.testing.assert_close(fm.T.AB, M.mT)
+    torch.testing.assert_close(fm.norm(), torch.linalg.matrix_norm(M), **tol(A.dtype))
+    torch.testing.assert_close((fm * 2.5).AB, 2.5 * M)
+
+
+@FAST
+@given(factor_pairs(square=True))
+def test_trace_ba_and_eigenvalues_match_dense(pair):
+    A, B = pair
+    A, B = A.double(), B.double()  # dense eig of a singular matrix needs float64 to compare
+    fm, M = FactoredMatrix(A, B), A @ B
+    torch.testing.assert_close(fm.trace(), torch.diagonal(M, dim1=-2, dim2=-1).sum(-1))
+    torch.testing.assert_close(fm.BA, B @ A)
+    ours = fm.eigenvalues
+    r = min(A.shape[-2], A.shape[-1])
+    assert ours.shape == (*M.shape[:-2], r) and ours.is_complex()
+    dense = torch.linalg.eigvals(M)
+    top = dense.gather(-1, dense.abs().argsort(-1, descending=True)[..., :r])
+    close_sets(ours, top, atol=1e-6)
+
+
+@FAST
+@given(factor_pairs())
+def test_svd_reconstructs_and_matches_dense_singular_values(pair):
+    A, B = pair
+    fm, M = FactoredMatrix(A, B), A @ B
+    U, S, Vh = fm.svd()
+    r = min(fm.ldim, fm.mdim, fm.rdim)
+    assert U.shape[-2:] == (fm.ldim, r) and S.shape[-1] == r and Vh.shape[-2:] == (r, fm.rdim)
+    torch.testing.assert_close(U @ (S[..., :, None] * Vh), M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
+    torch.testing.assert_close(S, torch.linalg.svdvals(M)[..., :r], **tol(A.dtype))
+    eye = torch.eye(r, dtype=A.dtype).broadcast_to(S.shape + (r,))
+    torch.testing.assert_close(U.mT @ U, eye, **tol(A.dtype))
+    torch.testing.assert_close(Vh @ Vh.mT, eye, **tol(A.dtype))
+    torch.testing.assert_close(U @ fm.collapse_l(), M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
+    torch.testing.assert_close(fm.collapse_r() @ Vh, M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
+
+
+@FAST
+@given(factor_pairs(), st.data())
+def test_rows_cols_entries_and_leading_indexing_match_dense(pair, data):
+    A, B = pair
+    fm, M = FactoredMatrix(A, B), A @ B
+    i = data.draw(st.integers(-fm.ldim, fm.ldim - 1))
+    j = data.draw(st.integers(-fm.rdim, fm.rdim - 1))
+    torch.testing.assert_close(fm.row(i), M[..., i, :])
+    torch.testing.assert_close(fm.col(j), M[..., :, j])
+    torch.testing.assert_close(fm.entry(i, j), M[..., i, j])
+    torch.testing.assert_close(fm.rows([i, 0]).AB, M[..., [i, 0], :])
+    torch.testing.assert_close(fm.cols(slice(0, j + 1 if j >= 0 else None)).AB, M[..., :, : j + 1 if j >= 0 else None])
+    if fm.ndim > 2:
+        torch.testing.assert_close(fm[-1].AB, M[-1])
+        torch.testing.assert_close(fm[..., 0].AB, M[..., 0, :, :])
+        torch.testing.assert_close(fm[:1].AB, M[:1])
+
+
+def test_indexing_keeps_shared_factor_unexpanded():
+    W_V, W_O = torch.randn(2, 3, 8, 4), torch.randn(4, 8)
+    head = FactoredMatrix(W_V, W_O)[1, 2]
+    assert head.shape == (8, 8) and head.B.shape == (4, 8)
+    torch.testing.assert_close(head.AB, W_V[1, 2] @ W_O)
+    layer = FactoredMatrix(W_V, W_O)[1]
+    assert layer.B.shape == (1, 4, 8)  # the broadcast view is stored once, not 3 times
+
+
+# ------------------------------------------------------------------ matmul
+@FAST
+@given(factor_pairs(), st.integers(1, 9), st.integers(1, 9))
+def test_matmul_keeps_factored_form_split_at_smallest_inner_dim(pair, p, q):
+    A, B = pair
+    fm, M = FactoredMatrix(A, B), A @ B
+    right = torch.randn(fm.rdim, p, dtype=A.dtype)
+    left = torch.randn(q, fm.ldim, dtype=A.dtype)
+    out = fm @ right
+    assert isinstance(out, FactoredMatrix) and out.mdim == min(fm.mdim, fm.rdim)
+    torch.testing.assert_close(out.AB, M @ right, **tol(A.dtype))
+    out = left @ fm
+    assert isinstance(out, FactoredMatrix) and out.mdim == min(fm.ldim, fm.mdim)
+    torch.testing.assert_close(out.AB, left @ M, **tol(A.dtype))
+    other = FactoredMatrix(torch.randn(fm.rdim, p, dtype=A.dtype), torch.randn(p, q, dtype=A.dtype))
+    out = fm @ other
+    assert out.mdim == min(fm.mdim, fm.rdim, p)
+    torch.testing.assert_close(out.AB, M @ other.AB, **tol(A.dtype))
+    torch.testing.assert_close(fm @ right[:, 0], M @ right[:, 0], **tol(A.dtype))
+    torch.testing.assert_close(left[0] @ fm, left[0] @ M, **tol(A.dtype))
+
+
+def test_bottleneck_split_of_two_factored_matrices():
+    # (A B) @ (C D) with inner dims 6, 20, 2: the product must be split at the 2
+    A, B, C, D = torch.randn(10, 6), torch.randn(6, 20), torch.randn(20, 2), torch.randn(2, 11)
+    out = FactoredMatrix(A, B) @ FactoredMatrix(C, D)
+    assert out.A.shape == (10, 2) and out.B.shape == (2, 11)
+    torch.testing.assert_close(out.AB, A @ B @ C @ D)
+
+
+def test_chain_matmul_multiplies_shared_factors_once_and_matches_dense():
+    W_E, W_U = torch.randn(50, 16), torch.randn(16, 50)
+    W_V, W_O = torch.randn(2, 3, 16, 4), torch.randn(2, 3, 4, 16)
+    dense = W_O @ W_U @ W_E @ W_V
+    torch.testing.assert_close(chain_matmul(W_O, W_U, W_E, W_V), dense, rtol=1e-4, atol=1e-3)
+
+
+# ------------------------------------------------------------------ norms and spectra
+def test_norm_matches_dense_where_cyclic_permutation_does_not():
+    # the paper's erratum: ||ABCD||_F was computed as ||BCDA||_F, valid only for the trace
+    gen = torch.Generator().manual_seed(0)
+    A, B, C, D = (torch.randn(6, 6, generator=gen, dtype=torch.float64) for _ in range(4))
+    truth = torch.linalg.matrix_norm(A @ B @ C @ D)
+    cyclic = torch.linalg.matrix_norm(B @ C @ D @ A)
+    assert not torch.isclose(cyclic, truth, rtol=0.05)
+    torch.testing.assert_close(frobenius_norm_of_product(A, B, C, D), truth)
+    torch.testing.assert_close((FactoredMatrix(A, B) @ FactoredMatrix(C, D)).norm(), truth)
+    # the trace, in contrast, is cyclic: both agree there
+    torch.testing.assert_close(torch.trace(B @ C @ D @ A), torch.trace(A @ B @ C @ D))
+
+
+@FAST
+@given(st.lists(st.integers(1, 12), min_size=2, max_size=6), st.sampled_from(LEADS), st.integers(0, 2**31))
+def test_frobenius_norm_of_product_matches_dense_with_broadcast_heads(dims, lead, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # every other factor has leading dims, like per-head W_V/W_O between shared W_E/W_U
+    factors = [
+        torch.randn(*(lead if i % 2 else ()), a, b, generator=gen, dtype=torch.float64)
+        for i, (a, b) in enumerate(zip(dims, dims[1:]))
+    ]
+    dense = factors[0]
+    for f in factors[1:]:
+        dense = dense @ f
+    torch.testing.assert_close(frobenius_norm_of_product(*factors), torch.linalg.matrix_norm(dense))
+
+
+def test_composition_style_norms_for_all_head_pairs():
+    # ||W_QK^{h2 T} W_OV^{h1}||_F in row convention: (W_Q W_K^T)^T (W_V W_O) over head pairs
+    W_Q, W_K, W_V, W_O = (torch.randn(3, d, e, dtype=torch.float64) for d, e in [(16, 4)] * 3 + [(4, 16)])
+    h2 = (slice(None), None)  # [3, 1, ...] broadcasts against h1 [1, 3, ...]
+    norms = frobenius_norm_of_product(W_K[h2], W_Q.mT[h2], W_V[None], W_O[None])
+    dense = torch.linalg.matrix_norm((W_Q @ W_K.mT).mT[:, None] @ (W_V @ W_O)[None])
+    assert norms.shape == (3, 3)
+    torch.testing.assert_close(norms, dense)
+
+
+def test_eigenvalues_of_full_circuit_chain_match_dense():
+    W_E = torch.randn(40, 12, dtype=torch.float64)
+    W_V, W_O = torch.randn(2, 12, 3, dtype=torch.float64), torch.randn(2, 3, 12, dtype=torch.float64)
+    W_U = torch.randn(12, 40, dtype=torch.float64)
+    ours = eigenvalues_of_product(W_E, W_V, W_O, W_U)
+    assert ours.shape == (2, 3)
+    dense = torch.linalg.eigvals(W_E @ W_V @ W_O @ W_U)
+    top = dense.gather(-1, dense.abs().argsort(-1, descending=True)[..., :3])
+    close_sets(ours, top, atol=1e-6)
+
+
+# ------------------------------------------------------------------ top-k
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_topk_matches_dense_on_3000_square_product(dtype):
+    gen = torch.Generator().manual_seed(1)
+    A, B = torch.randn(3000, 16, generator=gen, dtype=dtype), torch.randn(16, 3000, generator=gen, dtype=dtype)
+    fm, M = FactoredMatrix(A, B), A @ B
+    for largest in (True, False):
+        values, rows, cols = fm.topk(100, largest=largest, block_bytes=4 << 20)  # many blocks
+        dense = torch.topk(M.flatten(), 100, largest=largest).values
+        torch.testing.assert_close(values, dense, **tol(dtype))
+        torch.testing.assert_close(M[rows, cols], values, **tol(dtype))
+        assert len(set(zip(rows.tolist(), cols.tolist()))) == 100
+
+
+def test_topk_with_ties_equals_dense_exactly():
+    # small integers: every summation order is exact, and the product has massive ties
+    gen = torch.Generator().manual_seed(2)
+    A = torch.randint(-2, 3, (3000, 4), generator=gen).float()
+    B = torch.randint(-2, 3, (4, 3000), generator=gen).float()
+    fm, M = FactoredMatrix(A, B), A @ B
+    values, rows, cols = fm.topk(500, block_bytes=1 << 20)
+    assert torch.equal(values, torch.topk(M.flatten(), 500).values)
+    assert torch.equal(M[rows, cols], values)
+    assert len(set(zip(rows.tolist(), cols.tolist()))) == 500
+    row_values, row_cols = fm.topk_per_row(7, block_bytes=1 << 20)
+    assert torch.equal(row_values, torch.topk(M, 7, dim=-1).values)
+    assert torch.equal(M.gather(-1, row_cols), row_values)
+
+
+@FAST
+@given(factor_pairs(), st.integers(1, 9), st.booleans())
+def test_topk_variants_match_dense_with_leading_dims(pair, k, largest):
+    A, B = pair
+    fm, M = FactoredMatrix(A, B), A @ B
+    k_all = min(k, fm.ldim * fm.rdim)
+    values, rows, cols = fm.topk(k_all, largest=largest, block_bytes=64)
+    torch.testing.assert_close(values, torch.topk(M.flatten(-2), k_all, largest=largest).values)
+    torch.testing.assert_close(M.flatten(-2).gather(-1, rows * fm.rdim + cols), values)
+    k_row = min(k, fm.rdim)
+    row_values, row_cols = fm.topk_per_row(k_row, largest=largest, block_bytes=64)
+    torch.testing.assert_close(row_values, torch.topk(M, k_row, dim=-1, largest=largest).values)
+    torch.testing.assert_close(M.gather(-1, row_cols), row_values)
+    k_col = min(k, fm.ldim)
+    col_values, col_rows = fm.topk_per_col(k_col, largest=largest)
+    torch.testing.assert_close(col_values, torch.topk(M.mT, k_col, dim=-1, largest=largest).values)
+    torch.testing.assert_close(M.mT.gather(-1, col_rows), col_values)
+
+
+# ------------------------------------------------------------------ TransformerLens oracle
+def test_agrees_with_transformer_lens_factored_matrix():
+    from transformer_lens import FactoredMatrix as TLFactoredMatrix
+
+    gen = torch.Generator().manual_seed(3)
+    W_V = torch.randn(2, 3, 32, 8, generator=gen, dtype=torch.float64)
+    W_O = torch.randn(2, 3, 8, 32, generator=gen, dtype=torch.float64)
+    ours, theirs = FactoredMatrix(W_V, W_O), TLFactoredMatrix(W_V, W_O)
+    torch.testing.assert_close(ours.norm(), theirs.norm())
+    close_sets(ours.eigenvalues, theirs.eigenvalues, atol=1e-8)
+    U, S, Vh = ours.svd()
+    torch.testing.assert_close(S, theirs.S)
+    # singular vectors are unique up to sign when singular values are distinct
+    torch.testing.assert_close((U * theirs.U).sum(-2).abs(), torch.ones_like(S))
+    torch.testing.assert_close((Vh.mT * theirs.V).sum(-2).abs(), torch.ones_like(S))
+    torch.testing.assert_close(ours.collapse_l().abs(), theirs.collapse_l().abs())
+
+
+# ------------------------------------------------------------------ errors
+def test_shape_mismatch_errors_name_both_shapes():
+    with pytest.raises(ValueError, match=r"\(5, 3\).*\(4, 6\)"):
+        FactoredMatrix(torch.randn(5, 3), torch.randn(4, 6))
+    fm = FactoredMatrix(torch.randn(5, 3), torch.randn(3, 6))
+    with pytest.raises(ValueError, match=r"\(5, 6\).*\(7, 2\)"):
+        fm @ torch.randn(7, 2)
+    with pytest.raises(ValueError, match=r"\(2, 4\).*\(5, 6\)"):
+        torch.randn(2, 4) @ fm
+    with pytest.raises(ValueError, match=r"\(2, 5, 3\).*\(4, 3, 6\)"):
+        FactoredMatrix(torch.randn(2, 5, 3), torch.randn(4, 3, 6))
+    with pytest.raises(TypeError, match="float64"):
+        FactoredMatrix(torch.randn(5, 3), torch.randn(3, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"square.*\(5, 6\)"):
+        fm.eigenvalues
+    with pytest.raises(IndexError, match="row\\(i\\)"):
+        fm[0]
+
+
+def test_dense_guard_names_shape_and_size(monkeypatch):
+    fm = FactoredMatrix(torch.randn(50257, 64), torch.randn(64, 50257))
+    with pytest.raises(MemoryError, match=r"\(50257, 50257\).*9\.41 GiB"):
+        fm.AB
+    small = FactoredMatrix(torch.randn(100, 4), torch.randn(4, 100))
+    with pytest.raises(MemoryError, match=r"\(100, 100\).*0\.04 MiB"):
+        small.dense(max_bytes=1000)
+    monkeypatch.setattr(factored, "DENSE_LIMIT_BYTES", 1000)
+    with pytest.raises(MemoryError):
+        small.AB
+    assert small.dense(max_bytes=math.inf).shape == (100, 100)
