@@ -1,0 +1,37 @@
+"""The analysis core: pure functions of a model (no widgets, IPython or anywidget here).
+
+Modules: ``circuits`` (OV/QK/full circuits, composition terms, MLP paths, tensor-product
+terms), ``eigen`` (eigenvalue positivity), ``composition`` (Q/K/V composition scores),
+``skip_trigrams``, ``activations`` (``run``), ``path_expansion``, ``head_scores``.
+"""
+
+from .activations import RunResult, run
+from .circuits import (
+    TensorProductTerm,
+    direct_path,
+    full_ov_circuit,
+    full_qk_circuit,
+    full_virtual_ov_circuit,
+    head_mlp_circuit,
+    k_composition_circuit,
+    mlp_in_circuit,
+    mlp_out_circuit,
+    ov,
+    positional_qk_circuit,
+    q_composition_circuit,
+    qk,
+    virtual_head_ov,
+)
+from .composition import CompositionDetail, composition_detail, composition_scores, random_baseline
+from .eigen import eigenvalue_positivity, eigenvalues
+from .path_expansion import PathExpansion, PathTerm, path_expansion
+from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
+
+__all__ = [
+    "CompositionDetail", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm",
+    "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
+    "eigenvalues", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit",
+    "k_composition_circuit", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
+    "positional_qk_circuit", "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams",
+    "virtual_head_ov",
+]

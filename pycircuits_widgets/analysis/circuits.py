@@ -1,0 +1,228 @@
+"""The paper's circuits as factored matrices (Elhage et al., 2021, "Path expansion" sections).
+
+Row-vector convention (DESIGN.md section 3): ``OV = W_V @ W_O`` and ``QK = W_Q @ W_K^T``,
+both ``[d_model, d_model]``; a circuit over tokens reads ``[input token, output token]``
+(OV: ``[src, out]``, QK: ``[dest, src]``). The paper writes the transposes.
+
+Every token-level circuit is returned as a ``FactoredMatrix`` split at ``d_head`` (or the
+smallest inner dim), never as a dense ``d_vocab x d_vocab`` matrix: a GPT-2 one is 10 GB.
+Heads are ``(layer, head)`` pairs. Layer norm is folded into the weights by the model;
+the remaining division by the norm is a per-position scalar and is ignored here, as in the
+paper. Only attention patterns depend on it (see ``path_expansion``).
+
+Paper symbol -> code:  ``W_E`` -> ``W_E [d_vocab, d_model]``;  ``W_U`` -> ``W_U [d_model, d_vocab]``;
+``W_OV^h = W_O^h W_V^h`` -> ``W_V[l, h] @ W_O[l, h]``;  ``W_QK^h = W_Q^{hT} W_K^h`` ->
+``W_Q[l, h] @ W_K[l, h].T``;  full OV ``W_U W_OV W_E`` -> ``W_E W_V W_O W_U``;  full QK
+``W_E^T W_QK W_E`` -> ``W_E W_Q W_K^T W_E^T``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..factored import FactoredMatrix, chain_matmul
+
+Head = tuple[int, int]
+
+
+def check_head(model, head: Head, name: str = "head") -> tuple[int, int]:
+    """Validate ``(layer, head)`` against ``model.cfg``; returns it as two ints."""
+    cfg = model.cfg
+    try:
+        layer, h = (int(x) for x in head)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (layer, head) pair of ints, got {head!r}") from None
+    if not (0 <= layer < cfg.n_layers and 0 <= h < cfg.n_heads):
+        raise ValueError(
+            f"{name}={head!r} is out of range: layer must be in 0..{cfg.n_layers - 1} and head "
+            f"in 0..{cfg.n_heads - 1}"
+        )
+    return layer, h
+
+
+def check_earlier(model, h1: Head, h2: Head) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Validate a composing pair: ``h1`` must sit in an earlier layer than ``h2``."""
+    h1, h2 = check_head(model, h1, "h1"), check_head(model, h2, "h2")
+    if h1[0] >= h2[0]:
+        raise ValueError(
+            f"composition needs h1 in an earlier layer than h2, got h1={h1} and h2={h2}"
+        )
+    return h1, h2
+
+
+def refuse_rotary_qk(model, what: str) -> None:
+    """Rotary QK circuits depend on the relative position: a token x token matrix would lie."""
+    if model.cfg.positional == "rotary":
+        raise ValueError(
+            f"{what} is not defined for rotary models: the query-key product depends on the "
+            "relative position of the tokens, so there is no single token x token QK circuit"
+        )
+
+
+def _head_slice(W: torch.Tensor, layer, head) -> torch.Tensor:
+    """``W[layer, head]`` with ``None`` meaning all layers / heads (leading dims kept)."""
+    W = W if layer is None else W[layer]
+    if head is None:
+        return W
+    return W[..., head, :, :]
+
+
+def ov(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
+    """``W_OV = W_V W_O`` ``[..., d_model, d_model]``; ``None`` keeps all layers / heads."""
+    return FactoredMatrix(_head_slice(model.W_V, layer, head), _head_slice(model.W_O, layer, head))
+
+
+def qk(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
+    """``W_QK = W_Q W_K^T`` ``[..., d_model (query side), d_model (key side)]``."""
+    return FactoredMatrix(_head_slice(model.W_Q, layer, head), _head_slice(model.W_K, layer, head).mT)
+
+
+def direct_path(model) -> FactoredMatrix:
+    """Direct path / bigram table ``W_E W_U`` ``[token, next-token logit]`` (0-layer model)."""
+    return FactoredMatrix(model.W_E, model.W_U)
+
+
+def full_ov_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
+    """Full OV circuit ``W_E W_V W_O W_U`` ``[..., src token, out token]``, split at d_head.
+
+    Paper: ``W_U W_OV^h W_E``. How attending to ``src`` changes the logit of ``out``.
+    With ``layer``/``head`` ``None`` the factors carry ``[L, H]`` leading dims (each factor is
+    ``[L, H, d_vocab, d_head]``: mind the memory at GPT-2 scale).
+    """
+    W_V, W_O = _head_slice(model.W_V, layer, head), _head_slice(model.W_O, layer, head)
+    return FactoredMatrix(model.W_E @ W_V, W_O @ model.W_U)
+
+
+def full_qk_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
+    """Full QK circuit ``W_E W_Q W_K^T W_E^T`` ``[..., dest token, src token]``, split at d_head.
+
+    Paper: ``W_E^T W_QK^h W_E``. The token-token part of the attention score (before the
+    ``1/attn_scale``); positional terms are separate (``positional_qk_circuit``).
+    Refuses rotary models.
+    """
+    refuse_rotary_qk(model, "the full QK circuit")
+    W_Q, W_K = _head_slice(model.W_Q, layer, head), _head_slice(model.W_K, layer, head)
+    return FactoredMatrix(model.W_E @ W_Q, (model.W_E @ W_K).mT)
+
+
+def k_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
+    """QK term of ``h2`` whose key side reads ``h1``'s output: ``[dest token, token h1 moved]``.
+
+    ``W_E W_Q^{h2} W_K^{h2 T} (W_E W_V^{h1} W_O^{h1})^T`` (paper: ``W_E^T W_QK^{h2} W_OV^{h1} W_E``
+    with the key side through ``h1``). Entry ``[t, s]``: score from a query on token ``t`` to a
+    key position whose ``h1`` attended to a token ``s``. With ``h1`` a previous-token head this
+    is the induction mechanism, and a large positive diagonal (dest token == previous token of
+    the key) means "attend to the token after an earlier copy of me". Refuses rotary models.
+    """
+    (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
+    refuse_rotary_qk(model, "the K-composition QK circuit")
+    query = model.W_E @ model.W_Q[l2, i2]
+    key = chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_K[l2, i2])
+    return FactoredMatrix(query, key.mT)
+
+
+def q_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
+    """QK term of ``h2`` whose query side reads ``h1``'s output: ``[token h1 moved, src token]``.
+
+    ``(W_E W_V^{h1} W_O^{h1}) W_Q^{h2} W_K^{h2 T} W_E^T``. Refuses rotary models.
+    """
+    (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
+    refuse_rotary_qk(model, "the Q-composition QK circuit")
+    query = chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_Q[l2, i2])
+    return FactoredMatrix(query, (model.W_E @ model.W_K[l2, i2]).mT)
+
+
+def virtual_head_ov(model, h1: Head, h2: Head) -> FactoredMatrix:
+    """Virtual attention head (V-composition) ``W_OV^{h1} W_OV^{h2}`` ``[d_model, d_model]``.
+
+    Paper: ``W_OV^{h2} W_OV^{h1}``; its attention pattern is ``A^{h2} A^{h1}``.
+    """
+    (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
+    return FactoredMatrix(model.W_V[l1, i1], chain_matmul(model.W_O[l1, i1], model.W_V[l2, i2], model.W_O[l2, i2]))
+
+
+def full_virtual_ov_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
+    """Full OV circuit of a virtual head ``W_E W_OV^{h1} W_OV^{h2} W_U`` ``[src token, out token]``."""
+    (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
+    left = model.W_E @ model.W_V[l1, i1]
+    right = chain_matmul(model.W_O[l1, i1], model.W_V[l2, i2], model.W_O[l2, i2], model.W_U)
+    return FactoredMatrix(left, right)
+
+
+def _require_mlp(model, layer: int) -> None:
+    cfg = model.cfg
+    if cfg.attn_only or getattr(model, "W_in", None) is None:
+        raise ValueError(f"model {cfg.name!r} is attention-only: it has no MLP paths")
+    if not 0 <= layer < cfg.n_layers:
+        raise ValueError(f"mlp layer must be in 0..{cfg.n_layers - 1}, got {layer}")
+
+
+def mlp_in_circuit(model, layer: int) -> FactoredMatrix:
+    """Token -> neuron pre-activation ``W_E W_in`` ``[token, neuron]`` (paper appendix)."""
+    _require_mlp(model, layer)
+    return FactoredMatrix(model.W_E, model.W_in[layer])
+
+
+def head_mlp_circuit(model, head: Head, mlp_layer: int) -> FactoredMatrix:
+    """Token -> neuron through a head's OV: ``W_E W_V W_O W_in`` ``[src token, neuron]``."""
+    layer, h = check_head(model, head)
+    _require_mlp(model, mlp_layer)
+    if mlp_layer < layer:
+        raise ValueError(f"MLP layer {mlp_layer} reads before head {head} writes; need mlp_layer >= {layer}")
+    return FactoredMatrix(model.W_E @ model.W_V[layer, h], model.W_O[layer, h] @ model.W_in[mlp_layer])
+
+
+def mlp_out_circuit(model, layer: int) -> FactoredMatrix:
+    """Neuron -> logits ``W_out W_U`` ``[neuron, out token]`` (paper appendix)."""
+    _require_mlp(model, layer)
+    return FactoredMatrix(model.W_out[layer], model.W_U)
+
+
+def positional_qk_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
+    """Position -> position QK circuit ``W_pos W_Q W_K^T W_pos^T`` ``[..., dest pos, src pos]``.
+
+    For Shortformer models (``W_pos`` added to the inputs of ``W_Q``/``W_K`` only) and
+    learned absolute positions. A previous-token head shows a large sub-diagonal
+    (``[p, p - 1]``). Refuses rotary models and models without ``W_pos``.
+    """
+    refuse_rotary_qk(model, "the positional QK circuit")
+    if getattr(model, "W_pos", None) is None:
+        raise ValueError(f"model {model.cfg.name!r} has no positional table W_pos (positional={model.cfg.positional!r})")
+    W_Q, W_K = _head_slice(model.W_Q, layer, head), _head_slice(model.W_K, layer, head)
+    return FactoredMatrix(model.W_pos @ W_Q, (model.W_pos @ W_K).mT)
+
+
+@dataclass(frozen=True)
+class TensorProductTerm:
+    """A path-expansion term ``A ⊗ W`` in the paper's tensor-product notation.
+
+    ``A [..., dest, src]`` mixes positions (an attention pattern or a product of them);
+    ``W [d_in, d_out]`` acts on the residual dimension. On row-convention activations
+    ``x [..., src, d_in]``: ``(A ⊗ W) x = A @ x @ W`` ``[..., dest, d_out]``. Read as one
+    linear map on ``x`` flattened row-major, it is the Kronecker product ``kron(A, W^T)``.
+    """
+
+    A: torch.Tensor
+    W: torch.Tensor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``A @ x @ W``: ``x [..., src, d_in]`` -> ``[..., dest, d_out]``."""
+        if x.shape[-2] != self.A.shape[-1] or x.shape[-1] != self.W.shape[0]:
+            raise ValueError(
+                f"TensorProductTerm with A {tuple(self.A.shape)} and W {tuple(self.W.shape)} needs "
+                f"x [..., {self.A.shape[-1]}, {self.W.shape[0]}], got {tuple(x.shape)}"
+            )
+        # multiply the cheaper side first; both orders are the same map
+        return self.A @ (x @ self.W) if self.W.shape[1] <= self.W.shape[0] else (self.A @ x) @ self.W
+
+    def then(self, other: "TensorProductTerm") -> "TensorProductTerm":
+        """``other ∘ self = (A_o A_s) ⊗ (W_s W_o)``: the path that goes through self, then other."""
+        return TensorProductTerm(other.A @ self.A, self.W @ other.W)
+
+    def kron(self) -> torch.Tensor:
+        """Dense ``[dest * d_out, src * d_in]`` matrix of the map on row-major-flattened ``x``."""
+        if self.A.ndim != 2:
+            raise ValueError(f"kron() needs a single 2-D A, got A of shape {tuple(self.A.shape)}")
+        return torch.kron(self.A, self.W.T)

@@ -1,0 +1,229 @@
+"""Skip-trigrams ``[source] ... [destination] -> [out]`` of one attention head.
+
+A one-layer attention-only model is exactly the direct path plus, per head, a full QK
+circuit ``W_E W_Q W_K^T W_E^T [dest, src]`` (where to attend) and a full OV circuit
+``W_E W_V W_O W_U [src, out]`` (what attending does to the logits) (paper: one-layer section).
+
+Scoring (ours; the paper reads the two tables side by side):
+
+* ``qk = QK[dest, src] - mean_s QK[dest, s]``: the attention logit of ``src`` from ``dest``
+  relative to the average source (softmax over sources ignores a per-row shift);
+* ``ov = OV[src, out] - mean_o OV[src, o]``: the logit ``src`` adds to ``out`` relative to the
+  average token (softmax over the vocabulary ignores a per-row shift);
+* ``score = qk * ov`` over triples with ``qk > 0`` and ``ov > 0`` (``dest`` attends to ``src``
+  more than average AND attending raises ``out``). The top-k triples by ``score`` are exact.
+
+Both centrings are rank-preserving factor edits (subtract the mean key / mean unembedding
+column), so the circuits stay factored. Nothing ``d_vocab x d_vocab`` is ever formed.
+
+Exact top-k at GPT-2 scale (``d_vocab`` 50257) in bounded memory: a triple from source ``s``
+scores at most ``maxQK(s) * maxOV(s)``. Sources are visited in order of the norm bound
+``||k_s|| max_d ||q_d|| * ||v_s|| max_o ||u_o||`` (stopping once it falls below the running k-th
+score), their row maxima are first estimated with a bfloat16 GEMM plus a rigorous error margin
+(an upper bound), and only sources whose upper bound beats the k-th score are recomputed in
+full precision. Row blocks keep memory at ``block_bytes`` per block.
+
+For deeper models only the direct-path (one-layer) terms of a head are read this way: it
+ignores composition, so ``skip_trigrams`` refuses unless ``approximate=True``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .circuits import check_head, refuse_rotary_qk
+
+BLOCK_BYTES = 64 << 20
+# |bf16 GEMM - exact| <= BF16_MARGIN * ||a|| ||b||: inputs rounded to 8 mantissa bits
+# (relative 2^-9 each), float32 accumulation, output rounded (2^-9): about 3 * 2^-9 of
+# sum |a_i b_i| <= ||a|| ||b||; 2^-5 leaves a factor ~5 of headroom for the backend.
+BF16_MARGIN = 2.0 ** -5
+MODES = ("attends_to", "attended_by", "copies_to")
+
+
+@dataclass(frozen=True)
+class SkipTrigram:
+    """One ``[source] ... [destination] -> [out]`` triple of a head; see module docstring for scores."""
+
+    source: int
+    destination: int
+    out: int
+    source_str: str
+    destination_str: str
+    out_str: str
+    qk: float
+    ov: float
+    score: float
+
+
+def token_strings(model) -> list[str]:
+    """Display string per vocab id (``model.token_strings`` as a list)."""
+    strings = model.token_strings
+    return list(strings() if callable(strings) else strings)
+
+
+def _check_exact(model, layer: int, head: int, approximate: bool) -> None:
+    check_head(model, (layer, head))
+    refuse_rotary_qk(model, "a skip-trigram table")
+    cfg = model.cfg
+    exact = cfg.n_layers == 1 and cfg.attn_only
+    if not exact and not approximate:
+        raise ValueError(
+            f"skip-trigrams are exact only for one-layer attention-only models; {cfg.name!r} has "
+            f"{cfg.n_layers} layers{'' if cfg.attn_only else ' and MLPs'}. Pass approximate=True "
+            "to read this head's direct-path circuits (W_E ... W_U), which ignore composition"
+        )
+
+
+def centred_factors(model, layer: int, head: int):
+    """Factors of the centred circuits, float32: ``(q [V, d_head], k [V, d_head], v [V, d_head], u [d_head, V])``.
+
+    ``QKc = q @ k.T`` ``[dest, src]`` and ``OVc = v @ u`` ``[src, out]`` (see module docstring).
+    """
+    W_E = model.W_E.float()
+    q = W_E @ model.W_Q[layer, head].float()
+    k = W_E @ model.W_K[layer, head].float()
+    k = k - k.mean(0, keepdim=True)
+    v = W_E @ model.W_V[layer, head].float()
+    u = model.W_O[layer, head].float() @ model.W_U.float()
+    u = u - u.mean(1, keepdim=True)
+    return q, k, v, u
+
+
+class _TopTriples:
+    """Running exact top-k of ``(score, src, dest, out)``; ``threshold`` is the k-th score."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.score = torch.empty(0)
+        self.idx = torch.empty(0, 3, dtype=torch.long)
+
+    @property
+    def threshold(self) -> float:
+        return float(self.score.min()) if self.score.numel() >= self.k else 0.0
+
+    def add(self, score: torch.Tensor, idx: torch.Tensor) -> None:
+        self.score = torch.cat([self.score, score])
+        self.idx = torch.cat([self.idx, idx])
+        if self.score.numel() > self.k:
+            self.score, keep = torch.topk(self.score, self.k)
+            self.idx = self.idx[keep]
+
+
+def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
+    """Add every triple of sources ``src`` that can enter ``top`` (full-precision rows)."""
+    qk_rows = k[src] @ q.T  # [n, dest]
+    ov_rows = v[src] @ u  # [n, out]
+    mq, mo = qk_rows.amax(1).clamp_min(0), ov_rows.amax(1).clamp_min(0)
+    tau = top.threshold
+    live = mq * mo > tau
+    if not live.any():
+        return
+    src, qk_rows, ov_rows, mq, mo = src[live], qk_rows[live], ov_rows[live], mq[live], mo[live]
+    # a (dest, out) pair can only beat tau if each factor beats tau / (the other's max)
+    n_q = int((qk_rows * mo[:, None] > tau).sum(1).max().clamp(1, top.k))
+    n_o = int((ov_rows * mq[:, None] > tau).sum(1).max().clamp(1, top.k))
+    qv, qi = torch.topk(qk_rows, n_q, dim=1)
+    ov, oi = torch.topk(ov_rows, n_o, dim=1)
+    score = qv[:, :, None] * ov[:, None, :]
+    ok = (qv[:, :, None] > 0) & (ov[:, None, :] > 0) & (score > tau)
+    s_i, d_j, o_j = torch.nonzero(ok, as_tuple=True)
+    idx = torch.stack([src[s_i], qi[s_i, d_j], oi[s_i, o_j]], 1)
+    top.add(score[s_i, d_j, o_j], idx)
+
+
+def _row_max_upper(rows_a, b, b_norm_max, margin_scale):
+    """Upper bound of ``max_j rows_a[i] . b[:, j]`` from a bfloat16 GEMM plus its error margin."""
+    approx = (rows_a.bfloat16() @ b).amax(1).float()
+    return approx + margin_scale * rows_a.norm(dim=1) * b_norm_max
+
+
+def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
+    """Exact top-``n`` of ``(q_d . k_s) * (v_s . u_o)`` over positive factors.
+
+    Returns ``(score [n'], idx [n', 3] = (src, dest, out))`` sorted by score, ``n' <= n``
+    (fewer if fewer triples have both factors positive). See module docstring for the method.
+    """
+    V = k.shape[0]
+    top = _TopTriples(n)
+    q_max, u_max = q.norm(dim=1).max(), u.norm(dim=0).max()
+    norm_bound = k.norm(dim=1) * q_max * v.norm(dim=1) * u_max
+    order = torch.argsort(norm_bound, descending=True)
+    rows = max(1, block_bytes // (V * 4))
+    _exact_sources(order[:rows], q, k, v, u, top)  # seeds the threshold
+    q_bf, u_bf = q.T.bfloat16(), u.bfloat16()
+    upper, visited = [], []
+    for start in range(rows, V, 2 * rows):
+        src = order[start : start + 2 * rows]
+        if float(norm_bound[src[0]]) <= top.threshold:
+            break  # every later source is bounded below the k-th score
+        uq = _row_max_upper(k[src], q_bf, q_max, BF16_MARGIN).clamp_min(0)
+        uo = _row_max_upper(v[src], u_bf, u_max, BF16_MARGIN).clamp_min(0)
+        upper.append(uq * uo)
+        visited.append(src)
+    if visited:
+        upper, src = torch.cat(upper), torch.cat(visited)
+        keep = upper > top.threshold
+        upper, src = upper[keep], src[keep]
+        ranked = torch.argsort(upper, descending=True)
+        for start in range(0, ranked.numel(), rows):
+            chunk = ranked[start : start + rows]
+            if float(upper[chunk[0]]) <= top.threshold:
+                break
+            _exact_sources(src[chunk], q, k, v, u, top)
+    score, order = torch.sort(top.score, descending=True)
+    return score, top.idx[order]
+
+
+def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool = False,
+                  block_bytes: int = BLOCK_BYTES) -> list[SkipTrigram]:
+    """Top-``k`` skip-trigrams ``[source] ... [destination] -> [out]`` of head ``(layer, head)``.
+
+    Score ``qk * ov`` with ``qk`` the row-centred full QK circuit ``W_E W_Q W_K^T W_E^T [dest, src]``
+    and ``ov`` the row-centred full OV circuit ``W_E W_V W_O W_U [src, out]`` (module docstring).
+    Exact for one-layer attention-only models; deeper models need ``approximate=True`` (direct
+    path only). Refuses rotary models. Memory: the ``[d_vocab, d_head]`` factors plus one
+    row block of ``block_bytes``. Returns a list sorted by score, best first.
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    _check_exact(model, layer, head, approximate)
+    with torch.no_grad():
+        q, kk, v, u = centred_factors(model, layer, head)
+        score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
+        strings = token_strings(model)
+        out = []
+        for sc, (s, d, o) in zip(score.tolist(), idx.tolist()):
+            out.append(SkipTrigram(
+                source=s, destination=d, out=o, source_str=strings[s], destination_str=strings[d],
+                out_str=strings[o], qk=float(q[d] @ kk[s]), ov=float(v[s] @ u[:, o]), score=sc,
+            ))
+    return out
+
+
+def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 10,
+                  approximate: bool = False) -> list[tuple[int, str, float]]:
+    """One token against the whole vocabulary, through head ``(layer, head)``'s centred circuits.
+
+    ``mode``: ``"attends_to"`` (row ``token`` of QK: which sources ``token`` attends to as a
+    destination), ``"attended_by"`` (column ``token`` of QK: which destinations attend to it),
+    ``"copies_to"`` (row ``token`` of OV: which out logits attending to it raises).
+    Returns the top ``k`` as ``(token id, token string, centred score)``, best first.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    _check_exact(model, layer, head, approximate)
+    V = model.cfg.d_vocab
+    if not 0 <= int(token) < V:
+        raise ValueError(f"token must be a vocab id in 0..{V - 1}, got {token!r}")
+    if not 1 <= k <= V:
+        raise ValueError(f"k must be in 1..{V}, got {k!r}")
+    with torch.no_grad():
+        q, kk, v, u = centred_factors(model, layer, head)
+        row = {"attends_to": lambda: kk @ q[token], "attended_by": lambda: q @ kk[token],
+               "copies_to": lambda: v[token] @ u}[mode]()
+        values, ids = torch.topk(row, k)
+    strings = token_strings(model)
+    return [(i, strings[i], val) for i, val in zip(ids.tolist(), values.tolist())]
