@@ -1,0 +1,294 @@
+"""AttentionPatterns: every head's attention pattern, one head in detail, and a token view.
+
+What travels to the browser (all attention as uint8 ``round(255 a)``, 1 byte per value):
+
+* ``overview``: every head max-pooled to at most ``OVERVIEW_MAX`` x ``OVERVIEW_MAX`` (blocks
+  of ``factor`` x ``factor`` positions; max-pooling keeps a single sharp weight visible). For
+  contexts of at most ``OVERVIEW_MAX`` tokens this *is* the full pattern (``factor == 1``).
+* ``full``: every head at full resolution, only when the overview is pooled and
+  ``n_layers * n_heads * n^2`` bytes fit in ``full_budget`` (default 8 MiB: 12 heads up to
+  836 tokens). Then the saved notebook / HTML export has full detail for every head.
+* ``_detail``: otherwise, the selected head at full resolution, replaced by the kernel when
+  ``layer``/``head`` change. An export then has full detail for the head selected when it was
+  saved; the view says that other heads show the pooled overview until a kernel is attached.
+* exact values: the detail read-out asks the kernel for the hovered row as float32 (custom
+  message ``{"type": "row"}``); until the answer arrives (or without a kernel) it shows the
+  quantised value marked "≈ (uint8)".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import traitlets
+
+from .base import CircuitWidget, reports_errors
+from .payload import encode_array, quantize_unit, to_numpy
+
+OVERVIEW_MAX = 128
+"""Largest side of a head's overview thumbnail (positions are max-pooled down to it)."""
+FULL_BUDGET = 8 * 2**20
+"""Default byte budget for shipping every head at full resolution (uint8)."""
+ROW_SUM_TOL = 5e-3
+"""Tolerance on ``sum_src A[dest, src] == 1`` (float16 caches are within ~1e-3)."""
+MASK_TOL = 1e-6
+"""Largest weight accepted above the diagonal of a causal pattern."""
+
+
+class AttentionPatterns(CircuitWidget):
+    """Attention patterns of all heads: a grid of thumbnails, the selected head as a heatmap
+    with token labels and an exact hover read-out, and a token view (pin a token, see the
+    attention it pays as destination or receives as source).
+
+    Build it from a model (the kernel runs it; ``text`` stays editable)::
+
+        AttentionPatterns(model, "text")
+
+    or from patterns you already have (TransformerLens ``cache["pattern", l]`` works)::
+
+        AttentionPatterns(tokens=str_tokens, patterns=A)
+
+    Args:
+        model: a ``CircuitModel`` (anything ``pcw.run`` accepts), or None.
+        text: the text the model reads (needs ``model``).
+        tokens: ``list[str]`` of length ``n`` (display strings), with ``patterns``.
+        patterns: ``[n_heads, n, n]`` or ``[n_layers, n_heads, n, n]`` (or ``[1, L, H, n, n]``)
+            tensor/array, ``A[..., dest, src]``: weights in [0, 1], rows summing to 1.
+        causal: patterns are causal (``src <= dest``); weights above the diagonal are an error
+            and the masked triangle is drawn hatched. False for bidirectional (BERT-style) heads.
+        layer, head, dest_position, src_position, pinned_token, token_mode: initial selection.
+        full_budget: bytes allowed for shipping all heads at full resolution (see module doc).
+
+    Raises:
+        ValueError: shapes of tokens and patterns disagree; NaN/inf; negative weights or
+            weights above 1; non-zero weights above the diagonal of a causal pattern.
+        Rows that do not sum to 1 (ablated or rescaled patterns can be legitimate) are shown,
+        with a ``warning`` in the view naming the worst row.
+    """
+
+    _view = traitlets.Unicode("AttentionPatterns").tag(sync=True)
+
+    # -- data --
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    """list[str]: the tokens (display strings), ``n`` of them."""
+    n_layers = traitlets.Int(1).tag(sync=True)
+    """int: number of layers in the patterns."""
+    n_heads = traitlets.Int(1).tag(sync=True)
+    """int: heads per layer."""
+    overview = traitlets.Dict().tag(sync=True)
+    """binary uint8 [n_layers, n_heads, m, m] max-pooled patterns, plus ``factor`` (positions per cell)."""
+    full = traitlets.Dict().tag(sync=True)
+    """binary uint8 [n_layers, n_heads, n, n], or {} (overview is already full, or over budget)."""
+    _detail = traitlets.Dict().tag(sync=True)
+    """binary uint8 [n, n] of head (``layer``, ``head``) when neither overview nor full has it, else {}."""
+    causal = traitlets.Bool(True).tag(sync=True)
+    """bool, default True: src > dest is masked (drawn hatched, not as zeros)."""
+    warning = traitlets.Unicode("").tag(sync=True)
+    """str: data accepted but suspicious (rows not summing to 1)."""
+    text = traitlets.Unicode("").tag(sync=True)
+    """str: the text the model read; setting it (Python or the view's text box) re-runs the model."""
+    editable = traitlets.Bool(False).tag(sync=True)
+    """bool: built from a model, so ``text`` can be edited."""
+
+    # -- selection --
+    layer = traitlets.Int(0).tag(sync=True)
+    """int, default 0: layer of the head shown in detail."""
+    head = traitlets.Int(0).tag(sync=True)
+    """int, default 0: head shown in detail."""
+    dest_position = traitlets.Int(-1).tag(sync=True)
+    """int, default -1 (none): destination position of the clicked cell."""
+    src_position = traitlets.Int(-1).tag(sync=True)
+    """int, default -1 (none): source position of the clicked cell."""
+    pinned_token = traitlets.Int(-1).tag(sync=True)
+    """int, default -1 (none): token pinned in the token view."""
+    token_mode = traitlets.Enum(["destination", "source"], default_value="destination").tag(sync=True)
+    """str: token view shades the attention the pinned token pays ("destination") or receives ("source")."""
+
+    def __init__(self, model=None, text=None, *, tokens=None, patterns=None, causal=True,
+                 full_budget: int = FULL_BUDGET, **kwargs):
+        self._model = model
+        self._full_budget = int(full_budget)
+        if model is not None:
+            if tokens is not None or patterns is not None:
+                raise TypeError("give either model (and text) or tokens= and patterns=, not both")
+            if text is None:
+                raise TypeError("AttentionPatterns(model, text): text is missing")
+            tokens, patterns = _run_model(model, text)
+        elif text is not None:
+            raise TypeError("text needs a model: AttentionPatterns(model, text); "
+                            "with precomputed patterns pass tokens= and patterns=")
+        elif tokens is None or patterns is None:
+            raise TypeError("AttentionPatterns needs (model, text) or tokens= and patterns=")
+        tokens, A, warning = check_patterns(tokens, patterns, causal=causal)
+        self._patterns = A
+        super().__init__(text=text or "", editable=model is not None, causal=causal,
+                         warning=warning, **self._data_traits(tokens, A), **kwargs)
+        self._detail = self._detail_payload()
+        self.on_msg(_answer_row_request)
+
+    # -- data -----------------------------------------------------------------------------
+    def set_patterns(self, tokens, patterns):
+        """Replace tokens and patterns together; the selection is kept where still valid."""
+        tokens, A, warning = check_patterns(tokens, patterns, causal=self.causal)
+        self._replace(tokens, A, warning)
+
+    def _replace(self, tokens, A, warning):
+        data = self._data_traits(tokens, A)
+        L, H, n = A.shape[0], A.shape[1], A.shape[2]
+        with self.hold_sync():
+            # Clamp the selection first so no validator sees it against the new sizes.
+            self.pinned_token = self.pinned_token if self.pinned_token < n else -1
+            self.dest_position = self.dest_position if self.dest_position < n else -1
+            self.src_position = self.src_position if self.src_position < n else -1
+            self.layer, self.head = min(self.layer, L - 1), min(self.head, H - 1)
+            self._patterns = A
+            for name, value in data.items():
+                setattr(self, name, value)
+            self.warning = warning
+            self._detail = self._detail_payload()
+
+    def _data_traits(self, tokens, A) -> dict:
+        L, H, n, _ = A.shape
+        q = quantize_unit(A)
+        factor = -(-n // OVERVIEW_MAX)
+        overview = encode_array(max_pool(q, factor), "uint8")
+        overview["factor"] = factor
+        full = encode_array(q, "uint8") if factor > 1 and q.nbytes <= self._full_budget else {}
+        return {"tokens": tokens, "n_layers": L, "n_heads": H, "overview": overview, "full": full}
+
+    def _detail_payload(self) -> dict:
+        """The selected head at full resolution, when overview and full don't already hold it."""
+        if self.overview.get("factor", 1) == 1 or self.full:
+            return {}
+        payload = encode_array(quantize_unit(self._patterns[self.layer, self.head]), "uint8")
+        payload.update(layer=self.layer, head=self.head)
+        return payload
+
+    @traitlets.observe("layer", "head")
+    def _on_head(self, change):
+        detail = self._detail_payload()
+        if detail or self._detail:
+            self._detail = detail
+
+    @traitlets.observe("text")
+    def _on_text(self, change):
+        if self._model is not None and change["new"] != change["old"]:
+            self._rerun(change["new"])
+
+    @reports_errors
+    def _rerun(self, text):
+        tokens, patterns = _run_model(self._model, text)
+        tokens, A, warning = check_patterns(tokens, patterns, causal=self.causal)
+        self._replace(tokens, A, warning)
+
+    # -- validation of the selection (browser clicks and Python alike) ---------------------
+    @traitlets.validate("layer")
+    def _valid_layer(self, proposal):
+        return _in_range("layer", proposal["value"], 0, self.n_layers - 1)
+
+    @traitlets.validate("head")
+    def _valid_head(self, proposal):
+        return _in_range("head", proposal["value"], 0, self.n_heads - 1)
+
+    @traitlets.validate("dest_position", "src_position", "pinned_token")
+    def _valid_position(self, proposal):
+        name = proposal["trait"].name
+        return _in_range(name, proposal["value"], -1, len(self.tokens) - 1, none="-1 (none) or ")
+
+    @traitlets.validate("text")
+    def _valid_text(self, proposal):
+        if proposal["value"] and getattr(self, "_model", None) is None:
+            raise traitlets.TraitError("text can only be edited when the widget was built from a model: "
+                                       "AttentionPatterns(model, text)")
+        return proposal["value"]
+
+
+def _in_range(name, value, lo, hi, none=""):
+    if not lo <= value <= hi:
+        raise traitlets.TraitError(f"{name} must be {none}in [{max(lo, 0)}, {hi}], got {value}")
+    return value
+
+
+def _answer_row_request(widget, content, buffers):
+    """Custom message ``{"type": "row", layer, head, dest}`` -> the exact float32 row
+    ``A[layer, head, dest, :]`` (the read-out's exact value)."""
+    if not isinstance(content, dict) or content.get("type") != "row":
+        return
+    L, H, n, _ = widget._patterns.shape
+    try:
+        layer, head, dest = int(content["layer"]), int(content["head"]), int(content["dest"])
+    except (KeyError, TypeError, ValueError):
+        return
+    if 0 <= layer < L and 0 <= head < H and 0 <= dest < n:
+        row = np.ascontiguousarray(widget._patterns[layer, head, dest], dtype=np.float32)
+        widget.send({"type": "row", "layer": layer, "head": head, "dest": dest}, [row.tobytes()])
+
+
+def _run_model(model, text):
+    """(display tokens, patterns [L, H, n, n]) of the model reading ``text``."""
+    from ..analysis.activations import run
+
+    out = run(model, text)
+    tokens = out.str_tokens
+    if tokens and isinstance(tokens[0], (list, tuple)):
+        tokens = tokens[0]
+    return list(tokens), out.patterns[0]
+
+
+def check_patterns(tokens, patterns, *, causal: bool = True):
+    """Validate tokens and patterns; returns ``(tokens, A [L, H, n, n] float32, warning)``."""
+    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
+        raise TypeError("tokens must be a list of strings (e.g. model.to_str_tokens(text))")
+    tokens = list(tokens)
+    A = to_numpy(patterns, name="patterns").astype(np.float32, copy=False)
+    if A.ndim == 5 and A.shape[0] == 1:
+        A = A[0]
+    if A.ndim == 3:
+        A = A[None]
+    if A.ndim != 4:
+        raise ValueError("patterns must have shape [n_heads, dest, src] or [n_layers, n_heads, dest, src] "
+                         f"(a leading batch of 1 is allowed), got {list(np.shape(patterns))}")
+    L, H, nd, ns = A.shape
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("tokens is empty: nothing to show")
+    if nd != n or ns != n:
+        raise ValueError(f"patterns [..., dest, src] = [..., {nd}, {ns}] do not match the {n} tokens; "
+                         f"expected [..., {n}, {n}]")
+    finite = np.isfinite(A)
+    if not finite.all():
+        raise ValueError(f"patterns contain NaN or inf, first at [layer, head, dest, src] = "
+                         f"{_first(~finite)}")
+    if (A < 0).any():
+        raise ValueError(f"attention weights must be >= 0; negative at [layer, head, dest, src] = "
+                         f"{_first(A < 0)} ({A.min():.3g}). Are these scores before the softmax?")
+    if (A > 1 + ROW_SUM_TOL).any():
+        raise ValueError(f"attention weights must be <= 1; {A.max():.4g} at [layer, head, dest, src] = "
+                         f"{_first(A > 1 + ROW_SUM_TOL)}")
+    if causal:
+        upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+        above = (A > MASK_TOL) & upper
+        if above.any():
+            raise ValueError(f"non-zero weight above the diagonal (src > dest) at [layer, head, dest, src] = "
+                             f"{_first(above)}: not a causal pattern (pass causal=False for bidirectional heads)")
+    sums = A.sum(-1, dtype=np.float64)
+    worst = np.unravel_index(np.abs(sums - 1).argmax(), sums.shape)
+    warning = ""
+    if abs(sums[worst] - 1) > ROW_SUM_TOL:
+        warning = (f"rows do not sum to 1 (e.g. layer {worst[0]}, head {worst[1]}, dest {worst[2]}: "
+                   f"{sums[worst]:.4f}); shown as given")
+    return tokens, A, warning
+
+
+def _first(mask) -> list[int]:
+    return [int(i) for i in np.argwhere(mask)[0]]
+
+
+def max_pool(q: np.ndarray, factor: int) -> np.ndarray:
+    """``[..., n, n] -> [..., ceil(n/f), ceil(n/f)]``: max over f x f blocks (zero padding)."""
+    if factor == 1:
+        return q
+    n = q.shape[-1]
+    m = -(-n // factor)
+    padded = np.zeros(q.shape[:-2] + (m * factor, m * factor), dtype=q.dtype)
+    padded[..., :n, :n] = q
+    return padded.reshape(q.shape[:-2] + (m, factor, m, factor)).max(axis=(-3, -1))
