@@ -1,0 +1,65 @@
+"""Models: the paper's attention-only transformer, the weight view, tokenizer, checkpoints.
+
+``load_pretrained(name)`` returns a ``CircuitModel`` (folded weights, see ``circuit_model``)
+for one of the shipped checkpoints in ``pycircuits_widgets/checkpoints/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .attn_only import AttnOnlyTransformer, attn_only_config
+from .checkpoints import CheckpointError, load_json, load_tensors
+from .circuit_model import ActivationCache, CircuitModel
+from .config import ModelConfig
+from .folding import fold_attn_only
+from .tokenizer import Tokenizer
+
+CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
+PRETRAINED = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
+
+__all__ = ["ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CircuitModel", "ModelConfig",
+           "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "load_attn_only", "load_pretrained"]
+
+
+def from_attn_only(model: AttnOnlyTransformer, tokenizer: Tokenizer | None = None) -> CircuitModel:
+    """The folded weight view of a trained ``AttnOnlyTransformer``."""
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    return CircuitModel(model.cfg, tokenizer=tokenizer, **fold_attn_only(params, model.cfg))
+
+
+def load_attn_only(weights: str | Path, config: str | Path,
+                   tokenizer: str | Path | None = None) -> tuple[AttnOnlyTransformer, dict, Tokenizer | None]:
+    """Load the raw trained model from ``weights`` (safetensors) + ``config`` (JSON), checking that
+    shapes match the config and (when given) that the tokenizer is the one it was trained with."""
+    meta = load_json(config)
+    if "config" not in meta:
+        raise CheckpointError(f"checkpoint config {config} has no 'config' entry")
+    try:
+        cfg = ModelConfig.from_dict(meta["config"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint config {config}: {err}") from err
+    model = AttnOnlyTransformer(cfg)
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    model.load_state_dict(load_tensors(weights, expected), strict=False)
+    tok = None
+    if tokenizer is not None:
+        tok = Tokenizer.load(tokenizer)
+        if tok.vocab_size != cfg.d_vocab or tok.fingerprint() != meta.get("tokenizer_fingerprint"):
+            raise CheckpointError(f"tokenizer {tokenizer} (vocab {tok.vocab_size}, fingerprint {tok.fingerprint()}) "
+                                  f"does not match checkpoint {config} (d_vocab {cfg.d_vocab}, fingerprint "
+                                  f"{meta.get('tokenizer_fingerprint')})")
+    return model, meta, tok
+
+
+def load_pretrained(name: str) -> CircuitModel:
+    """One of the shipped models, ``"attn-only-0l"``, ``"attn-only-1l"``, ``"attn-only-2l"``, as a
+    ``CircuitModel`` (float32; stored as float16). ``model.metadata`` holds the training record
+    (corpus sha256, validation loss, training arguments)."""
+    if name not in PRETRAINED:
+        raise ValueError(f"unknown pretrained model {name!r}; valid names: {', '.join(PRETRAINED)}")
+    raw, meta, tok = load_attn_only(CHECKPOINT_DIR / f"{name}.safetensors", CHECKPOINT_DIR / f"{name}.json",
+                                    CHECKPOINT_DIR / "tokenizer.json")
+    model = from_attn_only(raw, tok)
+    model.metadata = meta
+    return model

@@ -1,0 +1,342 @@
+"""CircuitModel: the one weight view every model is analysed through.
+
+Weights (row-vector convention, ``x @ W``), with **layer norm folded in** (``folding.py``):
+centering is folded into the weights that write the residual stream and every learned scale
+into the weight that reads it, so circuits read directly from these tensors, e.g.
+``W_E @ OV[l, h] @ W_U``, are the paper's circuits. The only part of normalization left is
+the division by the norm, one scalar per position and read, reported as ``cache.ln_scale``.
+
+=============  ===================================  ==========================================
+attribute      shape                                meaning
+=============  ===================================  ==========================================
+``W_E``        ``[d_vocab, d_model]``               token embedding (writes the residual)
+``W_U``        ``[d_model, d_vocab]``               unembedding (final scale folded in)
+``W_pos``      ``[n_ctx, d_model]`` or None         "shortformer": table added to the inputs of
+                                                    W_Q and W_K only; "learned": added to the
+                                                    residual stream; None otherwise
+``W_Q/K/V``    ``[n_layers, n_heads, d_model,       per head; grouped-query models repeat the
+               d_head]``                            shared K/V heads
+``W_O``        ``[n_layers, n_heads, d_head,
+               d_model]``
+``W_in``       ``[n_layers, d_model, d_mlp]``       None when attention-only (``W_gate`` same
+``W_out``      ``[n_layers, d_mlp, d_model]``       shape, gated MLPs only)
+``b_*``        ``b_Q/b_K/b_V [L, H, d_head]``,      optional biases (None in the paper's models)
+               ``b_O [L, d_model]``, ``b_in [L,
+               d_mlp]``, ``b_out [L, d_model]``,
+               ``b_U [d_vocab]``
+``OV``         FactoredMatrix ``[L, H]`` of         ``W_V @ W_O`` (paper: ``W_O W_V``)
+               ``d_model x d_model``
+``QK``         FactoredMatrix ``[L, H]`` of         ``W_Q @ W_K^T`` (paper: ``W_Q^T W_K``);
+               ``d_model x d_model``                for rotary models the position-free part
+=============  ===================================  ==========================================
+
+An adapter fills a ``ModelConfig``, these tensors (already folded, see ``folding``) and a
+tokenizer exposing ``encode(str) -> list[int]`` and ``display_token(id) -> str``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..factored import FactoredMatrix
+from .config import ModelConfig
+
+_WEIGHTS = ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate",
+            "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+@dataclass
+class ActivationCache:
+    """What ``run_with_cache`` records (``b`` = batch, ``L`` = n_layers, ``H`` = n_heads).
+
+    * ``tokens [b, pos]``
+    * ``embed [b, pos, d_model]``: ``W_E[tokens]`` (+ ``W_pos`` when positions are "learned")
+    * ``resid [b, L + 1, pos, d_model]``: residual stream before each layer, then the final one
+    * ``patterns [b, L, H, dest, src]``: attention probabilities
+    * ``head_out [b, L, H, pos, d_model]``: what each head writes to the residual stream
+      (``z @ W_O``, without ``b_O``)
+    * ``mlp_out [b, L, pos, d_model]`` or None (attention-only), ``b_out`` included
+    * ``ln_scale``: the norms the stream is divided by where it is read, so layer ``l``'s
+      attention reads ``resid[:, l] / ln_scale["attn"][:, l, :, None]`` (after centering for
+      layernorm): ``"attn" [b, L, pos]``, ``"mlp" [b, L, pos]`` (models with MLPs only),
+      ``"unembed" [b, pos]`` (reads ``resid[:, L]``). All ones when normalization is None.
+
+    Identity (exact up to float rounding): ``resid[:, L] = embed + head_out.sum((1, 2))
+    (+ b_O.sum(0)) (+ mlp_out.sum(1))``. With ``patterns`` and ``ln_scale`` frozen, the logits
+    are linear in ``embed``, each ``head_out`` and each ``mlp_out``.
+    """
+
+    tokens: torch.Tensor
+    embed: torch.Tensor
+    resid: torch.Tensor
+    patterns: torch.Tensor
+    head_out: torch.Tensor
+    mlp_out: torch.Tensor | None
+    ln_scale: dict[str, torch.Tensor]
+
+
+class CircuitModel:
+    """The weight view (table in the module docstring). Construct with folded weights."""
+
+    def __init__(self, cfg: ModelConfig, *, tokenizer=None, **weights: torch.Tensor | None):
+        unknown = sorted(set(weights) - set(_WEIGHTS))
+        if unknown:
+            raise TypeError(f"CircuitModel: unknown weights {unknown}; expected some of {list(_WEIGHTS)}")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.metadata: dict = {}
+        for name in _WEIGHTS:
+            setattr(self, name, weights.get(name))
+        self._token_strings: list[str] | None = None
+        self._check_shapes()
+
+    # --- shapes ---------------------------------------------------------------------------
+    def expected_shapes(self) -> dict[str, tuple[int, ...] | None]:
+        """Shape of every weight under ``cfg`` (None: must be absent)."""
+        c = self.cfg
+        L, H, d, dh = c.n_layers, c.n_heads, c.d_model, c.d_head
+        mlp = not c.attn_only
+        return {
+            "W_E": (c.d_vocab, d), "W_U": (d, c.d_vocab),
+            "W_pos": (c.n_ctx, d) if c.positional in ("shortformer", "learned") else None,
+            "W_Q": (L, H, d, dh), "W_K": (L, H, d, dh), "W_V": (L, H, d, dh), "W_O": (L, H, dh, d),
+            "W_in": (L, d, c.d_mlp) if mlp else None, "W_out": (L, c.d_mlp, d) if mlp else None,
+            "W_gate": (L, d, c.d_mlp) if mlp and c.gated_mlp else None,
+            "b_Q": (L, H, dh), "b_K": (L, H, dh), "b_V": (L, H, dh), "b_O": (L, d),
+            "b_in": (L, c.d_mlp) if mlp else None, "b_out": (L, d) if mlp else None, "b_U": (c.d_vocab,),
+        }
+
+    def _check_shapes(self) -> None:
+        required = {"W_E", "W_U", "W_Q", "W_K", "W_V", "W_O"}
+        c = self.cfg
+        if c.positional in ("shortformer", "learned"):
+            required.add("W_pos")
+        if not c.attn_only:
+            required |= {"W_in", "W_out"} | ({"W_gate"} if c.gated_mlp else set())
+        for name, shape in self.expected_shapes().items():
+            value = getattr(self, name)
+            if value is None:
+                if name in required:
+                    raise ValueError(f"CircuitModel: {name} is required for {c.name!r} (shape {shape})")
+                continue
+            if shape is None:
+                raise ValueError(f"CircuitModel: {name} must be None for this config "
+                                 f"(positional={c.positional!r}, attn_only={c.attn_only})")
+            if tuple(value.shape) != shape:
+                raise ValueError(f"CircuitModel: {name} has shape {tuple(value.shape)}, expected {shape}")
+
+    # --- circuits -------------------------------------------------------------------------
+    @property
+    def OV(self) -> FactoredMatrix:
+        """``W_V @ W_O`` per head: ``[n_layers, n_heads]`` of ``d_model x d_model``, rank <= d_head."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """``W_Q @ W_K^T`` per head: ``[n_layers, n_heads]`` of ``d_model x d_model``, rank <= d_head.
+        Scores are ``x_dest @ QK @ x_src^T / attn_scale`` (plus positional terms)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-1, -2))
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_E.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.W_E.dtype
+
+    def to(self, *args, **kwargs) -> "CircuitModel":
+        """A copy with every weight moved/cast like ``Tensor.to``."""
+        moved = {n: getattr(self, n).to(*args, **kwargs) for n in _WEIGHTS if getattr(self, n) is not None}
+        model = CircuitModel(self.cfg, tokenizer=self.tokenizer, **moved)
+        model.metadata = self.metadata
+        return model
+
+    # --- tokens ---------------------------------------------------------------------------
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.cfg.name!r} has no tokenizer; pass token ids instead of text")
+        return self.tokenizer
+
+    def to_tokens(self, text: str | list[str]) -> torch.Tensor:
+        """``str`` -> ``LongTensor [pos]``; ``list[str]`` of equal token length -> ``[batch, pos]``."""
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            rows = [self.to_tokens(t) for t in text]
+            lengths = sorted({len(r) for r in rows})
+            if len(lengths) > 1:
+                raise ValueError(f"to_tokens: texts tokenize to different lengths {lengths}; "
+                                 "pass texts of equal token length (no padding is added)")
+            return torch.stack(rows)
+        if not isinstance(text, str):
+            raise TypeError(f"to_tokens expects a str or a non-empty list of str, got {type(text).__name__}")
+        if not text:
+            raise ValueError("to_tokens: empty text")
+        ids = self._require_tokenizer().encode(text)
+        return self._validate_tokens(torch.tensor(ids, dtype=torch.long))
+
+    def to_str_tokens(self, text_or_tokens) -> list[str] | list[list[str]]:
+        """Display strings (visible whitespace: see ``tokenizer.VISIBLE_WHITESPACE``) of the
+        tokens of a text, or of token ids (``[pos]`` -> list, ``[batch, pos]`` -> list of lists)."""
+        tokens = self.to_tokens(text_or_tokens) if isinstance(text_or_tokens, str) else self._as_tokens(text_or_tokens)
+        strings = self.token_strings
+        if tokens.ndim == 2:
+            return [[strings[i] for i in row.tolist()] for row in tokens]
+        return [strings[i] for i in tokens.tolist()]
+
+    @property
+    def token_strings(self) -> list[str]:
+        """Display string of every vocab id, ``[d_vocab]`` (computed once)."""
+        if self._token_strings is None:
+            tok = self._require_tokenizer()
+            self._token_strings = [tok.display_token(i) for i in range(self.cfg.d_vocab)]
+        return self._token_strings
+
+    def _as_tokens(self, tokens) -> torch.Tensor:
+        if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
+            return self.to_tokens(tokens)
+        if isinstance(tokens, (list, tuple)):
+            try:
+                tokens = torch.tensor(tokens)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"token ids must be ints (ragged or non-numeric list given): {err}") from err
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"expected text, token ids (list or LongTensor), got {type(tokens).__name__}")
+        return self._validate_tokens(tokens)
+
+    def _validate_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
+        if tokens.ndim not in (1, 2):
+            raise ValueError(f"token ids must be [pos] or [batch, pos], got shape {tuple(tokens.shape)}")
+        if tokens.shape[-1] == 0 or tokens.numel() == 0:
+            raise ValueError("empty token sequence")
+        if tokens.shape[-1] > self.cfg.n_ctx:
+            raise ValueError(f"sequence of {tokens.shape[-1]} tokens is longer than n_ctx={self.cfg.n_ctx}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.d_vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} out of range [0, {self.cfg.d_vocab})")
+        return tokens.long().to(self.device)
+
+    # --- forward --------------------------------------------------------------------------
+    def _read(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalise the stream where a layer reads it: ``(x_normed, scale [..., pos])``."""
+        norm = self.cfg.normalization
+        if norm is None:
+            return x, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
+        if norm == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        scale = torch.sqrt(x.pow(2).mean(-1) + self.cfg.eps)
+        return x / scale[..., None], scale
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding (GPT-NeoX ``rotate_half`` layout) of ``x [b, H, pos, d_head]``."""
+        r, pos = self.cfg.rotary_dim, x.shape[-2]
+        inv = self.cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float32, device=x.device) / r)
+        angle = torch.arange(pos, dtype=torch.float32, device=x.device)[:, None] * inv
+        cos, sin = torch.cat([angle.cos()] * 2, -1).to(x.dtype), torch.cat([angle.sin()] * 2, -1).to(x.dtype)
+        rot, rest = x[..., :r], x[..., r:]
+        half = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
+        return torch.cat([rot * cos + half * sin, rest], -1)
+
+    def _attention(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One attention layer reading ``x [b, pos, d_model]``: (pattern, head_out, scale)."""
+        pos = x.shape[1]
+        xn, scale = self._read(x)
+        qk_in = xn + self.W_pos[:pos] if self.cfg.positional == "shortformer" else xn
+        q = torch.einsum("bpd,hde->bhpe", qk_in, self.W_Q[layer])
+        k = torch.einsum("bpd,hde->bhpe", qk_in, self.W_K[layer])
+        v = torch.einsum("bpd,hde->bhpe", xn, self.W_V[layer])
+        if self.b_Q is not None:
+            q = q + self.b_Q[layer][:, None]
+        if self.b_K is not None:
+            k = k + self.b_K[layer][:, None]
+        if self.b_V is not None:
+            v = v + self.b_V[layer][:, None]
+        if self.cfg.positional == "rotary":
+            q, k = self._rotate(q), self._rotate(k)
+        scores = q @ k.transpose(-1, -2) / self.cfg.attn_scale
+        causal = torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril()
+        pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        head_out = torch.einsum("bhpe,hed->bhpd", pattern @ v, self.W_O[layer])
+        return pattern, head_out, scale
+
+    def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        xn, scale = self._read(x)
+        pre = xn @ self.W_in[layer] + (self.b_in[layer] if self.b_in is not None else 0)
+        act = _ACTIVATIONS[self.cfg.act_fn]
+        hidden = act(xn @ self.W_gate[layer]) * pre if self.cfg.gated_mlp else act(pre)
+        out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
+        return out, scale
+
+    def run_with_cache(self, tokens) -> tuple[torch.Tensor, ActivationCache]:
+        """``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids) -> (``logits [batch, pos, d_vocab]``,
+        ``ActivationCache``; see its docstring for shapes and the sum identity)."""
+        tokens = self._as_tokens(tokens)
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        pos = tokens.shape[1]
+        x = self.W_E[tokens]
+        if self.cfg.positional == "learned":
+            x = x + self.W_pos[:pos]
+        embed = x
+        resid, patterns, head_outs, mlp_outs = [], [], [], []
+        scales: dict[str, list[torch.Tensor]] = {"attn": [], "mlp": []}
+        for layer in range(self.cfg.n_layers):
+            resid.append(x)
+            pattern, head_out, scale = self._attention(layer, x)
+            patterns.append(pattern)
+            head_outs.append(head_out)
+            scales["attn"].append(scale)
+            x = x + head_out.sum(1) + (self.b_O[layer] if self.b_O is not None else 0)
+            if not self.cfg.attn_only:
+                mlp_out, scale = self._mlp(layer, x)
+                mlp_outs.append(mlp_out)
+                scales["mlp"].append(scale)
+                x = x + mlp_out
+        resid.append(x)
+        xn, final_scale = self._read(x)
+        logits = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
+
+        b, d = tokens.shape[0], self.cfg.d_model
+        empty = x.new_zeros(b, 0, pos)
+        ln_scale = {"attn": torch.stack(scales["attn"], 1) if scales["attn"] else empty, "unembed": final_scale}
+        if not self.cfg.attn_only:
+            ln_scale["mlp"] = torch.stack(scales["mlp"], 1) if scales["mlp"] else empty
+        cache = ActivationCache(
+            tokens=tokens,
+            embed=embed,
+            resid=torch.stack(resid, 1),
+            patterns=torch.stack(patterns, 1) if patterns else x.new_zeros(b, 0, self.cfg.n_heads, pos, pos),
+            head_out=torch.stack(head_outs, 1) if head_outs else x.new_zeros(b, 0, self.cfg.n_heads, pos, d),
+            mlp_out=None if self.cfg.attn_only else (torch.stack(mlp_outs, 1) if mlp_outs else x.new_zeros(b, 0, pos, d)),
+            ln_scale=ln_scale,
+        )
+        return logits, cache
+
+    def forward(self, tokens) -> torch.Tensor:
+        """``tokens`` (text, ``[pos]`` or ``[batch, pos]``) -> ``logits [batch, pos, d_vocab]``."""
+        return self.run_with_cache(tokens)[0]
+
+    __call__ = forward
+
+    def loss(self, tokens) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats) of ``tokens``, a scalar."""
+        logits, cache = self.run_with_cache(tokens)
+        if cache.tokens.shape[1] < 2:
+            raise ValueError("loss needs at least 2 tokens")
+        return F.cross_entropy(logits[:, :-1].reshape(-1, self.cfg.d_vocab), cache.tokens[:, 1:].reshape(-1))
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (f"CircuitModel({c.name!r}: n_layers={c.n_layers}, n_heads={c.n_heads}, d_model={c.d_model}, "
+                f"d_head={c.d_head}, d_vocab={c.d_vocab}, n_ctx={c.n_ctx}, positional={c.positional!r})")

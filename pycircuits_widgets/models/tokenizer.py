@@ -1,0 +1,133 @@
+"""Byte-level BPE tokenizer (Hugging Face ``tokenizers``) and visible-whitespace display strings.
+
+Display strings (``display_token``) are how every view shows a token. This is the one place
+the whitespace mapping is defined:
+
+    ===========  =======
+    character    shown as
+    ===========  =======
+    space        ``·``
+    newline      ``↵``
+    tab          ``→``
+    carriage r.  ``␍``
+    ===========  =======
+
+A token whose bytes are not valid UTF-8 on their own (part of a multi-byte character) shows
+the undecodable bytes as ``\\xNN``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+END_OF_TEXT = "<|endoftext|>"
+VISIBLE_WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
+_VISIBLE_TABLE = str.maketrans(VISIBLE_WHITESPACE)
+
+
+def visible_whitespace(text: str) -> str:
+    """Replace space, newline, tab and carriage return by their visible glyphs (table above)."""
+    return text.translate(_VISIBLE_TABLE)
+
+
+@functools.lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of the byte-level BPE alphabet: printable bytes map to themselves, the other
+    bytes to code points 256, 257, ... in byte order (the GPT-2 convention ``tokenizers`` uses)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            mapping[chr(256 + extra)] = b
+            extra += 1
+    return mapping
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer with the special token ``<|endoftext|>`` (separates documents)."""
+
+    def __init__(self, hf_tokenizer: _HFTokenizer):
+        self._tok = hf_tokenizer
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = 2048) -> "Tokenizer":
+        """Train byte-level BPE on ``texts``; id 0 is ``<|endoftext|>``."""
+        tok = _HFTokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[END_OF_TEXT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        try:
+            return cls(_HFTokenizer.from_file(str(path)))
+        except Exception as err:  # tokenizers raises a bare Exception on bad JSON
+            raise ValueError(f"cannot load tokenizer from {path}: {err}") from err
+
+    def save(self, path: str | Path) -> None:
+        self._tok.save(str(path))
+
+    # --- encoding -----------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    @property
+    def end_of_text_id(self) -> int:
+        return self._tok.token_to_id(END_OF_TEXT)
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"expected text as str, got {type(text).__name__}")
+        return self._tok.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [enc.ids for enc in self._tok.encode_batch(texts)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token stands for (special tokens: their literal text)."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            raise ValueError(f"token id {token_id} out of range [0, {self.vocab_size})")
+        table = _unicode_to_byte()
+        if piece == END_OF_TEXT or any(ch not in table for ch in piece):
+            return piece.encode("utf-8")
+        return bytes(table[ch] for ch in piece)
+
+    def display_token(self, token_id: int) -> str:
+        """Display string of one token: visible whitespace, undecodable bytes as ``\\xNN``."""
+        text = self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+        return visible_whitespace(text)
+
+    def token_strings(self) -> list[str]:
+        """Display string of every id, ``[d_vocab]``."""
+        return [self.display_token(i) for i in range(self.vocab_size)]
+
+    def to_json(self) -> str:
+        return self._tok.to_str()
+
+    def fingerprint(self) -> str:
+        """Short content hash, stored in checkpoints to catch a tokenizer/model mismatch."""
+        import hashlib
+
+        vocab = json.dumps(sorted(self._tok.get_vocab().items(), key=lambda kv: kv[1]))
+        return hashlib.sha256(vocab.encode()).hexdigest()[:16]
