@@ -1,0 +1,124 @@
+"""EigenvaluePlot: every head on the plane OV positivity vs QK positivity, one head's spectrum."""
+
+from __future__ import annotations
+
+import torch
+import traitlets
+
+from ..analysis.eigen import eigenvalues, positivity
+from ..analysis.head_scores import head_scores
+from ..analysis.skip_trigrams import centred_factors, token_strings
+from .base import CircuitWidget
+from .payload import encode_array, to_numpy
+from .selection import HeadSelection, Recompute, apply_now, check_model
+
+
+class EigenvaluePlot(HeadSelection, CircuitWidget):
+    """Scatter of all heads at (OV positivity, QK positivity) (``pcw.eigenvalue_positivity``),
+    labelled ``L.H`` and coloured by layer or by a head score (e.g. induction). Clicking a
+    head sets ``layer``/``head``; the kernel answers with ``detail``: that head's OV and QK
+    eigenvalues (drawn in the complex plane, optionally log-scaled magnitude) and the tokens
+    it copies most.
+
+    Args:
+        model: a weight view.
+        scores: ``{name: [L, H]}`` head scores to colour by; default ``pcw.head_scores(model)``
+            (a forward pass on repeated random tokens); ``{}`` for none.
+        n_copies: how many most-copied tokens the detail lists.
+    """
+
+    _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
+
+    # -- data --
+    ov_positivity = traitlets.Dict().tag(sync=True)
+    """float32 payload [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit."""
+    qk_positivity = traitlets.Dict().tag(sync=True)
+    """float32 payload [L, H]: the same for each head's full QK circuit."""
+    scores = traitlets.Dict().tag(sync=True)
+    """{name: float32 payload [L, H]}: head scores available for ``color_by``."""
+    detail = traitlets.Dict().tag(sync=True)
+    """The selected head: {"layer", "head", "ov_re"/"ov_im"/"qk_re"/"qk_im": float32 [d_head],
+    "copies": [{"id", "str", "score"}]} (score: centred full-OV diagonal, see ``copied_tokens``)."""
+
+    # -- display --
+    color_by = traitlets.Unicode("layer").tag(sync=True)
+    """str, default "layer": "layer" or a key of ``scores``."""
+    log_scale = traitlets.Bool(False).tag(sync=True)
+    """bool, default False: draw eigenvalues at log(1 + |lambda|) with their phase."""
+    n_copies = traitlets.Int(12).tag(sync=True)
+    """int, default 12: number of most-copied tokens in the detail."""
+
+    def __init__(self, model, scores=None, **kwargs):
+        check_model(model, "EigenvaluePlot")
+        self.model = model
+        self._strings = token_strings(model)
+        with torch.no_grad():
+            self._eigs = {kind: eigenvalues(model, kind) for kind in ("OV", "QK")}
+            if scores is None:
+                scores = head_scores(model)
+        L, H = model.cfg.n_layers, model.cfg.n_heads
+        encoded = {}
+        for name, value in scores.items():
+            arr = to_numpy(value, name=f"scores[{name!r}]")
+            if arr.shape != (L, H):
+                raise ValueError(f"scores[{name!r}] must have shape [n_layers, n_heads] = [{L}, {H}], got {list(arr.shape)}")
+            encoded[name] = encode_array(arr, "float32")
+        super().__init__(
+            ov_positivity=encode_array(positivity(self._eigs["OV"]), "float32"),
+            qk_positivity=encode_array(positivity(self._eigs["QK"]), "float32"),
+            scores=encoded, **kwargs,
+        )
+        self._runner = Recompute(self)
+        self.recompute()
+        self.observe(self._on_head, ["layer", "head", "n_copies"])
+
+    @traitlets.validate("color_by")
+    def _valid_color_by(self, proposal):
+        name = proposal["value"]
+        options = ["layer", *self.scores]
+        if name not in options:
+            raise traitlets.TraitError(f"color_by must be one of {options}, got {name!r}")
+        return name
+
+    @traitlets.validate("n_copies")
+    def _valid_n_copies(self, proposal):
+        n = proposal["value"]
+        if not 1 <= n <= min(200, self.model.cfg.d_vocab):
+            raise traitlets.TraitError(f"n_copies must be in 1..{min(200, self.model.cfg.d_vocab)}, got {n}")
+        return n
+
+    def recompute(self) -> dict:
+        """Compute ``detail`` for the current ``layer``/``head`` (synchronously)."""
+        return apply_now(self, self._detail_steps(self.layer, self.head, self.n_copies))
+
+    def wait(self, timeout: float | None = 30.0) -> bool:
+        """Wait until background recomputes are done (True if idle)."""
+        return self._runner.wait(timeout)
+
+    def _on_head(self, change):
+        layer, head, n = self.layer, self.head, self.n_copies
+        self._runner.submit(lambda: self._detail_steps(layer, head, n))
+
+    def _detail_steps(self, layer, head, n):
+        ov, qk = self._eigs["OV"][layer, head], self._eigs["QK"][layer, head]
+        detail = {
+            "layer": layer, "head": head,
+            "ov_re": encode_array(ov.real, "float32"), "ov_im": encode_array(ov.imag, "float32"),
+            "qk_re": encode_array(qk.real, "float32"), "qk_im": encode_array(qk.imag, "float32"),
+        }
+        yield {"detail": detail}  # the spectrum is cached: it shows at once
+        ids, values = copied_tokens(self.model, layer, head, n)
+        yield {"detail": {**detail, "copies": [
+            {"id": i, "str": self._strings[i], "score": s} for i, s in zip(ids.tolist(), values.tolist())
+        ]}}
+
+
+def copied_tokens(model, layer: int, head: int, n: int):
+    """The ``n`` tokens whose own logit the head raises most when attending to them:
+    top of the diagonal of the centred full OV circuit ``OVc[t, t]`` (as in ``pcw.skip_trigrams``).
+    Returns ``(ids [n], values [n])``."""
+    with torch.no_grad():
+        _, _, v, u = centred_factors(model, layer, head)
+        diagonal = (v * u.mT).sum(1)  # OVc[t, t] = v[t] . u[:, t]
+        values, ids = torch.topk(diagonal, n)
+    return ids, values

@@ -1,0 +1,225 @@
+"""SkipTrigramTable: one head's top skip-trigrams, and whole-vocabulary token queries."""
+
+from __future__ import annotations
+
+import torch
+import traitlets
+
+from ..analysis.circuits import refuse_rotary_qk
+from ..analysis.skip_trigrams import MODES, centred_factors, token_strings, top_skip_trigrams
+from ..factored import FactoredMatrix
+from ..models.tokenizer import visible_whitespace
+from .base import CircuitWidget
+from .payload import encode_array
+from .selection import HeadSelection, Recompute, TokenSelection, apply_now, check_model
+
+MAX_MATCHES = 20
+
+
+class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
+    """Top skip-trigrams ``[source] … [destination] → [out]`` of head ``(layer, head)``
+    with their QK and OV scores (``pcw.skip_trigrams``), sortable and paginated; a token
+    search that runs in the kernel over the whole vocabulary ("what does this token attend
+    to, what attends to it, what does it copy to").
+
+    Args:
+        model: a weight view (``pcw.load_pretrained("attn-only-1l")``). Deeper models are
+            read through each head's direct-path circuits (ignoring composition; the view says so).
+        layer, head: the head shown; changing either (trait or picker) recomputes.
+        k: number of trigrams in the table (exact top-k by ``qk * ov``).
+        n_related: rows per list in a token query.
+
+    ``recompute()`` and ``search(text)`` / ``query_token(id)`` run synchronously and return
+    the new state; trait changes run them in a worker thread, newest request first.
+    """
+
+    _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
+    # Sources are visited in chunks (strongest first); the table is exact after the last
+    # one and each chunk is a point where a newer selection can take over.
+    source_chunk = 4096
+
+    # -- data --
+    trigrams = traitlets.Dict().tag(sync=True)
+    """{"layer", "head", "src"/"dest"/"out": int32 payload [n] (vocab ids), "qk"/"ov"/"score":
+    float32 payload [n], "strings": {id: display string}, "exact": bool, "progress": float}."""
+    matches = traitlets.List().tag(sync=True)
+    """list of {"id", "str"}: vocabulary tokens matching ``query`` (exact matches first)."""
+    related = traitlets.Dict().tag(sync=True)
+    """{"token", "str", "layer", "head", MODE: [{"id", "str", "score"}]} for the selected token."""
+    approximate = traitlets.Bool(False).tag(sync=True)
+    """bool (read-only): True for models deeper than one layer (direct-path circuits only)."""
+
+    # -- input --
+    query = traitlets.Unicode("").tag(sync=True)
+    """str: token search text (typed as text; "·" or a space both mean a space)."""
+    k = traitlets.Int(100).tag(sync=True)
+    """int, default 100: number of skip-trigrams in the table."""
+    n_related = traitlets.Int(10).tag(sync=True)
+    """int, default 10: rows per list of a token query."""
+
+    # -- display --
+    sort_by = traitlets.Enum(["score", "qk", "ov"], default_value="score").tag(sync=True)
+    """str, default "score": table order (descending)."""
+    page = traitlets.Int(0).tag(sync=True)
+    """int, default 0: table page shown (``page_size`` rows each)."""
+    page_size = traitlets.Int(20).tag(sync=True)
+    """int, default 20: rows per page."""
+
+    def __init__(self, model, **kwargs):
+        check_model(model, "SkipTrigramTable")
+        refuse_rotary_qk(model, "a skip-trigram table")
+        self.model = model
+        self._strings = token_strings(model)
+        self._factors_key = None
+        self._factors = None
+        super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only), **kwargs)
+        self._runner = Recompute(self)
+        self.recompute()
+        if self.query:
+            self.search(self.query)
+        elif self.token >= 0:
+            self.query_token(self.token)
+        self.observe(self._on_head, ["layer", "head", "k"])
+        self.observe(self._on_query, ["query"])
+        self.observe(self._on_token, ["token", "n_related"])
+
+    @traitlets.validate("k")
+    def _valid_k(self, proposal):
+        k = proposal["value"]
+        if not 1 <= k <= 10_000:
+            raise traitlets.TraitError(f"k must be in 1..10000, got {k}")
+        return k
+
+    @traitlets.validate("n_related")
+    def _valid_n_related(self, proposal):
+        n = proposal["value"]
+        if not 1 <= n <= min(1000, self.model.cfg.d_vocab):
+            raise traitlets.TraitError(f"n_related must be in 1..{min(1000, self.model.cfg.d_vocab)}, got {n}")
+        return n
+
+    # -- recomputes (synchronous; the observers run them in the worker) -------------------
+    def recompute(self) -> dict:
+        """Recompute the table for the current ``layer``/``head`` (and the token query)."""
+        return apply_now(self, self._table_steps(self.layer, self.head, self.k, self.token, self.n_related))
+
+    def search(self, text: str) -> dict:
+        """Find vocabulary tokens matching ``text``; an exact match becomes the selected token."""
+        return apply_now(self, self._search_steps(text, self.layer, self.head, self.n_related))
+
+    def query_token(self, token: int) -> dict:
+        """What ``token`` attends to, is attended by and copies to, through the current head."""
+        return apply_now(self, self._related_steps(token, self.layer, self.head, self.n_related))
+
+    def wait(self, timeout: float | None = 30.0) -> bool:
+        """Wait until background recomputes are done (True if idle)."""
+        return self._runner.wait(timeout)
+
+    # -- observers -----------------------------------------------------------------------
+    def _on_head(self, change):
+        layer, head, k, token, n = self.layer, self.head, self.k, self.token, self.n_related
+        self._runner.submit(lambda: self._table_steps(layer, head, k, token, n))
+
+    def _on_query(self, change):
+        text, layer, head, n = change["new"], self.layer, self.head, self.n_related
+        self._runner.submit(lambda: self._search_steps(text, layer, head, n))
+
+    def _on_token(self, change):
+        token, layer, head, n = self.token, self.layer, self.head, self.n_related
+        if token < 0:
+            self.related = {}
+            return
+        r = self.related
+        if (r.get("token"), r.get("layer"), r.get("head"), len(r.get("copies_to", ()))) == (token, layer, head, n):
+            return  # a search already answered this token
+        self._runner.submit(lambda: self._related_steps(token, layer, head, n))
+
+    # -- the work ------------------------------------------------------------------------
+    def _centred(self, layer: int, head: int):
+        if self._factors_key != (layer, head):
+            with torch.no_grad():
+                self._factors = centred_factors(self.model, layer, head)
+            self._factors_key = (layer, head)
+        return self._factors
+
+    def _table_steps(self, layer, head, k, token, n_related):
+        """Yields the top-k over the strongest chunk of sources first, then the exact table."""
+        q, kk, v, u = self._centred(layer, head)
+        # visit sources by the size of their factors (likely strong first); any order is exact
+        order = torch.argsort(kk.norm(dim=1) * v.norm(dim=1), descending=True)
+        chunks = torch.split(order, self.source_chunk)
+        best_score = torch.empty(0)
+        best_idx = torch.empty(0, 3, dtype=torch.long)
+        for i, src in enumerate(chunks):
+            with torch.no_grad():
+                score, idx = top_skip_trigrams(q, kk[src], v[src], u, k)
+            idx = idx.clone()
+            idx[:, 0] = src[idx[:, 0]]  # chunk-local source -> vocab id
+            best_score, keep = torch.sort(torch.cat([best_score, score]), descending=True)
+            best_score = best_score[:k]
+            best_idx = torch.cat([best_idx, idx])[keep[:k]]
+            update = {"trigrams": self._encode_table(layer, head, best_score, best_idx, (i + 1) / len(chunks))}
+            if i + 1 == len(chunks) and token >= 0:
+                update["related"] = self._related(token, layer, head, n_related)
+            yield update
+
+    def _encode_table(self, layer, head, score, idx, progress):
+        q, kk, v, u = self._centred(layer, head)
+        src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
+        qk = (q[dest] * kk[src]).sum(1)  # entries QKc[dest, src] of the factored circuit
+        ov = (v[src] * u.T[out]).sum(1)  # entries OVc[src, out]
+        ids = sorted(set(idx.reshape(-1).tolist()))
+        return {
+            "layer": layer, "head": head,
+            "src": encode_array(src, "int32"), "dest": encode_array(dest, "int32"),
+            "out": encode_array(out, "int32"), "qk": encode_array(qk, "float32"),
+            "ov": encode_array(ov, "float32"), "score": encode_array(score, "float32"),
+            "strings": {str(i): self._strings[i] for i in ids},
+            "exact": progress >= 1.0, "progress": float(progress),
+        }
+
+    def _search_steps(self, text, layer, head, n_related):
+        matches = find_tokens(self._strings, text)
+        update = {"matches": [{"id": i, "str": self._strings[i]} for i in matches]}
+        exact = [i for i in matches if _normal(self._strings[i]) == _normal(text)]
+        if exact:
+            update["token"] = exact[0]
+            update["related"] = self._related(exact[0], layer, head, n_related)
+        yield update
+
+    def _related_steps(self, token, layer, head, n_related):
+        yield {"related": self._related(token, layer, head, n_related)}
+
+    def _related(self, token: int, layer: int, head: int, n: int) -> dict:
+        """The three whole-vocabulary queries of one token (rows / column of the centred circuits)."""
+        q, kk, v, u = self._centred(layer, head)
+        qk = FactoredMatrix(q, kk.mT)  # [dest, src]
+        with torch.no_grad():
+            rows = {"attends_to": qk.row(token), "attended_by": qk.col(token), "copies_to": FactoredMatrix(v, u).row(token)}
+        result = {"token": token, "str": self._strings[token], "layer": layer, "head": head}
+        for mode in MODES:
+            values, ids = torch.topk(rows[mode], n)
+            result[mode] = [{"id": i, "str": self._strings[i], "score": s} for i, s in zip(ids.tolist(), values.tolist())]
+        return result
+
+
+def _normal(text: str) -> str:
+    return visible_whitespace(text)
+
+
+def find_tokens(strings: list[str], text: str, limit: int = MAX_MATCHES) -> list[int]:
+    """Vocabulary ids whose display string matches ``text``: exact, then prefix, then
+    substring matches, shorter strings first; at most ``limit``. Spaces in ``text`` match "·"."""
+    needle = _normal(text)
+    if not needle:
+        return []
+    exact, prefix, inner = [], [], []
+    for i, s in enumerate(strings):
+        if s == needle:
+            exact.append(i)
+        elif s.startswith(needle):
+            prefix.append(i)
+        elif needle in s:
+            inner.append(i)
+    ranked = exact + sorted(prefix, key=lambda i: len(strings[i])) + sorted(inner, key=lambda i: len(strings[i]))
+    return ranked[:limit]
+
