@@ -3,5 +3,8 @@
 from .attention import AttentionPatterns
 from .base import CircuitWidget
 from .colored_tokens import ColoredTokens
+from .composition_matrix import CompositionMatrix
+from .eigenvalue_plot import EigenvaluePlot
+from .skip_trigram_table import SkipTrigramTable
 
-__all__ = ["AttentionPatterns", "CircuitWidget", "ColoredTokens"]
+__all__ = ["AttentionPatterns", "CircuitWidget", "ColoredTokens", "CompositionMatrix", "EigenvaluePlot", "SkipTrigramTable"]

@@ -35,6 +35,18 @@ class HeadSelection(traitlets.HasTraits):
     busy = traitlets.Bool(False).tag(sync=True)
     """bool: True while the kernel recomputes for the current selection (view shows a spinner)."""
 
+    # -- model shape (read-only, for the pickers) --
+    _n_layers = traitlets.Int().tag(sync=True)
+    _n_heads = traitlets.Int().tag(sync=True)
+
+    @traitlets.default("_n_layers")
+    def _default_n_layers(self):
+        return self.model.cfg.n_layers
+
+    @traitlets.default("_n_heads")
+    def _default_n_heads(self):
+        return self.model.cfg.n_heads
+
     @traitlets.validate("layer")
     def _valid_layer(self, proposal):
         return _in_range("layer", proposal["value"], self.model.cfg.n_layers)
