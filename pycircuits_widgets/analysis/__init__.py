@@ -24,13 +24,14 @@ from .circuits import (
 )
 from .composition import CompositionDetail, composition_detail, composition_scores, random_baseline
 from .eigen import eigenvalue_positivity, eigenvalues
+from .head_scores import head_scores
 from .path_expansion import PathExpansion, PathTerm, path_expansion
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 
 __all__ = [
     "CompositionDetail", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
-    "eigenvalues", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit",
+    "eigenvalues", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores",
     "k_composition_circuit", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
     "positional_qk_circuit", "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams",
     "virtual_head_ov",

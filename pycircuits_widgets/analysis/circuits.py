@@ -225,4 +225,4 @@ class TensorProductTerm:
         """Dense ``[dest * d_out, src * d_in]`` matrix of the map on row-major-flattened ``x``."""
         if self.A.ndim != 2:
             raise ValueError(f"kron() needs a single 2-D A, got A of shape {tuple(self.A.shape)}")
-        return torch.kron(self.A, self.W.T)
+        return torch.kron(self.A, self.W.T.contiguous())

@@ -9,7 +9,8 @@ exactly into a sum over paths through heads in strictly increasing layers:
 * order 2, a virtual head (V-composition): ``D_final A^{h2} D_{l2} A^{h1} D_{l1} ⊗ W_E W_OV^{h1} W_OV^{h2} W_U``;
 * ... up to order ``n_layers``,
 
-where ``D_l = diag(1 / ln_scale)`` of the layer that reads, and each term is a
+where ``D_l = diag(1 / ln_scale)`` of the layer that reads (and a layer norm's centering is
+kept as a projection on the reading weight, so the sum is exact even for unfolded writers), and each term is a
 ``TensorProductTerm`` (positions ⊗ residual) applied to the embeddings ``x0 [batch, pos, d_model]``
 (token embeddings, plus positions for models that add them to the residual).
 Attention-only models without MLPs only; biases are not part of the weight view.
@@ -94,11 +95,19 @@ def path_expansion(model, text_or_tokens) -> PathExpansion:
     cfg = model.cfg
     if not cfg.attn_only:
         raise ValueError(f"path expansion here covers attention-only models; {cfg.name!r} has MLPs")
+    biases = [b for b in ("b_V", "b_O", "b_U") if getattr(model, b, None) is not None]
+    if biases:
+        raise ValueError(f"path expansion here covers bias-free models; {cfg.name!r} has {biases}")
     tokens = as_tokens(model, text_or_tokens)
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)
     inv = 1.0 / ln_scales(model, cache)  # [batch, L + 1, pos]
     eye = torch.eye(tokens.shape[-1], dtype=logits.dtype)
+    # a layer norm reads (x - mean(x)) / scale: the centering is the projection C on d_model
+    # (the identity when, as after folding, every writer is already mean-zero)
+    d = cfg.d_model
+    C = torch.eye(d, dtype=logits.dtype) - 1.0 / d if cfg.normalization == "layernorm" else None
+    read = (lambda W: W) if C is None else (lambda W: C @ W)
     # partial paths (heads, A [batch|1, dest, src] from x0 to here, W [d_model, d_model] or None = identity)
     paths = [((), eye[None], None)]
     for layer in range(cfg.n_layers):
@@ -107,12 +116,12 @@ def path_expansion(model, text_or_tokens) -> PathExpansion:
             for h in range(cfg.n_heads):
                 # the head reads the stream divided by this layer's norm: A^h D_layer A
                 A_h = (cache.patterns[:, layer, h] * inv[:, layer, None, :]) @ A
-                ov = model.W_V[layer, h] @ model.W_O[layer, h]
+                ov = read(model.W_V[layer, h]) @ model.W_O[layer, h]
                 extended.append((heads + ((layer, h),), A_h, ov if W is None else W @ ov))
         paths += extended
     terms = [
         PathTerm(heads=heads, term=TensorProductTerm(
-            inv[:, -1, :, None] * A, model.W_U if W is None else W @ model.W_U))
+            inv[:, -1, :, None] * A, read(model.W_U) if W is None else W @ read(model.W_U)))
         for heads, A, W in paths
     ]
     return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits)

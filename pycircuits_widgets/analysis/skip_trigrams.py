@@ -134,10 +134,9 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     top.add(score[s_i, d_j, o_j], idx)
 
 
-def _row_max_upper(rows_a, b, b_norm_max, margin_scale):
-    """Upper bound of ``max_j rows_a[i] . b[:, j]`` from a bfloat16 GEMM plus its error margin."""
-    approx = (rows_a.bfloat16() @ b).amax(1).float()
-    return approx + margin_scale * rows_a.norm(dim=1) * b_norm_max
+def _row_max_upper(rows_bf, rows_norm, b_bf, b_norm_max):
+    """Upper bound of ``max_j a_i . b[:, j]`` from a bfloat16 GEMM plus its error margin."""
+    return (rows_bf @ b_bf).amax(1).float() + BF16_MARGIN * rows_norm * b_norm_max
 
 
 def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
@@ -149,18 +148,19 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
     V = k.shape[0]
     top = _TopTriples(n)
     q_max, u_max = q.norm(dim=1).max(), u.norm(dim=0).max()
-    norm_bound = k.norm(dim=1) * q_max * v.norm(dim=1) * u_max
+    k_norm, v_norm = k.norm(dim=1), v.norm(dim=1)
+    norm_bound = k_norm * q_max * v_norm * u_max
     order = torch.argsort(norm_bound, descending=True)
     rows = max(1, block_bytes // (V * 4))
     _exact_sources(order[:rows], q, k, v, u, top)  # seeds the threshold
-    q_bf, u_bf = q.T.bfloat16(), u.bfloat16()
+    q_bf, u_bf, k_bf, v_bf = q.T.bfloat16(), u.bfloat16(), k.bfloat16(), v.bfloat16()
     upper, visited = [], []
     for start in range(rows, V, 2 * rows):
         src = order[start : start + 2 * rows]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
-        uq = _row_max_upper(k[src], q_bf, q_max, BF16_MARGIN).clamp_min(0)
-        uo = _row_max_upper(v[src], u_bf, u_max, BF16_MARGIN).clamp_min(0)
+        uq = _row_max_upper(k_bf[src], k_norm[src], q_bf, q_max).clamp_min(0)
+        uo = _row_max_upper(v_bf[src], v_norm[src], u_bf, u_max).clamp_min(0)
         upper.append(uq * uo)
         visited.append(src)
     if visited:
