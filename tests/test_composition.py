@@ -1,0 +1,110 @@
+"""Composition scores against dense norms and TransformerLens's composition_scores, same weights."""
+
+import pytest
+import torch
+from random_models import paper_model
+from transformer_lens.FactoredMatrix import FactoredMatrix as TLFactoredMatrix
+from transformer_lens.utilities.matrix import composition_scores as tl_composition_scores
+
+from pycircuits_widgets.analysis import composition_detail, composition_scores, random_baseline
+
+
+@pytest.fixture(scope="module")
+def model():
+    return paper_model(n_layers=3, n_heads=4, d_model=32, d_head=4, d_vocab=30)
+
+
+def _dense_composed(model, kind, h1, h2):
+    """The composed [d_model, d_model] matrix in the row convention, from explicit products."""
+    OV1 = model.W_V[h1] @ model.W_O[h1]
+    QK2 = model.W_Q[h2] @ model.W_K[h2].T
+    second = {"Q": QK2, "K": QK2.T, "V": model.W_V[h2] @ model.W_O[h2]}[kind]
+    return OV1, second, OV1 @ second
+
+
+def _tl_scores(model, kind):
+    # exactly what TransformerBridge.all_composition_scores builds, then its [l1 < l2] mask
+    left = TLFactoredMatrix(model.W_V, model.W_O)
+    qk = TLFactoredMatrix(model.W_Q, model.W_K.mT)
+    right = {"Q": qk, "K": qk.T, "V": left}[kind]
+    scores = tl_composition_scores(left, right, broadcast_dims=True)
+    L = model.cfg.n_layers
+    mask = torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]
+    return torch.where(mask, scores, torch.zeros_like(scores)), mask.expand_as(scores)
+
+
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+def test_scores_equal_transformer_lens_and_dense_norms(model, kind):
+    ours = composition_scores(model, kind, baseline=False)
+    theirs, defined = _tl_scores(model, kind)
+    assert ours.shape == (3, 4, 3, 4)
+    torch.testing.assert_close(ours[defined], theirs[defined], rtol=1e-10, atol=1e-12)
+    assert torch.isnan(ours[~defined]).all() and (theirs[~defined] == 0).all()
+    for h1, h2 in [((0, 1), (1, 3)), ((0, 0), (2, 2)), ((1, 2), (2, 0))]:
+        OV1, second, composed = _dense_composed(model, kind, h1, h2)
+        expected = composed.norm() / (OV1.norm() * second.norm())
+        torch.testing.assert_close(ours[h1 + h2], expected)
+
+
+def test_float32_scores_match_float64(model):
+    ours32 = composition_scores(model.to(torch.float32), "K", baseline=False)
+    ours64 = composition_scores(model, "K", baseline=False)
+    assert ours32.dtype == torch.float32
+    torch.testing.assert_close(ours32.double(), ours64, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+def test_erratum_norm_is_the_cyclic_permutation_and_differs_from_the_dense_truth(model, kind):
+    correct = composition_scores(model, kind, baseline=False)
+    erratum = composition_scores(model, kind, baseline=False, norm="erratum")
+    defined = ~correct.isnan()
+    assert (erratum[defined] - correct[defined]).abs().min() > 1e-3
+    h1, h2 = (0, 2), (2, 1)
+    V1, O1 = model.W_V[h1], model.W_O[h1]
+    Q2, K2 = model.W_Q[h2], model.W_K[h2]
+    C2, D2 = {"Q": (Q2, K2.T), "K": (K2, Q2.T), "V": (model.W_V[h2], model.W_O[h2])}[kind]
+    # the product V1 O1 C2 D2 rotated to D2 V1 O1 C2 (same trace, different Frobenius norm)
+    rotated = D2 @ V1 @ O1 @ C2
+    assert torch.allclose(torch.trace(rotated), torch.trace(V1 @ O1 @ C2 @ D2))
+    expected = rotated.norm() / ((O1 @ V1).norm() * (D2 @ C2).norm())
+    torch.testing.assert_close(erratum[h1 + h2], expected)
+    _, _, composed = _dense_composed(model, kind, h1, h2)
+    assert abs(float(rotated.norm() - composed.norm())) > 1e-3 * float(composed.norm())
+
+
+def test_baseline_is_the_mean_score_of_random_heads_and_is_subtracted(model):
+    with_baseline = composition_scores(model, "V")
+    without = composition_scores(model, "V", baseline=False)
+    b = random_baseline(model.cfg.d_model, model.cfg.d_head)
+    torch.testing.assert_close(with_baseline, without - b, equal_nan=True)
+    # independent check: Gaussian heads with the same shapes, scored by the full routine
+    wide = paper_model(n_layers=2, n_heads=16, d_model=32, d_head=4, d_vocab=30, seed=5)
+    g = torch.Generator().manual_seed(7)
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        setattr(wide, name, torch.randn(getattr(wide, name).shape, generator=g, dtype=torch.float64))
+    sampled = composition_scores(wide, "K", baseline=False)[0, :, 1, :].mean()
+    assert abs(float(sampled) - b) < 0.05 * b
+
+
+def test_detail_matches_scores_dense_svd_and_token_circuit_positivity(model):
+    for kind in "QKV":
+        h1, h2 = (0, 3), (2, 1)
+        d = composition_detail(model, kind, h1, h2)
+        assert d.score == pytest.approx(float(composition_scores(model, kind, baseline=False)[h1 + h2]))
+        assert d.erratum_score == pytest.approx(float(composition_scores(model, kind, False, "erratum")[h1 + h2]))
+        _, _, composed = _dense_composed(model, kind, h1, h2)
+        S = torch.linalg.svdvals(composed)[: d.singular_values.numel()]
+        torch.testing.assert_close(d.singular_values, S)
+        E, U = model.W_E, model.W_U
+        token = {"Q": E @ composed @ E.T, "K": E @ composed.T @ E.T, "V": E @ composed @ U}[kind]
+        ev = torch.linalg.eigvals(token)
+        assert d.positivity == pytest.approx(float(ev.sum().real / ev.abs().sum()), abs=1e-6)
+
+
+def test_bad_arguments_are_named(model):
+    with pytest.raises(ValueError, match="kind must be one of"):
+        composition_scores(model, "O")
+    with pytest.raises(ValueError, match="norm must be one of"):
+        composition_scores(model, "Q", norm="cyclic")
+    with pytest.raises(ValueError, match="earlier layer"):
+        composition_detail(model, "K", (1, 0), (1, 1))
