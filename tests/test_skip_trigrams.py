@@ -1,0 +1,92 @@
+"""Skip-trigram top-k against brute force over the dense [src, dest, out] score tensor."""
+
+import pytest
+import torch
+from random_models import custom_model, paper_model
+
+from pycircuits_widgets.analysis import circuit_query, full_ov_circuit, full_qk_circuit, skip_trigrams
+from pycircuits_widgets.analysis.skip_trigrams import centred_factors, top_skip_trigrams
+
+
+def _dense_centred(model, layer, head):
+    QK = full_qk_circuit(model, layer, head).dense()  # [dest, src]
+    OV = full_ov_circuit(model, layer, head).dense()  # [src, out]
+    return QK - QK.mean(1, keepdim=True), OV - OV.mean(1, keepdim=True)
+
+
+def _brute_force(QKc, OVc, k):
+    score = QKc.T.clamp_min(0)[:, :, None] * OVc.clamp_min(0)[:, None, :]  # [src, dest, out]
+    return torch.topk(score.flatten(), k).values
+
+
+@pytest.fixture(scope="module")
+def model():
+    return paper_model(n_layers=1, n_heads=2, d_model=16, d_head=4, d_vocab=60, dtype=torch.float32)
+
+
+def test_top_triples_equal_brute_force_with_scores_and_strings(model):
+    QKc, OVc = _dense_centred(model, 0, 1)
+    result = skip_trigrams(model, 0, 1, k=25)
+    assert len(result) == 25
+    torch.testing.assert_close(torch.tensor([r.score for r in result]), _brute_force(QKc, OVc, 25))
+    for r in result:
+        assert r.qk == pytest.approx(float(QKc[r.destination, r.source]), rel=1e-4, abs=1e-4)
+        assert r.ov == pytest.approx(float(OVc[r.source, r.out]), rel=1e-4, abs=1e-4)
+        assert r.qk > 0 and r.ov > 0 and r.score == pytest.approx(r.qk * r.ov, rel=1e-4)
+        assert (r.source_str, r.destination_str, r.out_str) == (f"t{r.source}", f"t{r.destination}", f"t{r.out}")
+
+
+@pytest.mark.parametrize("k, block_bytes, tail", [(1, 480, 0.0), (40, 2000, 0.0), (300, 4000, 0.0), (60, 480, 3.0)])
+def test_exact_in_small_blocks_with_and_without_prunable_norms(k, block_bytes, tail):
+    # small blocks force many chunks; heavy-tailed token norms (tail > 0) let the bounds prune
+    g = torch.Generator().manual_seed(k)
+    V, dh = 120, 5
+    norms = torch.exp(tail * torch.rand(V, 1, generator=g))
+    q, kk, v = (torch.randn(V, dh, generator=g) * norms for _ in range(3))
+    u = torch.randn(dh, V, generator=g)
+    score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
+    dense = (q @ kk.T).T.clamp_min(0)[:, :, None] * (v @ u).clamp_min(0)[:, None, :]
+    torch.testing.assert_close(score, torch.topk(dense.flatten(), k).values)
+    torch.testing.assert_close(dense[idx[:, 0], idx[:, 1], idx[:, 2]], score)
+
+
+def test_fewer_positive_triples_than_k_returns_them_all():
+    q = torch.tensor([[1.0], [-1.0]])
+    score, idx = top_skip_trigrams(q, q.clone(), q.clone(), q.T.clone(), 50)
+    # qk[d, s] = q_d k_s and ov[s, o] = v_s u_o: positive pairs need d = s sign-wise and o = s
+    assert score.tolist() == [1.0, 1.0] and sorted(idx[:, 0].tolist()) == [0, 1]
+
+
+def test_queries_read_rows_and_columns_of_the_centred_circuits(model):
+    QKc, OVc = _dense_centred(model, 0, 0)
+    cases = {"attends_to": QKc[7], "attended_by": QKc[:, 7], "copies_to": OVc[7]}
+    for mode, row in cases.items():
+        got = circuit_query(model, 0, 0, 7, mode, k=5)
+        values, ids = torch.topk(row, 5)
+        assert [g[0] for g in got] == ids.tolist()
+        torch.testing.assert_close(torch.tensor([g[2] for g in got]), values, rtol=1e-4, atol=1e-4)
+        assert got[0][1] == f"t{ids[0]}"
+    with pytest.raises(ValueError, match="mode must be one of"):
+        circuit_query(model, 0, 0, 7, "writes_to")
+    with pytest.raises(ValueError, match="vocab id"):
+        circuit_query(model, 0, 0, 60, "copies_to")
+
+
+def test_deeper_and_rotary_models_are_refused_unless_approximate():
+    deep = paper_model(n_layers=2, d_vocab=30, dtype=torch.float32)
+    with pytest.raises(ValueError, match="approximate=True"):
+        skip_trigrams(deep, 1, 0)
+    QKc, OVc = _dense_centred(deep, 1, 0)
+    approx = skip_trigrams(deep, 1, 0, k=5, approximate=True)
+    torch.testing.assert_close(torch.tensor([r.score for r in approx]), _brute_force(QKc, OVc, 5))
+    with pytest.raises(ValueError, match="rotary"):
+        skip_trigrams(custom_model(n_layers=1, positional="rotary"), 0, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        skip_trigrams(deep, 2, 0, approximate=True)
+
+
+def test_centred_factors_reproduce_the_centred_circuits(model):
+    q, k, v, u = centred_factors(model, 0, 1)
+    QKc, OVc = _dense_centred(model, 0, 1)
+    torch.testing.assert_close(q @ k.T, QKc, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(v @ u, OVc, rtol=1e-4, atol=1e-4)
