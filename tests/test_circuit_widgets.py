@@ -1,0 +1,225 @@
+"""SkipTrigramTable, CompositionMatrix, EigenvaluePlot: every recompute path equals a direct
+analysis call; selection validation; newest request wins."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+import traitlets
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import (circuit_query, composition_detail, composition_scores,
+                                         eigenvalue_positivity, eigenvalues, random_baseline, skip_trigrams)
+from pycircuits_widgets.analysis.head_scores import head_scores
+from pycircuits_widgets.models import AttnOnlyTransformer, attn_only_config, from_attn_only
+from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.selection import Recompute
+
+XSS = '<img src=x onerror="window.__pwned=1">'
+
+
+class StubTokenizer:
+    """Display strings only (all the views need); lets tests plant hostile strings."""
+
+    def __init__(self, strings):
+        self.strings = strings
+
+    def display_token(self, i):
+        return self.strings[i]
+
+
+def tiny_model(n_layers, d_vocab=256, seed=0, strings=None):
+    cfg = attn_only_config(n_layers, n_heads=4, d_model=32, d_head=8, d_vocab=d_vocab, n_ctx=32)
+    strings = strings or [f"·w{i}" if i % 5 == 0 else f"t{i}" for i in range(d_vocab)]
+    return from_attn_only(AttnOnlyTransformer(cfg, seed=seed), StubTokenizer(strings))
+
+
+@pytest.fixture(scope="module")
+def m1():
+    return tiny_model(1)
+
+
+@pytest.fixture(scope="module")
+def m2():
+    return tiny_model(2, seed=1)
+
+
+def table_rows(w):
+    t = w.trigrams
+    cols = {k: decode_array(t[k]) for k in ("src", "dest", "out", "qk", "ov", "score")}
+    return cols, t["strings"]
+
+
+def assert_table_matches(w, model, layer, head, k, approximate=False):
+    cols, strings = table_rows(w)
+    ref = skip_trigrams(model, layer, head, k=k, approximate=approximate)
+    assert len(ref) == len(cols["score"]) == k
+    np.testing.assert_allclose(cols["score"], [r.score for r in ref], rtol=1e-5)
+    np.testing.assert_allclose(cols["qk"], [r.qk for r in ref], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(cols["ov"], [r.ov for r in ref], rtol=1e-4, atol=1e-6)
+    assert {(r.source, r.destination, r.out) for r in ref} == set(zip(*(cols[c].tolist() for c in ("src", "dest", "out"))))
+    for r in ref:
+        assert strings[str(r.source)] == r.source_str and strings[str(r.out)] == r.out_str
+
+
+def test_table_equals_skip_trigrams_and_head_change_recomputes(m1):
+    w = pcw.SkipTrigramTable(m1, layer=0, head=1, k=15)
+    assert_table_matches(w, m1, 0, 1, 15)
+    w.head = 3
+    assert w.wait(20)
+    assert (w.trigrams["layer"], w.trigrams["head"]) == (0, 3) and not w.busy and not w.error
+    assert_table_matches(w, m1, 0, 3, 15)
+
+
+def test_chunked_sources_give_the_exact_table_with_partial_steps_first(m1):
+    w = pcw.SkipTrigramTable(m1, head=2, k=12)
+    w.source_chunk = 40  # 256 sources -> 7 chunks, each a partial answer
+    steps = list(w._table_steps(0, 2, 12, -1, 10))
+    assert len(steps) == 7
+    assert [s["trigrams"]["exact"] for s in steps] == [False] * 6 + [True]
+    w.recompute()
+    assert_table_matches(w, m1, 0, 2, 12)
+
+
+def test_deeper_model_reads_direct_path_and_says_so(m2):
+    w = pcw.SkipTrigramTable(m2, layer=1, head=0, k=10)
+    assert w.approximate
+    assert_table_matches(w, m2, 1, 0, 10, approximate=True)
+
+
+def test_search_finds_tokens_over_whole_vocabulary_and_queries_match_circuit_query(m1):
+    w = pcw.SkipTrigramTable(m1, head=1, k=5)
+    w.query = " w25"  # a typed space matches the display "·"
+    assert w.wait(20)
+    assert w.matches[0] == {"id": 25, "str": "·w25"}
+    assert [m["id"] for m in w.matches[1:]] == [250, 255]  # prefix matches "·w250", "·w255"
+    assert w.token == 25
+    for mode in ("attends_to", "attended_by", "copies_to"):
+        ref = circuit_query(m1, 0, 1, 25, mode, k=10)
+        got = w.related[mode]
+        assert [g["id"] for g in got] == [r[0] for r in ref]
+        np.testing.assert_allclose([g["score"] for g in got], [r[2] for r in ref], rtol=1e-5, atol=1e-6)
+
+
+def test_token_and_head_change_update_the_query(m1):
+    w = pcw.SkipTrigramTable(m1, head=0, k=5, token=7, n_related=4)
+    assert w.related["token"] == 7 and len(w.related["copies_to"]) == 4
+    w.head = 2
+    assert w.wait(20)
+    assert w.related["head"] == 2
+    assert [r["id"] for r in w.related["attended_by"]] == [r[0] for r in circuit_query(m1, 0, 2, 7, "attended_by", k=4)]
+
+
+@pytest.mark.parametrize("name,value", [("layer", 1), ("head", 4), ("head", -1), ("token", 256), ("k", 0)])
+def test_out_of_range_selection_is_rejected_with_a_clear_message(m1, name, value):
+    w = pcw.SkipTrigramTable(m1, k=5)
+    with pytest.raises(traitlets.TraitError, match=name):
+        setattr(w, name, value)
+
+
+def test_unknown_kwarg_and_bad_model_raise(m1):
+    with pytest.raises(TypeError, match="hed"):
+        pcw.SkipTrigramTable(m1, hed=1)
+    with pytest.raises(TypeError, match="weight view"):
+        pcw.EigenvaluePlot(object())
+
+
+def test_composition_scores_trait_holds_all_kinds_and_norms(m2):
+    w = pcw.CompositionMatrix(m2)
+    tables = decode_array(w.scores)
+    assert tables.shape == (3, 2, 2, 4, 2, 4)
+    for i, kind in enumerate("QKV"):
+        for j, norm in enumerate(("correct", "erratum")):
+            np.testing.assert_allclose(tables[i, j], composition_scores(m2, kind, baseline=False, norm=norm).numpy(),
+                                       rtol=1e-5, equal_nan=True)
+    assert w.baselines == {n: random_baseline(32, 8, n) for n in ("correct", "erratum")}
+
+
+def test_clicking_a_pair_computes_its_detail_and_selects_the_reading_head(m2):
+    w = pcw.CompositionMatrix(m2)
+    w.selected_pair = [0, 3, 1, 2]
+    assert w.wait(20) and not w.error
+    assert (w.layer, w.head) == (1, 2)
+    ref = composition_detail(m2, "K", (0, 3), (1, 2))
+    d = w.detail
+    assert (d["kind"], d["h1"], d["h2"]) == ("K", [0, 3], [1, 2])
+    assert d["score"] == pytest.approx(ref.score) and d["erratum_score"] == pytest.approx(ref.erratum_score)
+    assert d["positivity"] == pytest.approx(ref.positivity)
+    np.testing.assert_allclose(decode_array(d["singular_values"]), ref.singular_values.numpy(), rtol=1e-5)
+    w.kind = "V"
+    assert w.wait(20)
+    assert w.detail["score"] == pytest.approx(composition_detail(m2, "V", (0, 3), (1, 2)).score)
+
+
+def test_composition_pair_must_go_from_earlier_to_later_layer(m2):
+    w = pcw.CompositionMatrix(m2)
+    with pytest.raises(traitlets.TraitError, match="l1 < l2"):
+        w.selected_pair = [1, 0, 1, 2]
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        pcw.CompositionMatrix(tiny_model(1))
+
+
+def test_eigenvalue_plot_positivity_scores_and_head_detail(m2):
+    w = pcw.EigenvaluePlot(m2)
+    for kind, trait in (("OV", w.ov_positivity), ("QK", w.qk_positivity)):
+        np.testing.assert_allclose(decode_array(trait), eigenvalue_positivity(m2, kind).numpy(), rtol=1e-5)
+    ref_scores = head_scores(m2)
+    assert set(w.scores) == set(ref_scores)
+    np.testing.assert_allclose(decode_array(w.scores["induction"]), ref_scores["induction"].numpy(), rtol=1e-5, equal_nan=True)
+    w.layer, w.head = 1, 3
+    assert w.wait(20) and (w.detail["layer"], w.detail["head"]) == (1, 3)
+    eig = eigenvalues(m2, "OV")[1, 3]
+    np.testing.assert_allclose(decode_array(w.detail["ov_re"]), eig.real.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(decode_array(w.detail["ov_im"]), eig.imag.numpy(), rtol=1e-4, atol=1e-6)
+    # the copied tokens are the top of the centred full OV circuit's diagonal, checked densely
+    ov = m2.W_E @ m2.W_V[1, 3] @ m2.W_O[1, 3] @ m2.W_U  # dense [src, out]
+    dense_diag = torch.diagonal(ov - ov.mean(1, keepdim=True))
+    assert [c["id"] for c in w.detail["copies"]] == torch.topk(dense_diag, 12).indices.tolist()
+    with pytest.raises(traitlets.TraitError, match="color_by"):
+        w.color_by = "nope"
+
+
+def test_newer_request_supersedes_an_older_running_one(m1):
+    w = pcw.SkipTrigramTable(m1, k=5)
+    gate, applied = threading.Event(), []
+
+    def slow():
+        gate.wait(5)
+        yield {"page": 1}
+        applied.append("stale")
+        yield {"page": 2}
+
+    def fast():
+        yield {"page": 3}
+
+    runner = Recompute(w)
+    runner.submit(slow)
+    runner.submit(fast)  # arrives while `slow` is blocked
+    gate.set()
+    assert runner.wait(10)
+    assert w.page == 3 and applied == [] and not w.busy
+
+
+def test_failure_of_newest_request_shows_error_and_keeps_last_state(m1):
+    w = pcw.SkipTrigramTable(m1, k=5)
+    before = w.trigrams
+
+    def broken():
+        raise RuntimeError("boom")
+        yield {}
+
+    w._runner.submit(broken)
+    assert w.wait(10)
+    assert w.error == "RuntimeError: boom" and w.trigrams is before
+
+
+def test_views_share_selection_through_link(m2):
+    import ipywidgets
+
+    plot, table = pcw.EigenvaluePlot(m2, scores={}), pcw.SkipTrigramTable(m2, k=5)
+    links = [ipywidgets.link((plot, n), (table, n)) for n in ("layer", "head")]
+    plot.layer, plot.head = 1, 2
+    assert table.wait(20) and (table.trigrams["layer"], table.trigrams["head"]) == (1, 2)
+    for link in links:
+        link.unlink()
