@@ -61,6 +61,21 @@ class CircuitWidget(anywidget.AnyWidget):
                 self.error = ""
 
     # -- sharing ---------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs):
+        """The widget view plus a static ``text/html`` fallback, which renderers without
+        JavaScript (a code host's notebook preview) show instead of an empty cell."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        return {**data, "text/html": self._fallback_html()}, metadata
+
+    def _fallback_html(self) -> str:
+        """Static HTML of this view's key data (escaped, a few KB); override for a better one."""
+        from .fallback import summary_html
+
+        return summary_html(self)
+
     def save_html(self, path, *, title: str | None = None) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
         that shows this view with every interaction that needs no kernel."""

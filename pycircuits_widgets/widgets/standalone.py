@@ -37,26 +37,34 @@ body { background: var(--jp-layout-color0); color: var(--jp-ui-font-color1);
 .pcw-cell { margin-bottom: 24px; }
 """
 
-# Loads the inlined bundle the way anywidget does (an ES module from a Blob URL) and
-# mounts every saved widget. `window.pcwBridge`, when a test harness defines it, forwards
-# changes to a live Python widget; a shared page has none and runs without a kernel.
+# Loads each inlined bundle the way anywidget does (an ES module from a Blob URL) and
+# mounts every saved widget with the kernel-less host of its bundle. `window.pcwBridge`,
+# when a test harness defines it, forwards changes to a live Python widget; a shared page
+# has none and runs without a kernel. A widget that fails to mount shows why; the others
+# still mount.
 _BOOT_JS = """
-const code = document.getElementById("pcw-bundle").textContent;
-const url = URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
-const mod = await import(url);
-const saved = JSON.parse(document.getElementById("pcw-state").textContent);
 const bridge = window.pcwBridge;
-const host = mod.createHost(mod.default, bridge ? bridge.hooks : {});
-window.pcwHost = host;
+const hosts = [];
+for (const el of document.querySelectorAll("script.pcw-bundle")) {
+  const url = URL.createObjectURL(new Blob([el.textContent], { type: "text/javascript" }));
+  const mod = await import(url);
+  hosts.push(mod.createHost(mod.default, bridge ? bridge.hooks : {}));
+}
+const saved = JSON.parse(document.getElementById("pcw-state").textContent);
+const models = new Map();
+window.pcwHost = { models };
+const failures = [];
 for (const w of saved.widgets) {
+  const el = document.getElementById(w.el);
   try {
-    host.mount(document.getElementById(w.el), w);
+    models.set(w.model_id, hosts[w.bundle ?? 0].mount(el, w));
   } catch (err) {
-    document.getElementById(w.el).textContent = "pycircuits_widgets: " + err;
-    throw err;
+    el.textContent = "pycircuits_widgets: " + err;
+    failures.push(err);
   }
 }
 document.body.dataset.pcwReady = "1";
+if (failures.length) throw failures[0];
 """
 
 
@@ -86,6 +94,26 @@ def bundle_code() -> tuple[str, str]:
     return str(CircuitWidget._esm), str(CircuitWidget._css)
 
 
+def page_styles(css: list[str], *, theme: bool = True) -> str:
+    """<style> tags for a page of widgets: each distinct widget CSS, after the host theme
+    (JupyterLab's CSS variables) unless the page brings its own (``theme=False``)."""
+    sheets = [_THEME_CSS] if theme else []
+    return "\n".join(f"<style>{_script_text(c)}</style>" for c in [*sheets, *dict.fromkeys(css)])
+
+
+def page_scripts(bundles: list[str], entries: list[dict]) -> str:
+    """<script> tags that mount saved widgets into their elements, with no kernel.
+
+    ``bundles``: distinct bundle sources, each inlined once. ``entries``: one per view, as
+    :func:`widget_state` returns, plus ``el`` (the id of its element in the page) and
+    ``bundle`` (its index in ``bundles``, default 0)."""
+    state_json = json.dumps({"widgets": entries}).replace("<", "\\u003c")
+    tags = [f'<script type="application/json" id="pcw-state">{state_json}</script>']
+    tags += [f'<script type="text/plain" class="pcw-bundle">{_script_text(js)}</script>' for js in bundles]
+    tags.append(f'<script type="module">{_BOOT_JS}</script>')
+    return "\n".join(tags)
+
+
 def render_html(widgets, *, title: str = "pycircuits_widgets") -> str:
     """One HTML page showing the given widgets, the bundle inlined once."""
     widgets = list(widgets)
@@ -95,12 +123,7 @@ def render_html(widgets, *, title: str = "pycircuits_widgets") -> str:
         if not isinstance(w, CircuitWidget):
             raise TypeError(f"expected pycircuits_widgets widgets, got {type(w).__name__}")
     js, css = bundle_code()
-    entries = []
-    for i, w in enumerate(widgets):
-        entry = widget_state(w)
-        entry["el"] = f"pcw-{i}"
-        entries.append(entry)
-    state_json = json.dumps({"widgets": entries}).replace("<", "\\u003c")
+    entries = [{**widget_state(w), "el": f"pcw-{i}"} for i, w in enumerate(widgets)]
     cells = "\n".join(f'<div class="pcw-cell" id="{e["el"]}"></div>' for e in entries)
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -108,14 +131,11 @@ def render_html(widgets, *, title: str = "pycircuits_widgets") -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
-<style>{_THEME_CSS}</style>
-<style>{_script_text(css)}</style>
+{page_styles([css])}
 </head>
 <body>
 {cells}
-<script type="application/json" id="pcw-state">{state_json}</script>
-<script type="text/plain" id="pcw-bundle">{_script_text(js)}</script>
-<script type="module">{_BOOT_JS}</script>
+{page_scripts([js], entries)}
 </body>
 </html>
 """

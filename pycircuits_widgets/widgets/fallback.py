@@ -1,0 +1,113 @@
+"""Static HTML fallback of a widget, for renderers that run no JavaScript.
+
+A code host's notebook preview (or any viewer without the widget manager) shows a
+display's ``text/html`` when it cannot render ``application/vnd.jupyter.widget-view+json``.
+:meth:`CircuitWidget._fallback_html` puts this summary there, so a shared notebook shows
+the widget's key data instead of an empty cell. JupyterLab ranks the widget view first
+and never shows it.
+
+The summary is a plain table of the widget's own synced traits: text HTML-escaped and
+truncated, binary arrays as dtype, shape and range, and a 1-D array aligned with a
+``tokens`` trait as a token / value table. It is built once, at display time, and is
+saved in the notebook, so it is kept to a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+import anywidget
+import numpy as np
+
+from .payload import decode_array
+
+MAX_ROWS = 40
+"""Most tokens (rows) or list items shown."""
+MAX_TEXT = 160
+"""Most characters of one text value shown."""
+
+_NOTE = (
+    "Static preview: the interactive view needs JavaScript (JupyterLab, or "
+    "<code>python -m pycircuits_widgets export</code> for a standalone page)."
+)
+# Presentational attributes rather than CSS: short, and kept by HTML sanitizers.
+_TABLE = 'border="1" cellpadding="2" style="border-collapse:collapse"'
+
+
+def _is_payload(value) -> bool:
+    return isinstance(value, dict) and {"view", "dtype", "shape"} <= value.keys()
+
+
+def _text(value: str) -> str:
+    short = value if len(value) <= MAX_TEXT else value[:MAX_TEXT] + "…"
+    return html.escape(short)
+
+
+def _number(x) -> str:
+    return f"{float(x):.4g}"
+
+
+def _describe_array(arr: np.ndarray) -> str:
+    shape = "×".join(map(str, arr.shape)) or "scalar"
+    if arr.size == 0:
+        return f"{arr.dtype} [{shape}] (empty)"
+    stats = f"min {_number(arr.min())}, max {_number(arr.max())}"
+    if arr.ndim == 1 and arr.size <= 12:
+        stats = ", ".join(_number(v) for v in arr)
+    return f"{arr.dtype} [{shape}]: {stats}"
+
+
+def _describe(value) -> str:
+    if _is_payload(value):
+        return _describe_array(decode_array(value))
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(_text(repr(v)) for v in value[:MAX_ROWS])
+        more = f", … ({len(value) - MAX_ROWS} more)" if len(value) > MAX_ROWS else ""
+        return f"[{shown}{more}] ({len(value)} items)"
+    if isinstance(value, dict):
+        return _text(json.dumps(value, default=str))
+    return _text(str(value))
+
+
+def _token_table(tokens: list[str], columns: dict[str, np.ndarray]) -> str:
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in ["#", "token", *columns])
+    rows = []
+    for i, token in enumerate(tokens[:MAX_ROWS]):
+        values = "".join(f"<td>{_number(col[i])}</td>" for col in columns.values())
+        rows.append(f"<tr><td>{i}</td><td><code>{_text(repr(token)[1:-1])}</code></td>{values}</tr>")
+    if len(tokens) > MAX_ROWS:
+        rows.append(f'<tr><td colspan="{2 + len(columns)}">… {len(tokens) - MAX_ROWS} more tokens</td></tr>')
+    return f"<table {_TABLE}><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def summary_html(widget) -> str:
+    """A small static HTML summary of ``widget``'s own synced traits (see module doc)."""
+    base_traits = set(anywidget.AnyWidget.class_trait_names())
+    names = [
+        n
+        for n in widget.trait_names(sync=True)
+        if not n.startswith("_") and n not in base_traits and not (n == "error" and not widget.error)
+    ]
+    values = {n: getattr(widget, n) for n in names}
+    tokens = values.get("tokens")
+    aligned = {}
+    if isinstance(tokens, list) and tokens:
+        for name, value in values.items():
+            if _is_payload(value) and list(value["shape"]) == [len(tokens)]:
+                aligned[name] = decode_array(value)
+    rows = "".join(
+        f"<tr><th>{html.escape(n)}</th><td>{_describe(v)}</td></tr>"
+        for n, v in values.items()
+        if n not in aligned and not (n == "tokens" and aligned)
+    )
+    parts = [
+        '<div class="pcw-fallback" style="font-family:sans-serif;font-size:12px">',
+        f"<p><b>{html.escape(type(widget).__name__)}</b> <i>{_NOTE}</i></p>",
+        f"<table {_TABLE}>{rows}</table>" if rows else "",
+        _token_table(tokens, aligned) if aligned else "",
+        "</div>",
+    ]
+    return "".join(parts)

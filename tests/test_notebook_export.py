@@ -1,0 +1,201 @@
+"""Sharing: the static text/html fallback of every widget display, and the export of a
+notebook executed with saved widget state to one offline HTML page."""
+
+import base64
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import nbclient
+import nbformat
+import numpy as np
+import pytest
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets import CircuitWidget
+from pycircuits_widgets.widgets.fallback import MAX_ROWS
+from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, render_notebook_html
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+XSS = '<img src=x onerror="window.__pwned = 1">'
+TOKENS = ["The", " cat", XSS, " sat"]
+VALUES = [0.5, 2.0, 1.0, 3.0]
+
+
+def html_of(widget) -> str:
+    data, _ = widget._repr_mimebundle_()
+    assert WIDGET_VIEW in data  # the live view stays first for JupyterLab
+    return data["text/html"]
+
+
+# -- static fallback ---------------------------------------------------------------------
+def test_fallback_lists_tokens_escaped_with_their_values():
+    text = html_of(pcw.ColoredTokens(TOKENS, VALUES, label="loss"))
+    rows = re.findall(r"<tr><td>(\d+)</td><td><code>(.*?)</code></td><td>(.*?)</td></tr>", text)
+    assert [int(i) for i, _, _ in rows] == list(range(len(TOKENS)))
+    assert [float(v) for _, _, v in rows] == VALUES
+    assert "<img" not in text and "&lt;img src=x onerror=&quot;window.__pwned = 1&quot;&gt;" in text
+    assert "loss" in text
+
+
+def test_fallback_is_bounded_for_long_inputs():
+    n = 5000
+    text = html_of(pcw.ColoredTokens([f"t{i}" for i in range(n)], np.arange(n)))
+    assert len(re.findall(r"<tr><td>\d+</td>", text)) == MAX_ROWS
+    assert f"{n - MAX_ROWS} more tokens" in text
+    assert len(text) < 8_000
+
+
+def test_fallback_shows_the_error_and_a_subclass_can_replace_it():
+    w = pcw.ColoredTokens(["a"], [1.0])
+    w.error = "ValueError: <bad>"
+    assert "ValueError: &lt;bad&gt;" in html_of(w)
+
+    class Custom(pcw.ColoredTokens):
+        def _fallback_html(self):
+            return "<p>custom</p>"
+
+    assert html_of(Custom(["a"], [1.0])) == "<p>custom</p>"
+
+
+def test_fallback_summarises_arrays_not_aligned_with_tokens():
+    from pycircuits_widgets.widgets.fallback import summary_html
+    from pycircuits_widgets.widgets.payload import encode_array
+
+    import traitlets
+
+    class Grid(CircuitWidget):
+        _view = traitlets.Unicode("ColoredTokens").tag(sync=True)
+        grid = traitlets.Dict().tag(sync=True)
+
+    w = Grid(grid=encode_array(np.array([[1.0, -2.0], [3.5, 0.0]]), "float32"))
+    assert "float32 [2×2]: min -2, max 3.5" in summary_html(w)
+
+
+# -- notebook export -----------------------------------------------------------------------
+CELLS = [
+    ("markdown", "# Export <b>test</b>"),
+    ("code", "import ipywidgets\nimport pycircuits_widgets as pcw"),
+    ("code", f"w1 = pcw.ColoredTokens({TOKENS!r}, {VALUES!r}, label='loss')\nw1"),
+    ("code", "w2 = pcw.ColoredTokens(['a', 'b'], [-1.0, 1.0])\nw2"),
+    ("code", "ipywidgets.IntSlider(7, description='other')"),
+    ("code", "ipywidgets.VBox([pcw.ColoredTokens(['boxed'], [1.0]), ipywidgets.Label('label in box')])"),
+    ("code", "print('stdout line')"),
+]
+N_VIEWS = 3  # w1, w2 and the one in the box
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """The notebook above, executed by nbclient with widget state stored (as JupyterLab
+    saves it with "save widget state")."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(src) if kind == "markdown" else nbformat.v4.new_code_cell(src)
+        for kind, src in CELLS
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        nbclient.NotebookClient(nb, store_widget_state=True, timeout=120).execute()
+    path = tmp_path_factory.mktemp("export") / "shared.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(executed):
+    return render_notebook_html(executed)
+
+
+def saved_state(page: str) -> list[dict]:
+    found = re.search(r'<script type="application/json" id="pcw-state">(.*?)</script>', page, re.S)
+    return json.loads(found.group(1))["widgets"]
+
+
+def test_export_inlines_the_bundle_once_and_references_nothing_remote(executed, exported):
+    esm = {
+        m["state"]["_esm"]
+        for m in nbformat.read(str(executed), 4).metadata.widgets[WIDGET_STATE]["state"].values()
+        if "_esm" in m["state"]
+    }
+    assert len(esm) == 1  # saved once per instance (3 instances) ...
+    assert exported.count('class="pcw-bundle"') == 1  # ... inlined once
+    assert re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=", exported) == []
+    assert "require.js" not in exported and "mathjax" not in exported.lower()
+
+
+def test_export_mounts_every_pycircuits_view_from_its_saved_state(exported):
+    entries = saved_state(exported)
+    assert len(entries) == N_VIEWS
+    assert [e["state"]["tokens"] for e in entries] == [TOKENS, ["a", "b"], ["boxed"]]
+    for e in entries:
+        assert f'<div class="pcw-cell" id="{e["el"]}"></div>' in exported
+        assert "_esm" not in e["state"] and e["buffer_paths"] == [["values", "view"]]
+    raw = np.frombuffer(base64.b64decode(entries[0]["buffers"][0]), dtype=np.float32)
+    np.testing.assert_array_equal(raw, np.float32(VALUES))
+
+
+def test_export_keeps_cells_and_shows_other_widgets_as_text_with_a_note(exported):
+    assert "stdout line" in exported and re.search(r"<h1[^>]*>Export <b>test</b>", exported)
+    assert re.search(r"IntSlider.*?widget not shown: only pycircuits_widgets views render", exported, re.S)
+    assert "@jupyter-widgets/controls.LabelModel widget not shown" in exported
+    # the tokens live in the JSON state (escaped for <script>), never as raw HTML
+    assert XSS not in exported
+
+
+def test_export_without_saved_state_warns_and_falls_back_to_the_static_preview(executed):
+    nb = nbformat.read(str(executed), 4)
+    del nb.metadata["widgets"]
+    with pytest.warns(UserWarning, match="no saved widget state"):
+        page = render_notebook_html(nb)
+    assert 'class="pcw-bundle"' not in page
+    # nbconvert re-serialises the HTML: the token stays text (quotes may be unescaped)
+    assert "<img" not in page and re.search(r"&lt;img src=x onerror=(&quot;|\")window.__pwned = 1", page)
+    assert "its state was not saved with the notebook" in page
+
+
+def test_cli_writes_the_page_and_rejects_a_bad_notebook(executed, tmp_path):
+    out = tmp_path / "out.html"
+    cli = [sys.executable, "-m", "pycircuits_widgets", "export"]
+    done = subprocess.run([*cli, str(executed), "-o", str(out)], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout
+    assert saved_state(out.read_text(encoding="utf-8"))[0]["state"]["tokens"] == TOKENS
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text("{}", encoding="utf-8")
+    done = subprocess.run([*cli, str(bad)], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2 and "is not a Jupyter notebook" in done.stderr
+
+
+@pytest.mark.browser
+def test_exported_page_renders_every_view_offline_and_interacts(exported, page, tmp_path):
+    path = tmp_path / "shared.html"
+    path.write_text(exported, encoding="utf-8")
+    attempted, errors = [], []
+
+    def block(route):
+        attempted.append(route.request.url)
+        route.abort()
+
+    page.route(re.compile(r"^(?!file:|data:|blob:)"), block)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
+    views = page.locator(".pcw-colored-tokens")
+    assert views.count() == N_VIEWS
+    for i in range(N_VIEWS):
+        assert views.nth(i).is_visible()
+    first = views.nth(0)
+    assert first.locator(".token").all_inner_texts() == [t.replace(" ", "·") for t in TOKENS]
+    first.locator(".token").nth(1).hover()
+    assert first.get_by_test_id("readout").inner_text() == "·cat position 1, loss = 2"
+    first.locator(".token").nth(3).click()
+    assert first.locator(".token.selected").inner_text() == "·sat"
+    assert views.nth(1).locator(".token.selected").count() == 0  # views are independent
+    assert page.evaluate("window.__pwned") is None
+    assert attempted == [] and errors == []
