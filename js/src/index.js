@@ -25,15 +25,31 @@ function viewFor(model) {
   return factory();
 }
 
-export default {
+/**
+ * Mount the view named by the model's `_view` trait into `el`; returns the cleanup.
+ * Composite views (the explorer) use it to show child widgets resolved through `host`.
+ */
+export function mountView({ model, el, host }) {
   // anywidget may share one definition object between models, so each render builds its
   // own per-model bindings instead of keeping them in a closure set by initialize().
-  render({ model, el }) {
-    const widget = viewFor(model);
-    widget.initialize({ model });
-    return widget.render({ model, el });
-  },
-};
+  const widget = viewFor(model);
+  const withHost = {
+    get: (name) => model.get(name),
+    set: (name, value) => model.set(name, value),
+    save_changes: () => model.save_changes(),
+    send: (content, callbacks, buffers) => model.send(content, callbacks, buffers),
+    on: (name, cb) => model.on(name, cb),
+    off: (name, cb) => model.off(name, cb),
+    widget_manager: model.widget_manager,
+    // anywidget >= 0.10 passes `host` to render: it resolves "IPY_MODEL_<id>" references
+    // to child models. The kernel-less host (lib/host.js) provides the same call.
+    host,
+  };
+  widget.initialize({ model: withHost });
+  return widget.render({ model: withHost, el });
+}
+
+export default { render: mountView };
 
 // Kernel-less host (standalone HTML export and the browser test harness).
 export { createHost };

@@ -81,14 +81,25 @@ export class HostModel {
  */
 export function createHost(widgetDef, hooks = {}) {
   const models = new Map();
-  return {
+  const host = {
     models,
     /**
-     * @param {HTMLElement} el
+     * Resolve a child widget reference ("IPY_MODEL_<id>" or a bare id), as anywidget's
+     * `host.getModel` does in Jupyter.
+     */
+    async getModel(ref) {
+      const id = String(ref).replace(/^IPY_MODEL_/, "");
+      const model = models.get(id);
+      if (!model) throw new Error(`pycircuits_widgets: no saved state for widget ${id}`);
+      return model;
+    },
+    /**
+     * Create the model for a saved widget state without showing it (children of composite
+     * views are shown by their parent).
      * @param {{model_id: string, state: object, buffer_paths: any[], buffers: string[]}} saved
      *   buffers are base64 strings
      */
-    mount(el, saved) {
+    register(saved) {
       const state = restoreBuffers(
         structuredClone(saved.state),
         saved.buffer_paths,
@@ -96,8 +107,14 @@ export function createHost(widgetDef, hooks = {}) {
       );
       const model = new HostModel(saved.model_id, state, hooks);
       models.set(saved.model_id, model);
-      widgetDef.render({ model, el });
+      return model;
+    },
+    /** Register a saved widget and show it in `el`. */
+    mount(el, saved) {
+      const model = models.get(saved.model_id) ?? host.register(saved);
+      widgetDef.render({ model, el, host });
       return model;
     },
   };
+  return host;
 }
