@@ -52,7 +52,10 @@ def as_tokens(model, text_or_tokens) -> torch.Tensor:
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy ``[batch, pos - 1]`` of ``logits[:, :-1]`` against ``tokens[:, 1:]``."""
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    logits = logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):  # log-softmax in half precision is too coarse
+        logits = logits.float()
+    logp = F.log_softmax(logits, dim=-1)
     return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 

@@ -1,0 +1,71 @@
+"""Path expansion: the terms sum back to the logits; orders and ablations are consistent."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from random_models import custom_model, paper_model
+
+from pycircuits_widgets.analysis import path_expansion
+
+TOKENS = torch.tensor([[4, 11, 29, 4, 11, 2, 36, 29], [1, 2, 3, 1, 2, 3, 0, 9]])
+
+
+@pytest.mark.parametrize("n_layers", [0, 1, 2])
+def test_terms_sum_back_to_the_logits(n_layers):
+    m = paper_model(n_layers=n_layers, d_vocab=40)
+    pe = path_expansion(m, TOKENS)
+    assert len(pe.terms) == 4 ** n_layers  # prod over layers of (1 + n_heads)
+    torch.testing.assert_close(pe.total(), m.forward(TOKENS))
+    assert [t.order for t in pe.terms].count(n_layers) == 3 ** n_layers
+
+
+def test_uncentred_writers_and_learned_positions_are_still_exact():
+    # weights not folded: the layer-norm centering must be kept as a projection in the terms
+    m = custom_model(positional="learned", n_layers=2)
+    torch.testing.assert_close(path_expansion(m, TOKENS).total(), m.forward(TOKENS))
+
+
+def test_one_head_and_virtual_head_terms_are_what_the_paper_writes():
+    m = paper_model(n_layers=2, d_vocab=40)
+    pe = path_expansion(m, TOKENS)
+    _, cache = m.run_with_cache(TOKENS)
+    s = cache.ln_scale
+    x = cache.embed
+    by_name = {t.name: i for i, t in enumerate(pe.terms)}
+    # direct: x / s_final @ W_U
+    torch.testing.assert_close(pe.term_logits(by_name["direct"]), x / s[:, 2, :, None] @ m.W_U)
+    # one head in layer 1: what the head wrote from x alone, read by the unembedding
+    A = cache.patterns[:, 1, 2]
+    one = (A @ (x / s[:, 1, :, None]) @ m.W_V[1, 2] @ m.W_O[1, 2]) / s[:, 2, :, None] @ m.W_U
+    torch.testing.assert_close(pe.term_logits(by_name["L1H2"]), one)
+    # virtual head L0H1 -> L1H0: A^{h2} D A^{h1} D x W_OV1 W_OV2 W_U
+    h1_out = cache.patterns[:, 0, 1] @ (x / s[:, 0, :, None]) @ m.W_V[0, 1] @ m.W_O[0, 1]
+    virt = (cache.patterns[:, 1, 0] @ (h1_out / s[:, 1, :, None]) @ m.W_V[1, 0] @ m.W_O[1, 0]) / s[:, 2, :, None] @ m.W_U
+    torch.testing.assert_close(pe.term_logits(by_name["L0H1 -> L1H0"]), virt)
+
+
+def test_loss_by_order_and_term_importance():
+    m = paper_model(n_layers=2, d_vocab=40)
+    pe = path_expansion(m, TOKENS)
+    losses = pe.loss_by_order()
+    assert losses.shape == (3,)
+    logits = m.forward(TOKENS)
+    full = F.cross_entropy(logits[:, :-1].reshape(-1, 40), TOKENS[:, 1:].reshape(-1))
+    torch.testing.assert_close(losses[-1], full)
+    direct = pe.term_logits(0)
+    torch.testing.assert_close(losses[0], F.cross_entropy(direct[:, :-1].reshape(-1, 40), TOKENS[:, 1:].reshape(-1)))
+    imp = pe.term_importance()
+    assert imp.shape == (16,)
+    i = 5
+    ablated = logits - pe.term_logits(i)
+    expected = F.cross_entropy(ablated[:, :-1].reshape(-1, 40), TOKENS[:, 1:].reshape(-1)) - full
+    torch.testing.assert_close(imp[i], expected)
+
+
+def test_models_with_mlps_or_biases_are_refused():
+    with pytest.raises(ValueError, match="attention-only"):
+        path_expansion(custom_model(attn_only=False, d_mlp=8, act_fn="relu"), TOKENS)
+    m = paper_model(n_layers=1, d_vocab=40)
+    m.b_O = torch.zeros(1, m.cfg.d_model, dtype=torch.float64)
+    with pytest.raises(ValueError, match="bias-free"):
+        path_expansion(m, TOKENS)
