@@ -54,10 +54,20 @@ const saved = JSON.parse(document.getElementById("pcw-state").textContent);
 const models = new Map();
 window.pcwHost = { models };
 const failures = [];
+// Register every saved model first: composite views resolve their children (entries
+// without an element, shown by their parent) when they mount.
 for (const w of saved.widgets) {
+  try {
+    models.set(w.model_id, hosts[w.bundle ?? 0].register(w));
+  } catch (err) {
+    failures.push(err);
+  }
+}
+for (const w of saved.widgets) {
+  if (!w.el) continue;
   const el = document.getElementById(w.el);
   try {
-    models.set(w.model_id, hosts[w.bundle ?? 0].mount(el, w));
+    hosts[w.bundle ?? 0].mount(el, w);
   } catch (err) {
     el.textContent = "pycircuits_widgets: " + err;
     failures.push(err);
@@ -89,6 +99,35 @@ def widget_state(widget: CircuitWidget) -> dict:
     }
 
 
+def child_widgets(widgets) -> list[CircuitWidget]:
+    """Widgets held in the synced traits of ``widgets`` (children of composite views such as
+    the explorer, synced as ``"IPY_MODEL_<id>"``), recursively, each once, not ``widgets``
+    themselves. A page registers their states so the parent can show them."""
+    seen = {w.model_id for w in widgets}
+    found: list[CircuitWidget] = []
+
+    def visit(value):
+        if isinstance(value, CircuitWidget):
+            if value.model_id not in seen:
+                seen.add(value.model_id)
+                found.append(value)
+                visit_traits(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+
+    def visit_traits(widget):
+        for name in widget.trait_names(sync=True):
+            visit(getattr(widget, name))
+
+    for w in widgets:
+        visit_traits(w)
+    return found
+
+
 def bundle_code() -> tuple[str, str]:
     """(javascript, css) of the built front end."""
     return str(CircuitWidget._esm), str(CircuitWidget._css)
@@ -105,8 +144,9 @@ def page_scripts(bundles: list[str], entries: list[dict]) -> str:
     """<script> tags that mount saved widgets into their elements, with no kernel.
 
     ``bundles``: distinct bundle sources, each inlined once. ``entries``: one per view, as
-    :func:`widget_state` returns, plus ``el`` (the id of its element in the page) and
-    ``bundle`` (its index in ``bundles``, default 0)."""
+    :func:`widget_state` returns, plus ``el`` (the id of its element in the page, or None
+    for a child widget that its parent view shows) and ``bundle`` (its index in
+    ``bundles``, default 0)."""
     state_json = json.dumps({"widgets": entries}).replace("<", "\\u003c")
     tags = [f'<script type="application/json" id="pcw-state">{state_json}</script>']
     tags += [f'<script type="text/plain" class="pcw-bundle">{_script_text(js)}</script>' for js in bundles]
@@ -125,6 +165,7 @@ def render_html(widgets, *, title: str = "pycircuits_widgets") -> str:
     js, css = bundle_code()
     entries = [{**widget_state(w), "el": f"pcw-{i}"} for i, w in enumerate(widgets)]
     cells = "\n".join(f'<div class="pcw-cell" id="{e["el"]}"></div>' for e in entries)
+    entries += [{**widget_state(c), "el": None} for c in child_widgets(widgets)]
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
