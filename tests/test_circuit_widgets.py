@@ -74,10 +74,10 @@ def test_table_equals_skip_trigrams_and_head_change_recomputes(m1):
 
 def test_chunked_sources_give_the_exact_table_with_partial_steps_first(m1):
     w = pcw.SkipTrigramTable(m1, head=2, k=12)
-    w.source_chunk = 40  # 256 sources -> 7 chunks, each a partial answer
+    w.first_chunk, w.source_chunk = 20, 80  # 256 sources -> chunks 20, 40, 80, 80, 36
     steps = list(w._table_steps(0, 2, 12, -1, 10))
-    assert len(steps) == 7
-    assert [s["trigrams"]["exact"] for s in steps] == [False] * 6 + [True]
+    assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([20 / 256, 60 / 256, 140 / 256, 220 / 256, 1])
+    assert [s["trigrams"]["exact"] for s in steps] == [False] * 4 + [True]
     w.recompute()
     assert_table_matches(w, m1, 0, 2, 12)
 

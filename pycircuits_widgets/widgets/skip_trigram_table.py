@@ -34,9 +34,11 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
-    # Sources are visited in chunks (strongest first); the table is exact after the last
-    # one and each chunk is a point where a newer selection can take over.
-    source_chunk = 4096
+    # Sources are visited in chunks (strongest first) that double from ``first_chunk`` to
+    # ``source_chunk``: the first partial table comes fast, the table is exact after the last
+    # chunk, and each chunk is a point where a newer selection can take over.
+    first_chunk = 256
+    source_chunk = 8192
 
     # -- data --
     trigrams = traitlets.Dict().tag(sync=True)
@@ -146,10 +148,12 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         q, kk, v, u = self._centred(layer, head)
         # visit sources by the size of their factors (likely strong first); any order is exact
         order = torch.argsort(kk.norm(dim=1) * v.norm(dim=1), descending=True)
-        chunks = torch.split(order, self.source_chunk)
+        chunks = torch.split(order, _doubling(len(order), self.first_chunk, self.source_chunk))
         best_score = torch.empty(0)
         best_idx = torch.empty(0, 3, dtype=torch.long)
+        seen = 0
         for i, src in enumerate(chunks):
+            seen += len(src)
             with torch.no_grad():
                 score, idx = top_skip_trigrams(q, kk[src], v[src], u, k)
             idx = idx.clone()
@@ -157,7 +161,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
             best_score, keep = torch.sort(torch.cat([best_score, score]), descending=True)
             best_score = best_score[:k]
             best_idx = torch.cat([best_idx, idx])[keep[:k]]
-            update = {"trigrams": self._encode_table(layer, head, best_score, best_idx, (i + 1) / len(chunks))}
+            update = {"trigrams": self._encode_table(layer, head, best_score, best_idx, seen / len(order))}
             if i + 1 == len(chunks) and token >= 0:
                 update["related"] = self._related(token, layer, head, n_related)
             yield update
@@ -200,6 +204,16 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
             values, ids = torch.topk(rows[mode], n)
             result[mode] = [{"id": i, "str": self._strings[i], "score": s} for i, s in zip(ids.tolist(), values.tolist())]
         return result
+
+
+def _doubling(n: int, first: int, largest: int) -> list[int]:
+    """Chunk sizes summing to ``n``: ``first, 2 first, 4 first, ...`` capped at ``largest``."""
+    sizes, size = [], min(first, largest)
+    while n > 0:
+        sizes.append(min(size, n))
+        n -= sizes[-1]
+        size = min(2 * size, largest)
+    return sizes
 
 
 def _normal(text: str) -> str:
