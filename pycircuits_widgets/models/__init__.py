@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .adapters import from_hf, from_transformer_lens
 from .attn_only import AttnOnlyTransformer, attn_only_config
 from .checkpoints import CheckpointError, load_json, load_tensors
 from .circuit_model import ActivationCache, CircuitModel

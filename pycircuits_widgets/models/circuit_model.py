@@ -299,7 +299,8 @@ class CircuitModel:
             scales["attn"].append(scale)
             x = x + head_out.sum(1) + (self.b_O[layer] if self.b_O is not None else 0)
             if not self.cfg.attn_only:
-                mlp_out, scale = self._mlp(layer, x)
+                # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
+                mlp_out, scale = self._mlp(layer, resid[-1] if self.cfg.parallel_attn_mlp else x)
                 mlp_outs.append(mlp_out)
                 scales["mlp"].append(scale)
                 x = x + mlp_out

@@ -28,6 +28,8 @@ class ModelConfig:
     (``None`` = read it as is). ``n_kv_heads`` only records grouped-query attention of the
     source model: the weight view always stores one ``W_K``/``W_V`` per query head.
     ``attn_scale`` divides the attention scores (default ``sqrt(d_head)``).
+    ``parallel_attn_mlp`` (GPT-NeoX, GPT-J): the MLP of a layer reads the same residual stream as
+    its attention, ``x + attn(x) + mlp(x)``, instead of ``x + attn(x)``.
     """
 
     n_layers: int
@@ -48,6 +50,7 @@ class ModelConfig:
     attn_scale: float | None = None
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
+    parallel_attn_mlp: bool = False
 
     def __post_init__(self):
         for field in ("n_heads", "d_model", "d_head", "d_vocab", "n_ctx"):

@@ -1,0 +1,67 @@
+"""A Hugging Face tokenizer seen through the interface ``CircuitModel`` needs:
+``encode(str) -> list[int]`` and ``display_token(id) -> str`` (visible whitespace, as in
+``models.tokenizer``)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..tokenizer import _unicode_to_byte, visible_whitespace
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback, e.g. <0x0A>
+_SENTENCEPIECE_SPACE = "\u2581"  # "▁"
+
+
+def _uses_byte_level(hf_tokenizer) -> bool:
+    """Whether pieces are byte-level BPE strings (GPT-2's byte-to-unicode alphabet)."""
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
+
+
+class HFTokenizer:
+    """Wraps a ``transformers`` tokenizer. ``encode`` adds the special tokens the tokenizer adds by
+    default (e.g. LLaMA's BOS), as the source model saw in training."""
+
+    def __init__(self, hf_tokenizer):
+        for method in ("convert_ids_to_tokens", "__call__"):
+            if not hasattr(hf_tokenizer, method):
+                raise TypeError(f"expected a transformers tokenizer (with {method}), got {type(hf_tokenizer).__name__}")
+        self.hf_tokenizer = hf_tokenizer
+        self._byte_level = _uses_byte_level(hf_tokenizer)
+        self._special = set(getattr(hf_tokenizer, "all_special_ids", []))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf_tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"expected text as str, got {type(text).__name__}")
+        return list(self.hf_tokenizer(text)["input_ids"])
+
+    def display_token(self, token_id: int) -> str:
+        """Byte-level pieces decode their bytes (a partial UTF-8 character shows as ``\\xNN``);
+        SentencePiece ``▁`` is a space and ``<0xNN>`` a byte; special tokens show literally."""
+        piece = self.hf_tokenizer.convert_ids_to_tokens(int(token_id))
+        if piece is None:
+            return f"<id {token_id}>"  # ids past the tokenizer's vocabulary (padded embedding rows)
+        if token_id in self._special:
+            return piece
+        table = _unicode_to_byte()
+        if self._byte_level and all(ch in table for ch in piece):
+            text = bytes(table[ch] for ch in piece).decode("utf-8", errors="backslashreplace")
+        elif (match := _BYTE_PIECE.fullmatch(piece)) is not None:
+            text = bytes([int(match.group(1), 16)]).decode("utf-8", errors="backslashreplace")
+        else:
+            text = piece.replace(_SENTENCEPIECE_SPACE, " ")
+        return visible_whitespace(text)
+
+
+def as_tokenizer(tokenizer):
+    """``None``, one of ours (has ``display_token``) or a ``transformers`` tokenizer (wrapped)."""
+    if tokenizer is None or hasattr(tokenizer, "display_token"):
+        return tokenizer
+    return HFTokenizer(tokenizer)
