@@ -1,0 +1,179 @@
+"""CircuitExplorer (Python side): children built per model, one selection linking them,
+kernel-side recomputes matching direct analysis calls, honest notices, standalone state."""
+
+import json
+import re
+
+import pytest
+import torch
+import traitlets
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.standalone import render_html
+from random_models import custom_model, paper_model
+
+TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return paper_model(n_layers=2, n_heads=3, dtype=torch.float32)
+
+
+@pytest.fixture
+def explorer(model):
+    e = CircuitExplorer(model, TEXT)
+    assert e.wait()
+    return e
+
+
+CircuitExplorer = pcw.CircuitExplorer
+
+
+def table_triples(table):
+    t = table.trigrams
+    src, dest, out = (decode_array(t[k]).tolist() for k in ("src", "dest", "out"))
+    return (t["layer"], t["head"]), list(zip(src, dest, out))
+
+
+def test_two_layer_model_gets_every_view_and_no_notice(explorer):
+    assert set(explorer.views()) == {"loss", "attention", "trigrams", "composition", "eigen"}
+    assert explorer.notices == {}
+    for view in explorer.views().values():
+        assert view.model_id  # a real child widget, synced as IPY_MODEL_<id>
+    assert explorer.get_state()["attention"] == f"IPY_MODEL_{explorer.attention.model_id}"
+
+
+def test_loss_view_shows_the_next_token_loss_of_every_predicted_token(explorer, model):
+    ids = [int(t[1:]) for t in TEXT.split()]
+    logits = model.run_with_cache(torch.tensor([ids]))[0][0]
+    dense = torch.nn.functional.cross_entropy(logits[:-1].double(), torch.tensor(ids[1:]), reduction="none")
+    assert explorer.loss.tokens == TEXT.split()[1:]
+    assert torch.allclose(torch.tensor(decode_array(explorer.loss.values)).double(), dense, atol=1e-4)
+    assert explorer.mean_loss == pytest.approx(float(dense.mean()), abs=1e-4)
+
+
+@pytest.mark.parametrize("clicked", ["attention", "eigen", "composition", "trigrams"])
+def test_head_clicked_in_any_view_selects_it_everywhere_and_recomputes(explorer, model, clicked):
+    view = getattr(explorer, clicked)
+    if clicked == "composition":  # a cell click: pair (0, 2) -> (1, 1) selects the reading head
+        view.set_state({"selected_pair": [0, 2, 1, 1]})
+    else:
+        view.set_state({"layer": 1, "head": 1})
+    assert explorer.wait()
+    assert (explorer.layer, explorer.head) == (1, 1)
+    for name in ("attention", "trigrams", "composition", "eigen"):
+        child = getattr(explorer, name)
+        assert (child.layer, child.head) == (1, 1), name
+    head, triples = table_triples(explorer.trigrams)
+    direct = pcw.skip_trigrams(model, 1, 1, k=len(triples), approximate=True)
+    assert head == (1, 1)
+    assert triples == [(t.source, t.destination, t.out) for t in direct]
+    assert (explorer.eigen.detail["layer"], explorer.eigen.detail["head"]) == (1, 1)
+
+
+def test_explorer_selection_set_from_python_reaches_every_view(explorer):
+    explorer.head = 2
+    assert explorer.wait()
+    assert [getattr(explorer, n).head for n in ("attention", "trigrams", "composition", "eigen")] == [2, 2, 2, 2]
+    assert table_triples(explorer.trigrams)[0] == (0, 2)
+
+
+def test_token_clicked_in_loss_view_selects_position_and_queries_the_token(explorer, model):
+    explorer.loss.set_state({"selected_token": 2})  # the loss view starts at text position 1
+    assert explorer.wait()
+    assert explorer.position == 3
+    assert explorer.token == 1 and explorer.token_str == "t1"
+    assert explorer.attention.pinned_token == 3
+    assert explorer.trigrams.token == 1
+    related = explorer.trigrams.related
+    direct = pcw.analysis.circuit_query(model, 0, 0, 1, "copies_to", k=len(related["copies_to"]), approximate=True)
+    assert [r["id"] for r in related["copies_to"]] == [i for i, _, _ in direct]
+
+
+def test_token_chosen_in_trigram_table_points_at_its_last_occurrence(explorer):
+    explorer.trigrams.set_state({"token": 2})
+    assert explorer.wait()
+    assert (explorer.token, explorer.position) == (2, 4)
+    assert explorer.loss.selected_token == 3 and explorer.attention.pinned_token == 4
+    explorer.trigrams.set_state({"token": 30})  # not in the text: no position
+    assert (explorer.token, explorer.position) == (30, -1)
+    assert explorer.loss.selected_token == -1 and explorer.attention.pinned_token == -1
+
+
+def test_position_pinned_in_attention_view_selects_token(explorer):
+    explorer.attention.set_state({"pinned_token": 6})
+    assert (explorer.position, explorer.token, explorer.trigrams.token) == (6, 7, 7)
+
+
+def test_new_text_reruns_loss_and_attention(explorer, model):
+    explorer.loss.set_state({"selected_token": 0})
+    explorer.attention.set_state({"text": "t5 t6 t5 t6"})  # edited in the attention view
+    assert explorer.text == "t5 t6 t5 t6"
+    assert explorer.loss.tokens == ["t6", "t5", "t6"]
+    assert explorer.attention.tokens == ["t5", "t6", "t5", "t6"]
+    assert explorer.position == -1  # positions of the old text mean nothing now
+    assert explorer.mean_loss == pytest.approx(float(pcw.run(model, "t5 t6 t5 t6").loss), abs=1e-5)
+    explorer.text = "t9 t8"  # and from Python
+    assert explorer.attention.tokens == ["t9", "t8"] and explorer.loss.tokens == ["t8"]
+
+
+def test_bad_selection_from_browser_is_rejected_and_last_good_state_kept(explorer):
+    explorer.set_state({"position": 99})
+    assert "position must be -1 (none) or in 0..7, got 99" in explorer.error
+    assert explorer.position == -1
+    explorer.set_state({"head": 1})
+    assert explorer.error == "" and explorer.attention.head == 1
+    with pytest.raises(traitlets.TraitError, match="head must be in 0..2"):
+        explorer.head = 3
+
+
+def test_one_layer_model_explains_why_it_has_no_composition():
+    e = CircuitExplorer(paper_model(n_layers=1, dtype=torch.float32), "t1 t2 t3")
+    assert e.composition is None
+    assert "composition" in e.notices and "at least 2 layers" in e.notices["composition"]
+    assert set(e.views()) == {"loss", "attention", "trigrams", "eigen"}
+    assert not e.trigrams.approximate  # exact skip-trigrams for a one-layer attention-only model
+
+
+def test_zero_layer_model_shows_only_the_loss_view():
+    e = CircuitExplorer(paper_model(n_layers=0, dtype=torch.float32), "t1 t2 t3")
+    assert set(e.views()) == {"loss"}
+    assert set(e.notices) == {"attention", "trigrams", "composition", "eigen"}
+    assert all("n_layers=0" in message for message in e.notices.values())
+
+
+def test_rotary_model_refuses_token_by_token_qk_views_with_a_notice():
+    model = custom_model(positional="rotary", dtype=torch.float32)
+    e = CircuitExplorer(model, "t1 t2 t3")
+    assert e.trigrams is None and e.eigen is None
+    assert "rotary" in e.notices["trigrams"] and "rotary" in e.notices["eigen"]
+    assert e.attention is not None and e.composition is not None
+
+
+def test_bad_arguments_raise_clear_errors(model):
+    with pytest.raises(TypeError, match="text must be a non-empty str"):
+        CircuitExplorer(model, "")
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        CircuitExplorer(model, TEXT, haed=1)
+    with pytest.raises(TypeError, match="weight view"):
+        CircuitExplorer(object(), TEXT)
+
+
+def test_initial_selection_is_applied_to_every_view(model):
+    e = CircuitExplorer(model, TEXT, layer=1, head=2, position=2)
+    assert e.wait()
+    assert (e.attention.layer, e.attention.head, e.trigrams.head, e.eigen.layer) == (1, 2, 2, 1)
+    assert (e.token, e.trigrams.token, e.attention.pinned_token) == (3, 3, 2)
+
+
+def test_standalone_page_registers_every_child_once_without_mounting_it(explorer):
+    page = render_html([explorer, explorer.loss])  # the loss view also shown on its own
+    state = json.loads(re.search(r'id="pcw-state">(.*?)</script>', page, re.S).group(1))
+    ids = [w["model_id"] for w in state["widgets"]]
+    assert len(ids) == len(set(ids)) == 6
+    mounted = {w["model_id"] for w in state["widgets"] if w["el"]}
+    assert mounted == {explorer.model_id, explorer.loss.model_id}
+    children = {v.model_id for v in explorer.views().values()}
+    assert set(ids) == {explorer.model_id} | children
