@@ -236,6 +236,17 @@ def test_topk_with_ties_equals_dense_exactly():
     assert torch.equal(M.gather(-1, row_cols), row_values)
 
 
+def test_topk_keeps_entries_that_bf16_screening_cannot_tell_apart():
+    # entries differ by ~1e-6 relative: equal in bf16, distinct in float32
+    a = 1 + torch.arange(3000, dtype=torch.float32) * 1e-6
+    fm = FactoredMatrix(a[:, None], a.flip(0)[None, :])
+    M = fm.dense()
+    for largest in (True, False):
+        values, rows, cols = fm.topk(50, largest=largest, block_bytes=1 << 20)
+        assert torch.equal(values, torch.topk(M.flatten(), 50, largest=largest).values)
+        assert torch.equal(M[rows, cols], values)
+
+
 @FAST
 @given(factor_pairs(), st.integers(1, 9), st.booleans())
 def test_topk_variants_match_dense_with_leading_dims(pair, k, largest):
