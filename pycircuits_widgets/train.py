@@ -48,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--repeat-fraction", type=float, default=0.3,
+                   help="fraction of training windows that repeat a corpus snippet (induction curriculum)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-every", type=int, default=250)
     p.add_argument("--corpus", choices=("pydoc", "stdlib", "all"), default="all")
@@ -55,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tokenizer JSON; trained on the corpus (vocab --vocab) if the file does not exist")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--stop-at", type=int, default=None,
+                   help="checkpoint and stop after this step (time-boxed runs; continue with --resume)")
     p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
     p.add_argument("--ship", action="store_true", help="export float16 weights into the package checkpoints")
     return p.parse_args(argv)
@@ -76,11 +80,21 @@ def split(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return data[:-n_val], data[-n_val:]
 
 
-def batch_at(data: torch.Tensor, step: int, seed: int, batch: int, n_ctx: int) -> torch.Tensor:
-    """``[batch, n_ctx + 1]`` random windows; a pure function of ``(seed, step)``."""
+def batch_at(data: torch.Tensor, step: int, seed: int, batch: int, n_ctx: int,
+             repeat_fraction: float = 0.0) -> torch.Tensor:
+    """``[batch, n_ctx + 1]`` random windows of the corpus; a pure function of ``(seed, step)``.
+
+    A ``repeat_fraction`` of the windows are a corpus snippet of random length in
+    ``[n_ctx // 4, n_ctx // 2]`` repeated to fill the window: a curriculum that makes induction
+    heads form within a CPU budget (code repeats itself too, just less densely).
+    """
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(data) - n_ctx - 1, (batch,), generator=gen)
-    return data[starts[:, None] + torch.arange(n_ctx + 1)]
+    periods = torch.randint(max(1, n_ctx // 4), max(2, n_ctx // 2 + 1), (batch,), generator=gen)
+    repeated = torch.rand(batch, generator=gen) < repeat_fraction
+    offsets = torch.arange(n_ctx + 1).expand(batch, n_ctx + 1)
+    offsets = torch.where(repeated[:, None], offsets % periods[:, None], offsets)
+    return data[starts[:, None] + offsets]
 
 
 def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
@@ -155,7 +169,7 @@ def train(args: argparse.Namespace) -> dict:
     start = 0
     if args.resume:
         saved = load_json(args.out / "model.json")
-        for key in ARCH_ARGS + ("seed", "corpus", "batch"):
+        for key in ARCH_ARGS + ("seed", "corpus", "batch", "repeat_fraction"):
             if saved["train_args"][key] != getattr(args, key):
                 raise CheckpointError(f"--resume: {args.out / 'model.json'} was trained with {key}="
                                       f"{saved['train_args'][key]!r}, this run asks for {getattr(args, key)!r}")
@@ -167,19 +181,20 @@ def train(args: argparse.Namespace) -> dict:
     meta = {
         "config": cfg.to_dict(),
         "train_args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                       if k not in ("out", "resume", "ship", "tokenizer", "threads")},
+                       if k not in ("out", "resume", "ship", "tokenizer", "threads", "stop_at")},
         "corpus": args.corpus, "corpus_sha256": sha, "corpus_tokens": len(data),
         "python_version": __import__("platform").python_version(),
         "tokenizer_fingerprint": tokenizer.fingerprint(), "torch_version": torch.__version__,
     }
     tokens_per_step = args.batch * args.n_ctx
-    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, mininterval=5.0,
+    stop = args.steps if args.stop_at is None else min(args.stop_at, args.steps)
+    bar = tqdm(range(start, stop), initial=start, total=args.steps, mininterval=5.0,
                desc=f"attn-only-{args.layers}l")
     t0, loss = time.perf_counter(), float("nan")
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
-        loss_t = next_token_loss(model, batch_at(train_data, step, args.seed, args.batch, args.n_ctx))
+        loss_t = next_token_loss(model, batch_at(train_data, step, args.seed, args.batch, args.n_ctx, args.repeat_fraction))
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -187,7 +202,7 @@ def train(args: argparse.Namespace) -> dict:
         loss = loss_t.item()
         done = step + 1
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{(done - start) * tokens_per_step / (time.perf_counter() - t0):.0f}")
-        if done % args.checkpoint_every == 0 or done == args.steps:
+        if done % args.checkpoint_every == 0 or done == stop:
             meta.update(step=done, train_loss=loss,
                         train_seconds=meta.get("train_seconds", 0.0) + time.perf_counter() - t0)
             t0_ckpt = time.perf_counter()

@@ -54,6 +54,21 @@ _ACTIVATIONS = {
 }
 
 
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...] | None]:
+    """Shape of every ``CircuitModel`` weight under ``cfg`` (None: must be absent)."""
+    L, H, d, dh = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head
+    mlp = not cfg.attn_only
+    return {
+        "W_E": (cfg.d_vocab, d), "W_U": (d, cfg.d_vocab),
+        "W_pos": (cfg.n_ctx, d) if cfg.positional in ("shortformer", "learned") else None,
+        "W_Q": (L, H, d, dh), "W_K": (L, H, d, dh), "W_V": (L, H, d, dh), "W_O": (L, H, dh, d),
+        "W_in": (L, d, cfg.d_mlp) if mlp else None, "W_out": (L, cfg.d_mlp, d) if mlp else None,
+        "W_gate": (L, d, cfg.d_mlp) if mlp and cfg.gated_mlp else None,
+        "b_Q": (L, H, dh), "b_K": (L, H, dh), "b_V": (L, H, dh), "b_O": (L, d),
+        "b_in": (L, cfg.d_mlp) if mlp else None, "b_out": (L, d) if mlp else None, "b_U": (cfg.d_vocab,),
+    }
+
+
 @dataclass
 class ActivationCache:
     """What ``run_with_cache`` records (``b`` = batch, ``L`` = n_layers, ``H`` = n_heads).
@@ -65,10 +80,12 @@ class ActivationCache:
     * ``head_out [b, L, H, pos, d_model]``: what each head writes to the residual stream
       (``z @ W_O``, without ``b_O``)
     * ``mlp_out [b, L, pos, d_model]`` or None (attention-only), ``b_out`` included
-    * ``ln_scale``: the norms the stream is divided by where it is read, so layer ``l``'s
-      attention reads ``resid[:, l] / ln_scale["attn"][:, l, :, None]`` (after centering for
-      layernorm): ``"attn" [b, L, pos]``, ``"mlp" [b, L, pos]`` (models with MLPs only),
-      ``"unembed" [b, pos]`` (reads ``resid[:, L]``). All ones when normalization is None.
+    * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read,
+      aligned with ``resid``: layer ``l``'s attention reads ``resid[:, l] / ln_scale[:, l, :, None]``
+      (after centering for layernorm) and the unembedding reads
+      ``resid[:, L] / ln_scale[:, L, :, None]``. All ones when normalization is None.
+    * ``ln_scale_mlp [b, L, pos]`` or None (attention-only): the MLP of layer ``l`` reads
+      ``(resid[:, l] + attention output of layer l) / ln_scale_mlp[:, l, :, None]``.
 
     Identity (exact up to float rounding): ``resid[:, L] = embed + head_out.sum((1, 2))
     (+ b_O.sum(0)) (+ mlp_out.sum(1))``. With ``patterns`` and ``ln_scale`` frozen, the logits
@@ -81,7 +98,8 @@ class ActivationCache:
     patterns: torch.Tensor
     head_out: torch.Tensor
     mlp_out: torch.Tensor | None
-    ln_scale: dict[str, torch.Tensor]
+    ln_scale: torch.Tensor
+    ln_scale_mlp: torch.Tensor | None
 
 
 class CircuitModel:
@@ -100,21 +118,6 @@ class CircuitModel:
         self._check_shapes()
 
     # --- shapes ---------------------------------------------------------------------------
-    def expected_shapes(self) -> dict[str, tuple[int, ...] | None]:
-        """Shape of every weight under ``cfg`` (None: must be absent)."""
-        c = self.cfg
-        L, H, d, dh = c.n_layers, c.n_heads, c.d_model, c.d_head
-        mlp = not c.attn_only
-        return {
-            "W_E": (c.d_vocab, d), "W_U": (d, c.d_vocab),
-            "W_pos": (c.n_ctx, d) if c.positional in ("shortformer", "learned") else None,
-            "W_Q": (L, H, d, dh), "W_K": (L, H, d, dh), "W_V": (L, H, d, dh), "W_O": (L, H, dh, d),
-            "W_in": (L, d, c.d_mlp) if mlp else None, "W_out": (L, c.d_mlp, d) if mlp else None,
-            "W_gate": (L, d, c.d_mlp) if mlp and c.gated_mlp else None,
-            "b_Q": (L, H, dh), "b_K": (L, H, dh), "b_V": (L, H, dh), "b_O": (L, d),
-            "b_in": (L, c.d_mlp) if mlp else None, "b_out": (L, d) if mlp else None, "b_U": (c.d_vocab,),
-        }
-
     def _check_shapes(self) -> None:
         required = {"W_E", "W_U", "W_Q", "W_K", "W_V", "W_O"}
         c = self.cfg
@@ -122,7 +125,7 @@ class CircuitModel:
             required.add("W_pos")
         if not c.attn_only:
             required |= {"W_in", "W_out"} | ({"W_gate"} if c.gated_mlp else set())
-        for name, shape in self.expected_shapes().items():
+        for name, shape in weight_shapes(c).items():
             value = getattr(self, name)
             if value is None:
                 if name in required:
@@ -309,10 +312,10 @@ class CircuitModel:
         logits = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
 
         b, d = tokens.shape[0], self.cfg.d_model
-        empty = x.new_zeros(b, 0, pos)
-        ln_scale = {"attn": torch.stack(scales["attn"], 1) if scales["attn"] else empty, "unembed": final_scale}
+        ln_scale = torch.stack(scales["attn"] + [final_scale], 1)
+        ln_scale_mlp = None
         if not self.cfg.attn_only:
-            ln_scale["mlp"] = torch.stack(scales["mlp"], 1) if scales["mlp"] else empty
+            ln_scale_mlp = torch.stack(scales["mlp"], 1) if scales["mlp"] else x.new_zeros(b, 0, pos)
         cache = ActivationCache(
             tokens=tokens,
             embed=embed,
@@ -321,6 +324,7 @@ class CircuitModel:
             head_out=torch.stack(head_outs, 1) if head_outs else x.new_zeros(b, 0, self.cfg.n_heads, pos, d),
             mlp_out=None if self.cfg.attn_only else (torch.stack(mlp_outs, 1) if mlp_outs else x.new_zeros(b, 0, pos, d)),
             ln_scale=ln_scale,
+            ln_scale_mlp=ln_scale_mlp,
         )
         return logits, cache
 

@@ -1,0 +1,85 @@
+"""Safe loading: safetensors only; corrupt or mismatched checkpoints name the file and the mismatch."""
+
+import shutil
+
+import pytest
+import torch
+
+from pycircuits_widgets.models import CHECKPOINT_DIR, CheckpointError, load_attn_only
+from pycircuits_widgets.models.checkpoints import load_tensors, save_json, save_tensors
+
+NAME = "attn-only-1l"
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A writable copy of a shipped checkpoint: (weights, config, tokenizer) paths."""
+    paths = []
+    for suffix in (".safetensors", ".json"):
+        dest = tmp_path / f"{NAME}{suffix}"
+        shutil.copy(CHECKPOINT_DIR / f"{NAME}{suffix}", dest)
+        paths.append(dest)
+    return (*paths, CHECKPOINT_DIR / "tokenizer.json")
+
+
+def test_shipped_checkpoint_loads(checkpoint):
+    model, meta, tok = load_attn_only(*checkpoint)
+    assert model.cfg.name == NAME and tok.vocab_size == model.cfg.d_vocab
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_corrupt_weights_name_the_file(checkpoint):
+    weights = checkpoint[0]
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=rf"corrupt checkpoint .*{weights.name}"):
+        load_attn_only(*checkpoint)
+    weights.write_bytes(b"\x80\x04not a safetensors file, maybe a pickle")
+    with pytest.raises(CheckpointError, match=weights.name):
+        load_attn_only(*checkpoint)
+
+
+def test_shape_mismatch_names_the_tensor_and_shapes(checkpoint):
+    weights, config, _ = checkpoint
+    tensors = load_tensors(weights)
+    tensors["W_U"] = tensors["W_U"][:, :-1]
+    save_tensors(weights, tensors)
+    with pytest.raises(CheckpointError, match=r"'W_U' has shape \(\d+, \d+\), the config expects"):
+        load_attn_only(*checkpoint)
+
+
+def test_missing_tensor_is_named(checkpoint):
+    weights = checkpoint[0]
+    tensors = load_tensors(weights)
+    del tensors["W_Q"]
+    save_tensors(weights, tensors)
+    with pytest.raises(CheckpointError, match=r"missing tensors \['W_Q'\]"):
+        load_attn_only(*checkpoint)
+
+
+def test_config_mismatch_is_named(checkpoint):
+    import json
+
+    weights, config, tokenizer = checkpoint
+    meta = json.loads(config.read_text())
+    meta["config"]["d_model"] += 1
+    save_json(config, meta)
+    with pytest.raises(CheckpointError, match=rf"{weights.name}: tensor 'W_E'"):
+        load_attn_only(*checkpoint)
+    config.write_text("{oops")
+    with pytest.raises(CheckpointError, match=rf"corrupt checkpoint config .*{config.name}"):
+        load_attn_only(*checkpoint)
+
+
+def test_tokenizer_mismatch_is_named(checkpoint, tmp_path):
+    from pycircuits_widgets.models import Tokenizer
+
+    other = tmp_path / "other.json"
+    Tokenizer.train(["abc abd abe " * 50], vocab_size=300).save(other)
+    with pytest.raises(CheckpointError, match="other.json .* does not match"):
+        load_attn_only(checkpoint[0], checkpoint[1], other)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(CheckpointError, match="not found: .*nope.safetensors"):
+        load_tensors(tmp_path / "nope.safetensors")

@@ -1,0 +1,72 @@
+"""Layer-norm folding: helpers against dense layer norm; folded model == unfolded model."""
+
+import pytest
+import torch
+
+from pycircuits_widgets.models import (
+    CHECKPOINT_DIR,
+    AttnOnlyTransformer,
+    attn_only_config,
+    from_attn_only,
+    load_attn_only,
+)
+from pycircuits_widgets.models.folding import (
+    center_writing_weights,
+    fold_bias_into_reader,
+    fold_scale_into_reader,
+)
+
+
+def dense_layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+def test_scale_and_bias_fold_into_the_reader():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    w, b = torch.rand(12, generator=g, dtype=torch.float64) + 0.5, torch.randn(12, generator=g, dtype=torch.float64)
+    W, b0 = torch.randn(12, 7, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)
+    expected = dense_layer_norm(x, w, b) @ W + b0
+    xc = x - x.mean(-1, keepdim=True)
+    normed = xc / torch.sqrt((xc ** 2).mean(-1, keepdim=True) + 1e-5)
+    folded = normed @ fold_scale_into_reader(w, W) + fold_bias_into_reader(b, W, b0)
+    torch.testing.assert_close(folded, expected)
+
+
+def test_centering_writers_makes_layer_norm_centering_a_no_op():
+    g = torch.Generator().manual_seed(1)
+    W_E, W_O = torch.randn(9, 6, generator=g) + 2.0, torch.randn(3, 4, 6, generator=g)
+    resid = center_writing_weights(W_E)[[1, 4]] + (torch.randn(2, 4, generator=g) @ center_writing_weights(W_O[0]))
+    torch.testing.assert_close(resid.mean(-1), torch.zeros(2), atol=1e-6, rtol=0)
+    assert not torch.allclose(W_E.mean(-1), torch.zeros(9))
+
+
+@pytest.mark.parametrize("n_layers", [0, 1, 2])
+def test_folded_logits_equal_unfolded_logits(n_layers):
+    cfg = attn_only_config(n_layers, n_heads=4, d_model=32, d_head=8, d_vocab=97, n_ctx=24)
+    model = AttnOnlyTransformer(cfg, seed=n_layers)
+    g = torch.Generator().manual_seed(10 + n_layers)
+    with torch.no_grad():  # make every folded part matter: uncentered writers, a non-trivial scale
+        model.W_E.add_(torch.randn(97, 1, generator=g) + 1.0)
+        model.W_O.add_(0.3)
+        model.ln_final_w.mul_(torch.rand(32, generator=g) * 2 + 0.1)
+    tokens = torch.randint(0, 97, (3, 24), generator=g)
+    with torch.no_grad():
+        expected = model(tokens)
+    folded = from_attn_only(model)
+    torch.testing.assert_close(folded(tokens), expected, rtol=1e-5, atol=1e-5)
+    # the folded view really is folded: writers centered, the scale moved into W_U
+    torch.testing.assert_close(folded.W_E.mean(-1), torch.zeros(97), atol=1e-6, rtol=0)
+    torch.testing.assert_close(folded.W_U, model.ln_final_w.detach()[:, None] * model.W_U.detach())
+
+
+def test_shipped_two_layer_model_folds_exactly():
+    raw, _, tok = load_attn_only(CHECKPOINT_DIR / "attn-only-2l.safetensors", CHECKPOINT_DIR / "attn-only-2l.json",
+                                 CHECKPOINT_DIR / "tokenizer.json")
+    folded = from_attn_only(raw, tok)
+    tokens = folded.to_tokens("import os\nimport sys\n\ndef main(argv):\n    return os.path.join(sys.prefix, argv[0])\n")
+    with torch.no_grad():
+        expected = raw(tokens[None])
+    torch.testing.assert_close(folded(tokens), expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,82 @@
+"""Head scores: against TransformerLens's detection patterns, a dense loop, and the induction
+criteria of the shipped 2-layer model."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformer_lens import head_detector as tl
+
+from pycircuits_widgets.analysis.head_scores import head_scores, repeated_random_tokens
+from pycircuits_widgets.models import load_pretrained
+
+TL_PATTERNS = {
+    "previous_token": tl.get_previous_token_head_detection_pattern,
+    "duplicate_token": tl.get_duplicate_token_head_detection_pattern,
+    "induction": tl.get_induction_head_detection_pattern,
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_pretrained("attn-only-2l")
+
+
+def test_scores_agree_with_transformer_lens_detector(model):
+    """TL's "mul" score divides by all positions; ours by positions that have a target."""
+    tokens = repeated_random_tokens(model, seq_len=20, n_repeats=3, batch=1, seed=3)[0]
+    tokens[5] = tokens[2]  # a chance repeat inside the first block too
+    ours = head_scores(model, tokens)
+    _, cache = model.run_with_cache(tokens)
+    pos = len(tokens)
+    for name, detection in TL_PATTERNS.items():
+        target = detection(tokens[None].cpu())
+        n_with_target = int((target.sum(-1) > 0).sum())
+        for layer in range(model.cfg.n_layers):
+            for head in range(model.cfg.n_heads):
+                theirs = tl.compute_head_attention_similarity_score(
+                    cache.patterns[0, layer, head].clone(), target,
+                    exclude_bos=False, exclude_current_token=False, error_measure="mul")
+                assert ours[name][layer, head].item() * n_with_target / pos == pytest.approx(theirs, abs=1e-5)
+
+
+def test_scores_match_a_dense_loop_on_text(model):
+    text = "for x in xs:\n    print(x)\nfor y in ys:\n    print(y)\n"
+    ours = head_scores(model, text)
+    _, cache = model.run_with_cache(text)
+    t = cache.tokens[0].tolist()
+    for layer in range(model.cfg.n_layers):
+        for head in range(model.cfg.n_heads):
+            A = cache.patterns[0, layer, head]
+            prev = [A[i, i - 1] for i in range(1, len(t))]
+            dup = [sum(A[i, j] for j in range(i) if t[j] == t[i]) for i in range(len(t)) if t[i] in t[:i]]
+            ind = [sum(A[i, j] for j in range(1, i + 1) if t[j - 1] == t[i]) for i in range(len(t)) if t[i] in t[:i]]
+            for name, values in (("previous_token", prev), ("duplicate_token", dup), ("induction", ind)):
+                assert ours[name][layer, head].item() == pytest.approx(float(sum(values) / len(values)), abs=1e-5)
+
+
+def test_score_without_targets_is_nan(model):
+    scores = head_scores(model, torch.arange(1, 9))
+    assert torch.isnan(scores["duplicate_token"]).all() and not torch.isnan(scores["previous_token"]).any()
+
+
+def test_shipped_two_layer_model_has_induction(model):
+    """Second repeat of random tokens: loss at most half the first; an induction head and a
+    previous-token head with score >= 0.5."""
+    seq_len = 50
+    tokens = repeated_random_tokens(model, seq_len=seq_len, n_repeats=2, batch=8, seed=0)
+    logits = model(tokens)
+    loss = F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    first, second = loss[:, : seq_len - 1].mean().item(), loss[:, seq_len:].mean().item()
+    assert second <= 0.5 * first, (first, second)
+    scores = head_scores(model)
+    assert scores["induction"][1].max() >= 0.5
+    assert scores["previous_token"][0].max() >= 0.5
+    assert not math.isnan(scores["duplicate_token"].max())
+
+
+def test_one_layer_model_has_no_induction_head():
+    """Induction needs K-composition with an earlier previous-token head: one layer cannot."""
+    scores = head_scores(load_pretrained("attn-only-1l"))
+    assert scores["induction"].max() < 0.5

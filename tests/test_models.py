@@ -1,0 +1,165 @@
+"""CircuitModel weight view: shapes, cache consistency, circuits, bad input, pretrained models."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.models import PRETRAINED, CircuitModel, ModelConfig, load_pretrained
+from pycircuits_widgets.models.circuit_model import weight_shapes
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_pretrained("attn-only-2l")
+
+
+TEXT = "def add(a, b):\n\treturn a + b  # sum\n\nprint(add(1, 2))\n"
+
+
+@pytest.mark.parametrize("name", PRETRAINED)
+def test_load_pretrained_gives_the_documented_shapes(name):
+    m = pcw.load_pretrained(name)
+    c = m.cfg
+    assert c.name == name and c.n_layers == int(name[-2]) and c.attn_only and c.positional == "shortformer"
+    assert m.W_E.shape == (c.d_vocab, c.d_model) and m.W_U.shape == (c.d_model, c.d_vocab)
+    assert m.W_pos.shape == (c.n_ctx, c.d_model)
+    for W in (m.W_Q, m.W_K, m.W_V):
+        assert W.shape == (c.n_layers, c.n_heads, c.d_model, c.d_head)
+    assert m.W_O.shape == (c.n_layers, c.n_heads, c.d_head, c.d_model)
+    assert m.W_in is None and m.W_out is None and c.d_mlp is None
+    assert m.W_E.dtype == torch.float32
+    logits = m("import os\n")
+    assert logits.shape == (1, len(m.to_tokens("import os\n")), c.d_vocab)
+    assert m.metadata["corpus_sha256"] and m.metadata["val_loss"] > 0
+
+
+def test_unknown_pretrained_name_lists_valid_names():
+    with pytest.raises(ValueError, match="attn-only-0l, attn-only-1l, attn-only-2l"):
+        load_pretrained("gpt2")
+
+
+def test_head_outputs_and_embedding_sum_to_the_residual_stream(model):
+    _, cache = model.run_with_cache(TEXT)
+    L = model.cfg.n_layers
+    for layer in range(L):
+        torch.testing.assert_close(cache.resid[:, layer + 1] - cache.resid[:, layer],
+                                   cache.head_out[:, layer].sum(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache.resid[:, 0], cache.embed)
+    torch.testing.assert_close(cache.resid[:, L], cache.embed + cache.head_out.sum((1, 2)), atol=1e-5, rtol=1e-5)
+
+
+def test_cache_matches_a_dense_recomputation_from_the_weights(model):
+    """Patterns, head outputs and logits recomputed from (resid, ln_scale) and the weights."""
+    logits, cache = model.run_with_cache(TEXT)
+    pos = cache.tokens.shape[1]
+    causal = torch.ones(pos, pos, dtype=torch.bool).tril()
+    for layer in range(model.cfg.n_layers):
+        x = cache.resid[0, layer]
+        scale = (x - x.mean(-1, keepdim=True)).pow(2).mean(-1).add(model.cfg.eps).sqrt()
+        torch.testing.assert_close(cache.ln_scale[0, layer], scale)
+        xn = (x - x.mean(-1, keepdim=True)) / cache.ln_scale[0, layer, :, None]
+        for h in range(model.cfg.n_heads):
+            q = (xn + model.W_pos[:pos]) @ model.W_Q[layer, h]
+            k = (xn + model.W_pos[:pos]) @ model.W_K[layer, h]
+            scores = (q @ k.T / model.cfg.d_head ** 0.5).masked_fill(~causal, float("-inf"))
+            torch.testing.assert_close(cache.patterns[0, layer, h], scores.softmax(-1), atol=1e-5, rtol=1e-4)
+            head = cache.patterns[0, layer, h] @ xn @ model.OV.AB[layer, h]
+            torch.testing.assert_close(cache.head_out[0, layer, h], head, atol=1e-5, rtol=1e-4)
+    # logits are linear in the stream's components once ln_scale is frozen (writers are centered)
+    final = (cache.embed + cache.head_out.sum((1, 2))) / cache.ln_scale[:, -1, :, None]
+    torch.testing.assert_close(logits, final @ model.W_U, atol=1e-4, rtol=1e-4)
+
+
+def test_residual_stream_carries_token_identity_alone(model):
+    tokens = model.to_tokens("x = x + x")
+    _, cache = model.run_with_cache(tokens)
+    same = (tokens == tokens[0]).nonzero()[:, 0]
+    assert len(same) >= 2
+    torch.testing.assert_close(cache.resid[0, 0, same[0]], cache.resid[0, 0, same[1]])
+
+
+def test_ov_and_qk_are_the_factored_products(model):
+    torch.testing.assert_close(model.OV.AB, model.W_V @ model.W_O)
+    torch.testing.assert_close(model.QK.AB, model.W_Q @ model.W_K.transpose(-1, -2))
+    assert model.OV.AB.shape == (2, model.cfg.n_heads, model.cfg.d_model, model.cfg.d_model)
+
+
+def test_batched_and_unbatched_forward_agree(model):
+    tokens = model.to_tokens(["import os", "import re"])
+    assert tokens.shape[0] == 2
+    torch.testing.assert_close(model(tokens)[1], model(tokens[1])[0])
+
+
+def test_loss_matches_cross_entropy(model):
+    tokens = model.to_tokens(TEXT)
+    logits = model(tokens)[0]
+    torch.testing.assert_close(model.loss(tokens), F.cross_entropy(logits[:-1], tokens[1:]))
+
+
+def test_str_tokens_show_whitespace(model):
+    strs = model.to_str_tokens("a b\n\tc")
+    assert "".join(strs) == "a·b↵→c"
+    assert model.to_str_tokens(model.to_tokens("a b")) == model.to_str_tokens("a b")
+    assert len(model.token_strings) == model.cfg.d_vocab
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (lambda m: torch.tensor([1, m.cfg.d_vocab]), ValueError, "out of range"),
+    (lambda m: torch.tensor([-1, 2]), ValueError, "out of range"),
+    (lambda m: torch.zeros(m.cfg.n_ctx + 1, dtype=torch.long), ValueError, "longer than n_ctx"),
+    (lambda m: "", ValueError, "empty text"),
+    (lambda m: torch.zeros(0, dtype=torch.long), ValueError, "empty token sequence"),
+    (lambda m: torch.tensor([1.0, 2.0]), TypeError, "integer tensor"),
+    (lambda m: torch.zeros(1, 1, 3, dtype=torch.long), ValueError, r"\[pos\] or \[batch, pos\]"),
+    (lambda m: 3.5, TypeError, "expected text, token ids"),
+    (lambda m: ["import os", "x"], ValueError, "different lengths"),
+])
+def test_bad_input_is_a_clear_error(model, bad, error, message):
+    with pytest.raises(error, match=message):
+        model.run_with_cache(bad(model))
+
+
+def _random_model(**cfg_changes):
+    cfg = ModelConfig(n_layers=2, n_heads=4, d_model=16, d_head=4, d_vocab=23, n_ctx=10, **cfg_changes)
+    g = torch.Generator().manual_seed(0)
+    shapes = {k: s for k, s in weight_shapes(cfg).items() if s is not None}
+    return CircuitModel(cfg, **{k: torch.randn(*s, generator=g) * 0.5 for k, s in shapes.items()})
+
+
+@pytest.mark.parametrize("changes", [
+    dict(positional="learned", normalization="rmsnorm", attn_only=False, d_mlp=32, act_fn="gelu_new"),
+    dict(positional="rotary", normalization=None, attn_only=False, d_mlp=32, act_fn="silu", gated_mlp=True),
+    dict(positional="none", normalization="layernorm"),
+])
+def test_general_configs_keep_the_residual_sum_identity(changes):
+    m = _random_model(**changes)
+    logits, cache = m.run_with_cache(torch.arange(10) % 23)
+    total = cache.embed + cache.head_out.sum((1, 2)) + m.b_O.sum(0)
+    if cache.mlp_out is not None:
+        total = total + cache.mlp_out.sum(1)
+        assert cache.ln_scale_mlp.shape == (1, 2, 10)
+    torch.testing.assert_close(cache.resid[:, -1], total, atol=1e-5, rtol=1e-5)
+    assert logits.shape == (1, 10, 23) and cache.ln_scale.shape == (1, 3, 10)
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    m = _random_model(positional="rotary", normalization=None)
+    q, k = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
+    same_q, same_k = q[..., :1, :].expand_as(q), k[..., :1, :].expand_as(k)
+    scores = m._rotate(same_q) @ m._rotate(same_k).transpose(-1, -2)
+    torch.testing.assert_close(scores[0, 0, 3, 1], scores[0, 0, 4, 2])
+    torch.testing.assert_close(scores[0, 0, 5, 5], scores[0, 0, 0, 0])
+
+
+def test_wrong_weight_shapes_are_rejected():
+    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_head=4, d_vocab=5, n_ctx=4, positional="none")
+    good = dict(W_E=torch.zeros(5, 8), W_U=torch.zeros(8, 5), W_Q=torch.zeros(1, 2, 8, 4),
+                W_K=torch.zeros(1, 2, 8, 4), W_V=torch.zeros(1, 2, 8, 4), W_O=torch.zeros(1, 2, 4, 8))
+    CircuitModel(cfg, **good)
+    with pytest.raises(ValueError, match=r"W_O has shape \(1, 2, 8, 4\), expected \(1, 2, 4, 8\)"):
+        CircuitModel(cfg, **{**good, "W_O": torch.zeros(1, 2, 8, 4)})
+    with pytest.raises(ValueError, match="W_Q is required"):
+        CircuitModel(cfg, **{k: v for k, v in good.items() if k != "W_Q"})
+    with pytest.raises(TypeError, match="unknown weights"):
+        CircuitModel(cfg, W_X=torch.zeros(1), **good)
