@@ -76,16 +76,23 @@ def test_fallback_summarises_arrays_not_aligned_with_tokens():
 
 
 # -- notebook export -----------------------------------------------------------------------
+# Uniform causal attention: A[h, dest, src] = 1 / (dest + 1) for src <= dest.
+PATTERNS = "np.tril(np.ones((2, 5, 5))) / np.arange(1, 6)[:, None]"
 CELLS = [
     ("markdown", "# Export <b>test</b>"),
-    ("code", "import ipywidgets\nimport pycircuits_widgets as pcw"),
+    ("code", "import ipywidgets\nimport numpy as np\nimport pycircuits_widgets as pcw"),
     ("code", f"w1 = pcw.ColoredTokens({TOKENS!r}, {VALUES!r}, label='loss')\nw1"),
     ("code", "w2 = pcw.ColoredTokens(['a', 'b'], [-1.0, 1.0])\nw2"),
     ("code", "ipywidgets.IntSlider(7, description='other')"),
     ("code", "ipywidgets.VBox([pcw.ColoredTokens(['boxed'], [1.0]), ipywidgets.Label('label in box')])"),
+    ("code", f"pcw.AttentionPatterns(tokens=['p0', 'p1', 'p2', 'p3', 'p4'], patterns={PATTERNS})"),
+    # a composite view: its child views are separate widgets, referenced as IPY_MODEL_<id>
+    ("code", "from random_models import paper_model\n"
+             "e = pcw.CircuitExplorer(paper_model(n_layers=2, n_heads=2), 't1 t2 t3 t1 t2')\n"
+             "assert e.wait()\ne"),
     ("code", "print('stdout line')"),
 ]
-N_VIEWS = 3  # w1, w2 and the one in the box
+MOUNTED = ["ColoredTokens", "ColoredTokens", "ColoredTokens", "AttentionPatterns", "CircuitExplorer"]
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +106,12 @@ def executed(tmp_path_factory):
     ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        path = [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")]
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
         nbclient.NotebookClient(nb, store_widget_state=True, timeout=120).execute()
-    path = tmp_path_factory.mktemp("export") / "shared.ipynb"
-    nbformat.write(nb, str(path))
-    return path
+    out = tmp_path_factory.mktemp("export") / "shared.ipynb"
+    nbformat.write(nb, str(out))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -117,26 +125,32 @@ def saved_state(page: str) -> list[dict]:
 
 
 def test_export_inlines_the_bundle_once_and_references_nothing_remote(executed, exported):
-    esm = {
-        m["state"]["_esm"]
-        for m in nbformat.read(str(executed), 4).metadata.widgets[WIDGET_STATE]["state"].values()
-        if "_esm" in m["state"]
-    }
-    assert len(esm) == 1  # saved once per instance (3 instances) ...
+    saved = nbformat.read(str(executed), 4).metadata.widgets[WIDGET_STATE]["state"].values()
+    esm = [m["state"]["_esm"] for m in saved if "_esm" in m["state"]]
+    assert len(esm) >= 10 and len(set(esm)) == 1  # saved once per instance ...
     assert exported.count('class="pcw-bundle"') == 1  # ... inlined once
+    assert exported.count(esm[0][:200].replace("</", "<\\/")) == 1
     assert re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=", exported) == []
     assert "require.js" not in exported and "mathjax" not in exported.lower()
 
 
-def test_export_mounts_every_pycircuits_view_from_its_saved_state(exported):
+def test_export_mounts_every_pycircuits_view_and_registers_composite_children(executed, exported):
+    saved = nbformat.read(str(executed), 4).metadata.widgets[WIDGET_STATE]["state"]
     entries = saved_state(exported)
-    assert len(entries) == N_VIEWS
-    assert [e["state"]["tokens"] for e in entries] == [TOKENS, ["a", "b"], ["boxed"]]
-    for e in entries:
+    mounted = [e for e in entries if e["el"]]
+    assert [e["state"]["_view"] for e in mounted] == MOUNTED
+    assert [e["state"]["tokens"] for e in mounted[:3]] == [TOKENS, ["a", "b"], ["boxed"]]
+    for e in mounted:
         assert f'<div class="pcw-cell" id="{e["el"]}"></div>' in exported
-        assert "_esm" not in e["state"] and e["buffer_paths"] == [["values", "view"]]
-    raw = np.frombuffer(base64.b64decode(entries[0]["buffers"][0]), dtype=np.float32)
+        assert "_esm" not in e["state"] and "layout" not in e["state"]
+    raw = np.frombuffer(base64.b64decode(mounted[0]["buffers"][0]), dtype=np.float32)
+    assert mounted[0]["buffer_paths"] == [["values", "view"]]
     np.testing.assert_array_equal(raw, np.float32(VALUES))
+    explorer = mounted[-1]["state"]
+    children = {v.removeprefix("IPY_MODEL_") for v in explorer.values() if str(v).startswith("IPY_MODEL_")}
+    children &= {k for k, m in saved.items() if m["model_name"] == "AnyModel"}
+    assert len(children) == 5  # loss, attention, trigrams, composition, eigen
+    assert {e["model_id"] for e in entries if not e["el"]} == children
 
 
 def test_export_keeps_cells_and_shows_other_widgets_as_text_with_a_note(exported):
@@ -186,10 +200,12 @@ def test_exported_page_renders_every_view_offline_and_interacts(exported, page, 
     page.on("console", lambda m: m.type == "error" and errors.append(m.text))
     page.goto(path.as_uri())
     page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
+    for cls, count in [("pcw-colored-tokens", 4), ("pcw-attention", 2), ("pcw-explorer", 1)]:
+        views = page.locator(f".{cls}")  # explorer children included (loss tokens, attention)
+        assert views.count() == count, cls
+        assert all(views.nth(i).is_visible() for i in range(count)), cls
+    assert page.locator(".pcw-explorer .pcw-skip-trigrams, .pcw-explorer .pcw-composition").count() == 2
     views = page.locator(".pcw-colored-tokens")
-    assert views.count() == N_VIEWS
-    for i in range(N_VIEWS):
-        assert views.nth(i).is_visible()
     first = views.nth(0)
     assert first.locator(".token").all_inner_texts() == [t.replace(" ", "·") for t in TOKENS]
     first.locator(".token").nth(1).hover()
@@ -197,5 +213,16 @@ def test_exported_page_renders_every_view_offline_and_interacts(exported, page, 
     first.locator(".token").nth(3).click()
     assert first.locator(".token.selected").inner_text() == "·sat"
     assert views.nth(1).locator(".token.selected").count() == 0  # views are independent
+    # attention: hovering a cell reads out the saved (uint8) weight, no kernel needed
+    attention = page.locator(".pcw-attention").first
+    page.wait_for_function("() => document.querySelector('.pcw-attention').hasAttribute('data-painted')")
+    detail = attention.get_by_test_id("detail")
+    cell, margin = (int(detail.get_attribute(f"data-{k}")) for k in ("cell", "margin"))
+    inside = (cell - 1) / 2 + 0.25
+    overlay = attention.get_by_test_id("detail-overlay")
+    overlay.hover(position={"x": margin + cell + inside, "y": margin + 3 * cell + inside})  # dest 3, src 1
+    out = attention.get_by_test_id("readout")
+    assert (out.get_attribute("data-dest"), out.get_attribute("data-src")) == ("3", "1")
+    assert float(out.get_attribute("data-weight")) == pytest.approx(round(255 / 4) / 255)
     assert page.evaluate("window.__pwned") is None
     assert attempted == [] and errors == []

@@ -64,7 +64,7 @@ class _Page:
             self.unsaved += 1
             return _note_with(fallback, "widget not shown: its state was not saved with the notebook")
         state = model.get("state", {})
-        if str(state.get("_anywidget_id", "")).startswith(_OURS):
+        if _is_ours(model):
             return self._mount(model_id, model)
         direction = _BOX_DIRECTION.get(model.get("model_name"))
         if direction is not None:
@@ -74,24 +74,56 @@ class _Page:
         return _note_with(fallback, f"{name} widget not shown: only pycircuits_widgets views render without a kernel")
 
     def _mount(self, model_id: str, model: dict) -> str:
+        el = f"pcw-{len(self.entries)}"
+        self.entries.append({**self._entry(model_id, model), "el": el})
+        return f'<div class="pcw-cell" id="{el}"></div>'
+
+    def _entry(self, model_id: str, model: dict) -> dict:
         state = dict(model["state"])
         default_js, default_css = bundle_code()
         js = state.pop("_esm", None) or default_js
         self.css.append(state.pop("_css", None) or default_css)
         state.pop("layout", None)  # a separate ipywidgets model that the host does not have
         buffers = model.get("buffers", [])
-        el = f"pcw-{len(self.entries)}"
-        self.entries.append(
-            {
-                "model_id": model_id,
-                "state": state,
-                "buffer_paths": [b["path"] for b in buffers],
-                "buffers": [_base64(b) for b in buffers],
-                "el": el,
-                "bundle": self.bundles.setdefault(js, len(self.bundles)),
-            }
-        )
-        return f'<div class="pcw-cell" id="{el}"></div>'
+        return {
+            "model_id": model_id,
+            "state": state,
+            "buffer_paths": [b["path"] for b in buffers],
+            "buffers": [_base64(b) for b in buffers],
+            "el": None,
+            "bundle": self.bundles.setdefault(js, len(self.bundles)),
+        }
+
+    def add_children(self) -> None:
+        """Register (without an element) our widgets that the shown views' states refer to
+        (``"IPY_MODEL_<id>"``, e.g. the explorer's views), recursively, each once: the
+        parent view shows them."""
+        known = {e["model_id"] for e in self.entries}
+        queue = [ref for e in self.entries for ref in _references(e["state"])]
+        while queue:
+            ref = queue.pop()
+            model = self.saved.get(ref)
+            if ref in known or model is None or not _is_ours(model):
+                continue
+            known.add(ref)
+            entry = self._entry(ref, model)
+            self.entries.append(entry)
+            queue += _references(entry["state"])
+
+
+def _is_ours(model: dict) -> bool:
+    return str(model.get("state", {}).get("_anywidget_id", "")).startswith(_OURS)
+
+
+def _references(value) -> list[str]:
+    """Model ids of the widgets a state refers to ("IPY_MODEL_<id>" anywhere inside it)."""
+    if isinstance(value, str):
+        return [value.removeprefix("IPY_MODEL_")] if value.startswith("IPY_MODEL_") else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [ref for item in value for ref in _references(item)]
+    return []
 
 
 def _base64(buffer: dict) -> str:
@@ -140,6 +172,7 @@ def render_notebook_html(notebook, *, title: str | None = None) -> str:
                 view = page.view_html(data[WIDGET_VIEW]["model_id"], data)
                 output["data"] = {"text/html": view}
                 output["metadata"] = {"pcw_export": True}
+    page.add_children()
     if page.unsaved:
         warnings.warn(
             f"{page.unsaved} widget output(s) have no saved widget state and show a static preview: "
