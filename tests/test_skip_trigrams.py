@@ -90,3 +90,16 @@ def test_centred_factors_reproduce_the_centred_circuits(model):
     QKc, OVc = _dense_centred(model, 0, 1)
     torch.testing.assert_close(q @ k.T, QKc, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(v @ u, OVc, rtol=1e-4, atol=1e-4)
+
+
+def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
+    ids = torch.tensor([3, 8, 9, 15, 22, 40, 41, 57])
+    sub = skip_trigrams(model, 0, 0, k=10, vocab=ids)
+    E, U = model.W_E[ids], model.W_U[:, ids]
+    QK = E @ model.W_Q[0, 0] @ model.W_K[0, 0].T @ E.T
+    OV = E @ model.W_V[0, 0] @ model.W_O[0, 0] @ U
+    expected = _brute_force(QK - QK.mean(1, keepdim=True), OV - OV.mean(1, keepdim=True), 10)
+    torch.testing.assert_close(torch.tensor([r.score for r in sub]), expected, rtol=1e-4, atol=1e-5)
+    assert all(r.source in ids and r.destination in ids and r.out in ids for r in sub)
+    with pytest.raises(ValueError, match="vocab must be"):
+        skip_trigrams(model, 0, 0, vocab=[70])

@@ -77,17 +77,21 @@ def _check_exact(model, layer: int, head: int, approximate: bool) -> None:
         )
 
 
-def centred_factors(model, layer: int, head: int):
+def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = None):
     """Factors of the centred circuits, float32: ``(q [V, d_head], k [V, d_head], v [V, d_head], u [d_head, V])``.
 
     ``QKc = q @ k.T`` ``[dest, src]`` and ``OVc = v @ u`` ``[src, out]`` (see module docstring).
+    ``vocab`` (token ids) restricts all three roles to a sub-vocabulary, ``V = len(vocab)``,
+    and the centring means run over it.
     """
-    W_E = model.W_E.float()
+    W_E, W_U = model.W_E.float(), model.W_U.float()
+    if vocab is not None:
+        W_E, W_U = W_E[vocab], W_U[:, vocab]
     q = W_E @ model.W_Q[layer, head].float()
     k = W_E @ model.W_K[layer, head].float()
     k = k - k.mean(0, keepdim=True)
     v = W_E @ model.W_V[layer, head].float()
-    u = model.W_O[layer, head].float() @ model.W_U.float()
+    u = model.W_O[layer, head].float() @ W_U
     u = u - u.mean(1, keepdim=True)
     return q, k, v, u
 
@@ -112,6 +116,17 @@ class _TopTriples:
             self.idx = self.idx[keep]
 
 
+def _staircase(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs ``(i, j)`` of ranks with ``(i + 1) (j + 1) <= n`` (about ``n ln n`` of them).
+
+    In the outer product of two descending non-negative lists, entry ``(i, j)`` is beaten or
+    tied by the ``(i + 1) (j + 1)`` entries above-left of it, so only these pairs can be top-n.
+    """
+    i = torch.arange(n).repeat_interleave(torch.tensor([n // (a + 1) for a in range(n)]))
+    j = torch.cat([torch.arange(n // (a + 1)) for a in range(n)])
+    return i, j
+
+
 def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     """Add every triple of sources ``src`` that can enter ``top`` (full-precision rows)."""
     qk_rows = k[src] @ q.T  # [n, dest]
@@ -127,11 +142,15 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     n_o = int((ov_rows * mq[:, None] > tau).sum(1).max().clamp(1, top.k))
     qv, qi = torch.topk(qk_rows, n_q, dim=1)
     ov, oi = torch.topk(ov_rows, n_o, dim=1)
-    score = qv[:, :, None] * ov[:, None, :]
-    ok = (qv[:, :, None] > 0) & (ov[:, None, :] > 0) & (score > tau)
-    s_i, d_j, o_j = torch.nonzero(ok, as_tuple=True)
-    idx = torch.stack([src[s_i], qi[s_i, d_j], oi[s_i, o_j]], 1)
-    top.add(score[s_i, d_j, o_j], idx)
+    i, j = _staircase(top.k)
+    keep = (i < n_q) & (j < n_o)
+    i, j = i[keep], j[keep]
+    score = qv[:, i].clamp_min(0) * ov[:, j].clamp_min(0)  # [n, pairs]; 0 unless both positive
+    best, flat = torch.topk(score.flatten(), min(top.k, score.numel()))
+    ok = best > tau
+    s_i, p = flat[ok] // i.numel(), flat[ok] % i.numel()
+    idx = torch.stack([src[s_i], qi[s_i, i[p]], oi[s_i, j[p]]], 1)
+    top.add(best[ok], idx)
 
 
 def _row_max_upper(rows_bf, rows_norm, b_bf, b_norm_max):
@@ -178,29 +197,42 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
 
 
 def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool = False,
-                  block_bytes: int = BLOCK_BYTES) -> list[SkipTrigram]:
+                  vocab=None, block_bytes: int = BLOCK_BYTES) -> list[SkipTrigram]:
     """Top-``k`` skip-trigrams ``[source] ... [destination] -> [out]`` of head ``(layer, head)``.
 
     Score ``qk * ov`` with ``qk`` the row-centred full QK circuit ``W_E W_Q W_K^T W_E^T [dest, src]``
     and ``ov`` the row-centred full OV circuit ``W_E W_V W_O W_U [src, out]`` (module docstring).
     Exact for one-layer attention-only models; deeper models need ``approximate=True`` (direct
-    path only). Refuses rotary models. Memory: the ``[d_vocab, d_head]`` factors plus one
-    row block of ``block_bytes``. Returns a list sorted by score, best first.
+    path only). Refuses rotary models. ``vocab`` (token ids, optional) restricts source,
+    destination and out to tokens that occur in real text: a trained model's never-seen
+    tokens keep near-initial embeddings whose circuits are noise. Memory: the
+    ``[d_vocab, d_head]`` factors plus one row block of ``block_bytes``. Returns a list
+    sorted by score, best first.
     """
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     _check_exact(model, layer, head, approximate)
+    ids = torch.arange(model.cfg.d_vocab) if vocab is None else _check_vocab(model, vocab)
     with torch.no_grad():
-        q, kk, v, u = centred_factors(model, layer, head)
+        q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
         score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
         strings = token_strings(model)
         out = []
         for sc, (s, d, o) in zip(score.tolist(), idx.tolist()):
+            S, D, O = (int(ids[x]) for x in (s, d, o))
             out.append(SkipTrigram(
-                source=s, destination=d, out=o, source_str=strings[s], destination_str=strings[d],
-                out_str=strings[o], qk=float(q[d] @ kk[s]), ov=float(v[s] @ u[:, o]), score=sc,
+                source=S, destination=D, out=O, source_str=strings[S], destination_str=strings[D],
+                out_str=strings[O], qk=float(q[d] @ kk[s]), ov=float(v[s] @ u[:, o]), score=sc,
             ))
     return out
+
+
+def _check_vocab(model, vocab) -> torch.Tensor:
+    ids = torch.unique(torch.as_tensor(vocab).flatten())
+    V = model.cfg.d_vocab
+    if ids.is_floating_point() or ids.numel() < 1 or int(ids.min()) < 0 or int(ids.max()) >= V:
+        raise ValueError(f"vocab must be a non-empty collection of token ids in 0..{V - 1}, got {vocab!r}")
+    return ids
 
 
 def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 10,
