@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets.__main__ import main as cli_main
 from pycircuits_widgets.widgets import CircuitWidget
 from pycircuits_widgets.widgets.fallback import MAX_ROWS
 from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, render_notebook_html
@@ -172,17 +173,18 @@ def test_export_without_saved_state_warns_and_falls_back_to_the_static_preview(e
     assert "its state was not saved with the notebook" in page
 
 
-def test_cli_writes_the_page_and_rejects_a_bad_notebook(executed, tmp_path):
+def test_cli_writes_the_page_and_rejects_a_bad_notebook(executed, tmp_path, capsys):
     out = tmp_path / "out.html"
-    cli = [sys.executable, "-m", "pycircuits_widgets", "export"]
-    done = subprocess.run([*cli, str(executed), "-o", str(out)], cwd=REPO, capture_output=True, text=True)
+    cli = [sys.executable, "-m", "pycircuits_widgets", "export", str(executed), "-o", str(out)]
+    done = subprocess.run(cli, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert f"wrote {out}" in done.stdout
     assert saved_state(out.read_text(encoding="utf-8"))[0]["state"]["tokens"] == TOKENS
     bad = tmp_path / "bad.ipynb"
     bad.write_text("{}", encoding="utf-8")
-    done = subprocess.run([*cli, str(bad)], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 2 and "is not a Jupyter notebook" in done.stderr
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["export", str(bad)])
+    assert exit_.value.code == 2 and "is not a Jupyter notebook" in capsys.readouterr().err
 
 
 @pytest.mark.browser

@@ -6,7 +6,8 @@ template) renders the cells, with its script tags removed, and every pycircuits_
 view is mounted from the notebook's saved widget state by the kernel-less host of
 :mod:`.standalone`: no kernel, no network, the no-kernel interactions (hover, click,
 keyboard) working. anywidget saves the bundle (``_esm``) once per widget instance; the
-page inlines each distinct bundle once.
+page inlines each distinct bundle once. Child widgets of composite views (the explorer's
+views, referenced as ``"IPY_MODEL_<id>"``) are registered for their parent to show.
 
 Other widgets (sliders, third-party anywidgets) show their ``text/plain`` and a note.
 Boxes (``VBox``/``HBox``) are laid out and their children shown the same way.

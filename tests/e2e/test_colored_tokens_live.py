@@ -28,6 +28,7 @@ def test_click_in_view_changes_kernel_trait_and_recompute_comes_back(lab_page, j
     view = lab_page.locator(".jp-OutputArea-output .pcw-colored-tokens")
     view.locator(".token").first.wait_for()
     assert view.locator(".token").all_inner_texts() == ["alpha", "·beta", "·gamma", "·delta"]
+    assert lab_page.locator(".pcw-fallback").count() == 0  # JupyterLab ranks the live view first
 
     view.locator(".token").nth(2).click()
     wait_for_kernel(lab_page, "w.selected_token", 2)
