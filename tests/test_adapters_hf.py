@@ -97,7 +97,8 @@ def test_config_records_what_analyses_must_refuse_or_note(adapted):
         assert cfg.rotary_dim == int(8 * hf.config.rope_parameters["partial_rotary_factor"])
         assert cfg.parallel_attn_mlp == hf.config.use_parallel_residual
     if kind.startswith("llama"):
-        assert (cfg.normalization, cfg.gated_mlp, cfg.act_fn, cfg.eps) == ("rmsnorm", True, "silu", hf.config.rms_norm_eps)
+        expected = ("rmsnorm", True, "silu", hf.config.rms_norm_eps)
+        assert (cfg.normalization, cfg.gated_mlp, cfg.act_fn, cfg.eps) == expected
     assert cfg.n_kv_heads == (2 if kind == "llama_gqa_tied" else None)
 
 

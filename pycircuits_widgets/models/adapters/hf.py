@@ -13,8 +13,7 @@ import torch
 from ..circuit_model import CircuitModel
 from ..config import ModelConfig
 from .hf_tokenizer import as_tokenizer
-from .weight_view import act_fn as _act_fn
-from .weight_view import build, expand_kv_heads
+from .weight_view import act_fn, build, expand_kv_heads
 
 def _linear_in_out(linear) -> torch.Tensor:
     """``nn.Linear`` weight ``[out, in]`` -> row convention ``[in, out]``."""
@@ -63,7 +62,7 @@ def _gpt2(model) -> tuple[ModelConfig, dict]:
     cfg = ModelConfig(
         n_layers=c.n_layer, n_heads=H, d_model=d, d_head=d // H, d_vocab=c.vocab_size, n_ctx=c.n_positions,
         positional="learned", normalization="layernorm", attn_only=False, d_mlp=c.n_inner or 4 * d,
-        act_fn=_act_fn(c.activation_function), eps=c.layer_norm_epsilon,
+        act_fn=act_fn(c.activation_function), eps=c.layer_norm_epsilon,
         attn_scale=(d // H) ** 0.5 if c.scale_attn_weights else 1.0, name=c.name_or_path or "gpt2",
     )
     raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",
@@ -95,7 +94,7 @@ def _gpt_neox(model) -> tuple[ModelConfig, dict]:
     cfg = ModelConfig(
         n_layers=c.num_hidden_layers, n_heads=H, d_model=d, d_head=d_head, d_vocab=c.vocab_size,
         n_ctx=c.max_position_embeddings, positional="rotary", normalization="layernorm", attn_only=False,
-        d_mlp=c.intermediate_size, act_fn=_act_fn(c.hidden_act), eps=c.layer_norm_eps, rotary_dim=rotary_dim,
+        d_mlp=c.intermediate_size, act_fn=act_fn(c.hidden_act), eps=c.layer_norm_eps, rotary_dim=rotary_dim,
         rotary_base=base, parallel_attn_mlp=bool(c.use_parallel_residual), name=c.name_or_path or "gpt_neox",
     )
     raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",
@@ -133,7 +132,7 @@ def _llama(model) -> tuple[ModelConfig, dict]:
     cfg = ModelConfig(
         n_layers=c.num_hidden_layers, n_heads=H, d_model=d, d_head=d_head, d_vocab=c.vocab_size,
         n_ctx=c.max_position_embeddings, n_kv_heads=n_kv if n_kv < H else None, positional="rotary",
-        normalization="rmsnorm", attn_only=False, d_mlp=c.intermediate_size, act_fn=_act_fn(c.hidden_act),
+        normalization="rmsnorm", attn_only=False, d_mlp=c.intermediate_size, act_fn=act_fn(c.hidden_act),
         gated_mlp=True, eps=c.rms_norm_eps, rotary_dim=rotary_dim, rotary_base=base, name=c.name_or_path or "llama",
     )
     raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",

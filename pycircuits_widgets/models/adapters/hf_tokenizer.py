@@ -33,10 +33,6 @@ class HFTokenizer:
         self._byte_level = _uses_byte_level(hf_tokenizer)
         self._special = set(getattr(hf_tokenizer, "all_special_ids", []))
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.hf_tokenizer)
-
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"expected text as str, got {type(text).__name__}")

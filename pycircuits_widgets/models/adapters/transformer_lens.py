@@ -77,7 +77,8 @@ def _config(model, native) -> ModelConfig:
     norm_type = None if c.normalization_type is None else c.normalization_type.upper()
     pos_type = (getattr(c, "positional_embedding_type", None) or "standard").lower()
     if norm_type not in _NORMALIZATION:
-        raise ValueError(f"unsupported normalization_type {c.normalization_type!r}; expected LN, LNPre, RMS, RMSPre or None")
+        raise ValueError(f"unsupported normalization_type {c.normalization_type!r}; "
+                         "expected LN, LNPre, RMS, RMSPre or None")
     if pos_type not in _POSITIONAL:
         raise ValueError(f"unsupported positional_embedding_type {pos_type!r}; expected one of {sorted(_POSITIONAL)}")
     normalization = _NORMALIZATION[norm_type]
@@ -85,7 +86,8 @@ def _config(model, native) -> ModelConfig:
         raise ValueError("final_rms with layer-norm blocks is not supported (one normalization for every read)")
     d_vocab_out = getattr(c, "d_vocab_out", -1)
     if d_vocab_out not in (-1, c.d_vocab):
-        raise ValueError(f"d_vocab_out={d_vocab_out} differs from d_vocab={c.d_vocab}; the weight view needs one vocabulary")
+        raise ValueError(f"d_vocab_out={d_vocab_out} differs from d_vocab={c.d_vocab}; "
+                         "the weight view needs one vocabulary")
     if native is not None:  # what the module computes (it ignores use_attn_scale=False)
         attn_scale = float(native.layers[0].attn.scale)
     else:
@@ -146,7 +148,8 @@ def from_transformer_lens(model, tokenizer=None) -> CircuitModel:
     native = _native_model(model)
     with torch.no_grad():
         cfg = _config(model, native)
-        adjacent = cfg.positional == "rotary" and (native is not None or getattr(model.cfg, "rotary_adjacent_pairs", False))
+        adjacent_pairs = native is not None or getattr(model.cfg, "rotary_adjacent_pairs", False)
+        adjacent = cfg.positional == "rotary" and adjacent_pairs
         raw = _raw_weights(model, cfg, adjacent)
         tok = as_tokenizer(tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
         return build(cfg, raw, tok, f"transformer_lens:{type(model).__name__}")
