@@ -6,6 +6,7 @@ import ipywidgets
 import traitlets
 
 from ..analysis.activations import run
+from ..analysis.skip_trigrams import token_strings
 from .attention import AttentionPatterns
 from .base import CircuitWidget
 from .colored_tokens import ColoredTokens
@@ -91,7 +92,7 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
             no_heads = ""
         except ValueError as exc:  # a zero-layer model: only the loss view applies
             no_heads = str(exc)
-        self._strings = list(model.token_strings() if callable(model.token_strings) else model.token_strings)
+        self._strings = token_strings(model)
         self._ids: list[int] = []
         selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token") if k in kwargs}
         super().__init__(text=text, model_name=str(getattr(model.cfg, "name", "")), **kwargs)
