@@ -99,10 +99,17 @@ def frobenius_norm_of_product(*factors: torch.Tensor) -> torch.Tensor:
 
     QR route (DESIGN.md section 4): with ``X1 = Q1 R1`` and ``Xr^T = Qr Rr``,
     ``||X1 M Xr||_F = ||R1 M Rr^T||_F`` because orthonormal columns preserve the norm.
+    A low-rank pair ``A [m, k] B [k, n]`` (k <= m, n) takes the cheaper Gram route
+    ``||AB||_F^2 = sum((A^T A) * (B B^T))`` (accurate unless ``||AB|| << ||A|| ||B||``).
     This is NOT ``||X2 ... Xr X1||_F`` (the cyclic permutation is only valid for the
     trace). Shapes: ``Xi [..., d_{i-1}, d_i]`` -> ``[...]``.
     """
     _check_chain(factors)
+    if len(factors) == 2 and factors[0].shape[-1] <= min(factors[0].shape[-2], factors[1].shape[-1]):
+        # low-rank pair: ||AB||_F^2 = sum((A^T A) * (B B^T)), two small GEMMs, no QR
+        A, B = factors
+        squared = ((A.mT @ A) * (B @ B.mT)).sum((-2, -1))
+        return squared.clamp_min(0).sqrt()  # rounding can push an exact 0 below 0
     factors = list(factors)
     first = factors[0]
     if first.shape[-2] > first.shape[-1]:  # tall: replace by its [d1, d1] triangle
@@ -280,7 +287,7 @@ class FactoredMatrix:
         return U * S[..., None, :]
 
     def norm(self) -> torch.Tensor:
-        """Frobenius norm ``||AB||_F [...]`` via QR of the factors (see ``frobenius_norm_of_product``)."""
+        """Frobenius norm ``||AB||_F [...]``, batched (Gram or QR route, see ``frobenius_norm_of_product``)."""
         return frobenius_norm_of_product(self.A, self.B)
 
     def trace(self) -> torch.Tensor:
