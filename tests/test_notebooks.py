@@ -95,7 +95,7 @@ def test_exported_quickstart_shows_every_view_offline(quickstart, browser):
     page = context.new_page()
     errors, requests = [], []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: r.url.startswith("file:") or requests.append(r.url))
+    page.on("request", lambda r: r.url.startswith(("file:", "blob:", "data:")) or requests.append(r.url))
     page.goto(out.as_uri())
     page.wait_for_selector("body[data-pcw-ready]", timeout=20000)
     explorer = page.locator(".pcw-explorer")
