@@ -1,6 +1,6 @@
 """Benchmark the analysis core at GPT-2-small shapes (random weights) against TransformerLens.
 
-    cd /work/main && .venv/bin/python benchmarks/bench_analysis.py [--quick]
+    cd /work/main && .venv/bin/python benchmarks/bench_analysis.py [--full-tl]
 
 Shapes: d_vocab 50257, d_model 768, 12 layers x 12 heads, d_head 64, float32. Every
 operation runs in a fresh subprocess so its peak memory (``ru_maxrss`` minus the RSS after
@@ -51,9 +51,9 @@ def rss_mb() -> float:
 
 
 # ---------------------------------------------------------------- operations (run in children)
-def op_comp_ours(kind):
+def op_comp_ours(kind, n_layers):
     from pycircuits_widgets.analysis import composition_scores
-    m = gpt2_like()
+    m = gpt2_like(n_layers=n_layers)
     return lambda: composition_scores(m, kind, baseline=False), 1.0
 
 
@@ -155,18 +155,16 @@ def measure(name, *args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2)
-    ap.add_argument("--quick", action="store_true", help="TL composition on a 2-layer subset only")
+    ap.add_argument("--full-tl", action="store_true",
+                    help="also run TL's composition scores on all 12 layers (one kind; ~25-150 s, ~8 GB)")
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], json.loads(a.child[1]))
     import torch
     import transformer_lens
 
-    rows = []
-
     def row(op, ours, peer, peer_name):
         o, p = measure(*ours), measure(*peer)
-        rows.append((op, o, p, peer_name))
         fmt = lambda r: f"{'~' if r['extrapolated'] else ''}{r['s']:.2f} s"  # noqa: E731
         print(f"{op:<44} {fmt(o):>10} {o['mem_mb']:>8.0f} MB | {peer_name:<36} {fmt(p):>10} "
               f"{p['mem_mb']:>8.0f} MB | {p['s'] / o['s']:>6.1f}x", flush=True)
@@ -175,15 +173,15 @@ def main():
           f"python {platform.python_version()}, threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")
     print("GPT-2-small shapes, random float32 weights. '~' = timed on a fraction, extrapolated.")
     print(f"{'operation':<44} {'ours':>10} {'peak+':>11} | {'peer':<36} {'peer':>10} {'peak+':>11} | ratio")
-    tl_layers = 2 if a.quick else 12
-    for kind in ("K",):
-        if tl_layers == 12:
-            row(f"composition scores {kind}, all 144x144 heads", ("op_comp_ours", kind),
-                ("op_comp_tl", kind, 12), "TL all_composition_scores math")
-    row("composition scores Q (ours all 12 layers)", ("op_comp_ours", "Q"),
-        ("op_comp_tl", "Q", 2), "TL, 2-layer subset (24x24 heads)")
-    row("composition scores V (ours all 12 layers)", ("op_comp_ours", "V"),
-        ("op_comp_tl", "V", 2), "TL, 2-layer subset (24x24 heads)")
+    if a.full_tl:
+        row("composition scores K, all 144x144 heads", ("op_comp_ours", "K", 12),
+            ("op_comp_tl", "K", 12), "TL composition_scores, all layers")
+    for kind in ("Q", "K", "V"):
+        row(f"composition scores {kind}, 2-layer subset (24x24)", ("op_comp_ours", kind, 2),
+            ("op_comp_tl", kind, 2), "TL composition_scores, same subset")
+    o = measure("op_comp_ours", "V", 12)
+    print(f"{'composition scores V, all 144x144 heads':<44} {o['s']:>8.2f} s {o['mem_mb']:>8.0f} MB | "
+          f"{'(TL: run with --full-tl)':<36}", flush=True)
     for kind in ("OV", "QK"):
         row(f"eigenvalue positivity {kind}, all 144 heads", ("op_eig_ours", kind),
             ("op_eig_tl", kind, 3), "TL FactoredMatrix per head (3 timed)")

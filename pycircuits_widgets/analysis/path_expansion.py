@@ -67,7 +67,7 @@ class PathExpansion:
 
     def total(self) -> torch.Tensor:
         """Sum of all terms; equals ``logits`` up to rounding."""
-        return self.logits_up_to_order(len(self.terms))
+        return self.logits_up_to_order(max(t.order for t in self.terms))
 
     def loss_by_order(self) -> torch.Tensor:
         """Mean next-token loss using only terms of order ``<= n``, for ``n = 0..max order`` ``[n + 1]``.

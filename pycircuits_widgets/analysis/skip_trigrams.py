@@ -41,6 +41,7 @@ BLOCK_BYTES = 64 << 20
 # sum |a_i b_i| <= ||a|| ||b||; 2^-5 leaves a factor ~5 of headroom for the backend.
 BF16_MARGIN = 2.0 ** -5
 MODES = ("attends_to", "attended_by", "copies_to")
+SEED_SOURCES = 256
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,10 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     if not live.any():
         return
     src, qk_rows, ov_rows, mq, mo = src[live], qk_rows[live], ov_rows[live], mq[live], mo[live]
-    # a (dest, out) pair can only beat tau if each factor beats tau / (the other's max)
-    n_q = int((qk_rows * mo[:, None] > tau).sum(1).max().clamp(1, top.k))
-    n_o = int((ov_rows * mq[:, None] > tau).sum(1).max().clamp(1, top.k))
+    n_q = n_o = min(top.k, qk_rows.shape[1])
+    if tau > 0:  # a (dest, out) pair can only beat tau if each factor beats tau / (the other's max)
+        n_q = int((qk_rows * mo[:, None] > tau).sum(1).max().clamp(1, n_q))
+        n_o = int((ov_rows * mq[:, None] > tau).sum(1).max().clamp(1, n_o))
     qv, qi = torch.topk(qk_rows, n_q, dim=1)
     ov, oi = torch.topk(ov_rows, n_o, dim=1)
     i, j = _staircase(top.k)
@@ -171,10 +173,11 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
     norm_bound = k_norm * q_max * v_norm * u_max
     order = torch.argsort(norm_bound, descending=True)
     rows = max(1, block_bytes // (V * 4))
-    _exact_sources(order[:rows], q, k, v, u, top)  # seeds the threshold
+    seed = min(rows, SEED_SOURCES)
+    _exact_sources(order[:seed], q, k, v, u, top)  # the strongest-bounded sources set the threshold
     q_bf, u_bf, k_bf, v_bf = q.T.bfloat16(), u.bfloat16(), k.bfloat16(), v.bfloat16()
     upper, visited = [], []
-    for start in range(rows, V, 2 * rows):
+    for start in range(seed, V, 2 * rows):
         src = order[start : start + 2 * rows]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
