@@ -2,6 +2,7 @@
 analysis call; selection validation; newest request wins."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -72,12 +73,15 @@ def test_table_equals_skip_trigrams_and_head_change_recomputes(m1):
     assert_table_matches(w, m1, 0, 3, 15)
 
 
-def test_chunked_sources_give_the_exact_table_with_partial_steps_first(m1):
+def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     w = pcw.SkipTrigramTable(m1, head=2, k=12)
-    w.first_chunk, w.source_chunk = 20, 80  # 256 sources -> chunks 20, 40, 80, 80, 36
+    w.partial_above, w.partial_sources = 100, 40  # as if 256 tokens were a large vocabulary
     steps = list(w._table_steps(0, 2, 12, -1, 10))
-    assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([20 / 256, 60 / 256, 140 / 256, 220 / 256, 1])
-    assert [s["trigrams"]["exact"] for s in steps] == [False] * 4 + [True]
+    assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([40 / 256, 1])
+    assert [s["trigrams"]["exact"] for s in steps] == [False, True]
+    partial = decode_array(steps[0]["trigrams"]["score"])
+    exact = decode_array(steps[1]["trigrams"]["score"])
+    assert np.all(partial <= exact + 1e-6)  # a subset's i-th best never beats the whole's
     w.recompute()
     assert_table_matches(w, m1, 0, 2, 12)
 
@@ -182,23 +186,47 @@ def test_eigenvalue_plot_positivity_scores_and_head_detail(m2):
 
 def test_newer_request_supersedes_an_older_running_one(m1):
     w = pcw.SkipTrigramTable(m1, k=5)
-    gate, applied = threading.Event(), []
+    gate, slow_done, applied = threading.Event(), threading.Event(), []
 
     def slow():
-        gate.wait(5)
-        yield {"page": 1}
-        applied.append("stale")
-        yield {"page": 2}
+        try:
+            gate.wait(5)
+            yield {"page": 1}
+            applied.append("stale")
+            yield {"page": 2}
+        finally:
+            slow_done.set()
 
     def fast():
         yield {"page": 3}
 
     runner = Recompute(w)
     runner.submit(slow)
-    runner.submit(fast)  # arrives while `slow` is blocked
+    time.sleep(0.1)  # `slow` is running (blocked inside its computation)
+    runner.submit(fast)
+    assert runner.wait(5)  # the newer request finished while the older one is still blocked
+    assert w.page == 3 and not w.busy and not slow_done.is_set()
     gate.set()
-    assert runner.wait(10)
-    assert w.page == 3 and applied == [] and not w.busy
+    assert slow_done.wait(5)
+    assert w.page == 3 and applied == []  # the stale result was dropped, its iterator closed
+
+
+def test_a_burst_of_requests_runs_only_the_last(m1):
+    w = pcw.SkipTrigramTable(m1, k=5)
+    ran = []
+
+    def request(i):
+        def steps():
+            ran.append(i)
+            yield {"page": i}
+        return steps
+
+    runner = Recompute(w)
+    runner.DEBOUNCE_S = 0.5  # wide enough for a loaded test machine
+    for i in range(10):
+        runner.submit(request(i))
+    assert runner.wait(5)
+    assert w.page == 9 and ran == [9]
 
 
 def test_failure_of_newest_request_shows_error_and_keeps_last_state(m1):

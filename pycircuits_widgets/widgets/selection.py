@@ -6,14 +6,15 @@
 and an explorer can drive them all.
 
 ``Recompute`` runs a view's recompute off the kernel's message thread. A newer request
-supersedes an older one: the running computation is abandoned at its next checkpoint
-(each partial result it yields) and its results are dropped, so a burst of clicks costs
-at most one stale block of work, and the view ends on the newest selection.
+supersedes an older one: it starts at once, the older computation is abandoned at its next
+checkpoint (each partial result it yields) and its results are dropped, so the view always
+ends on the newest selection.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Iterator
 
 import traitlets
@@ -92,52 +93,54 @@ Steps = Iterator[dict]
 
 
 class Recompute:
-    """Runs ``widget``'s recomputes in one worker thread; the newest request wins.
+    """Runs ``widget``'s recomputes off the kernel thread; the newest request wins.
 
-    ``submit(steps)`` with ``steps()`` returning an iterator of trait updates. Each yielded
-    update is applied (under ``hold_sync``) only while its request is still the newest;
-    once a newer request arrives the iterator is closed at its next ``yield``. Failures of
-    the newest request set ``widget.error`` and leave the last good traits in place.
-    ``widget.busy`` is True from a submit until the newest request has finished.
+    ``submit(steps)`` with ``steps()`` returning an iterator of trait updates. Each request
+    gets its own thread, so a newer selection never waits behind an older computation (a
+    torch call cannot be interrupted; a stale one finishes its current step on its own
+    thread and its result is dropped). A request first waits ``DEBOUNCE_S`` and is skipped if
+    a newer one arrived meanwhile, so a burst of clicks or held arrow keys costs one
+    recompute. Each yielded update is applied (under ``hold_sync``) only while its request
+    is the newest; a stale iterator is closed at its next ``yield``. A failure of the newest
+    request sets ``widget.error`` and leaves the last good traits in place. ``widget.busy``
+    is True from a submit until the newest request has finished.
     """
+
+    DEBOUNCE_S = 0.02
 
     def __init__(self, widget):
         self._widget = widget
         self._lock = threading.RLock()  # an applied update may trigger a submit
         self._generation = 0
-        self._pending: tuple[int, Callable[[], Steps]] | None = None
-        self._thread: threading.Thread | None = None
-        self._idle = threading.Event()
-        self._idle.set()
+        self._finished = 0
+        self._done = threading.Condition(self._lock)
 
     def submit(self, steps: Callable[[], Steps]) -> None:
         with self._lock:
             self._generation += 1
-            self._pending = (self._generation, steps)
-            self._idle.clear()
+            generation = self._generation
             self._widget.busy = True
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="pcw-recompute", daemon=True)
-                self._thread.start()
+        threading.Thread(target=self._thread, args=(generation, steps), name="pcw-recompute", daemon=True).start()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until no request is pending or running (tests, scripts); True if idle."""
-        return self._idle.wait(timeout)
+        """Block until the newest request has finished (tests, scripts); True if it has."""
+        with self._done:
+            return self._done.wait_for(lambda: self._finished == self._generation, timeout)
 
     def current(self, generation: int) -> bool:
         return generation == self._generation
 
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                if self._pending is None:
-                    self._thread = None
+    def _thread(self, generation: int, steps: Callable[[], Steps]) -> None:
+        try:
+            time.sleep(self.DEBOUNCE_S)
+            if self.current(generation):
+                self._run(generation, steps)
+        finally:
+            with self._done:
+                if self.current(generation):
+                    self._finished = generation
                     self._widget.busy = False
-                    self._idle.set()
-                    return
-                generation, steps = self._pending
-                self._pending = None
-            self._run(generation, steps)
+                    self._done.notify_all()
 
     def _run(self, generation: int, steps: Callable[[], Steps]) -> None:
         widget = self._widget

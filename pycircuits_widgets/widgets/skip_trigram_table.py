@@ -34,11 +34,10 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
-    # Sources are visited in chunks (strongest first) that double from ``first_chunk`` to
-    # ``source_chunk``: the first partial table comes fast, the table is exact after the last
-    # chunk, and each chunk is a point where a newer selection can take over.
-    first_chunk = 256
-    source_chunk = 8192
+    # Above ``partial_above`` vocabulary entries, a first table over the ``partial_sources``
+    # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
+    partial_sources = 256
+    partial_above = 8192
 
     # -- data --
     trigrams = traitlets.Dict().tag(sync=True)
@@ -144,27 +143,23 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         return self._factors
 
     def _table_steps(self, layer, head, k, token, n_related):
-        """Yields the top-k over the strongest chunk of sources first, then the exact table."""
+        """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
         q, kk, v, u = self._centred(layer, head)
-        # visit sources by the size of their factors (likely strong first); any order is exact
-        order = torch.argsort(kk.norm(dim=1) * v.norm(dim=1), descending=True)
-        chunks = torch.split(order, _doubling(len(order), self.first_chunk, self.source_chunk))
-        best_score = torch.empty(0)
-        best_idx = torch.empty(0, 3, dtype=torch.long)
-        seen = 0
-        for i, src in enumerate(chunks):
-            seen += len(src)
+        n_vocab = kk.shape[0]
+        if n_vocab > self.partial_above:
+            # sources whose factors are largest are likely strong; exact among themselves
+            src = torch.argsort(kk.norm(dim=1) * v.norm(dim=1), descending=True)[: self.partial_sources]
             with torch.no_grad():
                 score, idx = top_skip_trigrams(q, kk[src], v[src], u, k)
             idx = idx.clone()
-            idx[:, 0] = src[idx[:, 0]]  # chunk-local source -> vocab id
-            best_score, keep = torch.sort(torch.cat([best_score, score]), descending=True)
-            best_score = best_score[:k]
-            best_idx = torch.cat([best_idx, idx])[keep[:k]]
-            update = {"trigrams": self._encode_table(layer, head, best_score, best_idx, seen / len(order))}
-            if i + 1 == len(chunks) and token >= 0:
-                update["related"] = self._related(token, layer, head, n_related)
-            yield update
+            idx[:, 0] = src[idx[:, 0]]  # subset-local source -> vocab id
+            yield {"trigrams": self._encode_table(layer, head, score, idx, len(src) / n_vocab)}
+        with torch.no_grad():
+            score, idx = top_skip_trigrams(q, kk, v, u, k)
+        update = {"trigrams": self._encode_table(layer, head, score, idx, 1.0)}
+        if token >= 0:
+            update["related"] = self._related(token, layer, head, n_related)
+        yield update
 
     def _encode_table(self, layer, head, score, idx, progress):
         q, kk, v, u = self._centred(layer, head)
@@ -204,16 +199,6 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
             values, ids = torch.topk(rows[mode], n)
             result[mode] = [{"id": i, "str": self._strings[i], "score": s} for i, s in zip(ids.tolist(), values.tolist())]
         return result
-
-
-def _doubling(n: int, first: int, largest: int) -> list[int]:
-    """Chunk sizes summing to ``n``: ``first, 2 first, 4 first, ...`` capped at ``largest``."""
-    sizes, size = [], min(first, largest)
-    while n > 0:
-        sizes.append(min(size, n))
-        n -= sizes[-1]
-        size = min(2 * size, largest)
-    return sizes
 
 
 def _normal(text: str) -> str:
