@@ -121,8 +121,9 @@ def random_baseline(d_model: int, d_head: int, norm: str = "correct",
     Monte Carlo with a fixed seed: ``n_samples`` pairs of heads with i.i.d. Gaussian
     ``W_V, W_Q, W_K [d_model, d_head]`` and ``W_O [d_head, d_model]`` (the score is scale
     invariant, so the variance does not matter). Q, K and V share this value: their four
-    factors have the same shapes and distribution. Standard error about 1% of the value at
-    GPT-2 shapes with the default 256 samples. Computed in float64, cached per shape.
+    factors have the same shapes and distribution. Standard error with the default 256
+    samples: 0.08% of the value at GPT-2 shapes (0.036), 1.2% at d_model 32, d_head 4.
+    Computed in float64, cached per shape.
     """
     _check("V", norm)
     gen = torch.Generator().manual_seed(seed)
