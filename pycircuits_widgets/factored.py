@@ -6,7 +6,7 @@ Everything here avoids forming the ``[m, n]`` product unless asked (``.dense()``
 is guarded by a size limit because a GPT-2 vocab x vocab circuit is 10 GB.
 
 Module-level helpers work on chains of several factors ``X1 @ X2 @ ... @ Xr``:
-``frobenius_norm_of_product`` (QR route, never the cyclic-permutation erratum),
+``frobenius_norm_of_product`` (QR or Gram route, never the cyclic-permutation erratum),
 ``eigenvalues_of_product`` (nonzero spectrum through the smallest cyclic rotation) and
 ``chain_matmul`` (cheapest multiplication order, aware of broadcast leading dims, so a
 factor shared by all heads is multiplied once).
