@@ -84,11 +84,11 @@ export function createHost(widgetDef, hooks = {}) {
   const host = {
     models,
     /**
-     * Resolve a child widget reference ("IPY_MODEL_<id>" or a bare id), as anywidget's
-     * `host.getModel` does in Jupyter.
+     * Resolve a child widget reference ("anywidget:<id>" as anywidget's `host.getModel`
+     * takes in Jupyter, "IPY_MODEL_<id>" as ipywidgets syncs it, or a bare id).
      */
     async getModel(ref) {
-      const id = String(ref).replace(/^IPY_MODEL_/, "");
+      const id = String(ref).replace(/^(IPY_MODEL_|anywidget:)/, "");
       const model = models.get(id);
       if (!model) throw new Error(`pycircuits_widgets: no saved state for widget ${id}`);
       return model;
