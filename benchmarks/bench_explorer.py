@@ -1,0 +1,131 @@
+"""CircuitExplorer click round trip in a live JupyterLab: click a head thumbnail -> comm
+message -> kernel selection -> every view's observer -> kernel recomputes (skip-trigram
+table, eigenvalue detail, ...) -> state updates -> views re-rendered.
+
+Run:  .venv/bin/python benchmarks/bench_explorer.py [--clicks 20]
+(needs jupyterlab, playwright and Debian's chromium, as the e2e tests do)
+
+Setup: tests/e2e/live_lab.py's JupyterLab 4 server and kernel; headless Chromium opens a
+notebook with ``pcw.CircuitExplorer(pcw.load_pretrained("attn-only-2l"), text)`` (the
+quick start's). Each click selects a different head in the attention view; timed in the
+page with ``performance.now()`` from the click to:
+
+* "header": the explorer's header names the new head (kernel echo of the selection);
+* "all views": additionally the skip-trigram table shows the new head's exact top-k (not
+  the partial first block) and the eigenvalue detail shows its spectrum and copied tokens;
+* "painted": the next animation frame after "all views".
+
+A few warm-up clicks are not counted. Peers (CircuitsVis, bertviz) have no kernel round trip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
+
+from harness import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from live_lab import JupyterLab, open_notebook, run_all_cells, write_notebook  # noqa: E402
+
+WARMUP = 3
+CELLS = [
+    "import pycircuits_widgets as pcw\n"
+    "from pycircuits_widgets.demo import SAMPLE_TEXT\n"
+    "model = pcw.load_pretrained('attn-only-2l')\n"
+    "explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT)\n"
+    "explorer"
+]
+
+# Clicks head (l, h) and resolves with [header ms, all views ms, painted ms].
+_CLICK_JS = """
+async ([l, h]) => {
+  const root = document.querySelector(".jp-OutputArea-output .pcw-explorer");
+  const q = (s) => root.querySelector(s);
+  const header = () => q("[data-testid=selected-head]")?.textContent === `L${l}.H${h}`;
+  const table = () => {
+    const c = q("section[data-view=trigrams] caption")?.textContent ?? "";
+    return c.includes(`skip-trigrams of head ${l}.${h}`) && !c.includes("partial");
+  };
+  const eigen = () => {
+    const d = q("section[data-view=eigen] [data-testid=detail]");
+    return !!d && d.textContent.includes(`head ${l}.${h}:`) && !!d.querySelector("[data-testid=copies]");
+  };
+  const t0 = performance.now();
+  let tHeader = null;
+  const done = new Promise((resolve, reject) => {
+    const check = () => {
+      if (tHeader === null && header()) tHeader = performance.now();
+      if (tHeader !== null && table() && eigen()) { obs.disconnect(); resolve(performance.now()); return true; }
+      return false;
+    };
+    const obs = new MutationObserver(check);
+    obs.observe(root, { subtree: true, childList: true, characterData: true, attributes: true });
+    setTimeout(() => { obs.disconnect(); reject(new Error(`head ${l}.${h} not shown after 20 s`)); }, 20000);
+  });
+  q(`section[data-view=attention] button.thumb[data-layer="${l}"][data-head="${h}"]`).click();
+  const tAll = await done;
+  await new Promise((r) => requestAnimationFrame(() => r()));
+  return [tHeader - t0, tAll - t0, performance.now() - t0];
+}
+"""
+
+
+def heads_to_click(n_layers: int, n_heads: int, clicks: int, start: tuple[int, int]) -> list[tuple[int, int]]:
+    """A seeded sequence of heads, each different from the one before it."""
+    rng = np.random.default_rng(0)
+    all_heads = [(l, h) for l in range(n_layers) for h in range(n_heads)]
+    out, current = [], start
+    while len(out) < clicks:
+        nxt = all_heads[rng.integers(len(all_heads))]
+        if nxt != current:
+            out.append(nxt)
+            current = nxt
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clicks", type=int, default=20)
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    import anywidget
+    import jupyterlab
+
+    import pycircuits_widgets as pcw
+
+    cfg = pcw.load_pretrained("attn-only-2l").cfg
+    with tempfile.TemporaryDirectory() as tmp, JupyterLab(pathlib.Path(tmp)) as lab, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        write_notebook(lab.root, "explorer.ipynb", CELLS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        open_notebook(page, lab, "explorer.ipynb")
+        run_all_cells(page)
+        page.locator(".pcw-explorer section[data-view=attention] button.thumb").first.wait_for()
+        order = heads_to_click(cfg.n_layers, cfg.n_heads, args.clicks + WARMUP, (0, 0))
+        ms = np.array([page.evaluate(_CLICK_JS, list(head)) for head in order])[WARMUP:]
+        version = browser.version
+        browser.close()
+
+    print(f"CircuitExplorer head click -> kernel recompute -> views updated, live JupyterLab, "
+          f"{args.clicks} clicks (+{WARMUP} warm-up), attn-only-2l ({cfg.n_layers}x{cfg.n_heads} heads, "
+          f"d_vocab {cfg.d_vocab})")
+    print(f"jupyterlab {jupyterlab.__version__}, anywidget {anywidget.__version__}, chromium {version}, "
+          f"python {platform.python_version()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}")
+    print(f"{'until':<12}{'p50':>9}{'p95':>9}{'max':>9}  peer")
+    for i, name in enumerate(["header", "all views", "painted"]):
+        col = ms[:, i]
+        print(f"{name:<12}{np.percentile(col, 50):>7.1f}ms{np.percentile(col, 95):>7.1f}ms{col.max():>7.0f}ms"
+              "  n/a (no kernel round trip)")
+
+
+if __name__ == "__main__":
+    main()
