@@ -105,7 +105,11 @@ def main():
     model, name = shipped_model()
     table = pcw.SkipTrigramTable(model, k=100)
     f, l = time_steps(cold_table(table), heads(model, args.changes))
-    row(name, "SkipTrigramTable top-100", f, l, payload_bytes(table, ["trigrams"]))
+    row(name, "SkipTrigramTable top-100, cold", f, l, payload_bytes(table, ["trigrams"]))
+    for L, H in heads(model, args.changes):
+        table._tables[(L, H, 100)] = table.trigrams  # as after a first visit
+    f, l = time_steps(lambda L, H: table._table_steps(L, H, 100, -1, 10), heads(model, args.changes))
+    row(name, "SkipTrigramTable top-100, revisited head", f, l, payload_bytes(table, ["trigrams"]))
     table.token = 5
     f, l = time_steps(lambda L, H: table._related_steps(5, L, H, 10), heads(model, args.changes))
     row(name, "SkipTrigramTable token query", f, l, payload_bytes(table, ["related"]))
@@ -135,9 +139,17 @@ def main():
     _, exact = time_steps(cold_table(table),
                           changes[: args.exact_changes])
     table.recompute()
-    row(name, "SkipTrigramTable top-100 (first = top-100 among the 256 strongest sources)", first, exact, payload_bytes(table, ["trigrams"]))
+    row(name, f"SkipTrigramTable top-100, cold (first: n={len(first)}, top-100 of the 256 strongest sources)", first, exact, payload_bytes(table, ["trigrams"]))
+    table.token = 5
+    table.wait(120)
     f, l = time_steps(lambda L, Hh: table._related_steps(5, L, Hh, 10), changes)
-    row(name, "SkipTrigramTable token query (cached factors)", f, l, payload_bytes(table, ["related"]))
+    row(name, "SkipTrigramTable token query, new head", f, l, payload_bytes(table, ["related"]))
+    f, l = time_steps(lambda t: table._related_steps(t, *changes[-1], 10), [(t,) for t in range(0, 50000, 2500)])
+    row(name, "SkipTrigramTable token query, same head", f, l, payload_bytes(table, ["related"]))
+    t0 = time.perf_counter()
+    for text in ("tok123", "tok4", "zzz"):
+        pcw.widgets.skip_trigram_table.find_tokens(table._strings, text)
+    print(f"| {name} | token search over 50257 strings (per query) | 3 | | | {1e3 * (time.perf_counter() - t0) / 3:.0f} | | |")
     plot = pcw.EigenvaluePlot(big, scores={})
     f, l = time_steps(plot._detail_steps, [(L, Hh, 12) for L, Hh in changes])
     row(name, "EigenvaluePlot head detail", f, l, payload_bytes(plot, ["detail"]))
@@ -148,6 +160,7 @@ def cold_table(table):
 
     def steps(layer, head):
         table._factors_key = None
+        table._tables.clear()
         return table._table_steps(layer, head, 100, -1, 10)
 
     return steps

@@ -71,11 +71,15 @@ def test_table_equals_skip_trigrams_and_head_change_recomputes(m1):
     assert w.wait(20)
     assert (w.trigrams["layer"], w.trigrams["head"]) == (0, 3) and not w.busy and not w.error
     assert_table_matches(w, m1, 0, 3, 15)
+    w.head = 1  # revisited: answered from the widget's cache, still the same table
+    assert w.wait(20)
+    assert_table_matches(w, m1, 0, 1, 15)
 
 
 def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     w = pcw.SkipTrigramTable(m1, head=2, k=12)
     w.partial_above, w.partial_sources = 100, 40  # as if 256 tokens were a large vocabulary
+    w._tables.clear()  # forget the table the constructor computed
     steps = list(w._table_steps(0, 2, 12, -1, 10))
     assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([40 / 256, 1])
     assert [s["trigrams"]["exact"] for s in steps] == [False, True]

@@ -14,6 +14,7 @@ from .payload import encode_array
 from .selection import HeadSelection, Recompute, TokenSelection, apply_now, check_model
 
 MAX_MATCHES = 20
+TABLE_CACHE = 32  # exact tables kept per widget (a few KiB each)
 
 
 class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
@@ -73,6 +74,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self._strings = token_strings(model)
         self._factors_key = None
         self._factors = None
+        self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only), **kwargs)
         self._runner = Recompute(self)
         self.recompute()
@@ -144,6 +146,13 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     def _table_steps(self, layer, head, k, token, n_related):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
+        table = self._tables.get((layer, head, k))
+        if table is not None:  # a revisited head answers at once
+            update = {"trigrams": table}
+            if token >= 0:
+                update["related"] = self._related(token, layer, head, n_related)
+            yield update
+            return
         q, kk, v, u = self._centred(layer, head)
         n_vocab = kk.shape[0]
         if n_vocab > self.partial_above:
@@ -157,6 +166,9 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         with torch.no_grad():
             score, idx = top_skip_trigrams(q, kk, v, u, k)
         update = {"trigrams": self._encode_table(layer, head, score, idx, 1.0)}
+        self._tables[(layer, head, k)] = update["trigrams"]
+        while len(self._tables) > TABLE_CACHE:
+            del self._tables[next(iter(self._tables))]
         if token >= 0:
             update["related"] = self._related(token, layer, head, n_related)
         yield update
