@@ -1,6 +1,7 @@
 """CircuitExplorer (Python side): children built per model, one selection linking them,
 kernel-side recomputes matching direct analysis calls, honest notices, standalone state."""
 
+import copy
 import json
 import re
 
@@ -159,6 +160,10 @@ def test_bad_arguments_raise_clear_errors(model):
         CircuitExplorer(model, TEXT, haed=1)
     with pytest.raises(TypeError, match="weight view"):
         CircuitExplorer(object(), TEXT)
+    no_tokenizer = copy.copy(model)
+    no_tokenizer.tokenizer = None
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        CircuitExplorer(no_tokenizer, TEXT)
 
 
 def test_initial_selection_is_applied_to_every_view(model):

@@ -92,6 +92,9 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
             no_heads = ""
         except ValueError as exc:  # a zero-layer model: only the loss view applies
             no_heads = str(exc)
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError("CircuitExplorer reads text and shows tokens: the model needs a tokenizer "
+                             "(e.g. pcw.from_hf(hf_model, tokenizer))")
         self._strings = token_strings(model)
         self._ids: list[int] = []
         selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token") if k in kwargs}
