@@ -139,7 +139,7 @@ def main():
     _, exact = time_steps(cold_table(table),
                           changes[: args.exact_changes])
     table.recompute()
-    row(name, f"SkipTrigramTable top-100, cold (first: n={len(first)}, top-100 of the 256 strongest sources)", first, exact, payload_bytes(table, ["trigrams"]))
+    row(name, f"SkipTrigramTable top-100, cold (first: n={len(first)}, top-100 of the 64 strongest sources)", first, exact, payload_bytes(table, ["trigrams"]))
     table.token = 5
     table.wait(120)
     f, l = time_steps(lambda L, Hh: table._related_steps(5, L, Hh, 10), changes)

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { orderBy, paginate } from "../src/lib/circuitTable.js";
-import { linearScale, plotPoint, symmetricExtent, nearestPoint, pairGrid, headLabel, layerColor } from "../src/lib/circuitPlot.js";
+import { linearScale, plotPoint, symmetricExtent, nearestPoint, pairGrid, headLabel, layerColor, declutter } from "../src/lib/circuitPlot.js";
 
 describe("circuitTable", () => {
   it("orders descending, NaN last, stable on ties", () => {
@@ -48,5 +48,8 @@ describe("circuitPlot", () => {
     expect(headLabel(1, 7)).toBe("1.7");
     expect(layerColor(0)).not.toBe(layerColor(1));
     expect(layerColor(8)).toBe(layerColor(0));
+  });
+  it("declutters labels greedily", () => {
+    expect(declutter([0, 5, 30, 33], [0, 0, 0, 0], 10)).toEqual([true, false, true, false]);
   });
 });

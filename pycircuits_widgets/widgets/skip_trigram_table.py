@@ -37,7 +37,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
     # Above ``partial_above`` vocabulary entries, a first table over the ``partial_sources``
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
-    partial_sources = 256
+    partial_sources = 64
     partial_above = 8192
 
     # -- data --

@@ -80,3 +80,17 @@ export function pairGrid(nLayers, nHeads) {
       l1 >= 0 && l1 < nLayers - 1 && l2 >= 1 && l2 < nLayers ? [l1 * nHeads + h1, (l2 - 1) * nHeads + h2] : null,
   };
 }
+
+/**
+ * Which points get a text label without overlapping an earlier label: greedy in index order,
+ * a point is labelled if no labelled point lies within `minDist` pixels.
+ * @returns {boolean[]}
+ */
+export function declutter(px, py, minDist) {
+  const kept = [];
+  return Array.from(px, (x, i) => {
+    const free = kept.every((j) => (px[j] - x) ** 2 + (py[j] - py[i]) ** 2 >= minDist * minDist);
+    if (free) kept.push(i);
+    return free;
+  });
+}
