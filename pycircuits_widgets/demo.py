@@ -9,6 +9,7 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pathlib
 import sys
 
@@ -47,6 +48,8 @@ def main(argv=None) -> int:
     print(f"  file://{path}")
     notebooks = NOTEBOOKS if NOTEBOOKS.is_dir() else "notebooks/"
     print(f"The notebooks, live (clicks recompute in the kernel): .venv/bin/jupyter lab {notebooks}")
+    if importlib.util.find_spec("jupyterlab") is None:
+        print("  (JupyterLab is not installed here; first: .venv/bin/pip install -e '.[notebooks]')")
     return 0
 
 
