@@ -169,6 +169,7 @@ def cold_table(table):
 def _lazy_table(model):
     """A table widget whose constructor does not compute a first table (k=1 is cheap)."""
     table = pcw.SkipTrigramTable(model, k=1)
+    table.wait(600)  # a large vocabulary's first table is computed in the background
     table.unobserve_all("k")
     table.k = 100
     return table

@@ -90,6 +90,16 @@ def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     assert_table_matches(w, m1, 0, 2, 12)
 
 
+def test_large_vocabulary_constructor_returns_at_once_and_fills_the_table_in_background(m1, monkeypatch):
+    monkeypatch.setattr(pcw.SkipTrigramTable, "partial_above", 100)
+    monkeypatch.setattr(Recompute, "DEBOUNCE_S", 0.3)  # the check below must not race the worker
+    w = pcw.SkipTrigramTable(m1, head=1, k=10)
+    assert w.busy
+    assert w.wait(20) and not w.busy
+    assert w.trigrams["exact"]
+    assert_table_matches(w, m1, 0, 1, 10)
+
+
 def test_deeper_model_reads_direct_path_and_says_so(m2):
     w = pcw.SkipTrigramTable(m2, layer=1, head=0, k=10)
     assert w.approximate

@@ -77,7 +77,10 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only), **kwargs)
         self._runner = Recompute(self)
-        self.recompute()
+        if model.cfg.d_vocab > self.partial_above:
+            self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
+        else:
+            self.recompute()
         if self.query:
             self.search(self.query)
         elif self.token >= 0:
