@@ -74,6 +74,16 @@ def test_head_clicked_in_any_view_selects_it_everywhere_and_recomputes(explorer,
     assert (explorer.eigen.detail["layer"], explorer.eigen.detail["head"]) == (1, 1)
 
 
+def test_one_click_changes_each_selection_trait_once_without_echo(explorer):
+    seen = {"explorer": [], "trigrams": [], "attention": []}
+    explorer.observe(lambda c: seen["explorer"].append(c["name"]), ["layer", "head"])
+    explorer.trigrams.observe(lambda c: seen["trigrams"].append(c["name"]), ["layer", "head"])
+    explorer.attention.observe(lambda c: seen["attention"].append(c["name"]), ["layer", "head"])
+    explorer.eigen.set_state({"layer": 1, "head": 2})
+    assert explorer.wait()
+    assert {k: sorted(v) for k, v in seen.items()} == {k: ["head", "layer"] for k in seen}
+
+
 def test_explorer_selection_set_from_python_reaches_every_view(explorer):
     explorer.head = 2
     assert explorer.wait()
