@@ -174,7 +174,7 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
         for name in HEAD_VIEWS:
             view = getattr(self, name)
             if view is not None and (view.layer, view.head) != (self.layer, self.head):
-                with view.hold_trait_notifications():  # one recompute for the pair, not two
+                with view.hold_trait_notifications():  # both set before its observers run: never (new layer, old head)
                     view.layer, view.head = self.layer, self.head
 
     def _busy_from_views(self, change):
