@@ -159,7 +159,7 @@ def cold_table(table):
     """The table recompute for a head change, without the cached factors of the last head."""
 
     def steps(layer, head):
-        table._factors_key = None
+        table._factors = None
         table._tables.clear()
         return table._table_steps(layer, head, 100, -1, 10)
 

@@ -72,8 +72,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         refuse_rotary_qk(model, "a skip-trigram table")
         self.model = model
         self._strings = token_strings(model)
-        self._factors_key = None
-        self._factors = None
+        self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only), **kwargs)
         self._runner = Recompute(self)
@@ -141,11 +140,16 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     # -- the work ------------------------------------------------------------------------
     def _centred(self, layer: int, head: int):
-        if self._factors_key != (layer, head):
-            with torch.no_grad():
-                self._factors = centred_factors(self.model, layer, head)
-            self._factors_key = (layer, head)
-        return self._factors
+        """The head's centred circuit factors, cached for the last head asked for. Requests
+        run on several threads (a stale one may still be finishing): key and value are
+        stored as one tuple, so a thread never reads another head's factors."""
+        cached = self._factors
+        if cached is not None and cached[0] == (layer, head):
+            return cached[1]
+        with torch.no_grad():
+            factors = centred_factors(self.model, layer, head)
+        self._factors = ((layer, head), factors)
+        return factors
 
     def _table_steps(self, layer, head, k, token, n_related):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
