@@ -26,17 +26,30 @@ def test_one_layer_most_heads_copy(one_layer):
     assert (pos > 0).float().mean() > 0.5
 
 
-def test_one_layer_skip_trigrams_are_text_patterns(one_layer):
-    # the exact top triples are real token ids with strings; the strongest heads copy: in many
-    # of the top triples the out token is the source token itself (or shares its text)
+@pytest.fixture(scope="module")
+def common_tokens(one_layer):
+    """Token ids seen at least 20 times in CPython's pydoc topics (part of the training corpus):
+    never-seen tokens keep near-initial embeddings, and their circuits are noise."""
+    from pydoc_data.topics import topics
+
+    ids = torch.tensor(one_layer.tokenizer.encode("\n".join(topics[k] for k in sorted(topics))))
+    counts = torch.bincount(ids, minlength=one_layer.cfg.d_vocab)
+    return torch.nonzero(counts >= 20).squeeze(1)
+
+
+def test_one_layer_skip_trigrams_are_text_patterns(one_layer, common_tokens):
+    # the paper's two kinds of skip-trigram: copying ("[a] ... [b] -> [a]": out is the source)
+    # and same-token attention ("[a] ... [a] -> [b]": the current token seen earlier); text
+    # is compared up to the visible leading space
     H = one_layer.cfg.n_heads
     copies = 0
     for h in range(H):
-        tri = pcw.skip_trigrams(one_layer, 0, h, k=8)
+        tri = pcw.skip_trigrams(one_layer, 0, h, k=8, vocab=common_tokens)
         assert len(tri) == 8 and all(t.score > 0 for t in tri)
         print(f"\nL0H{h}:", " | ".join(f"{t.source_str!r} ... {t.destination_str!r} -> {t.out_str!r}" for t in tri[:5]))
-        copies += sum(t.out == t.source or t.out_str.strip("·") == t.source_str.strip("·") for t in tri)
-    assert copies >= H  # on average at least one copying triple per head
+        same = [t.source_str.strip("·") in (t.out_str.strip("·"), t.destination_str.strip("·")) for t in tri]
+        copies += sum(same)
+    assert copies >= H  # on average at least one such triple per head among the top 8
 
 
 def test_two_layer_induction_heads_k_compose_with_a_previous_token_head(two_layer):
