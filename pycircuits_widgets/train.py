@@ -1,8 +1,12 @@
 """Train the paper's attention-only models offline on CPython's docs and stdlib sources.
 
-    python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 3000
-    python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 3000 --resume
-    python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 3000 --resume --ship
+    python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 4000
+    python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 4000 --resume   # continue
+    python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 4000 --resume --ship
+
+The shipped models: ``--layers 0 --steps 400``, ``--layers 1 --steps 800``, ``--layers 2
+--steps 4000``, all other options at their defaults. One thread by default: on a shared 2-core
+machine two threads ran several times slower than one (oversubscription).
 
 Seeded and deterministic (the batch of step ``s`` depends only on ``seed`` and ``s``), so a
 resumed run reproduces an uninterrupted one. Every ``--checkpoint-every`` steps ``OUT`` gets
@@ -30,7 +34,7 @@ from .models.tokenizer import Tokenizer
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 TOKENIZER_PATH = CHECKPOINT_DIR / "tokenizer.json"
-ARCH_ARGS = ("layers", "heads", "d_model", "d_head", "n_ctx")
+ARCH_ARGS = ("layers", "heads", "d_model", "d_head", "n_ctx", "pos_scale")
 VAL_FRACTION = 0.02
 
 
@@ -43,20 +47,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--d-head", type=int, default=16)
     p.add_argument("--n-ctx", type=int, default=128)
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--pos-scale", type=float, default=1.5, help="amplitude of the sinusoidal position table")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--repeat-fraction", type=float, default=0.3,
+    p.add_argument("--repeat-fraction", type=float, default=0.5,
                    help="fraction of training windows that repeat a corpus snippet (induction curriculum)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=250)
+    p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--corpus", choices=("pydoc", "stdlib", "all"), default="all")
     p.add_argument("--tokenizer", type=Path, default=TOKENIZER_PATH,
                    help="tokenizer JSON; trained on the corpus (vocab --vocab) if the file does not exist")
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-at", type=int, default=None,
                    help="checkpoint and stop after this step (time-boxed runs; continue with --resume)")
     p.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
@@ -163,10 +168,10 @@ def train(args: argparse.Namespace) -> dict:
     train_data, val_data = split(data)
 
     cfg = attn_only_config(args.layers, n_heads=args.heads, d_model=args.d_model, d_head=args.d_head,
-                           d_vocab=tokenizer.vocab_size, n_ctx=args.n_ctx)
+                           d_vocab=tokenizer.vocab_size, n_ctx=args.n_ctx, pos_scale=args.pos_scale)
     model = AttnOnlyTransformer(cfg, seed=args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=args.weight_decay)
-    start = 0
+    start, base_seconds, segments = 0, 0.0, []
     if args.resume:
         saved = load_json(args.out / "model.json")
         for key in ARCH_ARGS + ("seed", "corpus", "batch", "repeat_fraction"):
@@ -177,6 +182,8 @@ def train(args: argparse.Namespace) -> dict:
         model.load_state_dict(weights, strict=False)
         _restore_optimizer(opt, load_tensors(args.out / "optimizer.safetensors"))
         start = saved["step"]
+        base_seconds = saved.get("train_seconds", 0.0)
+        segments = saved.get("segments", [])
 
     meta = {
         "config": cfg.to_dict(),
@@ -185,12 +192,15 @@ def train(args: argparse.Namespace) -> dict:
         "corpus": args.corpus, "corpus_sha256": sha, "corpus_tokens": len(data),
         "python_version": __import__("platform").python_version(),
         "tokenizer_fingerprint": tokenizer.fingerprint(), "torch_version": torch.__version__,
+        # one entry per run: a resume with a larger --steps restarts the cosine schedule from there
+        "segments": segments + [{"from_step": start, "steps": args.steps, "lr": args.lr}],
     }
     tokens_per_step = args.batch * args.n_ctx
     stop = args.steps if args.stop_at is None else min(args.stop_at, args.steps)
     bar = tqdm(range(start, stop), initial=start, total=args.steps, mininterval=5.0,
                desc=f"attn-only-{args.layers}l")
-    t0, loss = time.perf_counter(), float("nan")
+    run_start = t0 = time.perf_counter()
+    loss = float("nan")
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
@@ -203,8 +213,7 @@ def train(args: argparse.Namespace) -> dict:
         done = step + 1
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{(done - start) * tokens_per_step / (time.perf_counter() - t0):.0f}")
         if done % args.checkpoint_every == 0 or done == stop:
-            meta.update(step=done, train_loss=loss,
-                        train_seconds=meta.get("train_seconds", 0.0) + time.perf_counter() - t0)
+            meta.update(step=done, train_loss=loss, train_seconds=base_seconds + time.perf_counter() - run_start)
             t0_ckpt = time.perf_counter()
             if done == args.steps:
                 meta["val_loss"] = validation_loss(model, val_data, args.n_ctx)

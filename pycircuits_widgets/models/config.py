@@ -27,7 +27,9 @@ class ModelConfig:
     ``normalization`` is what happens where a layer reads the residual stream
     (``None`` = read it as is). ``n_kv_heads`` only records grouped-query attention of the
     source model: the weight view always stores one ``W_K``/``W_V`` per query head.
-    ``attn_scale`` divides the attention scores (default ``sqrt(d_head)``).
+    ``attn_scale`` divides the attention scores (default ``sqrt(d_head)``). ``pos_scale`` is the
+    amplitude of the paper-model's sinusoidal table (``AttnOnlyTransformer``; the weight view's
+    ``W_pos`` already includes it).
     ``parallel_attn_mlp`` (GPT-NeoX, GPT-J): the MLP of a layer reads the same residual stream as
     its attention, ``x + attn(x) + mlp(x)``, instead of ``x + attn(x)``.
     """
@@ -50,6 +52,7 @@ class ModelConfig:
     attn_scale: float | None = None
     rotary_dim: int | None = None
     rotary_base: float = 10000.0
+    pos_scale: float = 1.0
     parallel_attn_mlp: bool = False
 
     def __post_init__(self):

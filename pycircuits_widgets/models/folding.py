@@ -45,11 +45,11 @@ def fold_attn_only(params: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
 
     ``W_E``, ``W_O`` centered (they write the residual stream); ``ln_final_w`` folded into
     ``W_U``; ``W_Q, W_K, W_V`` unchanged (the attention layer norms have no learned scale);
-    ``W_pos`` is the sinusoidal table (added after the layer norm, never in the residual).
+    ``W_pos`` is the sinusoidal table times ``cfg.pos_scale`` (added after the layer norm, never in the residual).
     """
     return {
         "W_E": center_writing_weights(params["W_E"]),
-        "W_pos": sinusoidal_positions(cfg.n_ctx, cfg.d_model).to(params["W_E"]),
+        "W_pos": (sinusoidal_positions(cfg.n_ctx, cfg.d_model) * cfg.pos_scale).to(params["W_E"]),
         "W_Q": params["W_Q"].clone(),
         "W_K": params["W_K"].clone(),
         "W_V": params["W_V"].clone(),
