@@ -85,7 +85,8 @@ class ActivationCache:
       (after centering for layernorm) and the unembedding reads
       ``resid[:, L] / ln_scale[:, L, :, None]``. All ones when normalization is None.
     * ``ln_scale_mlp [b, L, pos]`` or None (attention-only): the MLP of layer ``l`` reads
-      ``(resid[:, l] + attention output of layer l) / ln_scale_mlp[:, l, :, None]``.
+      ``(resid[:, l] + attention output of layer l) / ln_scale_mlp[:, l, :, None]``, or
+      ``resid[:, l] / ln_scale_mlp[:, l, :, None]`` when ``cfg.parallel_attn_mlp`` (GPT-NeoX).
 
     Identity (exact up to float rounding): ``resid[:, L] = embed + head_out.sum((1, 2))
     (+ b_O.sum(0)) (+ mlp_out.sum(1))``. With ``patterns`` and ``ln_scale`` frozen, the logits
