@@ -4,9 +4,9 @@
     python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 4000 --resume   # continue
     python -m pycircuits_widgets.train --layers 2 --out runs/2l --steps 4000 --resume --ship
 
-The shipped models: ``--layers 0 --steps 400``, ``--layers 1 --steps 800``, ``--layers 2
---steps 4000``, all other options at their defaults. One thread by default: on a shared 2-core
-machine two threads ran several times slower than one (oversubscription).
+The shipped models: ``--layers 0 --steps 4000``, ``--layers 1 --steps 4000``, ``--layers 2
+--steps 9000 --repeat-fraction 0.6 --seed 1``, all other options at their defaults. One thread
+by default: on a shared 2-core machine two threads ran several times slower than one (oversubscription).
 
 Seeded and deterministic (the batch of step ``s`` depends only on ``seed`` and ``s``), so a
 resumed run reproduces an uninterrupted one. Every ``--checkpoint-every`` steps ``OUT`` gets
