@@ -10,19 +10,7 @@ from ipywidgets.widgets.widget import _remove_buffers
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.attention import OVERVIEW_MAX
 from pycircuits_widgets.widgets.payload import decode_array
-
-
-def causal_softmax(L, H, n, seed=0, sharp=3.0):
-    """Random causal attention patterns [L, H, n, n] (softmax of scores, src > dest masked)."""
-    rng = np.random.default_rng(seed)
-    s = rng.standard_normal((L, H, n, n)).astype(np.float32) * sharp
-    s[..., np.triu(np.ones((n, n), bool), 1)] = -np.inf
-    e = np.exp(s - s.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def toks(n):
-    return [f" t{i}" for i in range(n)]
+from attention_data import causal_softmax, toks
 
 
 @pytest.fixture(scope="module")

@@ -4,23 +4,12 @@ import numpy as np
 import pytest
 
 import pycircuits_widgets as pcw
+from attention_data import causal_softmax, toks
 
 pytestmark = pytest.mark.browser
 
 XSS = '<img src=x onerror="window.__pwned = 1">'
 BLUE_LUT_END = (8, 48, 107)  # colour of weight 1 (js/src/lib/color.js BLUES)
-
-
-def causal_softmax(L, H, n, seed=0, sharp=3.0):
-    rng = np.random.default_rng(seed)
-    s = rng.standard_normal((L, H, n, n)).astype(np.float32) * sharp
-    s[..., np.triu(np.ones((n, n), bool), 1)] = -np.inf
-    e = np.exp(s - s.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def toks(n):
-    return [f" t{i}" for i in range(n)]
 
 
 def detail_geometry(page):
