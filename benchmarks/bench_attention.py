@@ -24,6 +24,8 @@ import sys
 import tempfile
 
 import numpy as np
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
@@ -87,14 +89,12 @@ def run_circuitsvis(page, A, tokens, tmp):
     page.goto(path.as_uri(), timeout=CAP_S * 1000)
     try:
         page.wait_for_function("window.__cvDone !== undefined", timeout=CAP_S * 1000, polling=200)
-    except Exception:  # playwright TimeoutError: did not finish within the cap
+    except PlaywrightTimeout:  # did not finish within the cap
         return {"ms": None, "bytes": payload}
     return {"ms": page.evaluate("window.__cvDone"), "bytes": payload}
 
 
 def main():
-    from playwright.sync_api import sync_playwright
-
     rows = []
     cv_gave_up = None
     with tempfile.TemporaryDirectory() as d, sync_playwright() as pw:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from ipywidgets.widgets.widget import _remove_buffers  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.models import AttnOnlyTransformer, ModelConfig, attn_only_config, from_attn_only  # noqa: E402
+from pycircuits_widgets.models import AttnOnlyTransformer, ModelConfig, from_attn_only  # noqa: E402
 
 
 class _Strings:
@@ -47,11 +47,7 @@ class _Strings:
 
 
 def shipped_model():
-    try:
-        return pcw.load_pretrained("attn-only-2l"), "attn-only-2l (shipped)"
-    except Exception as err:  # checkpoint not built yet: same shapes, random weights
-        cfg = attn_only_config(2)
-        return from_attn_only(AttnOnlyTransformer(cfg, seed=0), _Strings(cfg.d_vocab)), f"attn-only-2l shape, random ({type(err).__name__})"
+    return pcw.load_pretrained("attn-only-2l"), "attn-only-2l (shipped)"
 
 
 def gpt2_shaped_model():
