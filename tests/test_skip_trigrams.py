@@ -1,5 +1,7 @@
 """Skip-trigram top-k against brute force over the dense [src, dest, out] score tensor."""
 
+import importlib
+
 import pytest
 import torch
 from random_models import custom_model, paper_model
@@ -103,3 +105,23 @@ def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
     assert all(r.source in ids and r.destination in ids and r.out in ids for r in sub)
     with pytest.raises(ValueError, match="vocab must be"):
         skip_trigrams(model, 0, 0, vocab=[70])
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_row_max_screen_is_a_tight_upper_bound(int8, monkeypatch):
+    # the package attribute `skip_trigrams` is the function; the module is imported by name
+    st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
+    if not int8:
+        monkeypatch.setattr(st, "_int8_matmul_available", lambda: False)
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(300, 16, generator=g) * torch.exp(torch.randn(300, 1, generator=g))
+    b = torch.randn(16, 2000, generator=g).T.contiguous().T  # a transposed view, as q.T is
+    screen = st._RowMaxScreen(a, b)
+    assert screen.int8 == (int8 and st._int8_matmul_available())
+    rows = torch.randperm(300, generator=g)[:128]
+    true_max = (a[rows] @ b).amax(1)
+    upper = screen.upper(rows)
+    assert (upper >= true_max).all()
+    # the margin is a few per cent of ||a_i|| max_j ||b_j||, not the loose norm bound itself
+    slack = (upper - true_max) / (a[rows].norm(dim=1) * b.norm(dim=0).max())
+    assert slack.max() < (0.05 if screen.int8 else 0.04)
