@@ -158,7 +158,7 @@ def test_selection_out_of_range_is_rejected_naming_the_range(trait, bad, good):
 def test_browser_selection_out_of_range_sets_error_and_keeps_last_good_value():
     w = pcw.AttentionPatterns(tokens=toks(4), patterns=causal_softmax(2, 2, 4), layer=1)
     w.set_state({"layer": 9})
-    assert w.layer == 1 and "layer must be in [0, 1], got 9" in w.error
+    assert w.layer == 1 and "layer must be in 0..1, got 9" in w.error
     w.set_state({"layer": 0, "head": 1})
     assert (w.layer, w.head, w.error) == (0, 1, "")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from .base import CircuitWidget, reports_errors
+from .base import CircuitWidget, check_range, reports_errors
 from .payload import encode_array, quantize_unit, to_numpy
 
 OVERVIEW_MAX = 128
@@ -183,16 +183,16 @@ class AttentionPatterns(CircuitWidget):
     # -- validation of the selection (browser clicks and Python alike) ---------------------
     @traitlets.validate("layer")
     def _valid_layer(self, proposal):
-        return _in_range("layer", proposal["value"], 0, self.n_layers - 1)
+        return check_range("layer", proposal["value"], 0, self.n_layers - 1)
 
     @traitlets.validate("head")
     def _valid_head(self, proposal):
-        return _in_range("head", proposal["value"], 0, self.n_heads - 1)
+        return check_range("head", proposal["value"], 0, self.n_heads - 1)
 
     @traitlets.validate("dest_position", "src_position", "pinned_token")
     def _valid_position(self, proposal):
         name = proposal["trait"].name
-        return _in_range(name, proposal["value"], -1, len(self.tokens) - 1, none="-1 (none) or ")
+        return check_range(name, proposal["value"], 0, len(self.tokens) - 1, none=True)
 
     @traitlets.validate("text")
     def _valid_text(self, proposal):
@@ -200,12 +200,6 @@ class AttentionPatterns(CircuitWidget):
             raise traitlets.TraitError("text can only be edited when the widget was built from a model: "
                                        "AttentionPatterns(model, text)")
         return proposal["value"]
-
-
-def _in_range(name, value, lo, hi, none=""):
-    if not lo <= value <= hi:
-        raise traitlets.TraitError(f"{name} must be {none}in [{max(lo, 0)}, {hi}], got {value}")
-    return value
 
 
 def _answer_row_request(widget, content, buffers):

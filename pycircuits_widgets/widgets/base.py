@@ -84,6 +84,15 @@ class CircuitWidget(anywidget.AnyWidget):
         return save_html([self], path, title=title or type(self).__name__)
 
 
+def check_range(name: str, value: int, lo: int, hi: int, *, none: bool = False) -> int:
+    """``value`` if ``lo <= value <= hi`` (or -1 meaning "none" when ``none``); else a
+    ``TraitError`` naming the trait, the valid range and the bad value. For ``@traitlets.validate``."""
+    if lo <= value <= hi or (none and value == -1):
+        return value
+    allowed = f"-1 (none) or in {lo}..{hi}" if none else f"in {lo}..{hi}"
+    raise traitlets.TraitError(f"{name} must be {allowed}, got {value}")
+
+
 def reports_errors(method):
     """Run a kernel-side recompute; on failure show the error in the view and keep the
     last good state (traits are only replaced once the new result is complete)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from .base import CircuitWidget
+from .base import CircuitWidget, check_range
 from .payload import encode_array, to_numpy
 
 
@@ -58,12 +58,7 @@ class ColoredTokens(CircuitWidget):
 
     @traitlets.validate("selected_token")
     def _valid_selection(self, proposal):
-        i = proposal["value"]
-        if not -1 <= i < len(self.tokens):
-            raise traitlets.TraitError(
-                f"selected_token must be -1 (none) or a token index in [0, {len(self.tokens) - 1}], got {i}"
-            )
-        return i
+        return check_range("selected_token", proposal["value"], 0, len(self.tokens) - 1, none=True)
 
 
 def _check_tokens(tokens) -> list[str]:

@@ -8,7 +8,7 @@ import traitlets
 from ..analysis.eigen import eigenvalues, positivity
 from ..analysis.head_scores import head_scores
 from ..analysis.skip_trigrams import centred_factors, token_strings
-from .base import CircuitWidget
+from .base import CircuitWidget, check_range
 from .payload import encode_array, to_numpy
 from .selection import HeadSelection, Recompute, apply_now, check_model
 
@@ -82,10 +82,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
 
     @traitlets.validate("n_copies")
     def _valid_n_copies(self, proposal):
-        n = proposal["value"]
-        if not 1 <= n <= min(200, self.model.cfg.d_vocab):
-            raise traitlets.TraitError(f"n_copies must be in 1..{min(200, self.model.cfg.d_vocab)}, got {n}")
-        return n
+        return check_range("n_copies", proposal["value"], 1, min(200, self.model.cfg.d_vocab))
 
     def recompute(self) -> dict:
         """Compute ``detail`` for the current ``layer``/``head`` (synchronously)."""

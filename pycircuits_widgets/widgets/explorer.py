@@ -8,7 +8,7 @@ import traitlets
 from ..analysis.activations import run
 from ..analysis.skip_trigrams import token_strings
 from .attention import AttentionPatterns
-from .base import CircuitWidget
+from .base import CircuitWidget, check_range
 from .colored_tokens import ColoredTokens
 from .composition_matrix import CompositionMatrix
 from .eigenvalue_plot import EigenvaluePlot
@@ -218,7 +218,4 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
 
     @traitlets.validate("position")
     def _valid_position(self, proposal):
-        p = proposal["value"]
-        if not -1 <= p < len(self._ids):
-            raise traitlets.TraitError(f"position must be -1 (none) or in 0..{len(self._ids) - 1}, got {p}")
-        return p
+        return check_range("position", proposal["value"], 0, len(self._ids) - 1, none=True)

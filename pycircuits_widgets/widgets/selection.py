@@ -19,6 +19,8 @@ from typing import Callable, Iterator
 
 import traitlets
 
+from .base import check_range
+
 
 class HeadSelection(traitlets.HasTraits):
     """Selection traits ``layer`` / ``head`` validated against ``self.model.cfg``, plus ``busy``.
@@ -50,11 +52,11 @@ class HeadSelection(traitlets.HasTraits):
 
     @traitlets.validate("layer")
     def _valid_layer(self, proposal):
-        return _in_range("layer", proposal["value"], self.model.cfg.n_layers)
+        return check_range("layer", proposal["value"], 0, self.model.cfg.n_layers - 1)
 
     @traitlets.validate("head")
     def _valid_head(self, proposal):
-        return _in_range("head", proposal["value"], self.model.cfg.n_heads)
+        return check_range("head", proposal["value"], 0, self.model.cfg.n_heads - 1)
 
 
 class TokenSelection(traitlets.HasTraits):
@@ -65,15 +67,7 @@ class TokenSelection(traitlets.HasTraits):
 
     @traitlets.validate("token")
     def _valid_token(self, proposal):
-        value = proposal["value"]
-        return value if value == -1 else _in_range("token", value, self.model.cfg.d_vocab, none=True)
-
-
-def _in_range(name: str, value: int, n: int, none: bool = False) -> int:
-    if not 0 <= value < n:
-        allowed = f"-1 (none) or in 0..{n - 1}" if none else f"in 0..{n - 1}"
-        raise traitlets.TraitError(f"{name} must be {allowed} for this model, got {value}")
-    return value
+        return check_range("token", proposal["value"], 0, self.model.cfg.d_vocab - 1, none=True)
 
 
 def check_model(model, owner: str) -> None:

@@ -9,7 +9,7 @@ from ..analysis.circuits import refuse_rotary_qk
 from ..analysis.skip_trigrams import MODES, centred_factors, token_strings, top_skip_trigrams
 from ..factored import FactoredMatrix
 from ..models.tokenizer import visible_whitespace
-from .base import CircuitWidget
+from .base import CircuitWidget, check_range
 from .payload import encode_array
 from .selection import HeadSelection, Recompute, TokenSelection, apply_now, check_model
 
@@ -90,17 +90,11 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     @traitlets.validate("k")
     def _valid_k(self, proposal):
-        k = proposal["value"]
-        if not 1 <= k <= 10_000:
-            raise traitlets.TraitError(f"k must be in 1..10000, got {k}")
-        return k
+        return check_range("k", proposal["value"], 1, 10_000)
 
     @traitlets.validate("n_related")
     def _valid_n_related(self, proposal):
-        n = proposal["value"]
-        if not 1 <= n <= min(1000, self.model.cfg.d_vocab):
-            raise traitlets.TraitError(f"n_related must be in 1..{min(1000, self.model.cfg.d_vocab)}, got {n}")
-        return n
+        return check_range("n_related", proposal["value"], 1, min(1000, self.model.cfg.d_vocab))
 
     # -- recomputes (synchronous; the observers run them in the worker) -------------------
     def recompute(self) -> dict:

@@ -159,7 +159,7 @@ def test_bad_selection_from_browser_shows_error_and_keeps_state(show):
         "(id) => { const m = window.pcwHost.models.get(id); m.set('head', 5); m.save_changes(); }", w.model_id
     )
     view.wait_until(lambda: view.page.get_by_test_id("error").count() == 1, what="error panel")
-    assert "head must be in [0, 1], got 5" in view.page.get_by_test_id("error").inner_text()
+    assert "head must be in 0..1, got 5" in view.page.get_by_test_id("error").inner_text()
     assert w.head == 1 and view.js_model(w, "head") == 1
     assert view.page.locator(".thumb.selected .label").inner_text() == "1.1"
 
