@@ -143,15 +143,19 @@ def test_unknown_kwarg_and_bad_model_raise(m1):
         pcw.EigenvaluePlot(object())
 
 
-def test_composition_scores_trait_holds_all_kinds_and_norms(m2):
+def test_composition_scores_trait_holds_all_kinds_and_the_erratum_only_once_asked_for(m2):
     w = pcw.CompositionMatrix(m2)
     tables = decode_array(w.scores)
     assert tables.shape == (3, 2, 2, 4, 2, 4)
+    assert np.isnan(tables[:, 1]).all()  # the erratum toggle is off: nothing computed for it
+    w.show_erratum = True
+    assert w.wait(20) and not w.error
+    tables = decode_array(w.scores)
     for i, kind in enumerate("QKV"):
-        for j, norm in enumerate(("correct", "erratum")):
+        for j, norm in enumerate(("correct", "erratum_left")):
             np.testing.assert_allclose(tables[i, j], composition_scores(m2, kind, baseline=False, norm=norm).numpy(),
                                        rtol=1e-5, equal_nan=True)
-    assert w.baselines == {n: random_baseline(32, 8, n) for n in ("correct", "erratum")}
+    assert w.baselines == {"correct": random_baseline(32, 8), "erratum": random_baseline(32, 8, "erratum_left")}
 
 
 def test_clicking_a_pair_computes_its_detail_and_selects_the_reading_head(m2):
@@ -162,7 +166,7 @@ def test_clicking_a_pair_computes_its_detail_and_selects_the_reading_head(m2):
     ref = composition_detail(m2, "K", (0, 3), (1, 2))
     d = w.detail
     assert (d["kind"], d["h1"], d["h2"]) == ("K", [0, 3], [1, 2])
-    assert d["score"] == pytest.approx(ref.score) and d["erratum_score"] == pytest.approx(ref.erratum_score)
+    assert d["score"] == pytest.approx(ref.score) and d["erratum_score"] == pytest.approx(ref.erratum_scores["erratum_left"])
     assert d["positivity"] == pytest.approx(ref.positivity)
     np.testing.assert_allclose(decode_array(d["singular_values"]), ref.singular_values.numpy(), rtol=1e-5)
     w.kind = "V"

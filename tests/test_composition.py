@@ -53,23 +53,37 @@ def test_float32_scores_match_float64(model):
     torch.testing.assert_close(ours32.double(), ours64, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+def _paper_factors(model, kind, h1, h2):
+    """The paper's (column-convention) product X1 X2 X3 X4, each factor transposed from our weights:
+    Q: W_K^T W_Q W_O W_V, K: W_Q^T W_K W_O W_V, V: W_O^{h2} W_V^{h2} W_O^{h1} W_V^{h1}."""
+    V1, O1 = model.W_V[h1].T, model.W_O[h1].T  # paper shapes [d_head, d_model], [d_model, d_head]
+    Q2, K2, V2, O2 = model.W_Q[h2].T, model.W_K[h2].T, model.W_V[h2].T, model.W_O[h2].T
+    second = {"Q": (K2.T, Q2), "K": (Q2.T, K2), "V": (O2, V2)}[kind]
+    return (*second, O1, V1)
+
+
 @pytest.mark.parametrize("kind", ["Q", "K", "V"])
-def test_erratum_norm_is_the_cyclic_permutation_and_differs_from_the_dense_truth(model, kind):
+def test_erratum_norms_are_the_two_cyclic_permutations_and_differ_from_the_dense_truth(model, kind):
     correct = composition_scores(model, kind, baseline=False)
-    erratum = composition_scores(model, kind, baseline=False, norm="erratum")
     defined = ~correct.isnan()
-    assert (erratum[defined] - correct[defined]).abs().min() > 1e-3
     h1, h2 = (0, 2), (2, 1)
-    V1, O1 = model.W_V[h1], model.W_O[h1]
-    Q2, K2 = model.W_Q[h2], model.W_K[h2]
-    C2, D2 = {"Q": (Q2, K2.T), "K": (K2, Q2.T), "V": (model.W_V[h2], model.W_O[h2])}[kind]
-    # the product V1 O1 C2 D2 rotated to D2 V1 O1 C2 (same trace, different Frobenius norm)
-    rotated = D2 @ V1 @ O1 @ C2
-    assert torch.allclose(torch.trace(rotated), torch.trace(V1 @ O1 @ C2 @ D2))
-    expected = rotated.norm() / ((O1 @ V1).norm() * (D2 @ C2).norm())
-    torch.testing.assert_close(erratum[h1 + h2], expected)
-    _, _, composed = _dense_composed(model, kind, h1, h2)
-    assert abs(float(rotated.norm() - composed.norm())) > 1e-3 * float(composed.norm())
+    X1, X2, X3, X4 = _paper_factors(model, kind, h1, h2)
+    truth = X1 @ X2 @ X3 @ X4
+    torch.testing.assert_close(correct[h1 + h2], truth.norm() / ((X1 @ X2).norm() * (X3 @ X4).norm()))
+    rotations = {"erratum_left": (X2 @ X3 @ X4 @ X1, (X2 @ X1, X4 @ X3)),   # first factor to the end
+                 "erratum_right": (X4 @ X1 @ X2 @ X3, (X2 @ X1, X4 @ X3))}  # last factor to the front
+    for norm, (rotated, (n2, n1)) in rotations.items():
+        erratum = composition_scores(model, kind, baseline=False, norm=norm)
+        assert (erratum[defined] - correct[defined]).abs().min() > 1e-3
+        assert rotated.shape == (model.cfg.d_head, model.cfg.d_head)
+        assert torch.allclose(torch.trace(rotated), torch.trace(truth))  # same trace ...
+        assert abs(float(rotated.norm() - truth.norm())) > 1e-3 * float(truth.norm())  # ... not the same norm
+        torch.testing.assert_close(erratum[h1 + h2], rotated.norm() / (n1.norm() * n2.norm()))
+
+
+def test_the_ambiguous_erratum_name_is_refused_naming_both_forms(model):
+    with pytest.raises(ValueError, match="erratum_left.*erratum_right"):
+        composition_scores(model, "K", norm="erratum")
 
 
 def test_baseline_is_the_mean_score_of_random_heads_and_is_subtracted(model):
@@ -91,7 +105,8 @@ def test_detail_matches_scores_dense_svd_and_token_circuit_positivity(model):
         h1, h2 = (0, 3), (2, 1)
         d = composition_detail(model, kind, h1, h2)
         assert d.score == pytest.approx(float(composition_scores(model, kind, baseline=False)[h1 + h2]))
-        assert d.erratum_score == pytest.approx(float(composition_scores(model, kind, False, "erratum")[h1 + h2]))
+        for norm, value in d.erratum_scores.items():
+            assert value == pytest.approx(float(composition_scores(model, kind, False, norm)[h1 + h2]))
         _, _, composed = _dense_composed(model, kind, h1, h2)
         S = torch.linalg.svdvals(composed)[: d.singular_values.numel()]
         torch.testing.assert_close(d.singular_values, S)

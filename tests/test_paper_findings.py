@@ -65,7 +65,7 @@ def test_two_layer_induction_heads_k_compose_with_a_previous_token_head(two_laye
     assert prev[0, partner] > 0.3 and prev[0, partner] >= prev[0].max() - 0.15
     detail = composition_detail(two_layer, "K", (0, partner), (1, ind_head))
     print(f"K-composition term L0H{partner} -> L1H{ind_head}: score {detail.score:.3f} "
-          f"(erratum {detail.erratum_score:.3f}, baseline {detail.baseline:.3f}), positivity {detail.positivity:.3f}")
+          f"(erratum {detail.erratum_scores['erratum_left']:.3f}, baseline {detail.baseline:.3f}), positivity {detail.positivity:.3f}")
     assert detail.positivity > 0.5
     # the induction head copies (OV positivity near +1) as the paper reports
     ov = pcw.eigenvalue_positivity(two_layer, "OV")[1, ind_head]

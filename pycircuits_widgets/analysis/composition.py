@@ -19,10 +19,19 @@ earlier layer scores every pair at once, then block-wise sums of squares. No ``d
 matrix per pair is ever formed.
 
 The published erratum: the original diagram computed a cyclic permutation of the product,
-which preserves the trace but NOT the Frobenius norm. ``norm="erratum"`` reproduces that
-mistake for comparison (our reconstruction: every norm taken on the small ``d_head`` side,
-``||D2 A1 B1 C2|| / (||B1 A1|| ||D2 C2||)``, i.e. the paper's column-convention product with its
-first factor rotated to the end).
+which preserves the trace but NOT the Frobenius norm. The errata names two such rotations, both
+``d_head x d_head`` products; with the paper's (column-convention) product ``X1 X2 X3 X4``
+(K: ``W_Q^T W_K W_O W_V``; Q: ``W_K^T W_Q W_O W_V``; V: ``W_O^{h2} W_V^{h2} W_O^{h1} W_V^{h1}``):
+
+* ``norm="erratum_left"``: ``||X2 X3 X4 X1||``, the first factor moved to the end
+  (K: ``||W_K W_O W_V W_Q^T||``); row convention ``||D2 A1 B1 C2||``;
+* ``norm="erratum_right"``: ``||X4 X1 X2 X3||``, the last factor moved to the front
+  (K: ``||W_V W_Q^T W_K W_O||``); row convention ``||B1 C2 D2 A1||``.
+
+Both are divided by the same rotation applied to each head's own pair of factors, which is the
+``d_head``-side norm ``||B1 A1|| ||D2 C2||`` (paper: ``||W_V W_O^{h1}|| ||W_K W_Q^T||`` for K); the
+errata does not state the denominators, so these are our reconstruction. They reproduce the
+mistake for comparison only.
 
 Output layout ``[l1, h1, l2, h2]``; entries with ``l1 >= l2`` are NaN (no composition is
 possible there; NaN rather than TransformerLens's 0 so a heatmap and a subtracted baseline
@@ -41,7 +50,7 @@ from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 
 KINDS = ("Q", "K", "V")
-NORMS = ("correct", "erratum")
+NORMS = ("correct", "erratum_left", "erratum_right")
 BASELINE_SAMPLES = 256
 BASELINE_SEED = 0
 
@@ -49,6 +58,10 @@ BASELINE_SEED = 0
 def _check(kind: str, norm: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if norm == "erratum":
+        raise ValueError('norm="erratum" is ambiguous: the errata names two wrong forms; pass "erratum_left" '
+                         '(||X2 X3 X4 X1||, first factor of the paper\'s product moved to the end) or "erratum_right" '
+                         '(||X4 X1 X2 X3||, last factor moved to the front)')
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
 
@@ -85,8 +98,9 @@ def _correct_scores(A1, B1, C2, D2) -> torch.Tensor:
     return out / (left_norm[:, :, None, None] * right_norm[None, None])
 
 
-def _erratum_scores(A1, B1, C2, D2) -> torch.Tensor:
-    """All-pairs erratum scores ``||D2 A1 B1 C2|| / (||B1 A1|| ||D2 C2||)``, layout as above."""
+def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
+    """All-pairs erratum scores, layout as above: ``||D2 A1 B1 C2||`` ("erratum_left") or
+    ``||B1 C2 D2 A1||`` ("erratum_right"), over ``||B1 A1|| ||D2 C2||``."""
     L, H = A1.shape[:2]
     k1, k2 = A1.shape[-1], D2.shape[-2]
     out = torch.full((L, H, L, H), float("nan"), dtype=A1.dtype, device=A1.device)
@@ -97,7 +111,9 @@ def _erratum_scores(A1, B1, C2, D2) -> torch.Tensor:
         Y = (B1[l1].reshape(H * k1, -1) @ C2[l1 + 1 :].permute(2, 0, 1, 3).reshape(C2.shape[-2], -1))
         X = X.reshape(later * H, k2, H, k1)
         Y = Y.reshape(H, k1, later * H, C2.shape[-1])
-        Z = torch.einsum("gahb,hbgc->hgac", X, Y)
+        # left: (D2 A1)(B1 C2) [k2, k2]; right: (B1 C2)(D2 A1) [k1, k1]
+        Z = torch.einsum("gahb,hbgc->hgac" if norm == "erratum_left" else "hbgc,gchd->hgbd", *(
+            (X, Y) if norm == "erratum_left" else (Y, X)))
         out[l1, :, l1 + 1 :] = Z.square().sum((-2, -1)).sqrt().reshape(H, later, H)
     n1 = torch.linalg.matrix_norm(B1 @ A1)
     n2 = torch.linalg.matrix_norm(D2 @ C2)
@@ -109,7 +125,8 @@ def _pair_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
     if norm == "correct":
         num = frobenius_norm_of_product(A1, B1, C2, D2)
         return num / (frobenius_norm_of_product(A1, B1) * frobenius_norm_of_product(C2, D2))
-    num = torch.linalg.matrix_norm((D2 @ A1) @ (B1 @ C2))
+    X, Y = D2 @ A1, B1 @ C2
+    num = torch.linalg.matrix_norm(X @ Y if norm == "erratum_left" else Y @ X)
     return num / (torch.linalg.matrix_norm(B1 @ A1) * torch.linalg.matrix_norm(D2 @ C2))
 
 
@@ -139,13 +156,14 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     (row convention, see module docstring), each over ``||W_OV^{h1}||_F ||W_{QK|OV}^{h2}||_F``.
     ``baseline=True`` subtracts ``random_baseline`` (the score random matrices of the same
     shapes get), as the paper does; ``baseline=False`` equals TransformerLens's
-    ``all_composition_scores`` on the defined entries. ``norm="erratum"`` gives the
-    cyclic-permutation score of the original diagram (wrong; for comparison only).
+    ``all_composition_scores`` on the defined entries. ``norm="erratum_left"`` / ``"erratum_right"``
+    give the two cyclic-permutation scores the errata names (wrong; for comparison only; the
+    module docstring says exactly what each computes).
     Entries with ``l1 >= l2`` are NaN. Float32 (computed in the weights' dtype).
     """
     _check(kind, norm)
     factors = _factors(model.W_Q, model.W_K, model.W_V, model.W_O, kind)
-    scores = (_correct_scores if norm == "correct" else _erratum_scores)(*factors)
+    scores = _correct_scores(*factors) if norm == "correct" else _erratum_scores(*factors, norm)
     if baseline:
         scores = scores - random_baseline(model.cfg.d_model, model.cfg.d_head, norm)
     return scores
@@ -155,7 +173,8 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
 class CompositionDetail:
     """One head pair's composition, for a detail view.
 
-    ``score``/``erratum_score`` are without baseline (``baseline`` is the random-matrix value);
+    ``score`` and ``erratum_scores`` (``{"erratum_left": float, "erratum_right": float}``, see the
+    module docstring) are without baseline (``baseline`` is the random-matrix value of ``score``);
     ``singular_values [r]`` of the composed ``[d_model, d_model]`` matrix (descending);
     ``eigenvalues [r]`` (complex) and ``positivity`` of the composed *token* circuit:
     Q: ``W_E W_OV^{h1} W_QK^{h2} W_E^T`` ``[token h1 moved (query side), src token]``;
@@ -167,7 +186,7 @@ class CompositionDetail:
     h1: Head
     h2: Head
     score: float
-    erratum_score: float
+    erratum_scores: dict[str, float]
     baseline: float
     singular_values: torch.Tensor
     eigenvalues: torch.Tensor
@@ -175,7 +194,7 @@ class CompositionDetail:
 
 
 def composition_detail(model, kind: str, h1: Head, h2: Head) -> CompositionDetail:
-    """Score, erratum score, singular values and token-circuit positivity of one pair ``h1 -> h2``."""
+    """Score, erratum scores, singular values and token-circuit positivity of one pair ``h1 -> h2``."""
     _check(kind, "correct")
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
     _, _, C2, D2 = _factors(model.W_Q[l2, i2], model.W_K[l2, i2], model.W_V[l2, i2], model.W_O[l2, i2], kind)
@@ -189,9 +208,9 @@ def composition_detail(model, kind: str, h1: Head, h2: Head) -> CompositionDetai
         chain = (A1, B1, C2, D2) if kind == "Q" else (D2.mT, C2.mT, B1.mT, A1.mT)
         eigs = eigenvalues_of_product(*[x.double() for x in chain], token_gram(model, "QK"))
     score = float(_pair_scores(A1, B1, C2, D2, "correct"))
-    erratum = float(_pair_scores(A1, B1, C2, D2, "erratum"))
+    erratum = {norm: float(_pair_scores(A1, B1, C2, D2, norm)) for norm in NORMS[1:]}
     return CompositionDetail(
-        kind=kind, h1=(l1, i1), h2=(l2, i2), score=score, erratum_score=erratum,
+        kind=kind, h1=(l1, i1), h2=(l2, i2), score=score, erratum_scores=erratum,
         baseline=random_baseline(model.cfg.d_model, model.cfg.d_head),
         singular_values=S, eigenvalues=eigs, positivity=float(positivity(eigs)),
     )

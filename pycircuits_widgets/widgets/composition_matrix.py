@@ -5,10 +5,14 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import KINDS, NORMS, composition_detail, composition_scores, random_baseline
+from ..analysis.composition import KINDS, composition_detail, composition_scores, random_baseline
 from .base import CircuitWidget
 from .payload import encode_array
 from .selection import HeadSelection, Recompute, apply_now, check_model
+
+# the erratum panel shows the first form the errata names (first factor of the paper's product
+# moved to the end, K: ||W_K W_O W_V W_Q^T||); both forms: pcw.composition_scores(norm=...)
+ERRATUM = "erratum_left"
 
 
 class CompositionMatrix(HeadSelection, CircuitWidget):
@@ -19,16 +23,19 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     ``selected_pair`` (and ``layer``/``head`` to the reading head h2); the kernel answers with
     ``detail``: singular values of the composed matrix and positivity of the composed circuit.
 
-    All six score tables (3 kinds x correct/erratum, without baseline) are in the
-    ``scores`` trait, so every toggle works without a kernel (saved notebooks, HTML export).
-    ``recompute_detail()`` runs the detail synchronously.
+    The three correct score tables (Q, K, V, without baseline) are in the ``scores`` trait from
+    the start, so the kind and baseline toggles work without a kernel (saved notebooks, HTML
+    export). The erratum tables are computed only once ``show_erratum`` is first set (they cost
+    as much as the correct ones and nobody asked for them yet); until then their half of
+    ``scores`` is NaN. ``recompute_detail()`` runs the detail synchronously.
     """
 
     _view = traitlets.Unicode("CompositionMatrix").tag(sync=True)
 
     # -- data --
     scores = traitlets.Dict().tag(sync=True)
-    """float32 payload ``[3 (Q, K, V), 2 (correct, erratum), L, H, L, H]``, no baseline; NaN where l1 >= l2."""
+    """float32 payload ``[3 (Q, K, V), 2 (correct, erratum), L, H, L, H]``, no baseline; NaN where
+    l1 >= l2, and in the erratum half until ``show_erratum`` is first set."""
     baselines = traitlets.Dict().tag(sync=True)
     """{"correct": float, "erratum": float}: random-matrix score subtracted when ``subtract_baseline``."""
     detail = traitlets.Dict().tag(sync=True)
@@ -53,20 +60,20 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
                              f"got n_layers={model.cfg.n_layers}")
         self.model = model
         with torch.no_grad():
-            tables = torch.stack([
-                torch.stack([composition_scores(model, kind, baseline=False, norm=norm) for norm in NORMS])
-                for kind in KINDS
-            ])
+            correct = torch.stack([composition_scores(model, kind, baseline=False) for kind in KINDS])
+        self._tables = torch.stack([correct, torch.full_like(correct, float("nan"))], 1)
+        self._has_erratum = False
         cfg = model.cfg
         super().__init__(
-            scores=encode_array(tables, "float32"),
-            baselines={norm: random_baseline(cfg.d_model, cfg.d_head, norm) for norm in NORMS},
+            scores=encode_array(self._tables, "float32"),
+            baselines={"correct": random_baseline(cfg.d_model, cfg.d_head),
+                       "erratum": random_baseline(cfg.d_model, cfg.d_head, ERRATUM)},
             **kwargs,
         )
         self._runner = Recompute(self)
-        if self.selected_pair:
-            self.recompute_detail()
-        self.observe(self._on_pair, ["selected_pair", "kind"])
+        if self.selected_pair or self.show_erratum:
+            apply_now(self, self._steps(list(self.selected_pair), self.kind, self.show_erratum))
+        self.observe(self._on_change, ["selected_pair", "kind", "show_erratum"])
 
     @traitlets.validate("selected_pair")
     def _valid_pair(self, proposal):
@@ -86,20 +93,28 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
 
     def recompute_detail(self) -> dict:
         """Compute ``detail`` for the current ``selected_pair`` and ``kind`` (synchronously)."""
-        return apply_now(self, self._detail_steps(list(self.selected_pair), self.kind))
+        return apply_now(self, self._steps(list(self.selected_pair), self.kind, False))
 
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until background recomputes are done (True if idle)."""
         return self._runner.wait(timeout)
 
-    def _on_pair(self, change):
-        pair, kind = list(self.selected_pair), self.kind
+    def _on_change(self, change):
+        pair, kind, erratum = list(self.selected_pair), self.kind, self.show_erratum
         if change["name"] == "selected_pair" and pair:
             with self.hold_sync():
                 self.layer, self.head = pair[2], pair[3]
-        self._runner.submit(lambda: self._detail_steps(pair, kind))
+        # every request carries show_erratum, so the newest one (the only one applied) fills them
+        self._runner.submit(lambda: self._steps(pair, kind, erratum))
 
-    def _detail_steps(self, pair, kind):
+    def _steps(self, pair, kind, erratum):
+        if erratum and not self._has_erratum:
+            with torch.no_grad():
+                wrong = torch.stack([composition_scores(self.model, k, False, ERRATUM) for k in KINDS])
+            tables = torch.stack([self._tables[:, 0], wrong], 1)
+            yield {"scores": encode_array(tables, "float32")}
+            # reached only once the update was applied (a stale request is closed at its yield)
+            self._tables, self._has_erratum = tables, True
         if not pair:
             yield {"detail": {}}
             return
@@ -107,7 +122,7 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
             d = composition_detail(self.model, kind, tuple(pair[:2]), tuple(pair[2:]))
         yield {"detail": {
             "kind": d.kind, "h1": list(d.h1), "h2": list(d.h2), "score": d.score,
-            "erratum_score": d.erratum_score, "baseline": d.baseline, "positivity": d.positivity,
+            "erratum_score": d.erratum_scores[ERRATUM], "baseline": d.baseline, "positivity": d.positivity,
             "singular_values": encode_array(d.singular_values, "float32"),
             "eig_re": encode_array(d.eigenvalues.real, "float32"),
             "eig_im": encode_array(d.eigenvalues.imag, "float32"),
