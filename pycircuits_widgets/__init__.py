@@ -25,6 +25,11 @@ _EXPORTS = {
     "CompositionMatrix": "pycircuits_widgets.widgets",
     "EigenvaluePlot": "pycircuits_widgets.widgets",
     "CircuitExplorer": "pycircuits_widgets.widgets",
+    "PathExpansion": "pycircuits_widgets.widgets",
+    "InductionMechanism": "pycircuits_widgets.widgets",
+    "PositionalQK": "pycircuits_widgets.widgets",
+    "VirtualHeads": "pycircuits_widgets.widgets",
+    "BigramTable": "pycircuits_widgets.widgets",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -37,11 +37,11 @@ def test_one_head_and_virtual_head_terms_are_what_the_paper_writes():
     # one head in layer 1: what the head wrote from x alone, read by the unembedding
     A = cache.patterns[:, 1, 2]
     one = (A @ (x / s[:, 1, :, None]) @ m.W_V[1, 2] @ m.W_O[1, 2]) / s[:, 2, :, None] @ m.W_U
-    torch.testing.assert_close(pe.term_logits(by_name["L1H2"]), one)
-    # virtual head L0H1 -> L1H0: A^{h2} D A^{h1} D x W_OV1 W_OV2 W_U
+    torch.testing.assert_close(pe.term_logits(by_name["L1.H2"]), one)
+    # virtual head L0.H1 → L1.H0: A^{h2} D A^{h1} D x W_OV1 W_OV2 W_U
     h1_out = cache.patterns[:, 0, 1] @ (x / s[:, 0, :, None]) @ m.W_V[0, 1] @ m.W_O[0, 1]
     virt = (cache.patterns[:, 1, 0] @ (h1_out / s[:, 1, :, None]) @ m.W_V[1, 0] @ m.W_O[1, 0]) / s[:, 2, :, None] @ m.W_U
-    torch.testing.assert_close(pe.term_logits(by_name["L0H1 -> L1H0"]), virt)
+    torch.testing.assert_close(pe.term_logits(by_name["L0.H1 → L1.H0"]), virt)
 
 
 def test_loss_by_order_and_term_importance():

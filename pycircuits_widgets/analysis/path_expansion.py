@@ -18,6 +18,7 @@ Attention-only models without MLPs only; biases are not part of the weight view.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,7 @@ class PathTerm:
 
     @property
     def name(self) -> str:
-        return "direct" if not self.heads else " -> ".join(f"L{l}H{h}" for l, h in self.heads)
+        return "direct" if not self.heads else " → ".join(f"L{l}.H{h}" for l, h in self.heads)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class PathExpansion:
     """All path terms of one batch; ``logits`` is the model's own output for comparison.
 
     ``x0 [batch, pos, d_model]`` embeddings; ``term_logits(i)`` -> ``[batch, pos, d_vocab]``.
+    The terms' logits are computed once (``stacked_logits``, ``n_terms x batch x pos x d_vocab``
+    floats: 42 MB for the shipped 2-layer model on a full context).
     """
 
     tokens: torch.Tensor
@@ -54,20 +57,22 @@ class PathExpansion:
     terms: list[PathTerm]
     logits: torch.Tensor
 
+    @functools.cached_property
+    def stacked_logits(self) -> torch.Tensor:
+        """Every term's logits at once, ``[n_terms, batch, pos, d_vocab]`` (computed once, then reused)."""
+        return torch.stack([t.term(self.x0) for t in self.terms])
+
     def term_logits(self, i: int) -> torch.Tensor:
-        return self.terms[i].term(self.x0)
+        return self.stacked_logits[i]
 
     def logits_up_to_order(self, order: int) -> torch.Tensor:
         """Sum of the terms of order ``<= order`` ``[batch, pos, d_vocab]``."""
-        total = torch.zeros_like(self.logits)
-        for i, t in enumerate(self.terms):
-            if t.order <= order:
-                total = total + self.term_logits(i)
-        return total
+        keep = torch.tensor([t.order <= order for t in self.terms])
+        return self.stacked_logits[keep].sum(0)
 
     def total(self) -> torch.Tensor:
         """Sum of all terms; equals ``logits`` up to rounding."""
-        return self.logits_up_to_order(max(t.order for t in self.terms))
+        return self.stacked_logits.sum(0)
 
     def loss_by_order(self) -> torch.Tensor:
         """Mean next-token loss using only terms of order ``<= n``, for ``n = 0..max order`` ``[n + 1]``.
@@ -76,6 +81,26 @@ class PathExpansion:
         """
         top = max(t.order for t in self.terms)
         return torch.stack([next_token_loss(self.logits_up_to_order(n), self.tokens).mean() for n in range(top + 1)])
+
+    def term_importance(self) -> torch.Tensor:
+        """Loss increase when one term is removed from the full sum: ``[n_terms]`` (ablation)."""
+        full = self.total()
+        base = next_token_loss(full, self.tokens).mean()
+        # all ablations in one batch: [n_terms * batch, pos, d_vocab]
+        ablated = (full - self.stacked_logits).flatten(0, 1)
+        tokens = self.tokens.repeat(len(self.terms), 1)
+        return next_token_loss(ablated, tokens).reshape(len(self.terms), -1).mean(1) - base
+
+    def next_token_contributions(self) -> torch.Tensor:
+        """Each term's centred logit for the token that actually came next: ``[n_terms, batch, pos - 1]``.
+
+        Entry ``[i, b, p]`` is ``T_i[b, p, t] - mean_v T_i[b, p, v]`` with ``t = tokens[b, p + 1]`` and
+        ``T_i = term_logits(i)``: how much term ``i`` raises the next token's logit above the average
+        token's (the softmax ignores a shift shared by every token, so the raw logit would mislead).
+        """
+        logits = self.stacked_logits[:, :, :-1]
+        nxt = self.tokens[None, :, 1:, None].expand(len(self.terms), -1, -1, 1)
+        return logits.gather(-1, nxt)[..., 0] - logits.mean(-1)
 
     def term_importance(self) -> torch.Tensor:
         """Loss increase when one term is removed from the full sum: ``[n_terms]`` (ablation)."""
@@ -119,9 +144,9 @@ def path_expansion(model, text_or_tokens) -> PathExpansion:
                 ov = read(model.W_V[layer, h]) @ model.W_O[layer, h]
                 extended.append((heads + ((layer, h),), A_h, ov if W is None else W @ ov))
         paths += extended
+    W_U = read(model.W_U)
     terms = [
-        PathTerm(heads=heads, term=TensorProductTerm(
-            inv[:, -1, :, None] * A, read(model.W_U) if W is None else W @ read(model.W_U)))
+        PathTerm(heads=heads, term=TensorProductTerm(inv[:, -1, :, None] * A, W_U if W is None else W @ W_U))
         for heads, A, W in paths
     ]
     return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits)

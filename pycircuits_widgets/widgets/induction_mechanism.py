@@ -1,0 +1,107 @@
+"""InductionMechanism: how an earlier head and a later head form (or do not form) an induction pair."""
+
+from __future__ import annotations
+
+import torch
+import traitlets
+
+from ..analysis.composition import composition_scores, random_baseline
+from ..analysis.eigen import eigenvalue_positivity
+from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
+                                  k_composition_positivity, k_composition_top)
+from ..analysis.skip_trigrams import token_strings
+from .base import CircuitWidget, check_range, reports_errors
+from .pair_selection import PairSelection, pair_key
+from .payload import encode_array
+from .selection import HeadSelection, TokenSelection, check_model
+
+
+class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWidget):
+    """The induction mechanism of the selected pair ``selected_pair`` (earlier head h1 -> later
+    head h2; ``pcw.analysis.induction``): the K-composition term's token x token QK circuit as a
+    ranked table (which source tokens a destination token attends to through h1), its eigenvalue
+    positivity beside h2's OV positivity, and one sentence classifying the pair from those two
+    numbers (thresholds ``MATCH_THRESHOLD``, ``COPY_THRESHOLD``, shown in the view).
+
+    The verdict of every pair is embedded; the ranked tables of the ``n_tables`` pairs with the
+    largest K-composition score (and of every pair selected since) are too, so a page without a
+    kernel shows those and says "needs a kernel" for the rest. Clicking a token in the table
+    selects it (``token``). Refuses rotary models (no token x token QK circuit).
+
+    Args:
+        model: a weight view with at least 2 layers.
+        selected_pair: ``[l1, h1, l2, h2]``; default the pair with the largest K-composition score.
+        k: rows of each ranked table. n_tables: tables embedded up front.
+    """
+
+    _view = traitlets.Unicode("InductionMechanism").tag(sync=True)
+
+    # -- data --
+    pairs = traitlets.Dict().tag(sync=True)
+    """{"l1,h1,l2,h2": {"k_score", "qk_positivity", "ov_positivity", "kind", "sentence"}} for every pair."""
+    tables = traitlets.Dict().tag(sync=True)
+    """{"l1,h1,l2,h2": {"values": float32 payload [k], "dest": [k] ids, "src": [k] ids, "diagonal_rank"}}:
+    ranked K-composition entries (row-centred) and ``k_composition_diagonal_rank`` (chance 0.5), for the
+    embedded pairs."""
+    strings = traitlets.Dict().tag(sync=True)
+    """{token id (str): display string} for every token in ``tables``."""
+    thresholds = traitlets.Dict().tag(sync=True)
+    """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
+
+    def __init__(self, model, k: int = 12, n_tables: int = 16, **kwargs):
+        check_model(model, "InductionMechanism")
+        if model.cfg.n_layers < 2:
+            raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
+                             f"got n_layers={model.cfg.n_layers}")
+        self.model = model
+        self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
+        self._strings_all = token_strings(model)
+        with torch.no_grad():
+            qk_pos = k_composition_positivity(model)
+            ov_pos = eigenvalue_positivity(model, "OV")
+            scores = composition_scores(model, "K", baseline=False)
+        L, H = model.cfg.n_layers, model.cfg.n_heads
+        pairs = {}
+        for l1 in range(L - 1):
+            for h1 in range(H):
+                for l2 in range(l1 + 1, L):
+                    for h2 in range(H):
+                        q, o = float(qk_pos[l1, h1, l2, h2]), float(ov_pos[l2, h2])
+                        kind, sentence = classify_pair((l1, h1), (l2, h2), q, o)
+                        pairs[pair_key((l1, h1, l2, h2))] = {
+                            "k_score": float(scores[l1, h1, l2, h2]), "qk_positivity": q, "ov_positivity": o,
+                            "kind": kind, "sentence": sentence}
+        order = sorted(pairs, key=lambda key: -pairs[key]["k_score"])
+        if "selected_pair" not in kwargs:
+            kwargs["selected_pair"] = [int(x) for x in order[0].split(",")]
+        super().__init__(
+            pairs=pairs,
+            thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
+                        "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
+            **kwargs,
+        )
+        self._add_tables([[int(x) for x in key.split(",")] for key in order[:n_tables]] + [self.selected_pair])
+        self.observe(self._on_pair, ["selected_pair"])
+
+    def _on_pair(self, change):
+        if change["new"]:
+            self._add_tables([change["new"]])
+
+    @reports_errors
+    def _add_tables(self, pairs) -> None:
+        """Compute (in the kernel, synchronously: one ``d_vocab``-blocked top-k per pair) the tables missing."""
+        tables, strings = dict(self.tables), dict(self.strings)
+        for pair in pairs:
+            key = pair_key(pair)
+            if not pair or key in tables:
+                continue
+            with torch.no_grad():
+                h1, h2 = tuple(pair[:2]), tuple(pair[2:])
+                values, dest, src = k_composition_top(self.model, h1, h2, self._k)
+                diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2)
+            tables[key] = {"values": encode_array(values, "float32"), "dest": dest.tolist(), "src": src.tolist(),
+                           "diagonal_rank": diagonal_rank}
+            for i in dest.tolist() + src.tolist():
+                strings[str(i)] = self._strings_all[i]
+        with self.hold_sync():
+            self.strings, self.tables = strings, tables

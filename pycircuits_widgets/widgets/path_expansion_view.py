@@ -1,0 +1,104 @@
+"""PathExpansion: a two-layer model's logits on one text as the paper's sum of paths."""
+
+from __future__ import annotations
+
+import torch
+import traitlets
+
+from ..analysis.activations import as_tokens, next_token_loss
+from ..analysis.path_expansion import path_expansion
+from .base import CircuitWidget, check_range
+from .pair_selection import PairSelection
+from .payload import encode_array
+from .selection import HeadSelection, check_model
+from .text_data import TextData, set_text
+
+LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
+"""Rungs of the loss ladder, by path order (for a 2-layer model; deeper models add orders)."""
+
+
+class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
+    """The logits of ``model`` on ``text`` split into the paper's path terms with attention frozen
+    (``pcw.analysis.path_expansion``): the direct path, one term per head and one virtual-head term
+    per pair of heads in increasing layers. Shows the loss ladder by path order and the ranked
+    importance of each term (loss increase when that term alone is removed). Clicking a head term
+    selects the head (``layer``/``head``); a virtual term selects the pair (``selected_pair``).
+    Hovering (or clicking) a text position shows which terms raise the logit of the token that
+    actually came next there. Everything is computed per text, so every interaction works without
+    a kernel.
+
+    Args:
+        model: an attention-only, bias-free weight view with at least one layer.
+        text: the text the model reads (also token ids).
+    """
+
+    _view = traitlets.Unicode("PathExpansion").tag(sync=True)
+
+    # -- data (per text) --
+    text = traitlets.Unicode("").tag(sync=True)
+    """str: the text; setting it recomputes every term (a bad text is refused, the last good one stays)."""
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    """[pos] display strings of the text's tokens."""
+    terms = traitlets.List().tag(sync=True)
+    """[{"name": "L0.H4 → L1.H6", "heads": [[l, h], ...], "order": int}] in path-expansion order."""
+    ladder = traitlets.List().tag(sync=True)
+    """[{"label", "loss"}]: mean next-token loss with paths up to each order, then the full model's."""
+    importance = traitlets.Dict().tag(sync=True)
+    """float32 payload [n_terms]: loss increase (nats) when the term is removed from the full sum."""
+    contributions = traitlets.Dict().tag(sync=True)
+    """float32 payload [n_terms, pos - 1]: each term's centred logit for the token at p + 1, from position p."""
+
+    # -- selection (layer, head from HeadSelection, selected_pair from PairSelection) --
+    position = traitlets.Int(-1).tag(sync=True)
+    """int, default -1: selected text position (the terms' contributions to the next token there), -1 for none."""
+
+    # -- display --
+    top_n = traitlets.Int(16).tag(sync=True)
+    """int, default 16: how many terms the importance chart shows, most important first."""
+
+    def __init__(self, model, text, **kwargs):
+        check_model(model, "PathExpansion")
+        self.model = model
+        self._n_tokens = 0
+        position = kwargs.pop("position", -1)  # validated against the text's length
+        super().__init__(**kwargs)
+        set_text(self, self._as_text(text))
+        self.position = position
+
+    def _as_text(self, text):
+        if isinstance(text, str):
+            return text
+        raise TypeError(f"PathExpansion(model, text): text must be a str, got {type(text).__name__}")
+
+    def _before_apply(self, data):
+        self._n_tokens = len(data["tokens"])
+        if self.position >= self._n_tokens:
+            self.position = -1
+
+    def _compute(self, text: str) -> dict:
+        tokens = as_tokens(self.model, text)
+        if tokens.shape[-1] < 2:
+            raise ValueError(f"the text has {tokens.shape[-1]} token; the loss needs at least 2")
+        with torch.no_grad():
+            pe = path_expansion(self.model, tokens)
+            by_order = pe.loss_by_order().tolist()
+            full = float(next_token_loss(pe.logits, pe.tokens).mean())
+            importance = pe.term_importance()
+            contributions = pe.next_token_contributions()[:, 0]
+        labels = list(LADDER[:len(by_order)]) if len(by_order) <= 3 else [f"paths of order ≤ {n}" for n in range(len(by_order))]
+        return {
+            "tokens": self.model.to_str_tokens(tokens[0]),
+            "terms": [{"name": t.name, "heads": [list(h) for h in t.heads], "order": t.order} for t in pe.terms],
+            "ladder": [{"label": lab, "loss": loss} for lab, loss in zip(labels, by_order)]
+            + [{"label": LADDER[-1], "loss": full}],
+            "importance": encode_array(importance, "float32"),
+            "contributions": encode_array(contributions, "float32"),
+        }
+
+    @traitlets.validate("position")
+    def _valid_position(self, proposal):
+        return check_range("position", proposal["value"], 0, self._n_tokens - 1, none=True)
+
+    @traitlets.validate("top_n")
+    def _valid_top_n(self, proposal):
+        return check_range("top_n", proposal["value"], 1, 200)

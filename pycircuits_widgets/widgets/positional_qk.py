@@ -1,0 +1,77 @@
+"""PositionalQK: a head's attention score by relative offset from the positional QK term, beside
+its measured attention by offset on a text."""
+
+from __future__ import annotations
+
+import torch
+import traitlets
+
+from ..analysis.activations import run
+from ..analysis.positional import attention_by_offset, positional_scores_by_offset
+from .base import CircuitWidget
+from .payload import encode_array
+from .selection import HeadSelection, check_model
+from .text_data import TextData, set_text
+
+MAX_OFFSET = 16
+"""Largest offset shown by default (a previous-token head peaks at 1)."""
+
+RULES = {
+    "table": "positional term of the QK circuit: mean over i of (W_pos W_Q W_K^T W_pos^T)[i, i - k] / attn_scale",
+    "rotary": "rotary rule: mean query · R(k) · mean key / attn_scale (no positional table in a rotary model)",
+}
+
+
+class PositionalQK(TextData, HeadSelection, CircuitWidget):
+    """For the selected head (``layer``/``head``): the attention score against relative offset
+    ``k`` (destination minus source position) from the positional term of its QK circuit (the
+    pointer arithmetic of a previous-token head), next to its measured mean attention by offset
+    on ``text`` (``pcw.analysis.positional``). Rotary models use the rotary rule, not a table.
+    Both curves of every head are embedded, so switching heads works without a kernel.
+
+    Args:
+        model: a weight view with positional information (Shortformer, learned or rotary).
+        text: the text whose attention is measured (and, for rotary models, whose mean query and key are used).
+        max_offset: largest offset shown (clipped to the text's length - 1).
+    """
+
+    _view = traitlets.Unicode("PositionalQK").tag(sync=True)
+
+    # -- data --
+    text = traitlets.Unicode("").tag(sync=True)
+    """str: the text; setting it re-measures (a bad text is refused, the last good one stays)."""
+    positional = traitlets.Dict().tag(sync=True)
+    """float32 payload [L, H, max_offset + 1]: positional attention score by offset (see ``rule``)."""
+    measured = traitlets.Dict().tag(sync=True)
+    """float32 payload [L, H, max_offset + 1]: mean attention weight A[i, i - k] on ``text``."""
+    rule = traitlets.Unicode("").tag(sync=True)
+    """str: how ``positional`` was computed (positional table or rotary rule)."""
+    n_tokens = traitlets.Int(0).tag(sync=True)
+    """int: tokens in ``text`` (the measured curve averages over them)."""
+
+    def __init__(self, model, text: str, max_offset: int = MAX_OFFSET, **kwargs):
+        check_model(model, "PositionalQK")
+        if model.cfg.positional == "none":
+            raise ValueError(f"model {model.cfg.name!r} has no positional information: no positional QK to show")
+        if not isinstance(text, str):
+            raise TypeError(f"PositionalQK(model, text): text must be a str, got {type(text).__name__}")
+        self.model = model
+        self._max_offset = int(max_offset)
+        if self._max_offset < 1:
+            raise ValueError(f"max_offset must be >= 1, got {max_offset}")
+        super().__init__(**kwargs)
+        set_text(self, text)
+
+    def _compute(self, text: str) -> dict:
+        out = run(self.model, text)
+        n = out.tokens.shape[-1]
+        if n < 2:
+            raise ValueError(f"the text has {n} token; offsets need at least 2")
+        k = min(self._max_offset, n - 1)
+        with torch.no_grad():
+            positional = positional_scores_by_offset(self.model, n, k, cache=out.cache)
+            measured = attention_by_offset(out.patterns[0], k)
+        return {
+            "positional": encode_array(positional, "float32"), "measured": encode_array(measured, "float32"),
+            "rule": RULES["rotary" if self.model.cfg.positional == "rotary" else "table"], "n_tokens": n,
+        }

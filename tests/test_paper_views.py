@@ -1,0 +1,149 @@
+"""PathExpansion, InductionMechanism, PositionalQK, VirtualHeads, BigramTable: every number a view
+embeds equals the analysis function's (and a dense oracle where the analysis tests have none);
+selection validation; bad input shows an error and keeps the last good state."""
+
+import numpy as np
+import pytest
+import torch
+import traitlets
+from random_models import custom_model, paper_model
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import path_expansion, run
+from pycircuits_widgets.analysis.bigrams import bigram_top
+from pycircuits_widgets.analysis.induction import induction_pair
+from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
+from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
+from pycircuits_widgets.widgets.payload import decode_array
+
+TEXT = "t1 t5 t9 t2 t1 t5 t9 t2 t7 t3"
+
+
+@pytest.fixture(scope="module")
+def m2():
+    return paper_model(n_layers=2, n_heads=3, d_vocab=40, n_ctx=16, seed=2)
+
+
+# -- PathExpansion --------------------------------------------------------------------------
+def test_path_expansion_embeds_ladder_importance_and_next_token_contributions(m2):
+    w = pcw.PathExpansion(m2, TEXT)
+    pe = path_expansion(m2, TEXT)
+    assert [t["name"] for t in w.terms] == [t.name for t in pe.terms]
+    assert len(w.terms) == (1 + 3) ** 2 and {"name": "L0.H2 → L1.H1", "heads": [[0, 2], [1, 1]], "order": 2} in w.terms
+    ladder = [r["loss"] for r in w.ladder]
+    assert [r["label"] for r in w.ladder] == ["direct path only", "+ single heads", "+ virtual heads", "full model"]
+    np.testing.assert_allclose(ladder[:3], pe.loss_by_order().numpy(), rtol=1e-5)
+    assert ladder[3] == pytest.approx(float(run(m2, TEXT).loss), rel=1e-5)  # the full model, not the expansion
+    np.testing.assert_allclose(decode_array(w.importance), pe.term_importance().numpy(), rtol=1e-4, atol=1e-6)
+    # dense oracle for the contributions: the direct path is x0 / s_final @ W_U, centred over the vocab
+    _, cache = m2.run_with_cache(pe.tokens)
+    direct = (cache.embed / cache.ln_scale[:, -1, :, None] @ m2.W_U)[0, :-1]
+    nxt = pe.tokens[0, 1:]
+    ref = direct[torch.arange(len(nxt)), nxt] - direct.mean(-1)
+    contributions = decode_array(w.contributions)
+    assert contributions.shape == (16, 9)
+    np.testing.assert_allclose(contributions[0], ref.numpy(), rtol=1e-4, atol=1e-5)
+    # all terms together: the sum of contributions is the full model's centred next-token logit
+    logits = pe.logits[0, :-1]
+    full = logits[torch.arange(len(nxt)), nxt] - logits.mean(-1)
+    np.testing.assert_allclose(contributions.sum(0), full.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_path_expansion_selection_and_bad_text_keep_the_last_good_state(m2):
+    w = pcw.PathExpansion(m2, TEXT, position=3)
+    w.selected_pair = [0, 2, 1, 1]
+    assert (w.layer, w.head) == (1, 1)  # a virtual term selects the pair and its later head
+    with pytest.raises(traitlets.TraitError, match="at least 2"):
+        w.text = "t3"
+    assert w.text == TEXT and len(w.tokens) == 10
+    w.set_state({"text": "t1 t2 t99"})  # from the browser: shown as an error, not applied
+    assert "text refused" in w.error and w.text == TEXT
+    w.text = "t1 t2 t3"
+    assert len(w.tokens) == 3 and decode_array(w.contributions).shape == (16, 2) and w.position == -1
+    for bad in ({"position": 3}, {"selected_pair": [1, 0, 0, 1]}, {"layer": 2}):
+        w.set_state(bad)
+        assert w.error and w.position == -1 and w.selected_pair == [0, 2, 1, 1] and w.layer == 1
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        pcw.PathExpansion(m2, TEXT, postion=2)
+    with pytest.raises(ValueError, match="attention-only"):
+        pcw.PathExpansion(custom_model(attn_only=False, d_mlp=8, act_fn="relu"), TEXT)
+
+
+# -- InductionMechanism ---------------------------------------------------------------------
+def test_induction_view_embeds_every_verdict_and_the_tables_it_names(m2):
+    w = pcw.InductionMechanism(m2, k=6, n_tables=2)
+    assert len(w.pairs) == 9 and len(w.tables) == 2
+    best = max(w.pairs, key=lambda key: w.pairs[key]["k_score"])
+    assert w.selected_pair == [int(x) for x in best.split(",")] and (w.layer, w.head) == tuple(w.selected_pair[2:])
+    for key, info in w.pairs.items():
+        l1, h1, l2, h2 = map(int, key.split(","))
+        ref = induction_pair(m2, (l1, h1), (l2, h2), k=6)
+        assert info["qk_positivity"] == pytest.approx(ref.qk_positivity, abs=1e-5)
+        assert info["ov_positivity"] == pytest.approx(ref.ov_positivity, abs=1e-6)
+        assert info["k_score"] == pytest.approx(ref.k_score, rel=1e-4)
+        assert (info["kind"], info["sentence"]) == (ref.kind, ref.sentence)
+        if key in w.tables:
+            t = w.tables[key]
+            np.testing.assert_allclose(decode_array(t["values"]), ref.top_values.numpy(), rtol=1e-4, atol=1e-5)
+            assert t["dest"] == ref.top_dest.tolist() and t["src"] == ref.top_src.tolist()
+            assert t["diagonal_rank"] == pytest.approx(ref.diagonal_rank)
+            assert all(w.strings[str(i)] == f"t{i}" for i in t["dest"] + t["src"])
+    missing = next(k for k in w.pairs if k not in w.tables)
+    w.selected_pair = [int(x) for x in missing.split(",")]  # the kernel computes the table on selection
+    assert missing in w.tables and len(w.tables) == 3
+    w.set_state({"selected_pair": [0, 0, 0, 1]})
+    assert "selected_pair must be" in w.error and w.selected_pair == [int(x) for x in missing.split(",")]
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        pcw.InductionMechanism(paper_model(n_layers=1))
+    with pytest.raises(ValueError, match="rotary"):
+        pcw.InductionMechanism(custom_model(positional="rotary"))
+
+
+# -- PositionalQK ---------------------------------------------------------------------------
+def test_positional_view_embeds_both_curves_for_every_head(m2):
+    w = pcw.PositionalQK(m2, TEXT, max_offset=4, layer=1, head=2)
+    out = run(m2, TEXT)
+    np.testing.assert_allclose(decode_array(w.positional), positional_scores_by_offset(m2, 10, 4).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(decode_array(w.measured), attention_by_offset(out.patterns[0], 4).numpy(), rtol=1e-6)
+    assert w.n_tokens == 10 and "W_pos" in w.rule
+    w.text = "t1 t2 t3"  # offsets clip to the text's length
+    assert decode_array(w.measured).shape == (2, 3, 3)
+    w.set_state({"text": "t1"})
+    assert "text refused" in w.error and w.text == "t1 t2 t3"
+    rot = custom_model(positional="rotary")
+    wr = pcw.PositionalQK(rot, TEXT, max_offset=3)
+    assert "rotary rule" in wr.rule
+    np.testing.assert_allclose(decode_array(wr.positional),
+                               positional_scores_by_offset(rot, 10, 3, cache=run(rot, TEXT).cache).numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="no positional information"):
+        pcw.PositionalQK(custom_model(positional="none"), TEXT)
+
+
+# -- VirtualHeads and BigramTable -----------------------------------------------------------
+def test_virtual_heads_view_lists_the_analysis_rows_and_selects_pairs(m2):
+    w = pcw.VirtualHeads(m2, k=5, n_copies=3)
+    ref = top_virtual_heads(m2, 5, 3)
+    assert [r["pair"] for r in w.heads] == [[*v.h1, *v.h2] for v in ref]
+    assert [r["norm"] for r in w.heads] == pytest.approx([v.norm for v in ref])
+    assert [r["positivity"] for r in w.heads] == pytest.approx([v.positivity for v in ref])
+    assert [[c["id"] for c in r["copies"]] for r in w.heads] == [[i for i, _ in v.copies] for v in ref]
+    w.set_state({"selected_pair": w.heads[1]["pair"]})
+    assert not w.error and (w.layer, w.head) == tuple(w.heads[1]["pair"][2:])
+
+
+def test_bigram_table_embeds_every_row_for_small_vocabularies_and_computes_others_on_selection(monkeypatch):
+    m0 = pcw.load_pretrained("attn-only-0l")
+    w = pcw.BigramTable(m0, k=4, token=17)
+    values, ids = bigram_top(m0, 4)
+    assert w.complete and w.rows == list(range(m0.cfg.d_vocab)) and len(w.vocab) == m0.cfg.d_vocab
+    np.testing.assert_array_equal(decode_array(w.top_ids), ids.numpy())
+    np.testing.assert_allclose(decode_array(w.top_logits), values.numpy(), rtol=1e-6)
+    from pycircuits_widgets.widgets import bigram_table
+    monkeypatch.setattr(bigram_table, "EMBED_ALL_MAX_VOCAB", 100)  # a "large" vocabulary: rows on demand
+    w = pcw.BigramTable(m0, k=4, token=17)
+    assert not w.complete and w.rows == [17]
+    w.token = 300
+    assert w.rows == [17, 300]
+    np.testing.assert_array_equal(decode_array(w.top_ids), ids[[17, 300]].numpy())
+    w.set_state({"token": m0.cfg.d_vocab})
+    assert "token must be" in w.error and w.token == 300
