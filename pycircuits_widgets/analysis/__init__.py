@@ -2,10 +2,13 @@
 
 Modules: ``circuits`` (OV/QK/full circuits, composition terms, MLP paths, tensor-product
 terms), ``eigen`` (eigenvalue positivity), ``composition`` (Q/K/V composition scores),
-``skip_trigrams``, ``activations`` (``run``), ``path_expansion``, ``head_scores``.
+``skip_trigrams``, ``activations`` (``run``), ``path_expansion``, ``head_scores``, ``induction`` (one
+pair's induction mechanism), ``positional`` (attention by relative offset), ``virtual_heads``
+(V-composition), ``bigrams`` (the direct path's top next tokens).
 """
 
 from .activations import RunResult, run
+from .bigrams import bigram_top
 from .circuits import (
     TensorProductTerm,
     direct_path,
@@ -25,11 +28,16 @@ from .circuits import (
 from .composition import CompositionDetail, composition_detail, composition_scores, random_baseline
 from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
+from .induction import InductionPair, classify_pair, induction_pair, k_composition_positivity
 from .path_expansion import PathExpansion, PathTerm, path_expansion
+from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
+from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "CompositionDetail", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm",
+    "CompositionDetail", "InductionPair", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
+    "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity",
+    "positional_scores_by_offset", "top_virtual_heads",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
     "eigenvalues", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores",
     "k_composition_circuit", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
