@@ -32,16 +32,22 @@ _EXPORTS = {
     "BigramTable": "pycircuits_widgets.widgets",
 }
 
+# subpackages reachable as attributes (``pcw.analysis``) without an explicit import
+_SUBMODULES = ("analysis", "factored", "models", "widgets")
+
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    if name not in _EXPORTS:
+    if name in _SUBMODULES:
+        value = import_module(f"{__name__}.{name}")
+    elif name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+    else:
         raise AttributeError(f"module 'pycircuits_widgets' has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))

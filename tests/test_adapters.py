@@ -5,6 +5,8 @@ Oracles: TransformerLens's own logits and ``hook_pattern`` on identical weights;
 TransformerLens 2.x ``HookedTransformer`` is not installable next to 4.x and is not tested here.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
@@ -15,6 +17,7 @@ from transformer_lens.config import TransformerBridgeConfig
 import pycircuits_widgets as pcw
 from pycircuits_widgets.models.adapters.weight_view import adjacent_pairs_to_halves, expand_kv_heads
 
+WEIGHT_NAMES = ("W_E", "W_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "b_in", "b_out")
 SHAPE = dict(d_model=32, d_head=8, n_layers=2, n_ctx=16, n_heads=4, d_vocab=50)
 CASES = {
     "layernorm_learned_positions": dict(act_fn="gelu", normalization_type="LN"),
@@ -146,3 +149,57 @@ def test_unsupported_tl_configs_are_refused(options, message):
 def test_non_transformer_lens_input_is_refused():
     with pytest.raises(TypeError, match="TransformerBridge or HookedTransformer"):
         pcw.from_transformer_lens(torch.nn.Linear(2, 2))
+
+
+def llama_bridge(seed: int, gate_bias: bool) -> TransformerBridge:
+    """TransformerLens 4.x bridge around a local Hugging Face LLaMA whose MLP has a nonzero ``b_in``
+    (``up_proj.bias``) and, with ``gate_bias``, a nonzero gate bias (TL-native gated MLPs have neither)."""
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    config = transformers.LlamaConfig(vocab_size=50, max_position_embeddings=16, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                                      mlp_bias=True)
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            is_scale = "norm" in name and name.endswith("weight")
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.2 if is_scale else 0.3) + (1.0 if is_scale else 0.0))
+    if not gate_bias:
+        for layer in hf.model.layers:
+            layer.mlp.gate_proj.bias = None
+    return build_bridge_from_module(hf.eval(), "LlamaForCausalLM", hf_config=config)
+
+
+def test_gated_mlp_b_in_sits_where_the_bridge_puts_it():
+    """TL 4.x bridge: ``act(x W_gate) * (x W_in + b_in)``; logits equal TL's own with a nonzero b_in, and
+    adding b_in after the product instead (2.x ``GatedMLP``'s place) would be far off."""
+    bridge = llama_bridge(seed=3, gate_bias=False)
+    model = pcw.from_transformer_lens(bridge)
+    assert model.b_in.abs().mean() > 0.1 and not model.cfg.b_in_outside_gate
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = bridge(tokens)
+    torch.testing.assert_close(pcw.run(model, tokens).logits, ref, atol=1e-4, rtol=1e-4)
+    outside = pcw.models.CircuitModel(dataclasses.replace(model.cfg, b_in_outside_gate=True),
+                                      **{name: getattr(model, name) for name in WEIGHT_NAMES})
+    assert (outside(tokens) - ref).abs().max() > 0.1
+
+
+def test_b_in_outside_gate_is_transformer_lens_2_gated_mlp():
+    """2.x ``GatedMLP.forward``: ``post = act(x @ W_gate) * (x @ W_in) + b_in; out = post @ W_out + b_out``,
+    written out densely on one layer's normalised input."""
+    bridge = llama_bridge(seed=4, gate_bias=False)
+    model = pcw.from_transformer_lens(bridge)
+    tl2 = pcw.models.CircuitModel(dataclasses.replace(model.cfg, b_in_outside_gate=True),
+                                  **{name: getattr(model, name) for name in WEIGHT_NAMES})
+    x = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(0))
+    xn = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + model.cfg.eps)
+    post = torch.nn.functional.silu(xn @ model.W_gate[1]) * (xn @ model.W_in[1]) + model.b_in[1]
+    expected = post @ model.W_out[1] + (0 if model.b_out is None else model.b_out[1])
+    torch.testing.assert_close(tl2._mlp(1, x)[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_nonzero_gate_bias_is_refused():
+    with pytest.raises(ValueError, match=r"blocks\[0\]\.mlp\.b_gate is nonzero; the weight view has no gate bias"):
+        pcw.from_transformer_lens(llama_bridge(seed=5, gate_bias=True))

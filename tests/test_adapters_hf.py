@@ -4,6 +4,7 @@ Oracles: the Hugging Face model's own logits, attention probabilities (eager att
 ``output_attentions=True``) and loss on identical weights; dense folding math on its raw weights.
 """
 
+import dataclasses
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,7 +33,16 @@ CONFIGS = {
     "llama_mha_bias": lambda: transformers.LlamaConfig(
         vocab_size=D_VOCAB, max_position_embeddings=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=48, tie_word_embeddings=False, attention_bias=True),
+    # linear RoPE scaling, spelled as every transformers release in range accepts it (4.40 knows only "type")
+    "llama_linear_rope": lambda: transformers.LlamaConfig(
+        vocab_size=D_VOCAB, max_position_embeddings=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=48, rope_scaling={"type": "linear", "factor": 2.0}),
+    "gpt_neox_linear_rope": lambda: transformers.GPTNeoXConfig(
+        vocab_size=D_VOCAB, max_position_embeddings=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, rotary_pct=0.5, rope_scaling={"type": "linear", "factor": 3.0}),
 }
+PARTIAL_ROTARY = {"gpt_neox": 0.5, "gpt_neox_sequential": 0.25, "gpt_neox_linear_rope": 0.5}
+ROPE_SCALE = {"llama_linear_rope": 2.0, "gpt_neox_linear_rope": 3.0}
 
 
 def randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -94,12 +104,13 @@ def test_config_records_what_analyses_must_refuse_or_note(adapted):
         with pytest.raises(ValueError, match="rotary"):
             pcw.eigenvalue_positivity(model, "QK")
     if kind.startswith("gpt_neox"):
-        assert cfg.rotary_dim == int(8 * hf.config.rope_parameters["partial_rotary_factor"])
+        assert cfg.rotary_dim == int(8 * PARTIAL_ROTARY[kind])
         assert cfg.parallel_attn_mlp == hf.config.use_parallel_residual
     if kind.startswith("llama"):
         expected = ("rmsnorm", True, "silu", hf.config.rms_norm_eps)
         assert (cfg.normalization, cfg.gated_mlp, cfg.act_fn, cfg.eps) == expected
     assert cfg.n_kv_heads == (2 if kind == "llama_gqa_tied" else None)
+    assert cfg.rotary_scale == ROPE_SCALE.get(kind, 1.0)
 
 
 def test_layer_norm_folding_centers_writers_and_keeps_logits(adapted):
@@ -184,16 +195,30 @@ def test_display_strings_show_partial_utf8_bytes_and_special_tokens(tokenizer):
 
 @pytest.mark.parametrize("kind, change, message", [
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
-    ("llama_mha_bias", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "rope_type"),
+    ("llama_mha_bias", {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+     r"^rope_type 'dynamic' is not supported; supported rotary embeddings: 'default', 'linear'$"),
     ("llama_mha_bias", {"mlp_bias": True}, "mlp_bias"),
 ])
 def test_unsupported_features_are_refused(kind, change, message):
-    config = CONFIGS[kind]()
-    for key, value in change.items():
-        setattr(config, key, value)
-    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_config(CONFIGS[kind](), attn_implementation="eager")
+    for key, value in change.items():  # after building: transformers 5.x cannot build a model with some of these
+        setattr(hf.config, key, value)
     with pytest.raises(ValueError, match=message):
         pcw.from_hf(hf)
+
+
+def test_linear_rope_scaling_changes_the_patterns_it_is_checked_on():
+    """The scaled-RoPE cases above can fail: the same weights read with factor 1 give other patterns."""
+    hf = tiny_model("llama_linear_rope")
+    model = pcw.from_hf(hf)
+    unscaled = pcw.models.CircuitModel(dataclasses.replace(model.cfg, rotary_scale=1.0),
+                                       **{k: getattr(model, k) for k in ("W_E", "W_U", "W_Q", "W_K", "W_V", "W_O",
+                                                                         "W_in", "W_gate", "W_out")})
+    tokens = torch.randint(0, D_VOCAB, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        hf_patterns = torch.stack(hf(tokens, output_attentions=True).attentions, 1)
+    gap = (unscaled.run_with_cache(tokens)[1].patterns - hf_patterns).abs().max()
+    assert gap > 1e-2
 
 
 def test_unsupported_architecture_is_refused_with_the_supported_list():

@@ -83,3 +83,57 @@ def test_tokenizer_mismatch_is_named(checkpoint, tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="not found: .*nope.safetensors"):
         load_tensors(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t["W_Q"].view(-1).__setitem__(7, float("nan")), r"tensor 'W_Q' has 1 non-finite values \(NaN or inf\)"),
+    (lambda t: t.__setitem__("W_E", t["W_E"].to(torch.int8)), r"tensor 'W_E' has dtype I8; expected a floating-point"),
+    (lambda t: t.__setitem__("W_U", t["W_U"] > 0), r"tensor 'W_U' has dtype BOOL; expected a floating-point"),
+    (lambda t: t.__setitem__("W_O", t["W_O"].to(torch.complex64)), r"tensor 'W_O' has dtype C64; expected"),
+])
+def test_non_finite_or_non_float_tensors_are_named(checkpoint, change, message):
+    weights = checkpoint[0]
+    tensors = load_tensors(weights)
+    change(tensors)
+    save_tensors(weights, tensors)
+    with pytest.raises(CheckpointError, match=rf"checkpoint .*{weights.name}: {message}"):
+        load_attn_only(*checkpoint)
+
+
+def test_a_crafted_config_fails_on_the_header_before_allocating(checkpoint):
+    """d_vocab=262144, d_model=1024 beside the small shipped tensors: building that model would
+    write over 2 GiB of random weights. The child process's peak memory stays far below it."""
+    import json
+    import subprocess
+    import sys
+
+    weights, config, _ = checkpoint
+    meta = json.loads(config.read_text())
+    meta["config"].update(d_vocab=262144, d_model=1024)
+    save_json(config, meta)
+    code = ("import resource\nfrom pycircuits_widgets.models import load_attn_only, CheckpointError\n"
+            f"try:\n    load_attn_only({str(weights)!r}, {str(config)!r})\n"
+            "except CheckpointError as err:\n    print(err)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    message, peak_kib = out.strip().rsplit("\n", 1)
+    assert "tensor 'W_E' has shape (1024, 128), the config expects (262144, 1024)" in message
+    assert int(peak_kib) < 1 << 20  # KiB: under 1 GiB (torch alone is ~0.3 GiB)
+
+
+def test_a_positional_table_larger_than_the_weights_is_refused(checkpoint):
+    import json
+
+    weights, config, _ = checkpoint
+    meta = json.loads(config.read_text())
+    meta["config"]["n_ctx"] = 10 ** 7
+    save_json(config, meta)
+    with pytest.raises(CheckpointError, match=r"n_ctx \* d_model = 10000000 \* 128 asks for a positional table"):
+        load_attn_only(*checkpoint)
+
+
+def test_deeply_nested_json_config_is_a_clear_error(checkpoint):
+    config = checkpoint[1]
+    config.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError, match=rf"corrupt checkpoint config .*{config.name}: JSON nested too deeply"):
+        load_attn_only(*checkpoint)

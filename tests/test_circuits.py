@@ -1,5 +1,6 @@
 """Circuits against explicit dense products and against quantities read off a forward pass."""
 
+import numpy as np
 import pytest
 import torch
 from random_models import custom_model, paper_model
@@ -7,7 +8,7 @@ from random_models import custom_model, paper_model
 from pycircuits_widgets.analysis import (
     TensorProductTerm, direct_path, full_ov_circuit, full_qk_circuit, full_virtual_ov_circuit,
     head_mlp_circuit, k_composition_circuit, mlp_in_circuit, mlp_out_circuit, ov, positional_qk_circuit,
-    q_composition_circuit, qk, virtual_head_ov,
+    q_composition_circuit, qk, skip_trigrams, virtual_head_ov,
 )
 
 
@@ -113,3 +114,23 @@ def test_tensor_product_term_is_a_at_x_at_w_and_the_kronecker_reading():
     torch.testing.assert_close(term.then(second)(x), second(term(x)))
     with pytest.raises(ValueError, match="needs x"):
         term(torch.zeros(5, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m: skip_trigrams(m, 0.0, 1, approximate=True), TypeError, r"^layer must be an int in 0\.\.1, got 0\.0 \(float\)$"),
+    (lambda m: skip_trigrams(m, "1", 1, approximate=True), TypeError, r"^layer must be an int in 0\.\.1, got '1' \(str\)$"),
+    (lambda m: skip_trigrams(m, True, 1, approximate=True), TypeError, r"^layer must be an int in 0\.\.1, got True \(bool\)$"),
+    (lambda m: skip_trigrams(m, 0, 1, k=True, approximate=True), ValueError, r"^k must be a positive int, got True$"),
+    (lambda m: full_ov_circuit(m, 1.0, 0), TypeError, r"^layer must be an int in 0\.\.1, got 1\.0 \(float\)$"),
+    (lambda m: full_qk_circuit(m, 0, 3), ValueError, r"^head must be in 0\.\.2, got 3 \(out of range\)$"),
+    (lambda m: k_composition_circuit(m, (0, 1), (1.5, 0)), TypeError, r"^h2 layer must be an int in 0\.\.1, got 1\.5"),
+    (lambda m: virtual_head_ov(m, 0, (1, 0)), TypeError, r"^h1 must be a \(layer, head\) pair of ints, got 0$"),
+])
+def test_layer_head_and_k_must_be_ints_and_the_error_says_so(model, call, error, message):
+    with pytest.raises(error, match=message):
+        call(model)
+
+
+def test_numpy_and_tensor_integer_indices_are_accepted(model):
+    torch.testing.assert_close(full_ov_circuit(model, np.int64(1), torch.tensor(2)).dense(),
+                               full_ov_circuit(model, 1, 2).dense())

@@ -1,5 +1,6 @@
 """CircuitModel weight view: shapes, cache consistency, circuits, bad input, pretrained models."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -113,7 +114,7 @@ def test_str_tokens_show_whitespace(model):
     (lambda m: torch.zeros(0, dtype=torch.long), ValueError, "empty token sequence"),
     (lambda m: torch.tensor([1.0, 2.0]), TypeError, "integer tensor"),
     (lambda m: torch.zeros(1, 1, 3, dtype=torch.long), ValueError, r"\[pos\] or \[batch, pos\]"),
-    (lambda m: 3.5, TypeError, "expected text, token ids"),
+    (lambda m: 3.5, TypeError, "tokens must be text .* got float$"),
     (lambda m: ["import os", "x"], ValueError, "different lengths"),
 ])
 def test_bad_input_is_a_clear_error(model, bad, error, message):
@@ -164,3 +165,74 @@ def test_wrong_weight_shapes_are_rejected():
         CircuitModel(cfg, **{k: v for k, v in good.items() if k != "W_Q"})
     with pytest.raises(TypeError, match="unknown weights"):
         CircuitModel(cfg, W_X=torch.zeros(1), **good)
+
+
+def _good_weights():
+    cfg = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_head=4, d_vocab=5, n_ctx=4, positional="none")
+    g = torch.Generator().manual_seed(0)
+    shapes = {k: s for k, s in weight_shapes(cfg).items() if s is not None and not k.startswith("b_")}
+    return cfg, {k: torch.randn(*s, generator=g) for k, s in shapes.items()}
+
+
+@pytest.mark.parametrize("name, bad, error, message", [
+    ("W_Q", lambda w: w.index_put((torch.tensor(0), torch.tensor(1), torch.tensor(2), torch.tensor(3)),
+                                  torch.tensor(float("nan"))),
+     ValueError, r"^CircuitModel: W_Q has 1 non-finite values \(NaN or inf\), first at index \(0, 1, 2, 3\); "
+                 r"weights must be finite$"),
+    ("W_U", lambda w: w.fill_(float("inf")), ValueError, r"W_U has 40 non-finite values"),
+    ("W_E", lambda w: w.to(torch.int8), TypeError,
+     r"^CircuitModel: W_E has dtype int8; expected a real floating-point tensor \(float16, bfloat16, float32 or "
+     r"float64\)$"),
+    ("W_V", lambda w: w > 0, TypeError, "W_V has dtype bool; expected a real floating-point tensor"),
+    ("W_O", lambda w: w.to(torch.complex64), TypeError, "W_O has dtype complex64; expected a real floating-point"),
+    ("W_K", lambda w: w.numpy(), TypeError, r"^CircuitModel: W_K must be a torch.Tensor, got ndarray$"),
+    ("W_K", lambda w: w.double(), ValueError,
+     r"^CircuitModel: weights mix dtypes \(W_E float32, W_U float32, W_Q float32, W_K float64, W_V float32, "
+     r"W_O float32\); expected one floating dtype for all"),
+])
+def test_bad_weights_are_refused_naming_the_tensor(name, bad, error, message):
+    cfg, weights = _good_weights()
+    CircuitModel(cfg, **weights)
+    weights[name] = bad(weights[name].clone())
+    with pytest.raises(error, match=message):
+        CircuitModel(cfg, **weights)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (None, "got NoneType"),
+    (bytearray(b"\x01\x02"), "got bytearray"),
+    (b"\x01\x02", "got bytes"),
+    ({1, 2}, "got set"),
+])
+def test_run_names_what_tokens_must_be(model, bad, message):
+    expected = (r"^tokens must be text \(str or list of str\) or token ids \(list of int, or an integer "
+                rf"tensor/array of shape \[pos\] or \[batch, pos\]\), {message}$")
+    with pytest.raises(TypeError, match=expected):
+        pcw.run(model, bad)
+
+
+def test_run_takes_ids_and_numpy_ids_on_a_model_without_tokenizer(model):
+    """Oracle: the same model with its tokenizer, run on the same ids."""
+    bare = CircuitModel(model.cfg, **{k: getattr(model, k) for k in ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O")})
+    assert bare.tokenizer is None
+    ids = [5, 17, 300, 5, 17]
+    out = pcw.run(bare, ids)
+    torch.testing.assert_close(out.logits, pcw.run(model, ids).logits, atol=0, rtol=0)
+    assert out.str_tokens == [["<id 5>", "<id 17>", "<id 300>", "<id 5>", "<id 17>"]]
+    torch.testing.assert_close(pcw.run(bare, np.array([ids])).logits, out.logits, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="has no tokenizer; pass token ids instead of text"):
+        pcw.run(bare, "def")
+    with pytest.raises(TypeError, match="integer array, got numpy dtype float64"):
+        pcw.run(bare, np.array(ids, dtype=float))
+
+
+@pytest.mark.parametrize("weight", ["W_E", "W_V"])
+def test_weights_made_non_finite_after_loading_never_give_numbers(weight):
+    """Weights are checked where they enter; a tensor edited in place afterwards is caught where
+    the analysis reads it, instead of eig's NaN becoming positivity 0.0 or top-k an empty list."""
+    m = load_pretrained("attn-only-1l")
+    getattr(m, weight).view(-1)[5] = float("nan")
+    with pytest.raises(ValueError, match="^the OV circuits are not finite: the model's weights hold NaN or inf$"):
+        pcw.eigenvalue_positivity(m, "OV")
+    with pytest.raises(ValueError, match=r"^the circuits of L0\.H0 are not finite"):
+        pcw.skip_trigrams(m, 0, 0)

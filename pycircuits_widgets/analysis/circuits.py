@@ -18,6 +18,7 @@ Paper symbol -> code:  ``W_E`` -> ``W_E [d_vocab, d_model]``;  ``W_U`` -> ``W_U 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -27,19 +28,30 @@ from ..factored import FactoredMatrix, chain_matmul
 Head = tuple[int, int]
 
 
+def check_index(value, name: str, size: int) -> int:
+    """``value`` as an int in ``0..size-1``; refuses floats, strings and bools (``True`` is not
+    layer 1) with a message naming ``name`` and the valid range."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int in 0..{size - 1}, got {value!r} (bool)")
+    try:
+        index = operator.index(value)  # int, numpy integer, 0-d integer tensor
+    except TypeError:
+        raise TypeError(f"{name} must be an int in 0..{size - 1}, got {value!r} ({type(value).__name__})") from None
+    if not 0 <= index < size:
+        raise ValueError(f"{name} must be in 0..{size - 1}, got {index} (out of range)")
+    return index
+
+
 def check_head(model, head: Head, name: str = "head") -> tuple[int, int]:
     """Validate ``(layer, head)`` against ``model.cfg``; returns it as two ints."""
     cfg = model.cfg
-    try:
-        layer, h = (int(x) for x in head)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a (layer, head) pair of ints, got {head!r}") from None
-    if not (0 <= layer < cfg.n_layers and 0 <= h < cfg.n_heads):
-        raise ValueError(
-            f"{name}={head!r} is out of range: layer must be in 0..{cfg.n_layers - 1} and head "
-            f"in 0..{cfg.n_heads - 1}"
-        )
-    return layer, h
+    if isinstance(head, (str, bytes)) or not hasattr(head, "__len__") or len(head) != 2:
+        raise TypeError(f"{name} must be a (layer, head) pair of ints, got {head!r}")
+    if cfg.n_layers == 0:
+        raise ValueError(f"{name}: model {cfg.name!r} has no layers, so no heads")
+    prefix = "" if name == "head" else f"{name} "
+    return (check_index(head[0], f"{prefix}layer", cfg.n_layers),
+            check_index(head[1], f"{prefix}head", cfg.n_heads))
 
 
 def check_earlier(model, h1: Head, h2: Head) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -62,11 +74,12 @@ def refuse_rotary_qk(model, what: str) -> None:
 
 
 def _head_slice(W: torch.Tensor, layer, head) -> torch.Tensor:
-    """``W[layer, head]`` with ``None`` meaning all layers / heads (leading dims kept)."""
-    W = W if layer is None else W[layer]
+    """``W[layer, head]`` with ``None`` meaning all layers / heads (leading dims kept); ``W`` is
+    ``[n_layers, n_heads, ...]`` and the indices are checked against it."""
+    W = W if layer is None else W[check_index(layer, "layer", W.shape[0])]
     if head is None:
         return W
-    return W[..., head, :, :]
+    return W[..., check_index(head, "head", W.shape[-3]), :, :]
 
 
 def ov(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
@@ -155,8 +168,7 @@ def _require_mlp(model, layer: int) -> None:
     cfg = model.cfg
     if cfg.attn_only or getattr(model, "W_in", None) is None:
         raise ValueError(f"model {cfg.name!r} is attention-only: it has no MLP paths")
-    if not 0 <= layer < cfg.n_layers:
-        raise ValueError(f"mlp layer must be in 0..{cfg.n_layers - 1}, got {layer}")
+    check_index(layer, "mlp layer", cfg.n_layers)
 
 
 def mlp_in_circuit(model, layer: int) -> FactoredMatrix:

@@ -51,8 +51,13 @@ def eigenvalues(model, kind: str) -> torch.Tensor:
         refuse_rotary_qk(model, "the QK eigenvalue spectrum")
     G = token_gram(model, kind)
     if kind == "OV":  # eig(W_O G W_V), d_head x d_head
-        return FactoredMatrix(model.W_V.double(), model.W_O.double() @ G).eigenvalues
-    return FactoredMatrix(model.W_Q.double(), model.W_K.double().mT @ G).eigenvalues
+        circuit = FactoredMatrix(model.W_V.double(), model.W_O.double() @ G)
+    else:
+        circuit = FactoredMatrix(model.W_Q.double(), model.W_K.double().mT @ G)
+    if not bool(torch.isfinite(circuit.B).all() and torch.isfinite(circuit.A).all()):
+        # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
+        raise ValueError(f"the {kind} circuits are not finite: the model's weights hold NaN or inf")
+    return circuit.eigenvalues
 
 
 def positivity(eigs: torch.Tensor) -> torch.Tensor:

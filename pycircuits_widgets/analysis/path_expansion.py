@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .activations import as_tokens, next_token_loss
+from ..models.circuit_model import next_token_loss
 from .circuits import TensorProductTerm
 
 
@@ -123,9 +123,9 @@ def path_expansion(model, text_or_tokens) -> PathExpansion:
     biases = [b for b in ("b_V", "b_O", "b_U") if getattr(model, b, None) is not None]
     if biases:
         raise ValueError(f"path expansion here covers bias-free models; {cfg.name!r} has {biases}")
-    tokens = as_tokens(model, text_or_tokens)
     with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens)
+        logits, cache = model.run_with_cache(text_or_tokens)
+    tokens = cache.tokens
     inv = 1.0 / ln_scales(model, cache)  # [batch, L + 1, pos]
     eye = torch.eye(tokens.shape[-1], dtype=logits.dtype)
     # a layer norm reads (x - mean(x)) / scale: the centering is the projection C on d_model

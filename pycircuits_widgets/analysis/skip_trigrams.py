@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .circuits import check_head, refuse_rotary_qk
+from .circuits import check_head, check_index, refuse_rotary_qk
 
 BLOCK_BYTES = 64 << 20
 # |bf16 GEMM - exact| <= BF16_MARGIN * ||a|| ||b||: inputs rounded to 8 mantissa bits
@@ -99,6 +99,9 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     v = W_E @ model.W_V[layer, head].float()
     u = model.W_O[layer, head].float() @ W_U
     u = u - u.mean(1, keepdim=True)
+    if not all(bool(torch.isfinite(f).all()) for f in (q, k, v, u)):
+        # NaN compares false everywhere: the top-k would silently come back empty
+        raise ValueError(f"the circuits of L{layer}.H{head} are not finite: the model's weights hold NaN or inf")
     return q, k, v, u
 
 
@@ -268,7 +271,7 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     ``[d_vocab, d_head]`` factors plus one row block of ``block_bytes``. Returns a list
     sorted by score, best first.
     """
-    if not isinstance(k, int) or k < 1:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     _check_exact(model, layer, head, approximate)
     ids = torch.arange(model.cfg.d_vocab) if vocab is None else _check_vocab(model, vocab)
@@ -307,9 +310,8 @@ def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _check_exact(model, layer, head, approximate)
     V = model.cfg.d_vocab
-    if not 0 <= int(token) < V:
-        raise ValueError(f"token must be a vocab id in 0..{V - 1}, got {token!r}")
-    if not 1 <= k <= V:
+    token = check_index(token, "token (a vocab id)", V)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
         raise ValueError(f"k must be in 1..{V}, got {k!r}")
     with torch.no_grad():
         q, kk, v, u = centred_factors(model, layer, head)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from .adapters import from_hf, from_transformer_lens
 from .attn_only import AttnOnlyTransformer, attn_only_config
 from .checkpoints import CheckpointError, load_json, load_tensors
@@ -40,9 +42,15 @@ def load_attn_only(weights: str | Path, config: str | Path,
         cfg = ModelConfig.from_dict(meta["config"])
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint config {config}: {err}") from err
+    with torch.device("meta"):  # shapes only: nothing the config sizes is allocated before the header check
+        expected = {name: tuple(p.shape) for name, p in AttnOnlyTransformer(cfg).named_parameters()}
+    tensors = load_tensors(weights, expected)
+    file_size = sum(t.numel() for t in tensors.values())
+    if cfg.n_ctx * cfg.d_model > file_size:  # the positional table is computed, not stored
+        raise CheckpointError(f"checkpoint config {config}: n_ctx * d_model = {cfg.n_ctx} * {cfg.d_model} asks for "
+                              f"a positional table larger than all {file_size} weights in {weights}")
     model = AttnOnlyTransformer(cfg)
-    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    model.load_state_dict(load_tensors(weights, expected), strict=False)
+    model.load_state_dict(tensors, strict=False)
     tok = None
     if tokenizer is not None:
         tok = Tokenizer.load(tokenizer)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -52,6 +53,32 @@ _ACTIVATIONS = {
     "relu": F.relu,
     "silu": F.silu,
 }
+
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_weight(name: str, value, where: str = "CircuitModel") -> None:
+    """Refuse a weight that is not a finite floating-point tensor, naming it."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{where}: {name} has dtype {str(value.dtype).removeprefix('torch.')}; expected a "
+                        "real floating-point tensor (float16, bfloat16, float32 or float64)")
+    finite = torch.isfinite(value)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()[0].tolist()
+        raise ValueError(f"{where}: {name} has {int((~finite).sum())} non-finite values (NaN or inf), first at "
+                         f"index {tuple(bad)}; weights must be finite")
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy ``[batch, pos - 1]`` (nats) of ``logits[:, :-1]`` against ``tokens[:, 1:]``."""
+    logits = logits[:, :-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):  # log-softmax in half precision is too coarse
+        logits = logits.float()
+    logp = F.log_softmax(logits, dim=-1)
+    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...] | None]:
@@ -118,8 +145,10 @@ class CircuitModel:
         self._token_strings: list[str] | None = None
         self._check_shapes()
 
-    # --- shapes ---------------------------------------------------------------------------
+    # --- shapes, dtypes, values -------------------------------------------------------------
     def _check_shapes(self) -> None:
+        """Every weight: a floating tensor of the config's shape, one dtype for all, finite values
+        (a NaN weight would otherwise come out of eig/top-k as a plausible number)."""
         required = {"W_E", "W_U", "W_Q", "W_K", "W_V", "W_O"}
         c = self.cfg
         if c.positional in ("shortformer", "learned"):
@@ -135,8 +164,14 @@ class CircuitModel:
             if shape is None:
                 raise ValueError(f"CircuitModel: {name} must be None for this config "
                                  f"(positional={c.positional!r}, attn_only={c.attn_only})")
+            check_weight(name, value)
             if tuple(value.shape) != shape:
                 raise ValueError(f"CircuitModel: {name} has shape {tuple(value.shape)}, expected {shape}")
+        dtypes = {name: getattr(self, name).dtype for name in _WEIGHTS if getattr(self, name) is not None}
+        if len(set(dtypes.values())) > 1:
+            listed = ", ".join(f"{n} {str(d).removeprefix('torch.')}" for n, d in dtypes.items())
+            raise ValueError(f"CircuitModel: weights mix dtypes ({listed}); expected one floating dtype for all "
+                             "(cast them, e.g. with .to(torch.float32))")
 
     # --- circuits -------------------------------------------------------------------------
     @property
@@ -198,27 +233,37 @@ class CircuitModel:
 
     @property
     def token_strings(self) -> list[str]:
-        """Display string of every vocab id, ``[d_vocab]`` (computed once)."""
+        """Display string of every vocab id, ``[d_vocab]`` (computed once); ``"<id N>"`` for a
+        model without a tokenizer, so ids-only models still label their tokens."""
         if self._token_strings is None:
-            tok = self._require_tokenizer()
-            self._token_strings = [tok.display_token(i) for i in range(self.cfg.d_vocab)]
+            tok = self.tokenizer
+            show = (lambda i: f"<id {i}>") if tok is None else tok.display_token
+            self._token_strings = [show(i) for i in range(self.cfg.d_vocab)]
         return self._token_strings
 
     def _as_tokens(self, tokens) -> torch.Tensor:
+        """Text (``str`` / list of ``str``) or token ids (list, tuple, integer tensor or numpy array,
+        ``[pos]`` or ``[batch, pos]``) -> validated int64 ids on the model's device, same rank."""
         if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
             return self.to_tokens(tokens)
         if isinstance(tokens, (list, tuple)):
             try:
                 tokens = torch.tensor(tokens)
-            except (TypeError, ValueError) as err:
-                raise TypeError(f"token ids must be ints (ragged or non-numeric list given): {err}") from err
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise TypeError(f"tokens: token ids must be ints (ragged or non-numeric list given): {err}") from err
+        elif isinstance(tokens, np.ndarray):
+            if not np.issubdtype(tokens.dtype, np.integer):
+                raise TypeError(f"tokens: token ids must be an integer array, got numpy dtype {tokens.dtype}")
+            tokens = torch.from_numpy(tokens)
         if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"expected text, token ids (list or LongTensor), got {type(tokens).__name__}")
+            # bytes/bytearray are not ids: torch would read them as uint8 byte values
+            raise TypeError("tokens must be text (str or list of str) or token ids (list of int, or an integer "
+                            f"tensor/array of shape [pos] or [batch, pos]), got {type(tokens).__name__}")
         return self._validate_tokens(tokens)
 
     def _validate_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
+            raise TypeError(f"token ids must be an integer tensor (integers), got dtype {tokens.dtype}")
         if tokens.ndim not in (1, 2):
             raise ValueError(f"token ids must be [pos] or [batch, pos], got shape {tuple(tokens.shape)}")
         if tokens.shape[-1] == 0 or tokens.numel() == 0:
@@ -228,7 +273,8 @@ class CircuitModel:
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.cfg.d_vocab:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} out of range [0, {self.cfg.d_vocab})")
+            raise ValueError(f"token id {bad} out of range: token ids must lie in 0..{self.cfg.d_vocab - 1} "
+                             f"(d_vocab={self.cfg.d_vocab})")
         return tokens.long().to(self.device)
 
     # --- forward --------------------------------------------------------------------------
@@ -243,10 +289,11 @@ class CircuitModel:
         return x / scale[..., None], scale
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding (GPT-NeoX ``rotate_half`` layout) of ``x [b, H, pos, d_head]``."""
+        """Rotary embedding (GPT-NeoX ``rotate_half`` layout) of ``x [b, H, pos, d_head]``; positions
+        are divided by ``cfg.rotary_scale`` (linear RoPE scaling)."""
         r, pos = self.cfg.rotary_dim, x.shape[-2]
         inv = self.cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float32, device=x.device) / r)
-        angle = torch.arange(pos, dtype=torch.float32, device=x.device)[:, None] * inv
+        angle = torch.arange(pos, dtype=torch.float32, device=x.device)[:, None] / self.cfg.rotary_scale * inv
         cos, sin = torch.cat([angle.cos()] * 2, -1).to(x.dtype), torch.cat([angle.sin()] * 2, -1).to(x.dtype)
         rot, rest = x[..., :r], x[..., r:]
         half = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
@@ -276,9 +323,14 @@ class CircuitModel:
 
     def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xn, scale = self._read(x)
-        pre = xn @ self.W_in[layer] + (self.b_in[layer] if self.b_in is not None else 0)
+        b_in = self.b_in[layer] if self.b_in is not None else 0
         act = _ACTIVATIONS[self.cfg.act_fn]
-        hidden = act(xn @ self.W_gate[layer]) * pre if self.cfg.gated_mlp else act(pre)
+        if not self.cfg.gated_mlp:
+            hidden = act(xn @ self.W_in[layer] + b_in)
+        elif self.cfg.b_in_outside_gate:  # TransformerLens 2.x GatedMLP
+            hidden = act(xn @ self.W_gate[layer]) * (xn @ self.W_in[layer]) + b_in
+        else:
+            hidden = act(xn @ self.W_gate[layer]) * (xn @ self.W_in[layer] + b_in)
         out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
         return out, scale
 
@@ -336,11 +388,11 @@ class CircuitModel:
     __call__ = forward
 
     def loss(self, tokens) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) of ``tokens``, a scalar."""
+        """Mean next-token cross-entropy (nats) of ``tokens``, a scalar (``next_token_loss``)."""
         logits, cache = self.run_with_cache(tokens)
         if cache.tokens.shape[1] < 2:
             raise ValueError("loss needs at least 2 tokens")
-        return F.cross_entropy(logits[:, :-1].reshape(-1, self.cfg.d_vocab), cache.tokens[:, 1:].reshape(-1))
+        return next_token_loss(logits, cache.tokens).mean()
 
     def __repr__(self) -> str:
         c = self.cfg

@@ -32,6 +32,11 @@ class ModelConfig:
     ``W_pos`` already includes it).
     ``parallel_attn_mlp`` (GPT-NeoX, GPT-J): the MLP of a layer reads the same residual stream as
     its attention, ``x + attn(x) + mlp(x)``, instead of ``x + attn(x)``.
+    ``b_in_outside_gate`` (gated MLPs): where ``b_in`` is added. False (Hugging Face, the
+    TransformerLens 4.x bridge): ``act(x W_gate) * (x W_in + b_in)``; True (TransformerLens 2.x
+    ``GatedMLP``): ``act(x W_gate) * (x W_in) + b_in``.
+    ``rotary_scale`` (linear RoPE scaling, Hugging Face ``rope_type="linear"``): rotary angles use
+    ``position / rotary_scale``.
     """
 
     n_layers: int
@@ -54,6 +59,8 @@ class ModelConfig:
     rotary_base: float = 10000.0
     pos_scale: float = 1.0
     parallel_attn_mlp: bool = False
+    b_in_outside_gate: bool = False
+    rotary_scale: float = 1.0
 
     def __post_init__(self):
         for field in ("n_heads", "d_model", "d_head", "d_vocab", "n_ctx"):
@@ -79,6 +86,9 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}"
             )
+        if not (isinstance(self.rotary_scale, (int, float)) and math.isfinite(self.rotary_scale)
+                and self.rotary_scale > 0):
+            raise ValueError(f"ModelConfig.rotary_scale must be a finite number > 0, got {self.rotary_scale!r}")
         if self.attn_scale is None:
             self.attn_scale = math.sqrt(self.d_head)
         if self.positional == "rotary" and self.rotary_dim is None:

@@ -38,15 +38,29 @@ def _stack(rows: list) -> torch.Tensor | None:
     return None if rows[0] is None else torch.stack(rows)
 
 
-def _rope(config, d_head: int) -> tuple[int, float]:
-    """``(rotary_dim, base)`` from ``config.rope_parameters``; refuses scaled RoPE variants."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    rope_type = params.get("rope_type", "default")
-    if rope_type != "default":
-        raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default' rotary embedding)")
-    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    return int(d_head * factor), float(base)
+ROPE_TYPES = ("default", "linear")
+
+
+def _rope(config, d_head: int) -> tuple[int, float, float]:
+    """``(rotary_dim, base, rotary_scale)`` of a rotary model, under every ``transformers`` release the
+    extras allow: 5.x keeps them in ``config.rope_parameters``; 4.x in ``config.rope_scaling``
+    (``"type"`` or ``"rope_type"``, ``"factor"``) beside ``rope_theta`` (LLaMA) or ``rotary_emb_base``
+    and ``rotary_pct`` (GPT-NeoX). Linear scaling divides positions by ``factor``; other scaled
+    variants (dynamic NTK, YaRN, llama3, ...) change the frequencies by rules the weight view's
+    forward does not have, so they are refused."""
+    params: dict = {}
+    for source in (getattr(config, "rope_scaling", None), getattr(config, "rope_parameters", None)):
+        if isinstance(source, dict):
+            params.update(source)
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rope_type!r} is not supported; supported rotary embeddings: "
+                         f"{', '.join(repr(t) for t in ROPE_TYPES)}")
+    scale = float(params.get("factor", 1.0)) if rope_type == "linear" else 1.0
+    partial = params.get("partial_rotary_factor",
+                         getattr(config, "partial_rotary_factor", None) or getattr(config, "rotary_pct", 1.0))
+    base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0))
+    return int(d_head * partial), float(base), scale
 
 
 def _norm(module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -90,12 +104,12 @@ def _gpt_neox(model) -> tuple[ModelConfig, dict]:
     c, body = model.config, model.gpt_neox
     H, d = c.num_attention_heads, c.hidden_size
     d_head = d // H
-    rotary_dim, base = _rope(c, d_head)
+    rotary_dim, base, scale = _rope(c, d_head)
     cfg = ModelConfig(
         n_layers=c.num_hidden_layers, n_heads=H, d_model=d, d_head=d_head, d_vocab=c.vocab_size,
         n_ctx=c.max_position_embeddings, positional="rotary", normalization="layernorm", attn_only=False,
         d_mlp=c.intermediate_size, act_fn=act_fn(c.hidden_act), eps=c.layer_norm_eps, rotary_dim=rotary_dim,
-        rotary_base=base, parallel_attn_mlp=bool(c.use_parallel_residual), name=c.name_or_path or "gpt_neox",
+        rotary_base=base, rotary_scale=scale, parallel_attn_mlp=bool(c.use_parallel_residual), name=c.name_or_path or "gpt_neox",
     )
     raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",
                                             "b_in", "W_out", "b_out", "ln1_w", "ln1_b", "ln2_w", "ln2_b")}
@@ -128,12 +142,12 @@ def _llama(model) -> tuple[ModelConfig, dict]:
     H, d = c.num_attention_heads, c.hidden_size
     d_head = getattr(c, "head_dim", None) or d // H
     n_kv = c.num_key_value_heads or H
-    rotary_dim, base = _rope(c, d_head)
+    rotary_dim, base, scale = _rope(c, d_head)
     cfg = ModelConfig(
         n_layers=c.num_hidden_layers, n_heads=H, d_model=d, d_head=d_head, d_vocab=c.vocab_size,
         n_ctx=c.max_position_embeddings, n_kv_heads=n_kv if n_kv < H else None, positional="rotary",
         normalization="rmsnorm", attn_only=False, d_mlp=c.intermediate_size, act_fn=act_fn(c.hidden_act),
-        gated_mlp=True, eps=c.rms_norm_eps, rotary_dim=rotary_dim, rotary_base=base, name=c.name_or_path or "llama",
+        gated_mlp=True, eps=c.rms_norm_eps, rotary_dim=rotary_dim, rotary_base=base, rotary_scale=scale, name=c.name_or_path or "llama",
     )
     raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",
                                             "W_gate", "W_out", "ln1_w", "ln2_w")}

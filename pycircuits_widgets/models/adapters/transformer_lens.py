@@ -9,6 +9,9 @@ row convention (the same as ours), and the norms ``blocks[l].ln1/ln2``, ``ln_fin
   4.x cannot be installed side by side).
 
 Grouped-query K/V (``[L, n_key_value_heads, ...]`` on the bridge) are repeated per query head.
+A gated MLP's ``b_in`` sits where each generation puts it: inside the product on the bridge
+(``act(x W_gate) * (x W_in + b_in)``), after it in 2.x's ``GatedMLP``
+(``act(x W_gate) * (x W_in) + b_in``); see ``ModelConfig.b_in_outside_gate``.
 The TL-native model rotates adjacent pairs (GPT-J layout) whatever ``cfg.rotary_adjacent_pairs``
 says; such query/key weights are reordered (``weight_view.adjacent_pairs_to_halves``).
 """
@@ -40,6 +43,24 @@ def _optional(model, name: str) -> torch.Tensor | None:
         return getattr(model, name)
     except AttributeError:
         return None
+
+
+def _is_bridge(model) -> bool:
+    """A 4.x ``TransformerBridge`` (wraps ``original_model``), not a 2.x ``HookedTransformer``."""
+    return hasattr(model, "original_model")
+
+
+def _refuse_gate_bias(model) -> None:
+    """The weight view has no gate bias: refuse ``act(x W_gate + b_gate)`` (a bridge around a Hugging
+    Face model with ``mlp_bias=True``) rather than drop it."""
+    for layer, block in enumerate(model.blocks):
+        try:
+            b_gate = getattr(block.mlp, "b_gate", None)
+        except AttributeError:
+            b_gate = None
+        if b_gate is not None and bool((b_gate != 0).any()):
+            raise ValueError(f"from_transformer_lens: blocks[{layer}].mlp.b_gate is nonzero; the weight view has no "
+                             "gate bias (gated MLPs compute act(x W_gate) * (x W_in + b_in))")
 
 
 def _norm_params(norm) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -106,6 +127,9 @@ def _config(model, native) -> ModelConfig:
         rotary_base=float(getattr(c, "rotary_base", 10000.0)),
         # the TL-native block is sequential whatever cfg.parallel_attn_mlp says
         parallel_attn_mlp=bool(getattr(c, "parallel_attn_mlp", False)) and native is None,
+        # TransformerLens 2.x GatedMLP adds b_in after the product; the 4.x bridge runs the source's
+        # linear layers, which add it inside (act(x W_gate) * (x W_in + b_in))
+        b_in_outside_gate=gated and not c.attn_only and not _is_bridge(model),
         name=getattr(c, "model_name", None) or "transformer_lens",
     )
 
@@ -125,6 +149,7 @@ def _raw_weights(model, cfg: ModelConfig, adjacent_pairs: bool) -> dict:
         raw.update({name: _optional(model, name) for name in ("W_in", "W_out", "b_in", "b_out")})
         if cfg.gated_mlp:
             raw["W_gate"] = model.W_gate
+            _refuse_gate_bias(model)
     if cfg.normalization is not None:
         norms = {"ln1": [_norm_params(block.ln1) for block in model.blocks]}
         if not cfg.attn_only:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..circuit_model import CircuitModel
+from ..circuit_model import CircuitModel, check_weight
 from ..config import ModelConfig
 from ..folding import center_writing_weights, fold_bias_into_reader, fold_scale_into_reader
 
@@ -112,7 +112,11 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
 
 def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, source: str) -> CircuitModel:
     """Fold ``raw`` and wrap it as a ``CircuitModel``; ``metadata`` says where it came from and
-    what the circuit matrices leave out."""
+    what the circuit matrices leave out. Every source tensor must be finite floating point
+    (checked here, before folding, so the error names the source's tensor, e.g. ``ln1_w``)."""
+    for name, value in raw.items():
+        if value is not None:
+            check_weight(name, value, where=f"{source}")
     weights = {k: v.detach().clone() for k, v in fold_norms(raw, cfg).items()}
     model = CircuitModel(cfg, tokenizer=tokenizer, **weights)
     notes = []
