@@ -145,15 +145,14 @@ def test_unknown_kwarg_and_bad_model_raise(m1):
 
 def test_composition_scores_trait_holds_all_kinds_and_the_erratum_only_once_asked_for(m2):
     w = pcw.CompositionMatrix(m2)
-    tables = decode_array(w.scores)
-    assert tables.shape == (3, 2, 2, 4, 2, 4)
-    assert np.isnan(tables[:, 1]).all()  # the erratum toggle is off: nothing computed for it
+    assert {k: set(v) for k, v in w.scores.items()} == {k: {"correct"} for k in "QKV"}  # no erratum yet
     w.show_erratum = True
     assert w.wait(20) and not w.error
-    tables = decode_array(w.scores)
-    for i, kind in enumerate("QKV"):
-        for j, norm in enumerate(("correct", "erratum_left")):
-            np.testing.assert_allclose(tables[i, j], composition_scores(m2, kind, baseline=False, norm=norm).numpy(),
+    for kind in "QKV":
+        for panel, norm in (("correct", "correct"), ("erratum", "erratum_left")):
+            table = decode_array(w.scores[kind][panel])
+            assert table.shape == (2, 4, 2, 4)
+            np.testing.assert_allclose(table, composition_scores(m2, kind, baseline=False, norm=norm).numpy(),
                                        rtol=1e-5, equal_nan=True)
     assert w.baselines == {"correct": random_baseline(32, 8), "erratum": random_baseline(32, 8, "erratum_left")}
 

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { orderBy, paginate } from "../src/lib/circuitTable.js";
-import { linearScale, plotPoint, symmetricExtent, nearestPoint, pairGrid, headLabel, layerColor, declutter } from "../src/lib/circuitPlot.js";
+import { linearScale, plotPoint, symmetricExtent, nearestPoint, pairGrid, headLabel, layerColor, declutter,
+  layerSummary, labelStep, labelPlacement } from "../src/lib/circuitPlot.js";
 
 describe("circuitTable", () => {
   it("orders descending, NaN last, stable on ties", () => {
@@ -45,11 +46,38 @@ describe("circuitPlot", () => {
     expect(g.cell([2, 0, 2, 0])).toBeNull();
   });
   it("labels and colours heads", () => {
-    expect(headLabel(1, 7)).toBe("1.7");
+    expect(headLabel(1, 7)).toBe("L1.H7");
     expect(layerColor(0)).not.toBe(layerColor(1));
     expect(layerColor(8)).toBe(layerColor(0));
   });
   it("declutters labels greedily", () => {
     expect(declutter([0, 5, 30, 33], [0, 0, 0, 0], 10)).toEqual([true, false, true, false]);
+  });
+  it("declutters one-line labels by their box: wide apart in x, close in y", () => {
+    // 20 px apart in x: a 44 px wide label overlaps; 20 px apart in y: a 13 px tall one does not
+    expect(declutter([0, 20, 0], [0, 0, 20], 44, 13)).toEqual([true, false, true]);
+  });
+  it("summarises a composition table by layer pair: the strongest head pair, NaN below the diagonal", () => {
+    const L = 3, H = 2;
+    const value = (l1, h1, l2, h2) => (l1 < l2 ? l1 * 1000 + h1 * 100 + l2 * 10 + h2 : NaN);
+    const s = layerSummary(L, H, value);
+    expect(s.length).toBe(4);
+    expect(s[0]).toBe(111); // L0 -> L1: h1 = 1, h2 = 1
+    expect(s[1]).toBe(121); // L0 -> L2
+    expect(Number.isNaN(s[2])).toBe(true); // L1 -> L1 undefined
+    expect(s[3]).toBe(1121); // L1 -> L2
+  });
+  it("steps axis labels so they never overlap", () => {
+    expect(labelStep(30, 22)).toBe(1);
+    expect(labelStep(9, 22)).toBe(3);
+    expect(labelStep(0, 22)).toBeGreaterThan(1000);
+  });
+  it("keeps point labels inside the plot", () => {
+    const inside = ({ x, y, anchor }, w) => (anchor === "start" ? x + w : x) <= 320 && (anchor === "end" ? x - w : x) >= 0 && y - 10 >= 0;
+    for (const [px, py] of [[316, 8], [4, 8], [160, 160], [316, 300]]) {
+      expect(inside(labelPlacement(px, py, 40, [0, 320], [0, 320]), 40)).toBe(true);
+    }
+    expect(labelPlacement(100, 100, 40, [0, 320], [0, 320]).anchor).toBe("start");
+    expect(labelPlacement(300, 100, 40, [0, 320], [0, 320]).anchor).toBe("end");
   });
 });

@@ -7,12 +7,15 @@ import traitlets
 
 from ..analysis.composition import KINDS, composition_detail, composition_scores, random_baseline
 from .base import CircuitWidget
+from .notes import direct_path_ignores
 from .payload import encode_array
 from .selection import HeadSelection, Recompute, apply_now, check_model
 
 # the erratum panel shows the first form the errata names (first factor of the paper's product
 # moved to the end, K: ||W_K W_O W_V W_Q^T||); both forms: pcw.composition_scores(norm=...)
 ERRATUM = "erratum_left"
+NORMS = {"correct": "correct", "erratum": ERRATUM}
+"""Panel -> the ``norm`` of ``composition_scores`` it shows."""
 
 
 class CompositionMatrix(HeadSelection, CircuitWidget):
@@ -23,21 +26,33 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     ``selected_pair`` (and ``layer``/``head`` to the reading head h2); the kernel answers with
     ``detail``: singular values of the composed matrix and positivity of the composed circuit.
 
-    The three correct score tables (Q, K, V, without baseline) are in the ``scores`` trait from
-    the start, so the kind and baseline toggles work without a kernel (saved notebooks, HTML
-    export). The erratum tables are computed only once ``show_erratum`` is first set (they cost
-    as much as the correct ones and nobody asked for them yet); until then their half of
-    ``scores`` is NaN. ``recompute_detail()`` runs the detail synchronously.
+    Score tables (kind x correct/erratum, without baseline) are computed on first use. A
+    small model (``EAGER_HEADS`` heads or fewer, milliseconds of work) gets the three correct
+    tables at build, so the kind toggle of its saved notebook or HTML export works without a
+    kernel, and the three erratum tables once ``show_erratum`` is first set. A larger model
+    computes the shown table in the background as the widget is built and each other one
+    when a toggle asks for it (the view shows the busy state meanwhile and, without a
+    kernel, which tables need one; ``wait()`` blocks until they are in). ``compute_all()``
+    fills in the rest (e.g. before ``save_html``). ``recompute_detail()`` runs the detail
+    synchronously.
+
+    Args:
+        model: a weight view with at least 2 layers.
+        lazy: compute tables on first use (default: when the model has more than
+            ``EAGER_HEADS`` heads).
     """
 
     _view = traitlets.Unicode("CompositionMatrix").tag(sync=True)
+    EAGER_HEADS = 64
 
     # -- data --
     scores = traitlets.Dict().tag(sync=True)
-    """float32 payload ``[3 (Q, K, V), 2 (correct, erratum), L, H, L, H]``, no baseline; NaN where
-    l1 >= l2, and in the erratum half until ``show_erratum`` is first set."""
+    """{kind: {panel: float32 payload [L, H, L, H]}}, no baseline, NaN where l1 >= l2; only the
+    tables computed so far (kind in Q/K/V, panel "correct" or "erratum", see ``NORMS``)."""
     baselines = traitlets.Dict().tag(sync=True)
-    """{"correct": float, "erratum": float}: random-matrix score subtracted when ``subtract_baseline``."""
+    """{panel: float}: random-matrix score subtracted when ``subtract_baseline`` (panels computed so far)."""
+    ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     detail = traitlets.Dict().tag(sync=True)
     """Detail of ``selected_pair`` for ``kind`` (see ``pcw.analysis.composition_detail``); {} for none."""
 
@@ -53,27 +68,53 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     selected_pair = traitlets.List(traitlets.Int()).tag(sync=True)
     """[l1, h1, l2, h2] with l1 < l2, or [] for none."""
 
-    def __init__(self, model, **kwargs):
+    def __init__(self, model, lazy: bool | None = None, **kwargs):
         check_model(model, "CompositionMatrix")
         if model.cfg.n_layers < 2:
             raise ValueError(f"CompositionMatrix needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
         self.model = model
-        with torch.no_grad():
-            correct = torch.stack([composition_scores(model, kind, baseline=False) for kind in KINDS])
-        self._tables = torch.stack([correct, torch.full_like(correct, float("nan"))], 1)
-        self._has_erratum = False
-        cfg = model.cfg
-        super().__init__(
-            scores=encode_array(self._tables, "float32"),
-            baselines={"correct": random_baseline(cfg.d_model, cfg.d_head),
-                       "erratum": random_baseline(cfg.d_model, cfg.d_head, ERRATUM)},
-            **kwargs,
-        )
+        super().__init__(ignores=direct_path_ignores(model.cfg, composition=False), **kwargs)
+        if lazy is None:
+            lazy = model.cfg.n_layers * model.cfg.n_heads > self.EAGER_HEADS
+        self._kinds_at_once = not lazy
         self._runner = Recompute(self)
-        if self.selected_pair or self.show_erratum:
-            apply_now(self, self._steps(list(self.selected_pair), self.kind, self.show_erratum))
-        self.observe(self._on_change, ["selected_pair", "kind", "show_erratum"])
+        if lazy:  # seconds of work: the view is usable at once and shows the busy state meanwhile
+            self._on_pair({"name": "kind"})
+        else:
+            self.recompute_detail()
+        self.observe(self._on_pair, ["selected_pair", "kind", "show_erratum"])
+
+    # -- score tables, on first use --------------------------------------------------------
+    def _missing(self, kind: str, erratum: bool) -> list[tuple[str, str]]:
+        """(kind, panel) tables the view needs for ``kind`` (all kinds for a small model) that
+        are not computed yet."""
+        panels = ("correct", "erratum") if erratum else ("correct",)
+        kinds = KINDS if self._kinds_at_once else (kind,)
+        return [(k, panel) for k in kinds for panel in panels if panel not in self.scores.get(k, {})]
+
+    def _tables(self, wanted) -> dict:
+        """Trait updates adding the ``wanted`` (kind, norm) tables and their baselines."""
+        scores = {kind: dict(tables) for kind, tables in self.scores.items()}
+        baselines = dict(self.baselines)
+        cfg = self.model.cfg
+        with torch.no_grad():
+            for kind, panel in wanted:
+                table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel])
+                scores.setdefault(kind, {})[panel] = encode_array(table, "float32")
+                baselines.setdefault(panel, random_baseline(cfg.d_model, cfg.d_head, NORMS[panel]))
+        return {"scores": scores, "baselines": baselines}
+
+    def _apply_tables(self, wanted) -> None:
+        if wanted:
+            with self.hold_sync():
+                for name, value in self._tables(wanted).items():
+                    setattr(self, name, value)
+
+    def compute_all(self) -> None:
+        """Compute every table not computed yet (3 kinds x correct/erratum), synchronously."""
+        self._apply_tables([(kind, panel) for kind in KINDS for panel in ("correct", "erratum")
+                            if panel not in self.scores.get(kind, {})])
 
     @traitlets.validate("selected_pair")
     def _valid_pair(self, proposal):
@@ -93,28 +134,25 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
 
     def recompute_detail(self) -> dict:
         """Compute ``detail`` for the current ``selected_pair`` and ``kind`` (synchronously)."""
-        return apply_now(self, self._steps(list(self.selected_pair), self.kind, False))
+        return apply_now(self, self._detail_steps(list(self.selected_pair), self.kind, self.show_erratum))
 
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until background recomputes are done (True if idle)."""
         return self._runner.wait(timeout)
 
-    def _on_change(self, change):
+    def _on_pair(self, change):
         pair, kind, erratum = list(self.selected_pair), self.kind, self.show_erratum
         if change["name"] == "selected_pair" and pair:
             with self.hold_sync():
                 self.layer, self.head = pair[2], pair[3]
-        # every request carries show_erratum, so the newest one (the only one applied) fills them
-        self._runner.submit(lambda: self._steps(pair, kind, erratum))
+        self._runner.submit(lambda: self._detail_steps(pair, kind, erratum))
 
-    def _steps(self, pair, kind, erratum):
-        if erratum and not self._has_erratum:
-            with torch.no_grad():
-                wrong = torch.stack([composition_scores(self.model, k, False, ERRATUM) for k in KINDS])
-            tables = torch.stack([self._tables[:, 0], wrong], 1)
-            yield {"scores": encode_array(tables, "float32")}
-            # reached only once the update was applied (a stale request is closed at its yield)
-            self._tables, self._has_erratum = tables, True
+    def _detail_steps(self, pair, kind, erratum=False):
+        # Every request first ensures the tables its toggles show: a newer request that
+        # supersedes this one asks for its own, so no table request is lost.
+        wanted = self._missing(kind, erratum)
+        if wanted:
+            yield self._tables(wanted)
         if not pair:
             yield {"detail": {}}
             return

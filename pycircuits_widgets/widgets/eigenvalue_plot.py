@@ -6,9 +6,10 @@ import torch
 import traitlets
 
 from ..analysis.eigen import eigenvalues, positivity
-from ..analysis.head_scores import head_scores
+from ..analysis.head_scores import head_scores, target_masks
 from ..analysis.skip_trigrams import centred_factors, token_strings
 from .base import CircuitWidget, check_range
+from .notes import direct_path_ignores
 from .payload import encode_array, to_numpy
 from .selection import HeadSelection, Recompute, apply_now, check_model
 
@@ -20,22 +21,34 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     eigenvalues (drawn in the complex plane, optionally log-scaled magnitude) and the tokens
     it copies most.
 
+    Rotary models: the OV side is shown (OV positivity on the x axis, heads spread by layer
+    on the y axis, OV spectrum and copied tokens); the QK side is not defined there (the
+    query-key product depends on relative position) and ``qk_note`` says so.
+
     Args:
         model: a weight view.
         scores: ``{name: [L, H]}`` head scores to colour by; default ``pcw.head_scores(model)``
-            (a forward pass on repeated random tokens); ``{}`` for none.
+            (a forward pass on repeated random tokens), computed on first use (when
+            ``color_by`` asks for one) for models with more than ``EAGER_HEADS`` heads;
+            ``{}`` for none.
         n_copies: how many most-copied tokens the detail lists.
     """
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
+    EAGER_HEADS = 64
 
     # -- data --
     ov_positivity = traitlets.Dict().tag(sync=True)
     """float32 payload [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit."""
     qk_positivity = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H]: the same for each head's full QK circuit."""
+    """float32 payload [L, H]: the same for each head's full QK circuit; {} where undefined (rotary)."""
+    qk_note = traitlets.Unicode("").tag(sync=True)
+    """str: why the QK side is not shown ("" when it is)."""
+    ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     scores = traitlets.Dict().tag(sync=True)
-    """{name: float32 payload [L, H]}: head scores available for ``color_by``."""
+    """{name: float32 payload [L, H]}: head scores available for ``color_by``; {} for a score
+    not computed yet (computed when ``color_by`` asks for it)."""
     detail = traitlets.Dict().tag(sync=True)
     """The selected head: {"layer", "head", "ov_re"/"ov_im"/"qk_re"/"qk_im": float32 [d_head],
     "copies": [{"id", "str", "score"}]} (score: centred full-OV diagonal, see ``copied_tokens``)."""
@@ -52,25 +65,28 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         check_model(model, "EigenvaluePlot")
         self.model = model
         self._strings = token_strings(model)
-        with torch.no_grad():
-            self._eigs = {kind: eigenvalues(model, kind) for kind in ("OV", "QK")}
-            if scores is None:
-                scores = head_scores(model)
         L, H = model.cfg.n_layers, model.cfg.n_heads
-        encoded = {}
-        for name, value in scores.items():
-            arr = to_numpy(value, name=f"scores[{name!r}]")
-            if arr.shape != (L, H):
-                raise ValueError(f"scores[{name!r}] must have shape [n_layers, n_heads] = [{L}, {H}], got {list(arr.shape)}")
-            encoded[name] = encode_array(arr, "float32")
+        qk_note = ""
+        with torch.no_grad():
+            self._eigs = {"OV": eigenvalues(model, "OV")}
+            try:
+                self._eigs["QK"] = eigenvalues(model, "QK")
+            except ValueError as exc:  # rotary: the OV side stays well defined
+                qk_note = f"QK side not shown: {exc}"
+            if scores is None and L * H <= self.EAGER_HEADS:
+                scores = head_scores(model)
+        if scores is None:  # names now, numbers on first use
+            encoded = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
+        else:
+            encoded = {name: encode_array(_check_score(name, value, L, H), "float32") for name, value in scores.items()}
+        qk = {} if qk_note else encode_array(positivity(self._eigs["QK"]), "float32")
         super().__init__(
             ov_positivity=encode_array(positivity(self._eigs["OV"]), "float32"),
-            qk_positivity=encode_array(positivity(self._eigs["QK"]), "float32"),
-            scores=encoded, **kwargs,
+            qk_positivity=qk, qk_note=qk_note, scores=encoded, ignores=direct_path_ignores(model.cfg), **kwargs,
         )
         self._runner = Recompute(self)
         self.recompute()
-        self.observe(self._on_head, ["layer", "head", "n_copies"])
+        self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
 
     @traitlets.validate("color_by")
     def _valid_color_by(self, proposal):
@@ -86,28 +102,39 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
 
     def recompute(self) -> dict:
         """Compute ``detail`` for the current ``layer``/``head`` (synchronously)."""
-        return apply_now(self, self._detail_steps(self.layer, self.head, self.n_copies))
+        return apply_now(self, self._detail_steps(self.layer, self.head, self.n_copies, self.color_by))
 
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until background recomputes are done (True if idle)."""
         return self._runner.wait(timeout)
 
     def _on_head(self, change):
-        layer, head, n = self.layer, self.head, self.n_copies
-        self._runner.submit(lambda: self._detail_steps(layer, head, n))
+        layer, head, n, color_by = self.layer, self.head, self.n_copies, self.color_by
+        self._runner.submit(lambda: self._detail_steps(layer, head, n, color_by))
 
-    def _detail_steps(self, layer, head, n):
-        ov, qk = self._eigs["OV"][layer, head], self._eigs["QK"][layer, head]
-        detail = {
-            "layer": layer, "head": head,
-            "ov_re": encode_array(ov.real, "float32"), "ov_im": encode_array(ov.imag, "float32"),
-            "qk_re": encode_array(qk.real, "float32"), "qk_im": encode_array(qk.imag, "float32"),
-        }
+    def _detail_steps(self, layer, head, n, color_by="layer"):
+        # Every request first ensures the head score its colouring shows: a newer request
+        # that supersedes this one asks for its own, so none is lost.
+        if self.scores.get(color_by) == {}:
+            with torch.no_grad():
+                computed = head_scores(self.model)
+            yield {"scores": {name: encode_array(v, "float32") for name, v in computed.items()}}
+        detail = {"layer": layer, "head": head}
+        for kind, eigs in self._eigs.items():
+            detail[f"{kind.lower()}_re"] = encode_array(eigs[layer, head].real, "float32")
+            detail[f"{kind.lower()}_im"] = encode_array(eigs[layer, head].imag, "float32")
         yield {"detail": detail}  # the spectrum is cached: it shows at once
         ids, values = copied_tokens(self.model, layer, head, n)
         yield {"detail": {**detail, "copies": [
             {"id": i, "str": self._strings[i], "score": s} for i, s in zip(ids.tolist(), values.tolist())
         ]}}
+
+
+def _check_score(name, value, L: int, H: int):
+    arr = to_numpy(value, name=f"scores[{name!r}]")
+    if arr.shape != (L, H):
+        raise ValueError(f"scores[{name!r}] must have shape [n_layers, n_heads] = [{L}, {H}], got {list(arr.shape)}")
+    return arr
 
 
 def copied_tokens(model, layer: int, head: int, n: int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipywidgets
 import traitlets
+from tqdm import tqdm
 
 from ..analysis.activations import run
 from ..analysis.skip_trigrams import token_strings
@@ -98,16 +99,20 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
         self._strings = token_strings(model)
         self._ids: list[int] = []
         selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token") if k in kwargs}
-        super().__init__(text=text, model_name=str(getattr(model.cfg, "name", "")), **kwargs)
-        self._rerun(text)
-        self._build_views(no_heads)
+        super().__init__(text=text, model_name=short_name(getattr(model.cfg, "name", "")), **kwargs)
+        # a console bar, shown only when building takes over a second (large models)
+        with tqdm(total=1 + 4, desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
+            progress.set_postfix_str("running the model", refresh=False)
+            self._rerun(text)
+            progress.update()
+            self._build_views(no_heads, progress)
         self._link()
         with self.hold_trait_notifications():
             for name, value in selection.items():
                 setattr(self, name, value)
 
     # -- building ---------------------------------------------------------------------------
-    def _build_views(self, no_heads: str) -> None:
+    def _build_views(self, no_heads: str, progress) -> None:
         builders = {
             "attention": lambda: AttentionPatterns(self.model, self.text, layer=self.layer, head=self.head),
             "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head),
@@ -116,6 +121,8 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
         }
         notices = {}
         for name, build in builders.items():
+            progress.set_postfix_str(TITLES[name], refresh=False)
+            progress.update()
             if no_heads:
                 notices[name] = f"No {TITLES[name]}: {no_heads}."
                 continue
@@ -219,3 +226,10 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
     @traitlets.validate("position")
     def _valid_position(self, proposal):
         return check_range("position", proposal["value"], 0, len(self._ids) - 1, none=True)
+
+
+def short_name(name: str) -> str:
+    """A model's name for a header: the last part of a path or hub id
+    (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``)."""
+    name = str(name).rstrip("/\\")
+    return name.replace("\\", "/").rsplit("/", 1)[-1] or name

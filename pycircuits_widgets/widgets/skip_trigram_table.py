@@ -10,6 +10,7 @@ from ..analysis.skip_trigrams import MODES, centred_factors, token_strings, top_
 from ..factored import FactoredMatrix
 from ..models.tokenizer import visible_whitespace
 from .base import CircuitWidget, check_range
+from .notes import direct_path_ignores
 from .payload import encode_array
 from .selection import HeadSelection, Recompute, TokenSelection, apply_now, check_model
 
@@ -50,6 +51,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     """{"token", "str", "layer", "head", MODE: [{"id", "str", "score"}]} for the selected token."""
     approximate = traitlets.Bool(False).tag(sync=True)
     """bool (read-only): True for models deeper than one layer (direct-path circuits only)."""
+    ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
 
     # -- input --
     query = traitlets.Unicode("").tag(sync=True)
@@ -74,7 +77,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self._strings = token_strings(model)
         self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
-        super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only), **kwargs)
+        super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
+                         ignores=direct_path_ignores(model.cfg), **kwargs)
         self._runner = Recompute(self)
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one

@@ -105,7 +105,7 @@ def test_composition_click_sets_pair_and_detail_panel_shows_kernel_result(show, 
     assert float(shown) == pytest.approx(ref.positivity, rel=1e-6)
     assert view.page.get_by_test_id("singular-values").locator(".sv").count() == len(ref.singular_values)
     canvas.hover(position={"x": 0.5 * cell, "y": 3.5 * cell})
-    assert view.page.get_by_test_id("readout").inner_text().startswith("0.3 → 1.0: K-composition − baseline =")
+    assert view.page.get_by_test_id("readout").inner_text().startswith("L0.H3 → L1.H0: K-composition − baseline =")
 
 
 def test_composition_toggles_work_without_kernel_and_erratum_is_labelled(show, m2):
@@ -119,7 +119,7 @@ def test_composition_toggles_work_without_kernel_and_erratum_is_labelled(show, m
     view.page.keyboard.press("ArrowDown")
     view.page.keyboard.press("ArrowRight")
     readout = view.page.get_by_test_id("readout").inner_text()
-    assert readout.startswith("0.1 → 1.1: Q-composition − baseline =") and "erratum (cyclic norm) =" in readout
+    assert readout.startswith("L0.H1 → L1.H1: Q-composition − baseline =") and "erratum (cyclic norm) =" in readout
     view.page.keyboard.press("Enter")
     assert w.selected_pair == [0, 1, 1, 1]
     w.kind = "V"  # Python side
@@ -130,16 +130,16 @@ def test_eigen_click_selects_head_and_shows_its_spectrum(show, m2):
     w = pcw.EigenvaluePlot(m2)
     view = show(w)
     assert view.page.locator("g.head").count() == 8
-    view.page.locator('g.head[data-label="1.3"] circle').click()
+    view.page.locator('g.head[data-label="L1.H3"] circle').click()
     assert (w.layer, w.head) == (1, 3)
     w.wait()
-    view.wait_until(lambda: "head 1.3" in view.page.get_by_test_id("detail").inner_text()
+    view.wait_until(lambda: "head L1.H3" in view.page.get_by_test_id("detail").inner_text()
                     and view.page.get_by_test_id("copies").locator(".pcw-tok").count() == 12, what="spectrum")
     assert view.page.get_by_test_id("spectrum-OV").locator("circle").count() == 8
     view.page.get_by_test_id("color-by").select_option("induction")
     assert w.color_by == "induction"
     w.layer, w.head = 0, 0  # Python side
-    assert view.page.locator("g.head.selected").get_attribute("data-label") == "0.0"
+    assert view.page.locator("g.head.selected").get_attribute("data-label") == "L0.H0"
     set_from_browser(view, w, "layer", 5)
     view.wait_until(lambda: view.page.get_by_test_id("error").count() == 1, what="error panel")
     assert w.layer == 0

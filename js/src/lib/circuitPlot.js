@@ -37,9 +37,9 @@ export function layerColor(l) {
   return CATEGORICAL[((l % CATEGORICAL.length) + CATEGORICAL.length) % CATEGORICAL.length];
 }
 
-/** "L.H" label of a head. */
+/** A head's label, written the same everywhere: `L1.H6`. */
 export function headLabel(layer, head) {
-  return `${layer}.${head}`;
+  return `L${layer}.H${head}`;
 }
 
 /**
@@ -83,14 +83,62 @@ export function pairGrid(nLayers, nHeads) {
 
 /**
  * Which points get a text label without overlapping an earlier label: greedy in index order,
- * a point is labelled if no labelled point lies within `minDist` pixels.
+ * a point is labelled if no labelled point lies within `minDist` pixels or, with `minDy`,
+ * within a `minDist` x `minDy` box (a one-line label is wide and short).
  * @returns {boolean[]}
  */
-export function declutter(px, py, minDist) {
+export function declutter(px, py, minDist, minDy = null) {
   const kept = [];
+  const near = minDy === null
+    ? (j, i) => (px[j] - px[i]) ** 2 + (py[j] - py[i]) ** 2 < minDist * minDist
+    : (j, i) => Math.abs(px[j] - px[i]) < minDist && Math.abs(py[j] - py[i]) < minDy;
   return Array.from(px, (x, i) => {
-    const free = kept.every((j) => (px[j] - x) ** 2 + (py[j] - py[i]) ** 2 >= minDist * minDist);
+    const free = kept.every((j) => !near(j, i));
     if (free) kept.push(i);
     return free;
   });
+}
+
+/**
+ * Layer-level summary of a composition table: for each layer pair (l1 < l2) the score of its
+ * strongest head pair (largest value), so a composing pair of heads stands out in a 30-layer
+ * model. `value(l1, h1, l2, h2)` gives a score (NaN when unknown).
+ * @returns {Float64Array} [(L-1) * (L-1)], row l1 in 0..L-2, column l2 - 1; NaN where l1 >= l2
+ */
+export function layerSummary(nLayers, nHeads, value) {
+  const n = nLayers - 1;
+  const out = new Float64Array(n * n).fill(NaN);
+  for (let l1 = 0; l1 < n; l1++) {
+    for (let l2 = l1 + 1; l2 < nLayers; l2++) {
+      let best = -Infinity;
+      for (let h1 = 0; h1 < nHeads; h1++)
+        for (let h2 = 0; h2 < nHeads; h2++) {
+          const v = value(l1, h1, l2, h2);
+          if (v > best) best = v;
+        }
+      if (best > -Infinity) out[l1 * n + (l2 - 1)] = best;
+    }
+  }
+  return out;
+}
+
+/**
+ * Which of `n` equal axis blocks of `blockPx` pixels get a text label, so that labels at
+ * least `minPx` apart never overlap: every `step`-th block, starting at 0.
+ * @returns {number} step (>= 1)
+ */
+export function labelStep(blockPx, minPx) {
+  return Math.max(1, Math.ceil(minPx / Math.max(blockPx, 1e-9)));
+}
+
+/**
+ * Where a point's label goes so it stays inside [x0, x1] x [y0, y1]: to the right and above
+ * the point, flipped to the left (anchor "end") near the right edge and below near the top.
+ * `width` is the label's estimated width in pixels.
+ * @returns {{x: number, y: number, anchor: "start" | "end"}}
+ */
+export function labelPlacement(px, py, width, [x0, x1], [y0, y1], offset = 7) {
+  const right = px + offset + width <= x1 || px - offset - width < x0;
+  const y = py - offset + 2 - 10 < y0 ? py + offset + 8 : py - offset + 2;
+  return { x: right ? px + offset : px - offset, y: Math.min(y, y1), anchor: right ? "start" : "end" };
 }

@@ -84,3 +84,25 @@ export function luminance([r, g, b]) {
 export function textOn(rgb) {
   return luminance(rgb) > 0.35 ? "#111" : "#fff";
 }
+
+/**
+ * Call `callback` whenever the host page's theme may have changed: JupyterLab switches
+ * themes by toggling attributes and CSS variables on <body> (data-jp-theme-light,
+ * data-jp-theme-name, class, style); other hosts on <html>; the OS via prefers-color-scheme.
+ * Canvases read colours from CSS variables when they draw, so they redraw on this signal.
+ * @returns {() => void} stop observing
+ */
+export function observeTheme(callback) {
+  if (typeof document === "undefined") return () => {};
+  const observer = new MutationObserver(() => callback());
+  const attributeFilter = ["class", "style", "data-jp-theme-light", "data-jp-theme-name", "data-theme"];
+  for (const el of [document.documentElement, document.body]) {
+    if (el) observer.observe(el, { attributes: true, attributeFilter });
+  }
+  const media = typeof matchMedia === "function" ? matchMedia("(prefers-color-scheme: dark)") : null;
+  media?.addEventListener?.("change", callback);
+  return () => {
+    observer.disconnect();
+    media?.removeEventListener?.("change", callback);
+  };
+}

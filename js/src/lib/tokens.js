@@ -22,3 +22,9 @@ export function formatValue(v, digits = 4) {
   if (a >= 1e4 || a < 1e-3) return v.toExponential(digits - 1);
   return Number(v.toPrecision(digits)).toString();
 }
+
+/** "a", "a and b", "a, b and c": a list of phrases in a sentence. */
+export function listText(items) {
+  if (items.length <= 1) return items.join("");
+  return `${items.slice(0, -1).join(", ")} and ${items[items.length - 1]}`;
+}

@@ -1,0 +1,106 @@
+"""What the views do for large and rotary models: tables computed on first use, the OV side
+of the eigenvalue plot under rotary positions, the explorer's notices and header name.
+
+Oracles: the analysis functions (``composition_scores``, ``eigenvalue_positivity``,
+``head_scores``) called directly on the same weights; the refusal of ``eigenvalues(m, "QK")``.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import composition_scores
+from pycircuits_widgets.analysis.composition import random_baseline
+from pycircuits_widgets.analysis.eigen import eigenvalue_positivity
+from pycircuits_widgets.analysis.head_scores import head_scores
+from pycircuits_widgets.widgets.explorer import short_name
+from pycircuits_widgets.widgets.payload import decode_array
+from random_models import custom_model, paper_model
+
+
+@pytest.fixture(scope="module")
+def m2():
+    return paper_model(n_layers=2, n_heads=4, d_model=32, d_head=8, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def rotary():
+    """Rotary positions, MLPs, no positional weights: a LLaMA-like weight view."""
+    return custom_model(n_layers=2, n_heads=3, positional="rotary", rotary_dim=6, attn_only=False, d_mlp=48, act_fn="silu",
+                        dtype=torch.float32)
+
+
+def test_lazy_composition_computes_only_the_shown_table_then_each_toggle_on_first_use(m2):
+    w = pcw.CompositionMatrix(m2, lazy=True)
+    assert w.wait(30) and not w.error
+    assert {k: set(v) for k, v in w.scores.items()} == {"K": {"correct"}}
+    assert set(w.baselines) == {"correct"}
+    np.testing.assert_allclose(decode_array(w.scores["K"]["correct"]),
+                               composition_scores(m2, "K", baseline=False).numpy(), rtol=1e-5, equal_nan=True)
+    w.kind = "Q"
+    assert w.wait(30)
+    assert {k: set(v) for k, v in w.scores.items()} == {"K": {"correct"}, "Q": {"correct"}}
+    w.show_erratum = True
+    assert w.wait(30)
+    assert set(w.scores["Q"]) == {"correct", "erratum"} and "erratum" not in w.scores["K"]
+    np.testing.assert_allclose(decode_array(w.scores["Q"]["erratum"]),
+                               composition_scores(m2, "Q", baseline=False, norm="erratum_left").numpy(),
+                               rtol=1e-5, equal_nan=True)
+    assert w.baselines == {"correct": random_baseline(32, 8), "erratum": random_baseline(32, 8, "erratum_left")}
+    w.compute_all()
+    assert all(set(w.scores[k]) == {"correct", "erratum"} for k in "QKV")
+
+
+def test_lazy_composition_with_a_selected_pair_gets_table_and_detail(m2):
+    w = pcw.CompositionMatrix(m2, lazy=True, kind="V", selected_pair=[0, 1, 1, 2])
+    assert w.wait(30) and not w.error
+    assert set(w.scores) == {"V"} and w.detail["kind"] == "V" and w.detail["h1"] == [0, 1]
+
+
+def test_rotary_eigenvalue_plot_shows_the_ov_side_and_says_why_not_qk(rotary):
+    w = pcw.EigenvaluePlot(rotary, layer=1, head=2)
+    np.testing.assert_allclose(decode_array(w.ov_positivity), eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-5)
+    with pytest.raises(ValueError) as refusal:
+        eigenvalue_positivity(rotary, "QK")
+    assert w.qk_positivity == {} and w.qk_note == f"QK side not shown: {refusal.value}"
+    assert "rotary" in w.qk_note
+    d = w.detail
+    assert (d["layer"], d["head"]) == (1, 2) and "ov_re" in d and "qk_re" not in d and len(d["copies"]) == 12
+
+
+def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monkeypatch):
+    monkeypatch.setattr(pcw.EigenvaluePlot, "EAGER_HEADS", 4)
+    w = pcw.EigenvaluePlot(m2)
+    ref = head_scores(m2)
+    assert w.scores == dict.fromkeys(ref, {})
+    w.color_by = "induction"
+    assert w.wait(30) and not w.error
+    for name, value in ref.items():
+        np.testing.assert_allclose(decode_array(w.scores[name]), value.numpy(), rtol=1e-5, equal_nan=True)
+
+
+def test_explorer_on_a_rotary_mlp_model_shows_ov_eigenvalues_and_refuses_trigrams_for_rotary(rotary):
+    e = pcw.CircuitExplorer(rotary, "t1 t2 t3 t1 t2")
+    assert e.eigen is not None and "eigen" not in e.notices
+    assert "rotary" in e.eigen.qk_note and "QK" in e.eigen.qk_note
+    assert "rotary" in e.notices["trigrams"] and "OV" not in e.notices["trigrams"]
+
+
+@pytest.mark.parametrize("name, short", [
+    ("/home/me/models/SmolLM-135M/", "SmolLM-135M"), ("HuggingFaceTB/SmolLM-135M", "SmolLM-135M"),
+    ("C:\\models\\gpt2", "gpt2"), ("attn-only-2l", "attn-only-2l"), ("", ""),
+])
+def test_header_name_is_the_last_part_of_a_path(name, short):
+    assert short_name(name) == short
+
+
+def test_notes_name_what_each_view_ignores(m2, rotary):
+    table = pcw.SkipTrigramTable(m2, k=5)
+    assert table.ignores == ["composition with other heads", "the layer norm's per-token scale"]
+    plot = pcw.EigenvaluePlot(rotary, scores={})
+    assert plot.ignores == ["composition with other heads", "MLPs", "the layer norm's per-token scale"]
+    comp = pcw.CompositionMatrix(rotary, kind="V")
+    assert comp.ignores == ["MLPs", "the layer norm's per-token scale"]  # composition is what it shows
+    attn_only_1l = paper_model(n_layers=1, dtype=torch.float32)
+    assert pcw.SkipTrigramTable(attn_only_1l, k=5).ignores == ["the layer norm's per-token scale"]
