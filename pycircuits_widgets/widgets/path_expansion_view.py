@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.activations import as_tokens, next_token_loss
+from ..analysis.activations import next_token_loss
 from ..analysis.path_expansion import path_expansion
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection
@@ -76,7 +76,7 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
             self.position = -1
 
     def _compute(self, text: str) -> dict:
-        tokens = as_tokens(self.model, text)
+        tokens = self.model.to_tokens(text)[None]  # [1, pos]
         if tokens.shape[-1] < 2:
             raise ValueError(f"the text has {tokens.shape[-1]} token; the loss needs at least 2")
         with torch.no_grad():
