@@ -21,13 +21,22 @@ def test_direct_path_is_the_bigram_table(model):
     torch.testing.assert_close(direct_path(model).dense(), model.W_E @ model.W_U)
 
 
+def read_embedding(model, layer):
+    """What a head of ``layer`` reads of a token: layer 0 (the stream is the embedding alone) the
+    layer-normed ``W_E`` (torch's ``F.layer_norm``), later layers the raw ``W_E``."""
+    if layer == 0:
+        return torch.nn.functional.layer_norm(model.W_E, (model.cfg.d_model,), eps=model.cfg.eps)
+    return model.W_E
+
+
 def test_full_circuits_match_dense_products_for_every_head(model):
-    E, U = model.W_E, model.W_U
+    U = model.W_U
     ov_all, qk_all = full_ov_circuit(model).dense(), full_qk_circuit(model).dense()
     assert ov_all.shape == qk_all.shape == (2, 3, 40, 40)
     for l in range(2):
         for h in range(3):
             Q, K, V, O = model.W_Q[l, h], model.W_K[l, h], model.W_V[l, h], model.W_O[l, h]
+            E = read_embedding(model, l)
             torch.testing.assert_close(full_ov_circuit(model, l, h).dense(), E @ V @ O @ U)
             torch.testing.assert_close(full_qk_circuit(model, l, h).dense(), E @ Q @ K.T @ E.T)
             torch.testing.assert_close(ov_all[l, h], E @ V @ O @ U)
@@ -38,7 +47,8 @@ def test_full_circuits_match_dense_products_for_every_head(model):
 
 
 def test_full_qk_circuit_is_the_token_part_of_the_attention_scores():
-    # no positions: the pre-softmax score of dest i on src j is x_i QK x_j^T / (s_i s_j attn_scale)
+    # no positions: the pre-softmax score of dest i on src j is x_i QK x_j^T / (s_i s_j attn_scale),
+    # and the full QK circuit already holds the per-token division by s (exact in layer 0)
     m = paper_model(n_layers=1)
     m.cfg.positional, m.W_pos = "none", None
     tokens = torch.tensor([[3, 17, 5, 3, 29, 8, 17]])
@@ -46,7 +56,7 @@ def test_full_qk_circuit_is_the_token_part_of_the_attention_scores():
     s = cache.ln_scale[0, 0]
     t = tokens[0]
     for h in range(3):
-        F = full_qk_circuit(m, 0, h).dense()[t][:, t] / (s[:, None] * s[None, :] * m.cfg.attn_scale)
+        F = full_qk_circuit(m, 0, h).dense()[t][:, t] / m.cfg.attn_scale
         logp = cache.patterns[0, 0, h].log()
         for i in range(1, len(t)):  # softmax is shift invariant: compare differences to src 0
             torch.testing.assert_close(logp[i, : i + 1] - logp[i, 0], F[i, : i + 1] - F[i, 0], atol=1e-6, rtol=1e-6)

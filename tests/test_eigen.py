@@ -34,9 +34,11 @@ def test_spectrum_and_positivity_match_the_dense_vocab_circuit(model, kind, circ
 
 
 def test_positivity_matches_transformer_lens_factored_matrix_route(model):
-    E, U = model.W_E, model.W_U
+    U = model.W_U
     ours = eigenvalue_positivity(model, "OV")
     for l in range(2):
+        # layer 0 reads the embedding alone: divided by its per-token layer-norm scale (exact there)
+        E = torch.nn.functional.layer_norm(model.W_E, (model.cfg.d_model,), eps=model.cfg.eps) if l == 0 else model.W_E
         for h in range(3):
             ev = TLFactoredMatrix(E @ model.W_V[l, h], model.W_O[l, h] @ U).eigenvalues
             assert abs(float(ours[l, h]) - float(ev.sum().real / ev.abs().sum())) < 1e-6

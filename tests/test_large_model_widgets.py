@@ -96,11 +96,18 @@ def test_header_name_is_the_last_part_of_a_path(name, short):
 
 
 def test_notes_name_what_each_view_ignores(m2, rotary):
+    # the first layer's norm reads the embedding alone: its per-token scale is applied
+    # (analysis.circuits.embedding); the division elsewhere depends on the context
+    later = "the {}'s division where it depends on the context (the unembedding and layers after the first)"
     table = pcw.SkipTrigramTable(m2, k=5)
-    assert table.ignores == ["composition with other heads", "the layer norm's per-token scale"]
+    assert table.ignores == ["composition with other heads", later.format("layer norm")]
+    norm = "RMS norm" if rotary.cfg.normalization == "rmsnorm" else "layer norm"
     plot = pcw.EigenvaluePlot(rotary, scores={})
-    assert plot.ignores == ["composition with other heads", "MLPs", "the layer norm's per-token scale"]
+    assert plot.ignores == ["composition with other heads", "MLPs", later.format(norm)]
     comp = pcw.CompositionMatrix(rotary, kind="V")
-    assert comp.ignores == ["MLPs", "the layer norm's per-token scale"]  # composition is what it shows
+    assert comp.ignores == ["MLPs", later.format(norm)]  # composition is what it shows
     attn_only_1l = paper_model(n_layers=1, dtype=torch.float32)
-    assert pcw.SkipTrigramTable(attn_only_1l, k=5).ignores == ["the layer norm's per-token scale"]
+    assert pcw.SkipTrigramTable(attn_only_1l, k=5).ignores == [
+        "the layer norm's division where it depends on the context (the unembedding)"]
+    learned = pcw.SkipTrigramTable(custom_model(n_layers=1, positional="learned", dtype=torch.float32), k=5)
+    assert learned.ignores == ["the layer norm's per-token scale"]

@@ -97,7 +97,9 @@ def test_centred_factors_reproduce_the_centred_circuits(model):
 def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
     ids = torch.tensor([3, 8, 9, 15, 22, 40, 41, 57])
     sub = skip_trigrams(model, 0, 0, k=10, vocab=ids)
-    E, U = model.W_E[ids], model.W_U[:, ids]
+    # the head reads each token's embedding divided by its layer-norm scale (one-layer model: exact)
+    E = torch.nn.functional.layer_norm(model.W_E, (model.cfg.d_model,), eps=model.cfg.eps)[ids]
+    U = model.W_U[:, ids]
     QK = E @ model.W_Q[0, 0] @ model.W_K[0, 0].T @ E.T
     OV = E @ model.W_V[0, 0] @ model.W_O[0, 0] @ U
     expected = _brute_force(QK - QK.mean(1, keepdim=True), OV - OV.mean(1, keepdim=True), 10)

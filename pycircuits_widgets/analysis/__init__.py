@@ -12,6 +12,8 @@ from .bigrams import bigram_top
 from .circuits import (
     TensorProductTerm,
     direct_path,
+    embedding,
+    embedding_note,
     full_ov_circuit,
     full_qk_circuit,
     full_virtual_ov_circuit,
@@ -39,7 +41,8 @@ __all__ = [
     "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity",
     "positional_scores_by_offset", "top_virtual_heads",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
-    "eigenvalues", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores",
+    "eigenvalues", "embedding", "embedding_note", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit",
+    "head_mlp_circuit", "head_scores",
     "k_composition_circuit", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
     "positional_qk_circuit", "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams",
     "virtual_head_ov",

@@ -1,10 +1,10 @@
 """The zero-layer model's bigram table: the direct path ``W_E W_U`` ``[token, next-token logit]``.
 
 Paper ("Zero-layer transformers"): with no attention, a model can only predict the next token
-from the current one; its logits are ``W_E W_U`` (here with the final layer norm's division, a
-positive per-position scalar, left out: it rescales a row and never reorders it, so the top next
-tokens of a row are exactly the model's top predictions). In deeper models the same table is
-the direct-path term of the path expansion.
+from the current one; its logits are ``W_E W_U`` with the final layer norm's division, a fixed
+per-token scale there, applied (``circuits.direct_path``): the rows are the model's logits exactly.
+In deeper models the same table (raw ``W_E``: the division then depends on the context) is the
+direct-path term of the path expansion.
 """
 
 from __future__ import annotations

@@ -7,8 +7,19 @@ both ``[d_model, d_model]``; a circuit over tokens reads ``[input token, output 
 Every token-level circuit is returned as a ``FactoredMatrix`` split at ``d_head`` (or the
 smallest inner dim), never as a dense ``d_vocab x d_vocab`` matrix: a GPT-2 one is 10 GB.
 Heads are ``(layer, head)`` pairs. Layer norm is folded into the weights by the model;
-the remaining division by the norm is a per-position scalar and is ignored here, as in the
-paper. Only attention patterns depend on it (see ``path_expansion``).
+what remains is the division by the norm, one scalar per position and read.
+
+**Which embedding a circuit reads** (``embedding``): where a layer reads a stream that holds the
+token embedding alone, that division is a fixed per-token scale and is applied, as the paper
+does in its one-layer analysis: row ``t`` is ``W_E[t] / sigma(W_E[t])``. That is the first
+read (layer 0, or the unembedding of a 0-layer model) of any model whose positions stay out of
+the residual stream (Shortformer, rotary, none). Everywhere else (later layers, learned
+positions) the stream also holds position or earlier heads' outputs, the division depends on
+the context, and the raw ``W_E`` is used, as is the unembedding's division on the output side.
+So: the full OV/QK circuits, skip-trigrams and eigenvalues of a one-layer model are exact;
+those of layer-1+ heads read the raw ``W_E`` (``embedding_note`` says which, for views).
+Circuits through two heads or an MLP (composition, virtual heads, MLP paths) keep the raw
+``W_E`` throughout, as ``composition_detail`` and ``induction`` do for their spectra.
 
 Paper symbol -> code:  ``W_E`` -> ``W_E [d_vocab, d_model]``;  ``W_U`` -> ``W_U [d_model, d_vocab]``;
 ``W_OV^h = W_O^h W_V^h`` -> ``W_V[l, h] @ W_O[l, h]``;  ``W_QK^h = W_Q^{hT} W_K^h`` ->
@@ -92,32 +103,80 @@ def qk(model, layer: int | None = None, head: int | None = None) -> FactoredMatr
     return FactoredMatrix(_head_slice(model.W_Q, layer, head), _head_slice(model.W_K, layer, head).mT)
 
 
+def embedding_is_normalized(model, layer: int) -> bool:
+    """Whether ``embedding(model, layer)`` applies the per-token norm division (exact there)."""
+    cfg = model.cfg
+    return layer == 0 and cfg.normalization is not None and cfg.positional != "learned"
+
+
+def embedding(model, layer: int) -> torch.Tensor:
+    """The token embedding as the heads of ``layer`` read it, ``[d_vocab, d_model]``
+    (``layer == n_layers``: as the unembedding reads it).
+
+    Where that is exact (``embedding_is_normalized``: the first read, positions outside the
+    residual stream) each row is normalised as the model's forward normalises it,
+    ``W_E[t] / sigma(W_E[t])`` (centred first for layer norm; the same ``eps``): the per-token
+    scale the paper applies. Elsewhere the raw ``W_E`` (module docstring).
+    """
+    if not 0 <= layer <= model.cfg.n_layers:
+        raise ValueError(f"layer must be in 0..{model.cfg.n_layers} (n_layers: the unembedding), got {layer}")
+    return model.read(model.W_E)[0] if embedding_is_normalized(model, layer) else model.W_E
+
+
+def embedding_note(model) -> str:
+    """One sentence for views: which embedding the token circuits of ``model`` read."""
+    cfg = model.cfg
+    if cfg.normalization is None:
+        return "Token circuits read W_E as is (this model has no normalization)."
+    if cfg.positional == "learned":
+        return ("Token circuits read the raw W_E: learned positions share the residual stream, so the "
+                "layer norm's division depends on the position and is left out.")
+    if cfg.n_layers <= 1:
+        return ("Token circuits read W_E divided by its layer norm's per-token scale, as the paper does: exact, "
+                "since the stream this model's layer reads holds the token embedding alone.")
+    return ("Layer 0 circuits read W_E divided by its layer norm's per-token scale (exact: the stream there is the "
+            "embedding alone); later layers read the raw W_E (their division depends on the context).")
+
+
+def _embed(model, W: torch.Tensor, layer, head) -> torch.Tensor:
+    """``embedding(model, l) @ W[l, h]`` for one head, or for every layer/head (``None``) without
+    stacking a ``[L, d_vocab, d_model]`` embedding: raw for all, then layer 0 redone."""
+    W = _head_slice(W, layer, head)
+    if layer is not None:
+        return embedding(model, check_index(layer, "layer", model.cfg.n_layers)) @ W
+    out = model.W_E @ W
+    if embedding_is_normalized(model, 0):
+        out[0] = embedding(model, 0) @ W[0]
+    return out
+
+
 def direct_path(model) -> FactoredMatrix:
-    """Direct path / bigram table ``W_E W_U`` ``[token, next-token logit]`` (0-layer model)."""
-    return FactoredMatrix(model.W_E, model.W_U)
+    """Direct path / bigram table ``embedding W_U`` ``[token, next-token logit]`` (exact for a
+    0-layer model: the unembedding reads the normalised embedding, see ``embedding``)."""
+    return FactoredMatrix(embedding(model, model.cfg.n_layers), model.W_U)
 
 
 def full_ov_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
     """Full OV circuit ``W_E W_V W_O W_U`` ``[..., src token, out token]``, split at d_head.
 
     Paper: ``W_U W_OV^h W_E``. How attending to ``src`` changes the logit of ``out``.
+    ``W_E`` is ``embedding(model, layer)`` (normalised per token where exact).
     With ``layer``/``head`` ``None`` the factors carry ``[L, H]`` leading dims (each factor is
     ``[L, H, d_vocab, d_head]``: mind the memory at GPT-2 scale).
     """
-    W_V, W_O = _head_slice(model.W_V, layer, head), _head_slice(model.W_O, layer, head)
-    return FactoredMatrix(model.W_E @ W_V, W_O @ model.W_U)
+    W_O = _head_slice(model.W_O, layer, head)
+    return FactoredMatrix(_embed(model, model.W_V, layer, head), W_O @ model.W_U)
 
 
 def full_qk_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
     """Full QK circuit ``W_E W_Q W_K^T W_E^T`` ``[..., dest token, src token]``, split at d_head.
 
     Paper: ``W_E^T W_QK^h W_E``. The token-token part of the attention score (before the
-    ``1/attn_scale``); positional terms are separate (``positional_qk_circuit``).
-    Refuses rotary models.
+    ``1/attn_scale``); positional terms are separate (``positional_qk_circuit``). ``W_E`` is
+    ``embedding(model, layer)`` on both sides. Refuses rotary models.
     """
     refuse_rotary_qk(model, "the full QK circuit")
-    W_Q, W_K = _head_slice(model.W_Q, layer, head), _head_slice(model.W_K, layer, head)
-    return FactoredMatrix(model.W_E @ W_Q, (model.W_E @ W_K).mT)
+    return FactoredMatrix(_embed(model, model.W_Q, layer, head), _embed(model, model.W_K, layer, head).mT)
 
 
 def k_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:

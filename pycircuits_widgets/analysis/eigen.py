@@ -10,6 +10,9 @@ shared by all heads and multiplied once:
 * OV: ``eig(W_E W_V W_O W_U) = eig(W_O (W_U W_E) W_V)``, ``W_U W_E [d_model, d_model]``;
 * QK: ``eig(W_E W_Q W_K^T W_E^T) = eig(W_K^T (W_E^T W_E) W_Q)``.
 
+``W_E`` is the embedding each head reads (``circuits.embedding``): normalised per token for
+layer 0 where that is exact (the paper's choice), raw elsewhere.
+
 Eigenvalues are computed in float64 (the ``d_head x d_head`` matrices are tiny).
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..factored import FactoredMatrix
-from .circuits import refuse_rotary_qk
+from .circuits import embedding, embedding_is_normalized, refuse_rotary_qk
 
 KINDS = ("OV", "QK")
 
@@ -29,12 +32,13 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
-def token_gram(model, kind: str) -> torch.Tensor:
+def token_gram(model, kind: str, layer: int | None = None) -> torch.Tensor:
     """The shared vocab-sized middle of the full circuit, ``[d_model, d_model]`` (float64).
 
     OV: ``W_U W_E`` (out side back to src side); QK: ``W_E^T W_E`` (key side to query side).
+    ``layer``: ``W_E`` as that layer's heads read it (``circuits.embedding``); None: the raw ``W_E``.
     """
-    W_E = model.W_E
+    W_E = model.W_E if layer is None else embedding(model, layer)
     # the vocab-sized contraction runs in the weights' dtype (float32 GEMM; float64 would be
     # ~2x slower and double the memory), the small rest in float64
     return (model.W_U @ W_E if _check_kind(kind) == "OV" else W_E.T @ W_E).double()
@@ -49,7 +53,7 @@ def eigenvalues(model, kind: str) -> torch.Tensor:
     """
     if _check_kind(kind) == "QK":
         refuse_rotary_qk(model, "the QK eigenvalue spectrum")
-    G = token_gram(model, kind)
+    G = layer_grams(model, kind)
     if kind == "OV":  # eig(W_O G W_V), d_head x d_head
         circuit = FactoredMatrix(model.W_V.double(), model.W_O.double() @ G)
     else:
@@ -58,6 +62,16 @@ def eigenvalues(model, kind: str) -> torch.Tensor:
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
         raise ValueError(f"the {kind} circuits are not finite: the model's weights hold NaN or inf")
     return circuit.eigenvalues
+
+
+def layer_grams(model, kind: str) -> torch.Tensor:
+    """``token_gram`` of the embedding each layer reads, ``[n_layers, 1, d_model, d_model]``: only
+    layer 0 can differ from the raw one (``circuits.embedding``), so one or two products."""
+    raw = token_gram(model, kind)
+    grams = raw.expand(model.cfg.n_layers, 1, *raw.shape).clone()
+    if model.cfg.n_layers and embedding_is_normalized(model, 0):
+        grams[0, 0] = token_gram(model, kind, 0)
+    return grams
 
 
 def positivity(eigs: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,10 @@ Scoring (ours; the paper reads the two tables side by side):
 * ``score = qk * ov`` over triples with ``qk > 0`` and ``ov > 0`` (``dest`` attends to ``src``
   more than average AND attending raises ``out``). The top-k triples by ``score`` are exact.
 
+``W_E`` is ``circuits.embedding(model, layer)``: for a one-layer model (and layer 0 of any
+model whose positions stay out of the residual stream) each token's embedding divided by its
+layer-norm scale, exactly what the head reads, as in the paper; raw ``W_E`` for later layers.
+
 Both centrings are rank-preserving factor edits (subtract the mean key / mean unembedding
 column), so the circuits stay factored. Nothing ``d_vocab x d_vocab`` is ever formed.
 
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .circuits import check_head, check_index, refuse_rotary_qk
+from .circuits import check_head, check_index, embedding, refuse_rotary_qk
 
 BLOCK_BYTES = 64 << 20
 # |bf16 GEMM - exact| <= BF16_MARGIN * ||a|| ||b||: inputs rounded to 8 mantissa bits
@@ -90,7 +94,7 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     ``vocab`` (token ids) restricts all three roles to a sub-vocabulary, ``V = len(vocab)``,
     and the centring means run over it.
     """
-    W_E, W_U = model.W_E.float(), model.W_U.float()
+    W_E, W_U = embedding(model, layer).float(), model.W_U.float()  # per-token scale where exact
     if vocab is not None:
         W_E, W_U = W_E[vocab], W_U[:, vocab]
     q = W_E @ model.W_Q[layer, head].float()

@@ -278,8 +278,10 @@ class CircuitModel:
         return tokens.long().to(self.device)
 
     # --- forward --------------------------------------------------------------------------
-    def _read(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normalise the stream where a layer reads it: ``(x_normed, scale [..., pos])``."""
+    def read(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalise ``x [..., d_model]`` as a layer reading the residual stream does (centering for
+        layernorm, then division by the norm; the learned scale is folded into the reader):
+        ``(x_normed [..., d_model], scale [...])``. Identity and ones when normalization is None."""
         norm = self.cfg.normalization
         if norm is None:
             return x, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
@@ -302,7 +304,7 @@ class CircuitModel:
     def _attention(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One attention layer reading ``x [b, pos, d_model]``: (pattern, head_out, scale)."""
         pos = x.shape[1]
-        xn, scale = self._read(x)
+        xn, scale = self.read(x)
         qk_in = xn + self.W_pos[:pos] if self.cfg.positional == "shortformer" else xn
         q = torch.einsum("bpd,hde->bhpe", qk_in, self.W_Q[layer])
         k = torch.einsum("bpd,hde->bhpe", qk_in, self.W_K[layer])
@@ -322,7 +324,7 @@ class CircuitModel:
         return pattern, head_out, scale
 
     def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xn, scale = self._read(x)
+        xn, scale = self.read(x)
         b_in = self.b_in[layer] if self.b_in is not None else 0
         act = _ACTIVATIONS[self.cfg.act_fn]
         if not self.cfg.gated_mlp:
@@ -361,7 +363,7 @@ class CircuitModel:
                 scales["mlp"].append(scale)
                 x = x + mlp_out
         resid.append(x)
-        xn, final_scale = self._read(x)
+        xn, final_scale = self.read(x)
         logits = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
 
         b, d = tokens.shape[0], self.cfg.d_model

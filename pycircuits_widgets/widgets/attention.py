@@ -242,6 +242,9 @@ def check_patterns(tokens, patterns, *, causal: bool = True):
         raise ValueError("patterns must have shape [n_heads, dest, src] or [n_layers, n_heads, dest, src] "
                          f"(a leading batch of 1 is allowed), got {list(np.shape(patterns))}")
     L, H, nd, ns = A.shape
+    if L == 0 or H == 0:
+        raise ValueError(f"patterns have no heads to show (shape [n_layers, n_heads, dest, src] = {list(A.shape)}); "
+                         "expected at least one layer and one head (a 0-layer model has no attention)")
     n = len(tokens)
     if n == 0:
         raise ValueError("tokens is empty: nothing to show")

@@ -74,4 +74,9 @@ def _encode_values(values, n_tokens: int) -> dict:
     if not np.isfinite(arr).all():
         bad = np.flatnonzero(~np.isfinite(arr))[:5].tolist()
         raise ValueError(f"values must be finite; non-finite at token positions {bad}")
+    too_big = np.abs(arr) > np.finfo(np.float32).max  # sent as float32: would arrive as Infinity
+    if too_big.any():
+        bad = np.flatnonzero(too_big)[:5].tolist()
+        raise ValueError(f"values must fit in float32 (|value| <= {np.finfo(np.float32).max:.4g}); "
+                         f"too large at token positions {bad}")
     return encode_array(arr, "float32")

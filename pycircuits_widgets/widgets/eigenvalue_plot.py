@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import traitlets
 
+from ..analysis.circuits import embedding_note
 from ..analysis.eigen import eigenvalues, positivity
 from ..analysis.head_scores import head_scores, target_masks
 from ..analysis.skip_trigrams import centred_factors, token_strings
@@ -36,6 +39,8 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
     EAGER_HEADS = 64
+    _embedding_note = traitlets.Unicode("").tag(sync=True)
+    """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
 
     # -- data --
     ov_positivity = traitlets.Dict().tag(sync=True)
@@ -63,6 +68,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
 
     def __init__(self, model, scores=None, **kwargs):
         check_model(model, "EigenvaluePlot")
+        if scores is not None and not isinstance(scores, Mapping):
+            raise TypeError("scores must be a dict {name: [n_layers, n_heads] array} (e.g. pcw.head_scores(model)) "
+                            f"or None, got {type(scores).__name__}")
         self.model = model
         self._strings = token_strings(model)
         L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -82,7 +90,8 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         qk = {} if qk_note else encode_array(positivity(self._eigs["QK"]), "float32")
         super().__init__(
             ov_positivity=encode_array(positivity(self._eigs["OV"]), "float32"),
-            qk_positivity=qk, qk_note=qk_note, scores=encoded, ignores=direct_path_ignores(model.cfg), **kwargs,
+            qk_positivity=qk, qk_note=qk_note, scores=encoded, ignores=direct_path_ignores(model.cfg),
+            _embedding_note=embedding_note(model), **kwargs,
         )
         self._runner = Recompute(self)
         self.recompute()

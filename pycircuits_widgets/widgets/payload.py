@@ -16,6 +16,8 @@ _DTYPES = {"float32", "float64", "uint8", "int8", "uint16", "int16", "int32", "u
 def to_numpy(x, *, name: str = "array") -> np.ndarray:
     """A torch tensor, numpy array or nested list as a numpy array (on the CPU)."""
     if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds every bfloat16 exactly
+            x = x.float()
         return x.detach().to("cpu").numpy()
     try:
         return np.asarray(x)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.circuits import refuse_rotary_qk
+from ..analysis.circuits import embedding_note, refuse_rotary_qk
 from ..analysis.skip_trigrams import MODES, centred_factors, token_strings, top_skip_trigrams
 from ..factored import FactoredMatrix
 from ..models.tokenizer import visible_whitespace
@@ -36,6 +36,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
+    _embedding_note = traitlets.Unicode("").tag(sync=True)
+    """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
     # Above ``partial_above`` vocabulary entries, a first table over the ``partial_sources``
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
     partial_sources = 64
@@ -78,7 +80,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
-                         ignores=direct_path_ignores(model.cfg), **kwargs)
+                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
         self._runner = Recompute(self)
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one

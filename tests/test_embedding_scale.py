@@ -1,0 +1,134 @@
+"""The embedding token circuits read: W_E divided by the first layer norm's per-token scale
+where that is exact (the paper's choice for one-layer models), the raw W_E elsewhere.
+
+Oracles: the model's own forward on one-token contexts (what its first layer divides by),
+torch's ``F.layer_norm`` on W_E (written apart from the model's normalisation), dense
+products and a brute-force top-k over every (source, destination, out) triple.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from random_models import custom_model, paper_model
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import eigenvalue_positivity, full_ov_circuit, full_qk_circuit, skip_trigrams
+from pycircuits_widgets.analysis.circuits import (
+    direct_path, embedding, embedding_is_normalized, embedding_note, k_composition_circuit,
+)
+
+
+@pytest.fixture(scope="module")
+def one_layer():
+    return pcw.load_pretrained("attn-only-1l")
+
+
+def normed_embedding(model) -> torch.Tensor:
+    """``LN(W_E[t])`` per token, by torch's layer norm (no learned scale: it is folded into readers)."""
+    return F.layer_norm(model.W_E, (model.cfg.d_model,), eps=model.cfg.eps)
+
+
+def test_the_scale_is_what_the_first_layer_divides_each_token_by(one_layer):
+    """One-token contexts: layer 0 reads ``resid / ln_scale``; that is ``embedding(model, 0)``."""
+    tokens = torch.arange(one_layer.cfg.d_vocab)[:, None]
+    _, cache = one_layer.run_with_cache(tokens)
+    resid = cache.resid[:, 0, 0]
+    read = (resid - resid.mean(-1, keepdim=True)) / cache.ln_scale[:, 0, 0, None]
+    torch.testing.assert_close(embedding(one_layer, 0), read, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(embedding(one_layer, 0), normed_embedding(one_layer), atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(embedding(one_layer, 0), one_layer.W_E, atol=1e-2)  # the scale matters here
+
+
+def test_full_ov_rows_equal_what_the_head_writes_on_one_token_contexts(one_layer):
+    """On a one-token context a head attends to its only token: its output times W_U is the
+    head's full OV row for that token, exactly."""
+    tokens = torch.tensor([3, 77, 500, 1000])[:, None]
+    _, cache = one_layer.run_with_cache(tokens)
+    for h in (0, 5):
+        expected = cache.head_out[:, 0, h, 0] @ one_layer.W_U
+        got = full_ov_circuit(one_layer, 0, h).A[tokens[:, 0]] @ full_ov_circuit(one_layer, 0, h).B
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_full_qk_equals_the_attention_logit_gap_on_two_token_contexts(one_layer):
+    """Context ``[s, d]``: ``log(A[1, 0] / A[1, 1])`` times attn_scale is the score gap of the
+    destination ``d`` (position 1) to ``s`` (position 0) and to itself; its token-token terms are
+    the full QK circuit, the rest are positional terms written out here."""
+    m, h = one_layer, 2
+    pairs = torch.tensor([[5, 9], [100, 7], [640, 640], [31, 900]])
+    _, cache = m.run_with_cache(pairs)
+    A = cache.patterns[:, 0, h, 1]
+    gap = torch.log(A[:, 0] / A[:, 1]) * m.cfg.attn_scale
+    E, P = normed_embedding(m), m.W_pos
+    WQK = m.W_Q[0, h] @ m.W_K[0, h].T
+    qk = full_qk_circuit(m, 0, h).dense()
+    s, d = pairs[:, 0], pairs[:, 1]
+
+
+    def bilinear(x, y):  # rowwise x WQK y^T
+        return ((x @ WQK) * y).sum(-1)
+
+    P0, P1 = P[0].expand_as(E[s]), P[1].expand_as(E[s])
+    positional = (bilinear(E[d], P0) + bilinear(P1, E[s]) + bilinear(P1, P0)
+                  - bilinear(E[d], P1) - bilinear(P1, E[d]) - bilinear(P1, P1))
+    expected = qk[d, s] - qk[d, d] + positional
+    torch.testing.assert_close(gap, expected, atol=2e-3, rtol=1e-4)
+
+
+def test_skip_trigrams_equal_a_brute_force_top_k_on_the_normalised_embedding(one_layer):
+    """Every triple scored densely (``qk`` row-centred over sources, ``ov`` row-centred over outs,
+    both positive): a triple in the top 20 has its destination among its source's 20 best and its
+    out among its source's 20 best, so 20 x 20 candidates per source cover it."""
+    m, h, k = one_layer, 4, 20
+    E = normed_embedding(m)
+    qk = (E @ m.W_Q[0, h]) @ (E @ m.W_K[0, h]).T  # [dest, src]
+    qk = qk - qk.mean(1, keepdim=True)
+    ov = (E @ m.W_V[0, h]) @ (m.W_O[0, h] @ m.W_U)  # [src, out]
+    ov = ov - ov.mean(1, keepdim=True)
+    top_qk, dest = torch.topk(qk.T, k, dim=1)  # per source
+    top_ov, out = torch.topk(ov, k, dim=1)
+    score = top_qk.clamp_min(0)[:, :, None] * top_ov.clamp_min(0)[:, None, :]  # [src, k, k]
+    best, flat = torch.topk(score.flatten(), k)
+    src = flat // (k * k)
+    expected = [(int(s), int(dest[s, (f % (k * k)) // k]), int(out[s, f % k])) for s, f in zip(src, flat)]
+    got = skip_trigrams(m, 0, h, k=k)
+    assert [(t.source, t.destination, t.out) for t in got] == expected
+    torch.testing.assert_close(torch.tensor([t.score for t in got]), best, atol=1e-4, rtol=1e-4)
+
+
+def test_eigenvalue_positivity_equals_the_dense_spectrum_of_the_normalised_circuits():
+    m = paper_model(n_layers=1, d_vocab=40)
+    E = normed_embedding(m)
+    for kind in ("OV", "QK"):
+        dense = [E @ m.W_V[0, h] @ m.W_O[0, h] @ m.W_U if kind == "OV" else
+                 E @ m.W_Q[0, h] @ m.W_K[0, h].T @ E.T for h in range(m.cfg.n_heads)]
+        eigs = [torch.linalg.eigvals(M) for M in dense]
+        expected = torch.stack([e.real.sum() / e.abs().sum() for e in eigs]).float()
+        torch.testing.assert_close(eigenvalue_positivity(m, kind)[0], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_later_layers_and_learned_positions_read_the_raw_embedding():
+    two = paper_model(n_layers=2)
+    assert embedding_is_normalized(two, 0) and not embedding_is_normalized(two, 1)
+    torch.testing.assert_close(full_ov_circuit(two, 1, 0).A, two.W_E @ two.W_V[1, 0], atol=0, rtol=0)
+    torch.testing.assert_close(full_ov_circuit(two).A[1], two.W_E @ two.W_V[1], atol=0, rtol=0)
+    torch.testing.assert_close(full_ov_circuit(two).A[0], normed_embedding(two) @ two.W_V[0], atol=1e-12, rtol=1e-9)
+    kc = k_composition_circuit(two, (0, 1), (1, 2))  # circuits through two heads: raw W_E on both sides
+    torch.testing.assert_close(kc.A, two.W_E @ two.W_Q[1, 2], atol=0, rtol=0)
+    torch.testing.assert_close(kc.B.mT, two.W_E @ two.W_V[0, 1] @ two.W_O[0, 1] @ two.W_K[1, 2], atol=1e-12, rtol=1e-9)
+    learned = custom_model(n_layers=1, positional="learned")
+    assert not embedding_is_normalized(learned, 0) and "raw W_E" in embedding_note(learned)
+    torch.testing.assert_close(embedding(learned, 0), learned.W_E, atol=0, rtol=0)
+
+
+def test_a_zero_layer_model_direct_path_is_its_logits():
+    """The unembedding of a 0-layer model reads the embedding alone: logits are exactly
+    ``embedding W_U``, row by row."""
+    m = pcw.load_pretrained("attn-only-0l")
+    tokens = torch.tensor([0, 17, 999])
+    torch.testing.assert_close(direct_path(m).dense()[tokens], m(tokens)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_notes_say_which_embedding(one_layer):
+    assert "per-token scale" in embedding_note(one_layer) and "exact" in embedding_note(one_layer)
+    assert "later layers read the raw W_E" in embedding_note(pcw.load_pretrained("attn-only-2l"))
