@@ -51,12 +51,16 @@ def virtual_head_norms(model) -> torch.Tensor:
     return out
 
 
-def virtual_head_positivity(model, h1: Head, h2: Head) -> float:
-    """Eigenvalue positivity of ``W_E W_OV^{h1} W_OV^{h2} W_U`` (nonzero spectrum from a ``d_head`` square)."""
+def virtual_head_positivity(model, h1: Head, h2: Head, gram: torch.Tensor | None = None) -> float:
+    """Eigenvalue positivity of ``W_E W_OV^{h1} W_OV^{h2} W_U`` (nonzero spectrum from a ``d_head`` square).
+
+    ``gram``: ``token_gram(model, "OV")`` (``W_U W_E [d_model, d_model]``), to share it between pairs.
+    """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
     factors = [x.double() for x in (model.W_V[l1, i1], model.W_O[l1, i1], model.W_V[l2, i2], model.W_O[l2, i2])]
     with torch.no_grad():
-        return float(positivity(eigenvalues_of_product(*factors, token_gram(model, "OV"))))
+        gram = token_gram(model, "OV") if gram is None else gram
+        return float(positivity(eigenvalues_of_product(*factors, gram)))
 
 
 def virtual_head_copies(model, h1: Head, h2: Head, n: int = 10) -> list[tuple[int, float]]:
@@ -82,11 +86,13 @@ def top_virtual_heads(model, k: int = 10, n_copies: int = 10) -> list[VirtualHea
         raise ValueError(f"k must be >= 1, got {k}")
     _, order = torch.topk(defined, min(k, n_pairs))
     L, H = model.cfg.n_layers, model.cfg.n_heads
+    with torch.no_grad():
+        gram = token_gram(model, "OV")  # the vocab-sized product, once for all pairs
     heads = []
     for flat in order.tolist():
         l1, i1, l2, i2 = flat // (H * L * H), flat // (L * H) % H, flat // H % L, flat % H
         h1, h2 = (l1, i1), (l2, i2)
         heads.append(VirtualHead(h1=h1, h2=h2, norm=float(norms[l1, i1, l2, i2]),
-                                 positivity=virtual_head_positivity(model, h1, h2),
+                                 positivity=virtual_head_positivity(model, h1, h2, gram),
                                  copies=virtual_head_copies(model, h1, h2, n_copies)))
     return heads

@@ -16,6 +16,12 @@ from .payload import encode_array
 from .selection import HeadSelection, TokenSelection, check_model
 
 
+N_TABLES = 16
+"""Ranked tables embedded up front (the strongest K-composition pairs) for small vocabularies."""
+EMBED_TABLES_MAX_VOCAB = 8192
+"""Above this vocabulary size only the selected pair's table is computed up front."""
+
+
 class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWidget):
     """The induction mechanism of the selected pair ``selected_pair`` (earlier head h1 -> later
     head h2; ``pcw.analysis.induction``): the K-composition term's token x token QK circuit as a
@@ -31,7 +37,8 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
     Args:
         model: a weight view with at least 2 layers.
         selected_pair: ``[l1, h1, l2, h2]``; default the pair with the largest K-composition score.
-        k: rows of each ranked table. n_tables: tables embedded up front.
+        k: rows of each ranked table. n_tables: tables embedded up front (default ``N_TABLES``, or 1
+            above ``EMBED_TABLES_MAX_VOCAB`` tokens).
     """
 
     _view = traitlets.Unicode("InductionMechanism").tag(sync=True)
@@ -48,13 +55,15 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
 
-    def __init__(self, model, k: int = 12, n_tables: int = 16, **kwargs):
+    def __init__(self, model, k: int = 12, n_tables: int | None = None, **kwargs):
         check_model(model, "InductionMechanism")
         if model.cfg.n_layers < 2:
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
         self.model = model
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
+        if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
+            n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
         self._strings_all = token_strings(model)
         with torch.no_grad():
             qk_pos = k_composition_positivity(model)
