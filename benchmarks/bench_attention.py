@@ -16,6 +16,7 @@ Run:  .venv/bin/python benchmarks/bench_attention.py   (needs the `bench` extra:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pathlib
@@ -28,8 +29,6 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from ipywidgets.widgets.widget import _remove_buffers  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
 from pycircuits_widgets.widgets.standalone import widget_state  # noqa: E402
@@ -65,10 +64,9 @@ def causal_patterns(n: int, seed: int = 0) -> np.ndarray:
 
 def ours(page, A, tokens, tmp):
     w = pcw.AttentionPatterns(tokens=tokens, patterns=A)
-    _, _, buffers = _remove_buffers({k: v for k, v in w.get_state().items() if k not in ("_esm", "_css")})
-    binary = sum(len(bytes(b)) for b in buffers)
-    state = widget_state(w)
-    json_bytes = len(json.dumps(state["state"]))
+    saved = widget_state([w])[w.model_id]
+    binary = sum(len(base64.b64decode(b["data"])) for b in saved.get("buffers", []))
+    json_bytes = len(json.dumps({k: v for k, v in saved["state"].items() if k != "_esm"}))
     values = binary  # every binary byte is one uint8 attention value
     path = w.save_html(tmp / f"ours_{len(tokens)}.html")
     page.goto(path.as_uri())

@@ -14,7 +14,8 @@ def main(argv=None) -> int:
         help="notebook saved with widget state -> one self-contained HTML file (no kernel, no network)",
     )
     export.add_argument("notebook", help="the .ipynb file (save it with widget state)")
-    export.add_argument("-o", "--output", help="the HTML file to write (default: NOTEBOOK with .html)")
+    export.add_argument("-o", "--output", help="the HTML file to write (default: NOTEBOOK with .html; "
+                        "never the notebook itself or any .ipynb)")
     export.add_argument("--title", help="page title (default: the notebook's title or file name)")
     args = parser.parse_args(argv)
 
@@ -22,7 +23,7 @@ def main(argv=None) -> int:
 
     try:
         out = export_notebook(args.notebook, args.output, title=args.title)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # nothing written: an existing page is left as it was
         parser.exit(2, f"error: {exc}\n")
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
     return 0

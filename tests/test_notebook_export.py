@@ -18,7 +18,8 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.__main__ import main as cli_main
 from pycircuits_widgets.widgets import CircuitWidget
 from pycircuits_widgets.widgets.fallback import MAX_ROWS
-from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, render_notebook_html
+from pycircuits_widgets.widgets.bundle import bundle_code, stub_esm
+from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 XSS = '<img src=x onerror="window.__pwned = 1">'
@@ -125,12 +126,17 @@ def saved_state(page: str) -> list[dict]:
     return json.loads(found.group(1))["widgets"]
 
 
-def test_export_inlines_the_bundle_once_and_references_nothing_remote(executed, exported):
+def test_saved_notebook_holds_the_bundle_once_and_the_page_inlines_it_once(executed, exported):
     saved = nbformat.read(str(executed), 4).metadata.widgets[WIDGET_STATE]["state"].values()
-    esm = [m["state"]["_esm"] for m in saved if "_esm" in m["state"]]
-    assert len(esm) >= 10 and len(set(esm)) == 1  # saved once per instance ...
-    assert exported.count('class="pcw-bundle"') == 1  # ... inlined once
-    assert exported.count(esm[0][:200].replace("</", "<\\/")) == 1
+    js, css = bundle_code()
+    carriers = [m["state"] for m in saved if m["state"].get("_esm") == js]
+    assert len(carriers) == 1 and carriers[0]["_css"] == css  # the bundle once per notebook ...
+    views = [m["state"] for m in saved if str(m["state"].get("_view", ""))]
+    assert len(views) >= 10
+    assert {v["_esm"] for v in views} == {stub_esm()} and len(stub_esm()) < 600  # ... each view a stub
+    assert not any("_css" in v for v in views)
+    assert exported.count('class="pcw-bundle"') == 1  # the page inlines it once
+    assert exported.count(js[:200].replace("</", "<\\/")) == 1
     assert re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=", exported) == []
     assert "require.js" not in exported and "mathjax" not in exported.lower()
 
@@ -156,35 +162,76 @@ def test_export_mounts_every_pycircuits_view_and_registers_composite_children(ex
 
 def test_export_keeps_cells_and_shows_other_widgets_as_text_with_a_note(exported):
     assert "stdout line" in exported and re.search(r"<h1[^>]*>Export <b>test</b>", exported)
-    assert re.search(r"IntSlider.*?widget not shown: only pycircuits_widgets views render", exported, re.S)
+    assert re.search(r"IntSlider.*?widget not shown: only pycircuits_widgets views run in this page", exported, re.S)
     assert "@jupyter-widgets/controls.LabelModel widget not shown" in exported
+    assert exported.count('class="pcw-placeholder"') == 2
     # the tokens live in the JSON state (escaped for <script>), never as raw HTML
     assert XSS not in exported
 
 
-def test_export_without_saved_state_warns_and_falls_back_to_the_static_preview(executed):
+def test_export_without_saved_state_refuses_with_how_to_save_it(executed, tmp_path, capsys):
     nb = nbformat.read(str(executed), 4)
     del nb.metadata["widgets"]
-    with pytest.warns(UserWarning, match="no saved widget state"):
-        page = render_notebook_html(nb)
-    assert 'class="pcw-bundle"' not in page
-    # nbconvert re-serialises the HTML: the token stays text (quotes may be unescaped)
-    assert "<img" not in page and re.search(r"&lt;img src=x onerror=(&quot;|\")window.__pwned = 1", page)
-    assert "its state was not saved with the notebook" in page
-
-
-def test_cli_writes_the_page_and_rejects_a_bad_notebook(executed, tmp_path, capsys):
-    out = tmp_path / "out.html"
-    cli = [sys.executable, "-m", "pycircuits_widgets", "export", str(executed), "-o", str(out)]
-    done = subprocess.run(cli, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert f"wrote {out}" in done.stdout
-    assert saved_state(out.read_text(encoding="utf-8"))[0]["state"]["tokens"] == TOKENS
-    bad = tmp_path / "bad.ipynb"
-    bad.write_text("{}", encoding="utf-8")
+    with pytest.raises(ExportError, match="saved without widget state") as err:
+        render_notebook_html(nb)
+    assert "Save Widget State Automatically" in str(err.value) and "store_widget_state=True" in str(err.value)
+    bare = tmp_path / "bare.ipynb"
+    nbformat.write(nb, str(bare))
     with pytest.raises(SystemExit) as exit_:
-        cli_main(["export", str(bad)])
-    assert exit_.value.code == 2 and "is not a Jupyter notebook" in capsys.readouterr().err
+        cli_main(["export", str(bare)])
+    assert exit_.value.code == 2
+    shown = sum(WIDGET_VIEW in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert f"{bare} shows {shown} widget(s) but was saved without widget state" in capsys.readouterr().err
+    assert not bare.with_suffix(".html").exists()
+
+
+def test_export_of_a_notebook_whose_outputs_outlived_their_widgets_shows_placeholders(executed):
+    nb = nbformat.read(str(executed), 4)
+    state = nb.metadata.widgets[WIDGET_STATE]["state"]
+    first = next(o for c in nb.cells for o in c.get("outputs", []) if WIDGET_VIEW in o.get("data", {}))
+    del state[first["data"][WIDGET_VIEW]["model_id"]]  # a widget closed before saving
+    with pytest.warns(UserWarning, match="1 widget output.s. have no saved widget state"):
+        page = render_notebook_html(nb)
+    assert "Widget not shown: its state was not saved with the notebook." in page
+    assert len([e for e in saved_state(page) if e["el"]]) == len(MOUNTED) - 1
+
+
+def test_export_refuses_to_overwrite_the_notebook_or_any_notebook(executed, tmp_path, capsys):
+    nb_bytes = executed.read_bytes()
+    other = tmp_path / "other.ipynb"
+    other.write_text("{}", encoding="utf-8")
+    as_html = tmp_path / "x.html"  # a notebook named .html: its default output is itself
+    as_html.write_bytes(nb_bytes)
+    for args, target in [([str(executed), "-o", str(executed)], executed), ([str(executed), "-o", str(other)], other),
+                         ([str(executed), "-o", str(tmp_path / "new.IPYNB")], None), ([str(as_html)], as_html)]:
+        before = target.read_bytes() if target else None
+        with pytest.raises(SystemExit) as exit_:
+            cli_main(["export", *args])
+        assert exit_.value.code == 2
+        assert "refusing to write the HTML page to" in capsys.readouterr().err
+        assert (target.read_bytes() if target else None) == before
+    assert not (tmp_path / "new.IPYNB").exists()
+
+
+def test_failed_writes_leave_the_existing_file_intact_and_name_it(tmp_path):
+    w = pcw.ColoredTokens(["a", "b"], [1.0, 2.0])
+    path = tmp_path / "page.html"
+    path.write_text("old page", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"cannot write {re.escape(str(path))}: .*lone surrogate"):
+        w.save_html(path, title="bad \ud800 title")
+    assert path.read_text(encoding="utf-8") == "old page"
+    missing = tmp_path / "no" / "such" / "dir" / "page.html"
+    with pytest.raises(OSError, match=f"cannot write {re.escape(str(missing))}"):
+        w.save_html(missing)
+    assert os.listdir(tmp_path) == ["page.html"]  # no temporary file left behind
+    assert w.save_html(path) == path and "pcw-state" in path.read_text(encoding="utf-8")
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @pytest.mark.browser

@@ -49,7 +49,31 @@ export function mountView({ model, el, host }) {
   return widget.render({ model: withHost, el });
 }
 
-export default { render: mountView };
+/**
+ * The slot a view's `_esm` stub awaits (pycircuits_widgets/widgets/bundle.py): one per
+ * bundle hash, on `globalThis` so that every module of the page shares it.
+ * @param {string} key  the bundle's hash
+ */
+function bundleSlot(key) {
+  const sym = Symbol.for(`pycircuits_widgets:${key}`);
+  return (globalThis[sym] ??= (() => {
+    let resolve;
+    const promise = new Promise((r) => (resolve = r));
+    return { promise, resolve };
+  })());
+}
+
+const definition = {
+  // Only the kernel's hidden BundleCarrier has `bundle_key`: anywidget calls initialize
+  // when it creates the model, and the views' stubs then render with this bundle.
+  initialize({ model }) {
+    const key = model.get("bundle_key");
+    if (key) bundleSlot(key).resolve(definition);
+  },
+  render: mountView,
+};
+
+export default definition;
 
 // Kernel-less host (standalone HTML export and the browser test harness).
 export { createHost };

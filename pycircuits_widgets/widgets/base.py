@@ -14,24 +14,17 @@ import pathlib
 import anywidget
 import traitlets
 
-_STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
-
-
-def _bundle(name: str) -> pathlib.Path:
-    path = _STATIC / name
-    if not path.exists():
-        raise FileNotFoundError(
-            f"the built front end {path} is missing: install the package with pip (which builds it) "
-            "or run `npm --prefix js install && npm --prefix js run build`"
-        )
-    return path
+from . import standalone
+from .bundle import ensure_carrier, stub_esm
+from .fallback import summary_html
 
 
 class CircuitWidget(anywidget.AnyWidget):
     """Base of all views. Subclasses set ``_view`` to the name of their Svelte file."""
 
-    _esm = _bundle("widget.js")
-    _css = _bundle("widget.css")
+    # A stub that renders with the bundle of the kernel's one BundleCarrier: the bundle is
+    # sent and saved once, not once per view (no ``_css`` either: the carrier has it).
+    _esm = stub_esm()
 
     _view = traitlets.Unicode("").tag(sync=True)
     """str: name of the Svelte view (file name in js/src/views/ without extension)."""
@@ -45,6 +38,7 @@ class CircuitWidget(anywidget.AnyWidget):
             raise TypeError(
                 f"{type(self).__name__} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
             )
+        ensure_carrier()  # its comm opens before this view's
         super().__init__(**kwargs)
 
     # -- browser input ---------------------------------------------------------------
@@ -72,16 +66,12 @@ class CircuitWidget(anywidget.AnyWidget):
 
     def _fallback_html(self) -> str:
         """Static HTML of this view's key data (escaped, a few KB); override for a better one."""
-        from .fallback import summary_html
-
         return summary_html(self)
 
     def save_html(self, path, *, title: str | None = None) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
         that shows this view with every interaction that needs no kernel."""
-        from .standalone import save_html
-
-        return save_html([self], path, title=title or type(self).__name__)
+        return standalone.save_html([self], path, title=title or type(self).__name__)
 
 
 def check_range(name: str, value: int, lo: int, hi: int, *, none: bool = False) -> int:

@@ -1,21 +1,45 @@
-"""Self-contained HTML pages for widgets: no kernel, no CDN, no network.
+"""Self-contained HTML pages of widgets: no kernel, no CDN, no network.
 
-The page inlines the widget bundle once (however many widgets it shows) and each
-widget's saved state, binary buffers included (base64). A small kernel-less host in the
-bundle (``js/src/lib/host.js``) gives every view a model object with anywidget's
-front-end API, so all interactions that need no kernel keep working.
+One path serves ``save_html`` and the notebook exporter (:mod:`.notebook_export`): both
+start from widget state in the format a notebook saves
+(``application/vnd.jupyter.widget-state+json``: model id -> ``{model_name, model_module,
+state, buffers}``). For live widgets that state comes from ipywidgets' public
+``ipywidgets.embed.dependency_state`` (the widgets and every widget they reference);
+for a notebook, from its saved metadata. :class:`Page` turns it into page entries:
+
+* Trust boundary: the page inlines only this package's own bundle, once. A saved
+  ``_esm``/``_css`` is ignored (a notebook's state can say anything); models of other
+  widget libraries are shown as a placeholder with their text, never run.
+* Non-finite floats (NaN, +-inf) travel as ``{"__pcw_nonfinite__": "NaN"}`` and the page's
+  JSON reader turns them back into numbers: the page JSON is strict (no bare ``NaN``,
+  which would make the whole page fail to parse).
+* Writes are atomic (:func:`write_atomic`): a failure leaves any existing file intact.
+
+A small kernel-less host in the bundle (``js/src/lib/host.js``) gives every view a model
+object with anywidget's front-end API, so all interactions that need no kernel work.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import json
+import math
+import os
 import pathlib
+import tempfile
 
-from ipywidgets.widgets.widget import _remove_buffers
+import ipywidgets
+from ipywidgets.embed import dependency_state
 
-from .base import CircuitWidget
+from .bundle import bundle_code
+
+OURS = "pycircuits_widgets."
+"""Prefix of ``_anywidget_id`` (module path of the class) of this package's widgets."""
+NONFINITE = "__pcw_nonfinite__"
+_BOX_DIRECTION = {"BoxModel": "column", "VBoxModel": "column", "GridBoxModel": "column", "HBoxModel": "row"}
+# Dropped from every saved state: code is never taken from state (see the module doc);
+# layout is a separate ipywidgets model that the kernel-less host does not have.
+_DROPPED = ("_esm", "_css", "layout")
 
 # Host theme for pages outside JupyterLab: the views read JupyterLab's CSS variables.
 _THEME_CSS = """
@@ -36,29 +60,32 @@ body { background: var(--jp-layout-color0); color: var(--jp-ui-font-color1);
   font-family: var(--jp-ui-font-family); margin: 16px; }
 .pcw-cell { margin-bottom: 24px; }
 """
+_PLACEHOLDER_CSS = """
+.pcw-placeholder { border: 1px dashed var(--jp-border-color1, #bdbdbd); border-radius: 4px;
+  padding: 6px 8px; margin: 4px 0; }
+.pcw-placeholder > p { font-size: 12px; color: var(--jp-ui-font-color2, #666); margin: 2px 0; }
+"""
 
-# Loads each inlined bundle the way anywidget does (an ES module from a Blob URL) and
-# mounts every saved widget with the kernel-less host of its bundle. `window.pcwBridge`,
-# when a test harness defines it, forwards changes to a live Python widget; a shared page
-# has none and runs without a kernel. A widget that fails to mount shows why; the others
-# still mount.
+# Loads the inlined bundle the way anywidget does (an ES module from a Blob URL) and
+# mounts every saved widget with its kernel-less host. `window.pcwBridge`, when a test
+# harness defines it, forwards changes to a live Python widget; a shared page has none
+# and runs without a kernel. A widget that fails to mount shows why; the others still
+# mount.
 _BOOT_JS = """
 const bridge = window.pcwBridge;
-const hosts = [];
-for (const el of document.querySelectorAll("script.pcw-bundle")) {
-  const url = URL.createObjectURL(new Blob([el.textContent], { type: "text/javascript" }));
-  const mod = await import(url);
-  hosts.push(mod.createHost(mod.default, bridge ? bridge.hooks : {}));
-}
-const saved = JSON.parse(document.getElementById("pcw-state").textContent);
-const models = new Map();
-window.pcwHost = { models };
+const bundle = document.querySelector("script.pcw-bundle");
+const url = URL.createObjectURL(new Blob([bundle.textContent], { type: "text/javascript" }));
+const mod = await import(url);
+const host = mod.createHost(mod.default, bridge ? bridge.hooks : {});
+const saved = JSON.parse(document.getElementById("pcw-state").textContent, (key, value) =>
+  value !== null && typeof value === "object" && "%(nonfinite)s" in value ? Number(value["%(nonfinite)s"]) : value);
+window.pcwHost = { models: host.models };
 const failures = [];
 // Register every saved model first: composite views resolve their children (entries
 // without an element, shown by their parent) when they mount.
 for (const w of saved.widgets) {
   try {
-    models.set(w.model_id, hosts[w.bundle ?? 0].register(w));
+    host.register(w);
   } catch (err) {
     failures.push(err);
   }
@@ -67,7 +94,7 @@ for (const w of saved.widgets) {
   if (!w.el) continue;
   const el = document.getElementById(w.el);
   try {
-    hosts[w.bundle ?? 0].mount(el, w);
+    host.mount(el, w);
   } catch (err) {
     el.textContent = "pycircuits_widgets: " + err;
     failures.push(err);
@@ -75,115 +102,204 @@ for (const w of saved.widgets) {
 }
 document.body.dataset.pcwReady = "1";
 if (failures.length) throw failures[0];
-"""
+""" % {"nonfinite": NONFINITE}
 
 
-def _script_text(text: str) -> str:
-    """Make text safe inside <script>: no `</script` and no `<!--` can end or confuse it.
+def script_text(text: str) -> str:
+    """Make text safe inside <script>/<style>: no `</` and no `<!--` can end or confuse it.
     The replacements are JavaScript-neutral escapes."""
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
-def widget_state(widget: CircuitWidget) -> dict:
-    """The widget's full synced state as JSON-able data: binary buffers in base64."""
-    full = widget.get_state()
-    # The bundle is inlined once per page, not once per widget; layout is a separate
-    # ipywidgets model that a kernel-less page does not have.
-    state = {k: v for k, v in full.items() if k not in ("_esm", "_css", "layout")}
-    state, paths, buffers = _remove_buffers(state)
-    return {
-        "model_id": widget.model_id,
-        "state": state,
-        "buffer_paths": paths,
-        "buffers": [base64.b64encode(bytes(b)).decode("ascii") for b in buffers],
-    }
+def strict_json(value) -> str:
+    """JSON with every non-finite float as ``{NONFINITE: "NaN" | "Infinity" | "-Infinity"}``
+    (which the page's reader turns back into numbers), safe inside <script>."""
+
+    def tag(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return {NONFINITE: "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")}
+        if isinstance(v, dict):
+            return {k: tag(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [tag(x) for x in v]
+        return v
+
+    return json.dumps(tag(value), allow_nan=False).replace("<", "\\u003c")
 
 
-def child_widgets(widgets) -> list[CircuitWidget]:
-    """Widgets held in the synced traits of ``widgets`` (children of composite views such as
-    the explorer, synced as ``"IPY_MODEL_<id>"``), recursively, each once, not ``widgets``
-    themselves. A page registers their states so the parent can show them."""
-    seen = {w.model_id for w in widgets}
-    found: list[CircuitWidget] = []
-
-    def visit(value):
-        if isinstance(value, CircuitWidget):
-            if value.model_id not in seen:
-                seen.add(value.model_id)
-                found.append(value)
-                visit_traits(value)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-
-    def visit_traits(widget):
-        for name in widget.trait_names(sync=True):
-            visit(getattr(widget, name))
-
-    for w in widgets:
-        visit_traits(w)
-    return found
+def is_ours(model: dict) -> bool:
+    """Whether a saved model is one of this package's views."""
+    return str(model.get("state", {}).get("_anywidget_id", "")).startswith(OURS)
 
 
-def bundle_code() -> tuple[str, str]:
-    """(javascript, css) of the built front end."""
-    return str(CircuitWidget._esm), str(CircuitWidget._css)
+def references(value) -> list[str]:
+    """Model ids of the widgets a state refers to ("IPY_MODEL_<id>" anywhere inside it)."""
+    if isinstance(value, str):
+        return [value.removeprefix("IPY_MODEL_")] if value.startswith("IPY_MODEL_") else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [ref for item in value for ref in references(item)]
+    return []
 
 
-def page_styles(css: list[str], *, theme: bool = True) -> str:
-    """<style> tags for a page of widgets: each distinct widget CSS, after the host theme
-    (JupyterLab's CSS variables) unless the page brings its own (``theme=False``)."""
-    sheets = [_THEME_CSS] if theme else []
-    return "\n".join(f"<style>{_script_text(c)}</style>" for c in [*sheets, *dict.fromkeys(css)])
+def _note_with(data: dict, note: str) -> str:
+    """A placeholder: the output's own HTML (our static fallback) or its text, then a note."""
+    shown = data.get("text/html") or f"<pre>{html.escape(str(data.get('text/plain', '')))}</pre>"
+    if isinstance(shown, list):  # nbformat allows multiline strings as lists
+        shown = "".join(shown)
+    return f'<div class="pcw-placeholder">{shown}<p>{html.escape(note)}</p></div>'
 
 
-def page_scripts(bundles: list[str], entries: list[dict]) -> str:
-    """<script> tags that mount saved widgets into their elements, with no kernel.
+class Page:
+    """The views of one page, from saved widget state (model id -> saved model)."""
 
-    ``bundles``: distinct bundle sources, each inlined once. ``entries``: one per view, as
-    :func:`widget_state` returns, plus ``el`` (the id of its element in the page, or None
-    for a child widget that its parent view shows) and ``bundle`` (its index in
-    ``bundles``, default 0)."""
-    state_json = json.dumps({"widgets": entries}).replace("<", "\\u003c")
-    tags = [f'<script type="application/json" id="pcw-state">{state_json}</script>']
-    tags += [f'<script type="text/plain" class="pcw-bundle">{_script_text(js)}</script>' for js in bundles]
-    tags.append(f'<script type="module">{_BOOT_JS}</script>')
-    return "\n".join(tags)
+    def __init__(self, saved: dict):
+        self.saved = saved
+        self.entries: list[dict] = []
+        self.unsaved = 0
+
+    def view_html(self, model_id: str, fallback: dict) -> str:
+        """HTML standing in for one widget view (``fallback``: the output's other data,
+        shown for a widget that cannot be mounted)."""
+        model = self.saved.get(model_id)
+        if model is None:
+            self.unsaved += 1
+            return _note_with(fallback, "Widget not shown: its state was not saved with the notebook.")
+        if is_ours(model):
+            el = f"pcw-{len(self.entries)}"
+            self.entries.append({**self._entry(model_id, model), "el": el})
+            return f'<div class="pcw-cell" id="{el}"></div>'
+        direction = _BOX_DIRECTION.get(model.get("model_name"))
+        if direction is not None:
+            children = "".join(self.view_html(ref, {}) for ref in references(model.get("state", {}).get("children", [])))
+            return f'<div style="display:flex;flex-direction:{direction};gap:8px">{children}</div>'
+        name = f"{model.get('model_module', '?')}.{model.get('model_name', '?')}"
+        return _note_with(fallback, f"{name} widget not shown: only pycircuits_widgets views run in this page "
+                                    "(other widgets need their library and a kernel).")
+
+    @staticmethod
+    def _entry(model_id: str, model: dict) -> dict:
+        buffers = model.get("buffers", [])
+        for b in buffers:
+            if b.get("encoding", "base64") != "base64":
+                raise ValueError(f"saved widget buffer at {b.get('path')} has encoding {b['encoding']!r}, expected 'base64'")
+        return {
+            "model_id": model_id,
+            "state": {k: v for k, v in model.get("state", {}).items() if k not in _DROPPED},
+            "buffer_paths": [b["path"] for b in buffers],
+            "buffers": [b["data"] for b in buffers],
+            "el": None,
+        }
+
+    def add_children(self) -> None:
+        """Register (without an element) our widgets that the shown views' states refer to
+        (``"IPY_MODEL_<id>"``, e.g. the explorer's views), recursively, each once: the
+        parent view shows them."""
+        known = {e["model_id"] for e in self.entries}
+        queue = [ref for e in self.entries for ref in references(e["state"])]
+        while queue:
+            ref = queue.pop()
+            model = self.saved.get(ref)
+            if ref in known or model is None or not is_ours(model):
+                continue
+            known.add(ref)
+            entry = self._entry(ref, model)
+            self.entries.append(entry)
+            queue += references(entry["state"])
+
+    def styles(self, *, theme: bool = True) -> str:
+        """<style> tags: the host theme (JupyterLab's CSS variables) unless the page brings
+        its own (``theme=False``), placeholders, and the bundle's CSS if a view is shown."""
+        sheets = ([_THEME_CSS] if theme else []) + [_PLACEHOLDER_CSS] + ([bundle_code()[1]] if self.entries else [])
+        return "\n".join(f"<style>{script_text(c)}</style>" for c in sheets)
+
+    def scripts(self) -> str:
+        """<script> tags that mount the views with no kernel ("" when there are none)."""
+        if not self.entries:
+            return ""
+        return "\n".join([
+            f'<script type="application/json" id="pcw-state">{strict_json({"widgets": self.entries})}</script>',
+            f'<script type="text/plain" class="pcw-bundle">{script_text(bundle_code()[0])}</script>',
+            f'<script type="module">{_BOOT_JS}</script>',
+        ])
+
+
+def widget_state(widgets) -> dict:
+    """Saved widget state (model id -> model) of ``widgets`` and every widget they
+    reference, through ipywidgets' public embedding API."""
+    return dependency_state(list(widgets), drop_defaults=False)
 
 
 def render_html(widgets, *, title: str = "pycircuits_widgets") -> str:
-    """One HTML page showing the given widgets, the bundle inlined once."""
+    """One HTML page showing the given widgets (ours live; boxes laid out; others as a
+    placeholder), the bundle inlined once."""
     widgets = list(widgets)
     if not widgets:
         raise ValueError("render_html needs at least one widget")
     for w in widgets:
-        if not isinstance(w, CircuitWidget):
-            raise TypeError(f"expected pycircuits_widgets widgets, got {type(w).__name__}")
-    js, css = bundle_code()
-    entries = [{**widget_state(w), "el": f"pcw-{i}"} for i, w in enumerate(widgets)]
-    cells = "\n".join(f'<div class="pcw-cell" id="{e["el"]}"></div>' for e in entries)
-    entries += [{**widget_state(c), "el": None} for c in child_widgets(widgets)]
+        if not isinstance(w, ipywidgets.Widget):
+            raise TypeError(f"expected widgets, got {type(w).__name__}")
+    page = Page(widget_state(widgets))
+    cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
+    page.add_children()
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
-{page_styles([css])}
+{page.styles()}
 </head>
 <body>
 {cells}
-{page_scripts([js], entries)}
+{page.scripts()}
 </body>
 </html>
 """
 
 
-def save_html(widgets, path, *, title: str = "pycircuits_widgets") -> pathlib.Path:
-    """Write :func:`render_html` to ``path``; returns the path."""
+def _new_file_mode(path: pathlib.Path) -> int:
+    """The mode a plain ``open(path, "w")`` would give (mkstemp's is 0600): the existing
+    file's, else 0666 less the umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def write_atomic(path, text: str) -> pathlib.Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same folder and
+    a rename: readers never see a partial file, and on any failure an existing file is
+    left as it was. Errors name the file."""
     path = pathlib.Path(path)
-    path.write_text(render_html(widgets, title=title), encoding="utf-8")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start:exc.end]
+        raise ValueError(f"cannot write {path}: the page text holds {bad!r} at offset {exc.start}, "
+                         f"which is not valid Unicode (a lone surrogate?); nothing was written") from None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror}") from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _new_file_mode(path))
+        os.replace(tmp, path)
+    except BaseException as exc:
+        os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"cannot write {path}: {exc.strerror}; an existing file was left as it was") from exc
+        raise
     return path
+
+
+def save_html(widgets, path, *, title: str = "pycircuits_widgets") -> pathlib.Path:
+    """Write :func:`render_html` to ``path`` atomically; returns the path."""
+    return write_atomic(path, render_html(widgets, title=title))

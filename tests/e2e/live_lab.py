@@ -30,8 +30,12 @@ import nbformat
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Front-end extensions the widgets need, as /lab/api/extensions names them.
 REQUIRED_EXTENSIONS = ("anywidget", "@jupyter-widgets/jupyterlab-manager")
-# Off: the "receive Jupyter news?" prompt and update checks (no network in tests).
-_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False}}
+# Off: the "receive Jupyter news?" prompt and update checks (no network in tests). On:
+# saving widget state with the notebook, as a user sharing a notebook does.
+_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyter-widgets/jupyterlab-manager/plugin.jupyterlab-settings": {"saveState": True},
+}
 
 
 def _free_port() -> int:
