@@ -2,12 +2,14 @@
 notebook executed with saved widget state to one offline HTML page."""
 
 import base64
+import html
 import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import zlib
 
 import nbclient
 import nbformat
@@ -17,7 +19,8 @@ import pytest
 import pycircuits_widgets as pcw
 from pycircuits_widgets.__main__ import main as cli_main
 from pycircuits_widgets.widgets import CircuitWidget
-from pycircuits_widgets.widgets.fallback import MAX_ROWS
+from pycircuits_widgets.widgets.pictures import BUDGET
+from pycircuits_widgets.widgets.pictures import TOKENS as MAX_TOKENS
 from pycircuits_widgets.widgets.bundle import bundle_code, stub_esm
 from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
 
@@ -34,20 +37,46 @@ def html_of(widget) -> str:
 
 
 # -- static fallback ---------------------------------------------------------------------
-def test_fallback_lists_tokens_escaped_with_their_values():
+def decode_png(data: bytes) -> np.ndarray:
+    """[h, w, 3] pixels of an 8-bit RGB PNG without row filters (written independently of
+    the encoder: chunks, zlib, one filter byte per row)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        length, kind = int.from_bytes(data[pos:pos + 4], "big"), data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            size = int.from_bytes(body[4:8], "big"), int.from_bytes(body[:4], "big")
+            assert body[8:10] == bytes([8, 2])  # 8-bit RGB
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(size[0], 1 + size[1] * 3)
+    assert (rows[:, 0] == 0).all()
+    return rows[:, 1:].reshape(size[0], size[1], 3)
+
+
+def figures(text: str) -> dict[str, np.ndarray]:
+    """The PNG figures of a fallback, by name."""
+    found = re.findall(r'<img data-pcw-figure="([\w-]+)"[^>]*src="data:image/png;base64,([^"]+)"', text)
+    return {name: decode_png(base64.b64decode(data)) for name, data in found}
+
+
+def test_fallback_colours_tokens_escaped_with_their_values():
     text = html_of(pcw.ColoredTokens(TOKENS, VALUES, label="loss"))
-    rows = re.findall(r"<tr><td>(\d+)</td><td><code>(.*?)</code></td><td>(.*?)</td></tr>", text)
-    assert [int(i) for i, _, _ in rows] == list(range(len(TOKENS)))
-    assert [float(v) for _, _, v in rows] == VALUES
-    assert "<img" not in text and "&lt;img src=x onerror=&quot;window.__pwned = 1&quot;&gt;" in text
-    assert "loss" in text
+    spans = re.findall(r'<span title="([^"]*)" style="background:rgb\((\d+),(\d+),(\d+)\);[^"]*">(.*?)</span>', text)
+    assert [float(v) for v, *_ in spans] == VALUES
+    assert spans[2][4] == html.escape(XSS.replace(" ", "·")[:24]) + "…"  # escaped, cut to 24 characters
+    assert "<img src=x" not in text and "loss per token" in text
+    # white for the smallest value, darkest for the largest (the legend's sequential scale)
+    red = [int(r) for _, r, *_ in spans]
+    assert red.index(max(red)) == VALUES.index(min(VALUES)) and red.index(min(red)) == VALUES.index(max(VALUES))
 
 
 def test_fallback_is_bounded_for_long_inputs():
     n = 5000
     text = html_of(pcw.ColoredTokens([f"t{i}" for i in range(n)], np.arange(n)))
-    assert len(re.findall(r"<tr><td>\d+</td>", text)) == MAX_ROWS
-    assert f"{n - MAX_ROWS} more tokens" in text
+    assert text.count("<span title=") == MAX_TOKENS and f"{n - MAX_TOKENS} more" in text
     assert len(text) < 8_000
 
 
@@ -63,18 +92,60 @@ def test_fallback_shows_the_error_and_a_subclass_can_replace_it():
     assert html_of(Custom(["a"], [1.0])) == "<p>custom</p>"
 
 
-def test_fallback_summarises_arrays_not_aligned_with_tokens():
+def test_fallback_summarises_a_view_without_a_picture():
     from pycircuits_widgets.widgets.fallback import summary_html
     from pycircuits_widgets.widgets.payload import encode_array
 
     import traitlets
 
     class Grid(CircuitWidget):
-        _view = traitlets.Unicode("ColoredTokens").tag(sync=True)
+        _view = traitlets.Unicode("MyGrid").tag(sync=True)
         grid = traitlets.Dict().tag(sync=True)
 
     w = Grid(grid=encode_array(np.array([[1.0, -2.0], [3.5, 0.0]]), "float32"))
     assert "float32 [2×2]: min -2, max 3.5" in summary_html(w)
+    assert "float32 [2×2]: min -2, max 3.5" in html_of(w) and "data-pcw-figure" not in html_of(w)
+
+
+def test_attention_fallback_draws_every_head_and_the_selected_one_from_the_weights():
+    A = np.tril(np.ones((2, 3, 5, 5))) / np.arange(1, 6)[:, None]  # uniform causal
+    A[1, 2] = np.eye(5)  # L1.H2 attends to itself
+    text = html_of(pcw.AttentionPatterns(tokens=list("abcde"), patterns=A.reshape(2, 3, 5, 5), layer=1, head=2))
+    figs = figures(text)
+    grid, head = figs["attention-grid"], figs["attention-head"]
+    assert grid.shape[:2] == (2 * 6 - 1, 3 * 6 - 1)  # 5 px per head, 1 px apart
+    weight = (255 - grid[..., 0].astype(float)) / 230  # red channel of the white..blue scale
+    for layer in range(2):
+        for h in range(3):
+            cell = weight[layer * 6:layer * 6 + 5, h * 6:h * 6 + 5]
+            np.testing.assert_allclose(cell, A[layer, h], atol=2 / 255)
+    np.testing.assert_allclose((255 - head[..., 0].astype(float)) / 230, np.eye(5), atol=2 / 255)
+    assert len(text) < BUDGET
+
+
+def test_explorer_fallback_pictures_every_view_under_budget():
+    from random_models import paper_model
+
+    model = paper_model(n_layers=3, n_heads=4)
+    e = pcw.CircuitExplorer(model, "t1 t2 t3 t1 t2 t3 t4 t5", layer=2, head=1)
+    assert e.wait()
+    text = html_of(e)
+    assert len(text.encode()) < BUDGET
+    names = re.findall(r'data-pcw-figure="([\w-]+)"', text)
+    assert sorted(names) == sorted(["tokens", "attention-grid", "attention-head", "skip-trigrams", "composition",
+                                    "eigen-positivity", "eigen-spectrum"])
+    # composition: heads of layers 0..1 (rows) x heads of layers 1..2 (columns), the reddest
+    # pixel at the largest K-composition score minus baseline (the view's defaults)
+    scores = pcw.composition_scores(model, "K", baseline=True).numpy()[:-1, :, 1:, :].reshape(8, 8)
+    heat = figures(text)["composition"].astype(int)
+    redness = np.where(np.isfinite(scores), heat[..., 0] - heat[..., 2], -999)
+    assert np.unravel_index(redness.argmax(), redness.shape) == np.unravel_index(np.nanargmax(scores), scores.shape)
+    # the table shows the selected head's top skip-trigrams
+    top = pcw.skip_trigrams(model, 2, 1, k=3, approximate=True)
+    rows = re.findall(r"<tr><td><code>(.*?)</code></td><td><code>(.*?)</code></td><td><code>(.*?)</code></td>", text)
+    assert "Top skip-trigrams of head L2.H1" in text
+    shown = [tuple(html.unescape(c).replace("·", " ") for c in row) for row in rows[:3]]
+    assert shown == [(t.source_str, t.destination_str, t.out_str) for t in top]
 
 
 # -- notebook export -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ import traitlets
 
 from . import standalone
 from .bundle import ensure_carrier, stub_esm
-from .fallback import summary_html
+from .fallback import fallback_html
 
 
 class CircuitWidget(anywidget.AnyWidget):
@@ -65,8 +65,9 @@ class CircuitWidget(anywidget.AnyWidget):
         return {**data, "text/html": self._fallback_html()}, metadata
 
     def _fallback_html(self) -> str:
-        """Static HTML of this view's key data (escaped, a few KB); override for a better one."""
-        return summary_html(self)
+        """Static HTML picture of this view drawn from its data (escaped, under
+        ``pictures.BUDGET`` bytes); override for a better one."""
+        return fallback_html(self)
 
     def save_html(self, path, *, title: str | None = None) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)

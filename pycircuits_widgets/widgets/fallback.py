@@ -2,14 +2,15 @@
 
 A code host's notebook preview (or any viewer without the widget manager) shows a
 display's ``text/html`` when it cannot render ``application/vnd.jupyter.widget-view+json``.
-:meth:`CircuitWidget._fallback_html` puts this summary there, so a shared notebook shows
-the widget's key data instead of an empty cell. JupyterLab ranks the widget view first
-and never shows it.
+:meth:`CircuitWidget._fallback_html` puts :func:`fallback_html` there, so a shared
+notebook shows a picture of the view (:mod:`.pictures`) instead of an empty cell.
+JupyterLab ranks the widget view first and never shows it.
 
-The summary is a plain table of the widget's own synced traits: text HTML-escaped and
-truncated, binary arrays as dtype, shape and range, and a 1-D array aligned with a
-``tokens`` trait as a token / value table. It is built once, at display time, and is
-saved in the notebook, so it is kept to a few kilobytes.
+A view without a picture (a user's own subclass view) gets a summary: a plain table of
+its own synced traits, text HTML-escaped and truncated, binary arrays as dtype, shape and
+range, and a 1-D array aligned with a ``tokens`` trait as a token / value table. The
+fallback is built once, at display time, and saved in the notebook: it stays under
+:data:`.pictures.BUDGET` bytes (a picture over it is replaced by the summary).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import anywidget
 import numpy as np
 
 from .payload import decode_array
+from .pictures import BUDGET, FIGURES
 
 MAX_ROWS = 40
 """Most tokens (rows) or list items shown."""
@@ -84,12 +86,12 @@ def _token_table(tokens: list[str], columns: dict[str, np.ndarray]) -> str:
 
 
 def summary_html(widget) -> str:
-    """A small static HTML summary of ``widget``'s own synced traits (see module doc)."""
+    """A small static HTML table of ``widget``'s own synced traits (see module doc)."""
     base_traits = set(anywidget.AnyWidget.class_trait_names())
     names = [
         n
         for n in widget.trait_names(sync=True)
-        if not n.startswith("_") and n not in base_traits and not (n == "error" and not widget.error)
+        if not n.startswith("_") and n not in base_traits and n != "error"  # shown above the table
     ]
     values = {n: getattr(widget, n) for n in names}
     tokens = values.get("tokens")
@@ -103,11 +105,22 @@ def summary_html(widget) -> str:
         for n, v in values.items()
         if n not in aligned and not (n == "tokens" and aligned)
     )
-    parts = [
-        '<div class="pcw-fallback" style="font-family:sans-serif;font-size:12px">',
-        f"<p><b>{html.escape(type(widget).__name__)}</b> <i>{_NOTE}</i></p>",
-        f"<table {_TABLE}>{rows}</table>" if rows else "",
-        _token_table(tokens, aligned) if aligned else "",
-        "</div>",
-    ]
-    return "".join(parts)
+    table = f"<table {_TABLE}>{rows}</table>" if rows else ""
+    return table + (_token_table(tokens, aligned) if aligned else "")
+
+
+def _frame(widget, body: str) -> str:
+    error = f'<p style="color:#d32f2f">{_text(widget.error)}</p>' if widget.error else ""
+    return (f'<div class="pcw-fallback" style="font-family:sans-serif;font-size:12px">'
+            f"<p><b>{html.escape(type(widget).__name__)}</b> <i>{_NOTE}</i></p>{error}{body}</div>")
+
+
+def fallback_html(widget) -> str:
+    """The static fallback of ``widget``: a picture of its view drawn from its data, or the
+    summary of its traits; at most ``BUDGET`` bytes."""
+    figure = FIGURES.get(widget._view)
+    if figure is not None:
+        page = _frame(widget, figure(widget))
+        if len(page.encode("utf-8")) <= BUDGET:
+            return page
+    return _frame(widget, summary_html(widget))

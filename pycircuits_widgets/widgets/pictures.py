@@ -1,0 +1,221 @@
+"""Pictures of the views, drawn in Python from their synced data, for the static
+``text/html`` fallback (a code host's notebook preview runs no JavaScript).
+
+Each view gets a small figure of what its author saw: heatmaps are PNGs (written here
+with zlib, no imaging dependency) shown pixelated; the eigenvalue plane is an SVG of at
+most ``n_layers * n_heads`` points; tables and token strips are plain HTML. Every figure
+is bounded (cells pooled, rows cut), and :data:`BUDGET` bounds a whole display.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import struct
+import zlib
+
+import numpy as np
+
+from .payload import decode_array
+
+BUDGET = 48_000
+"""Most bytes of one display's static fallback (the explorer's included)."""
+THUMB = 24
+"""Most pixels per side of one head's thumbnail in the attention grid."""
+DETAIL = 96
+"""Most pixels per side of the selected head's pattern."""
+TABLE_ROWS = 10
+"""Skip-trigram rows shown."""
+TOKENS = 40
+"""Tokens shown in a token strip."""
+_TEXT = 24
+"""Most characters of one token shown."""
+_NAN_RGB = (200, 200, 200)
+
+
+def png(rgb: np.ndarray) -> bytes:
+    """PNG bytes of an ``[h, w, 3]`` uint8 image (8-bit RGB, no filter)."""
+    h, w, _ = rgb.shape
+    raw = b"".join(b"\0" + rgb[y].tobytes() for y in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+
+
+def img(rgb: np.ndarray, *, scale: int, alt: str, test_id: str) -> str:
+    """An <img> of the image at ``scale`` screen pixels per pixel."""
+    h, w, _ = rgb.shape
+    data = base64.b64encode(png(rgb)).decode("ascii")
+    return (f'<img data-pcw-figure="{test_id}" alt="{html.escape(alt)}" width="{w * scale}" height="{h * scale}" '
+            f'style="image-rendering:pixelated" src="data:image/png;base64,{data}">')
+
+
+def sequential(x: np.ndarray) -> np.ndarray:
+    """Values in [0, 1] -> white..blue RGB (NaN grey)."""
+    t = np.clip(np.nan_to_num(x, nan=0.0), 0.0, 1.0)[..., None]
+    rgb = (255 * (1 - t) + np.array([25, 118, 210]) * t).round().astype(np.uint8)
+    rgb[np.isnan(x)] = _NAN_RGB
+    return rgb
+
+
+def diverging(x: np.ndarray, limit: float) -> np.ndarray:
+    """Values in [-limit, limit] -> blue..white..red RGB (NaN grey)."""
+    t = np.clip(np.nan_to_num(x, nan=0.0) / (limit or 1.0), -1.0, 1.0)[..., None]
+    red, blue = np.array([211, 47, 47]), np.array([25, 118, 210])
+    rgb = np.where(t > 0, 255 * (1 - t) + red * t, 255 * (1 + t) - blue * t).round().astype(np.uint8)
+    rgb[np.isnan(x)] = _NAN_RGB
+    return rgb
+
+
+def max_pool(a: np.ndarray, size: int) -> np.ndarray:
+    """Max-pool the last two axes of ``a`` so that neither exceeds ``size`` (as the
+    attention overview does: a strong weight is never averaged away)."""
+    n = a.shape[-1]
+    f = -(-n // size)
+    if f == 1:
+        return a
+    m = -(-n // f)
+    padded = np.zeros((*a.shape[:-2], m * f, m * f), a.dtype)
+    padded[..., :n, :n] = a
+    return padded.reshape(*a.shape[:-2], m, f, m, f).max(axis=(-3, -1))
+
+
+def _token(s: str) -> str:
+    s = s.replace(" ", "·").replace("\n", "↵")
+    return html.escape(s if len(s) <= _TEXT else s[:_TEXT] + "…")
+
+
+def _caption(text: str) -> str:
+    return f'<p style="margin:4px 0;font-weight:bold">{html.escape(text)}</p>'
+
+
+# -- one figure per view ------------------------------------------------------------------
+def attention(w) -> str:
+    """Every head's pattern as a thumbnail grid (layers x heads), then the selected head."""
+    overview = decode_array(w.overview).astype(np.float32) / 255  # [L, H, m, m]
+    L, H, m, _ = overview.shape
+    thumbs = max_pool(overview, THUMB)
+    t = thumbs.shape[-1]
+    grid = np.full((L * (t + 1) - 1, H * (t + 1) - 1), np.nan, np.float32)
+    for layer in range(L):
+        for head in range(H):
+            grid[layer * (t + 1):layer * (t + 1) + t, head * (t + 1):head * (t + 1) + t] = thumbs[layer, head]
+    selected = max_pool(overview[w.layer, w.head], DETAIL)
+    return (_caption(f"Attention patterns: {L} layers × {H} heads; selected L{w.layer}.H{w.head}")
+            + img(sequential(grid), scale=2, alt="attention pattern of every head", test_id="attention-grid") + " "
+            + img(sequential(selected), scale=max(1, 192 // selected.shape[0]), alt=f"attention pattern of head "
+                  f"L{w.layer}.H{w.head}", test_id="attention-head"))
+
+
+def composition(w) -> str:
+    """The shown composition kind's score of every (earlier head, later head) pair."""
+    from ..analysis.composition import KINDS, NORMS
+
+    scores = decode_array(w.scores)  # [3, 2, L, H, L, H]
+    norm = "correct"
+    s = scores[KINDS.index(w.kind), NORMS.index(norm)]
+    if w.subtract_baseline:
+        s = s - w.baselines[norm]
+    L, H = s.shape[:2]
+    # rows: heads of layers 0..L-2 (earlier), columns: heads of layers 1..L-1 (later)
+    flat = s[:-1, :, 1:, :].reshape((L - 1) * H, (L - 1) * H)
+    finite = flat[np.isfinite(flat)]
+    limit = float(np.abs(finite).max()) if finite.size else 1.0
+    return (_caption(f"{w.kind}-composition scores (rows: earlier head, columns: later head; "
+                     f"{'minus baseline' if w.subtract_baseline else 'raw'}; max |score| {limit:.3g})")
+            + img(diverging(flat, limit), scale=max(1, 192 // flat.shape[0]), alt=f"{w.kind}-composition heatmap",
+                  test_id="composition"))
+
+
+def eigen(w) -> str:
+    """Each head at (OV positivity, QK positivity), the selected head ringed, and the
+    selected head's OV eigenvalues in the complex plane."""
+    ov, qk = decode_array(w.ov_positivity), decode_array(w.qk_positivity)
+    L, H = ov.shape
+    size, pad = 160, 10
+
+    def xy(a, b):
+        return pad + (a + 1) / 2 * (size - 2 * pad), pad + (1 - b) / 2 * (size - 2 * pad)
+
+    dots = []
+    for layer in range(L):
+        hue = 360 * layer / max(L, 1)
+        for head in range(H):
+            x, y = xy(float(ov[layer, head]), float(qk[layer, head]))
+            ring = ' stroke="black" stroke-width="2"' if (layer, head) == (w.layer, w.head) else ""
+            dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="hsl({hue:.0f},70%,45%)"{ring}>'
+                        f"<title>L{layer}.H{head}</title></circle>")
+    axes = (f'<line x1="{pad}" y1="{size / 2}" x2="{size - pad}" y2="{size / 2}" stroke="#999"/>'
+            f'<line x1="{size / 2}" y1="{pad}" x2="{size / 2}" y2="{size - pad}" stroke="#999"/>')
+    plane = (f'<svg data-pcw-figure="eigen-positivity" xmlns="http://www.w3.org/2000/svg" width="{size}" '
+             f'height="{size}" viewBox="0 0 {size} {size}">{axes}{"".join(dots)}</svg>')
+    spectrum = ""
+    detail = w.detail or {}
+    if "ov_re" in detail:
+        re, im = decode_array(detail["ov_re"]), decode_array(detail["ov_im"])
+        r = float(np.abs(re + 1j * im).max()) or 1.0
+        points = "".join(f'<circle cx="{size / 2 + a / r * (size / 2 - pad):.1f}" cy="{size / 2 - b / r * (size / 2 - pad):.1f}" '
+                         f'r="2" fill="#1976d2"/>' for a, b in zip(re.tolist(), im.tolist()))
+        spectrum = (f' <svg data-pcw-figure="eigen-spectrum" xmlns="http://www.w3.org/2000/svg" width="{size}" '
+                    f'height="{size}" viewBox="0 0 {size} {size}">{axes}{points}</svg>')
+    return (_caption(f"Eigenvalue positivity (x: OV, y: QK) of every head; OV eigenvalues of L{w.layer}.H{w.head}")
+            + plane + spectrum)
+
+
+def skip_trigrams(w) -> str:
+    """The top rows of the skip-trigram table."""
+    t = w.trigrams or {}
+    if "src" not in t:
+        return _caption("Skip-trigrams: not computed yet")
+    strings = t["strings"]  # keys are ids (str once the state went through JSON)
+
+    def name(i: int) -> str:
+        return _token(strings.get(i, strings.get(str(i), "?")))
+
+    cols = [decode_array(t[n])[:TABLE_ROWS].tolist() for n in ("src", "dest", "out", "score")]
+    rows = "".join(f"<tr><td><code>{name(s)}</code></td><td><code>{name(d)}</code></td><td><code>{name(o)}</code></td>"
+                   f"<td>{float(v):.3g}</td></tr>" for s, d, o, v in zip(*cols))
+    return (_caption(f"Top skip-trigrams of head L{t['layer']}.H{t['head']}"
+                     f"{'' if t.get('exact', True) else ' (partial)'}")
+            + '<table data-pcw-figure="skip-trigrams" border="1" cellpadding="2" style="border-collapse:collapse">'
+            + "<tr><th>source</th><th>destination</th><th>out</th><th>score</th></tr>" + rows + "</table>")
+
+
+def tokens(w) -> str:
+    """The first tokens coloured by their values (the legend's scale)."""
+    values = decode_array(w.values).astype(np.float64)
+    lo = w.vmin if w.vmin is not None else float(np.nanmin(values)) if values.size else 0.0
+    hi = w.vmax if w.vmax is not None else float(np.nanmax(values)) if values.size else 1.0
+    span = (hi - lo) if np.isfinite(hi - lo) and hi > lo else 1.0
+    colours = sequential((values[:TOKENS] - lo) / span)
+    spans = "".join(
+        f'<span title="{v:.4g}" style="background:rgb({r},{g},{b});padding:0 1px">{_token(s)}</span>'
+        for s, v, (r, g, b) in zip(w.tokens, values.tolist(), colours.tolist())
+    )
+    more = f" … {len(w.tokens) - TOKENS} more" if len(w.tokens) > TOKENS else ""
+    return _caption(f"{w.label} per token") + f'<div data-pcw-figure="tokens" style="font-family:monospace">{spans}{more}</div>'
+
+
+def explorer(w) -> str:
+    """The header line and each child view's picture."""
+    parts = [_caption(f"Circuit explorer: {w.model_name}, head L{w.layer}.H{w.head}"
+                      + (f", mean loss {w.mean_loss:.3f} nats" if w.mean_loss is not None else ""))]
+    for name in ("loss", "attention", "trigrams", "composition", "eigen"):
+        child = getattr(w, name, None)
+        if child is not None:
+            parts.append(f"<div>{FIGURES[child._view](child)}</div>")
+    return "".join(parts)
+
+
+FIGURES = {
+    "AttentionPatterns": attention,
+    "CompositionMatrix": composition,
+    "EigenvaluePlot": eigen,
+    "SkipTrigramTable": skip_trigrams,
+    "ColoredTokens": tokens,
+    "CircuitExplorer": explorer,
+}
+"""View name (``_view``) -> figure of a widget of that view."""

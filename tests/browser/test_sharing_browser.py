@@ -1,0 +1,109 @@
+"""Shared pages in headless Chromium with the network cut: hostile saved state runs
+nothing, non-finite numbers render, placeholders for other widget libraries.
+
+The notebooks here are built without a kernel: outputs and saved widget state come from
+live widgets exactly as a saved notebook holds them (``_repr_mimebundle_`` and
+ipywidgets' public ``embed.dependency_state``), then edited as an attacker would."""
+
+import json
+import re
+
+import nbformat
+import pytest
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
+from pycircuits_widgets.widgets.standalone import NONFINITE, widget_state
+
+pytestmark = pytest.mark.browser
+
+EVIL_JS = "globalThis.__pwned = 'module'; export default { render() { globalThis.__pwned = 'render'; } };"
+
+
+def notebook_of(widgets) -> nbformat.NotebookNode:
+    """A notebook with one cell per widget, saved with widget state."""
+    nb = nbformat.v4.new_notebook()
+    for w in widgets:
+        data, _ = w._repr_mimebundle_()
+        nb.cells.append(nbformat.v4.new_code_cell("w", outputs=[nbformat.v4.new_output("display_data", data=data)]))
+    nb.metadata["widgets"] = {WIDGET_STATE: {"version_major": 2, "version_minor": 0, "state": widget_state(widgets)}}
+    return nb
+
+
+def open_offline(page, path):
+    """Open ``path`` with every non-file request aborted; returns (attempted urls, errors)."""
+    attempted, errors = [], []
+
+    def block(route):
+        attempted.append(route.request.url)
+        route.abort()
+
+    page.route(re.compile(r"^(?!file:|data:|blob:)"), block)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
+    return attempted, errors
+
+
+def page_entries(html: str) -> list[dict]:
+    def refuse(name):
+        raise AssertionError(f"bare {name} in the page's JSON")
+
+    found = re.search(r'<script type="application/json" id="pcw-state">(.*?)</script>', html, re.S)
+    return json.loads(found.group(1), parse_constant=refuse)["widgets"]
+
+
+def test_hostile_saved_esm_and_css_never_run_and_other_libraries_show_a_placeholder(page, tmp_path):
+    ours = pcw.ColoredTokens(["safe", " view"], [1.0, 2.0])
+    nb = notebook_of([ours])
+    state = nb.metadata.widgets[WIDGET_STATE]["state"]
+    for model in state.values():  # every saved model claims to run the attacker's code
+        model["state"]["_esm"] = EVIL_JS
+        model["state"]["_css"] = "body { display: none !important; }"
+    # another anywidget library's model, shown in its own cell
+    state["foreign"] = {"model_name": "AnyModel", "model_module": "anywidget", "model_module_version": "~0.11.*",
+                        "state": {"_anywidget_id": "evil.Widget", "_esm": EVIL_JS, "_view_name": "AnyView"}}
+    nb.cells.append(nbformat.v4.new_code_cell("evil", outputs=[nbformat.v4.new_output(
+        "display_data", data={WIDGET_VIEW: {"model_id": "foreign", "version_major": 2, "version_minor": 1},
+                              "text/plain": "EvilWidget()"})]))
+    src = tmp_path / "hostile.ipynb"
+    nbformat.write(nb, str(src))
+    out = export_notebook(src)
+    html = out.read_text(encoding="utf-8")
+    assert "__pwned" not in html and "display: none !important; }" not in html
+
+    attempted, errors = open_offline(page, out)
+    view = page.locator(".pcw-colored-tokens")
+    assert view.locator(".token").all_inner_texts() == ["safe", "·view"] and view.is_visible()
+    placeholder = page.locator(".pcw-placeholder")
+    assert placeholder.count() == 1 and "EvilWidget()" in placeholder.inner_text()
+    assert "anywidget.AnyModel widget not shown" in placeholder.inner_text()
+    assert page.evaluate("globalThis.__pwned") is None
+    assert attempted == [] and errors == []
+
+
+def test_non_finite_numbers_travel_in_strict_json_and_the_page_renders(page, tmp_path):
+    w = pcw.ColoredTokens(["a", " b", " c"], [1.0, 2.0, 3.0], vmin=float("nan"), vmax=float("inf"))
+    path = w.save_html(tmp_path / "nan.html")
+    (entry,) = page_entries(path.read_text(encoding="utf-8"))  # strict JSON: parses with no bare NaN
+    assert entry["state"]["vmin"] == {NONFINITE: "NaN"} and entry["state"]["vmax"] == {NONFINITE: "Infinity"}
+
+    attempted, errors = open_offline(page, path)
+    view = page.locator(".pcw-colored-tokens")
+    assert view.is_visible() and view.locator(".token").all_inner_texts() == ["a", "·b", "·c"]
+    read = page.evaluate("(id) => { const m = window.pcwHost.models.get(id); return [Number.isNaN(m.get('vmin')), "
+                         "m.get('vmax') === Infinity]; }", w.model_id)
+    assert read == [True, True]
+    assert attempted == [] and errors == []
+
+
+def test_export_of_a_notebook_whose_state_holds_bare_nan_renders(page, tmp_path):
+    w = pcw.ColoredTokens(["x", " y"], [0.0, 1.0], vmax=float("-inf"))
+    src = tmp_path / "nan.ipynb"
+    nbformat.write(notebook_of([w]), str(src))  # Python's json writes a bare -Infinity here
+    assert "-Infinity" in src.read_text(encoding="utf-8")
+    out = export_notebook(src)
+    assert page_entries(out.read_text(encoding="utf-8"))[0]["state"]["vmax"] == {NONFINITE: "-Infinity"}
+    attempted, errors = open_offline(page, out)
+    assert page.locator(".pcw-colored-tokens .token").count() == 2
+    assert attempted == [] and errors == []
