@@ -69,10 +69,13 @@ class CircuitWidget(anywidget.AnyWidget):
         ``pictures.BUDGET`` bytes); override for a better one."""
         return fallback_html(self)
 
-    def save_html(self, path, *, title: str | None = None) -> pathlib.Path:
+    def save_html(self, path, *, title: str | None = None, offline: bool = True) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
-        that shows this view with every interaction that needs no kernel."""
-        return standalone.save_html([self], path, title=title or type(self).__name__)
+        that shows this view with every interaction that needs no kernel. With ``offline``
+        (default) the results other selections need (each head's skip-trigram table and
+        eigenvalues, head pairs' composition detail) are precomputed into the page within
+        a size budget (``widgets.offline.BUDGET``); seconds of work for a 2-layer model."""
+        return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline)
 
 
 def check_range(name: str, value: int, lo: int, hi: int, *, none: bool = False) -> int:

@@ -32,6 +32,7 @@ import ipywidgets
 from ipywidgets.embed import dependency_state
 
 from .bundle import bundle_code
+from .offline import Budget, offline_answers
 
 OURS = "pycircuits_widgets."
 """Prefix of ``_anywidget_id`` (module path of the class) of this package's widgets."""
@@ -231,9 +232,31 @@ def widget_state(widgets) -> dict:
     return dependency_state(list(widgets), drop_defaults=False)
 
 
-def render_html(widgets, *, title: str = "pycircuits_widgets") -> str:
+def _live_widgets(widgets) -> dict:
+    """model id -> widget, for ``widgets`` and every widget their synced traits hold."""
+    found = {}
+
+    def visit(value):
+        if isinstance(value, ipywidgets.Widget):
+            if value.model_id not in found:
+                found[value.model_id] = value
+                for name in value.trait_names(sync=True):
+                    visit(getattr(value, name))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+
+    visit(list(widgets))
+    return found
+
+
+def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = True) -> str:
     """One HTML page showing the given widgets (ours live; boxes laid out; others as a
-    placeholder), the bundle inlined once."""
+    placeholder), the bundle inlined once, with the answers a reader's clicks need
+    precomputed (:mod:`.offline`) unless ``offline=False`` (a page wired to a kernel)."""
     widgets = list(widgets)
     if not widgets:
         raise ValueError("render_html needs at least one widget")
@@ -243,6 +266,12 @@ def render_html(widgets, *, title: str = "pycircuits_widgets") -> str:
     page = Page(widget_state(widgets))
     cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
     page.add_children()
+    live, budget = _live_widgets(widgets), Budget()
+    for entry in page.entries if offline else []:
+        offline = offline_answers(live[entry["model_id"]], budget)
+        if offline is not None:
+            entry["offline"] = offline["answers"]
+            entry["state"]["_needs_kernel"] = offline["kernel"]
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -300,6 +329,6 @@ def write_atomic(path, text: str) -> pathlib.Path:
     return path
 
 
-def save_html(widgets, path, *, title: str = "pycircuits_widgets") -> pathlib.Path:
+def save_html(widgets, path, *, title: str = "pycircuits_widgets", offline: bool = True) -> pathlib.Path:
     """Write :func:`render_html` to ``path`` atomically; returns the path."""
-    return write_atomic(path, render_html(widgets, title=title))
+    return write_atomic(path, render_html(widgets, title=title, offline=offline))

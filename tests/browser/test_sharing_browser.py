@@ -13,6 +13,8 @@ import pytest
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
+from pycircuits_widgets.analysis.eigen import eigenvalues
+from pycircuits_widgets.widgets.offline import NEEDS_KERNEL
 from pycircuits_widgets.widgets.standalone import NONFINITE, widget_state
 
 pytestmark = pytest.mark.browser
@@ -107,3 +109,63 @@ def test_export_of_a_notebook_whose_state_holds_bare_nan_renders(page, tmp_path)
     attempted, errors = open_offline(page, out)
     assert page.locator(".pcw-colored-tokens .token").count() == 2
     assert attempted == [] and errors == []
+
+
+@pytest.fixture(scope="module")
+def shipped_explorer_page(tmp_path_factory):
+    model = pcw.load_pretrained("attn-only-2l")
+    e = pcw.CircuitExplorer(model, "def fibonacci(n):\n    return fibonacci(n - 1) + fibonacci(n - 2)\n")
+    assert e.wait()
+    return model, e, e.save_html(tmp_path_factory.mktemp("offline") / "explorer.html")
+
+
+def test_saved_explorer_page_clicks_through_three_heads_offline(page, shipped_explorer_page):
+    model, e, path = shipped_explorer_page
+    assert path.stat().st_size < 1_000_000
+    attempted, errors = open_offline(page, path)
+    table = page.locator(".pcw-explorer section[data-view=trigrams]")
+    eigen = page.locator(".pcw-explorer section[data-view=eigen]")
+    for layer, head in [(0, 3), (1, 6), (1, 2)]:
+        assert (layer, head) != (e.layer, e.head)
+        table.get_by_test_id("layer-picker").select_option(str(layer))
+        table.get_by_test_id("head-picker").select_option(str(head))
+        caption = table.locator("caption")
+        assert caption.inner_text().startswith(f"Top 40 skip-trigrams of head {layer}.{head}")
+        rows = table.locator("tr.trigram")
+        shown = [tuple(rows.nth(i).locator(".pcw-tok").all_inner_texts()) for i in range(5)]
+        direct = pcw.skip_trigrams(model, layer, head, k=5, approximate=True)
+        assert shown == [tuple(visible(s) for s in (t.source_str, t.destination_str, t.out_str)) for t in direct]
+
+        point = eigen.locator(f"[data-testid=scatter] g.head[data-label='L{layer}.H{head}'], "
+                              f"[data-testid=scatter] g.head[data-label='{layer}.{head}']").first
+        point.focus()  # points overlap: select with the keyboard, as the view allows
+        point.press("Enter")
+        detail = eigen.get_by_test_id("detail")
+        assert re.search(rf"head (L{layer}\.H{head}|{layer}\.{head}):", detail.inner_text())
+        first = detail.locator("[data-testid=spectrum-OV] circle.eig title").first.text_content()
+        parsed = re.search(r"λ1 = (-?[\d.e+-]+?) ?[+−] ?([\d.e+-]+)i", first)
+        assert parsed, first
+        re_, im_ = (float(x) for x in parsed.groups())
+        want = eigenvalues(model, "OV")[layer, head][0]
+        assert re_ == pytest.approx(float(want.real), rel=1e-4, abs=1e-5)
+        assert abs(im_) == pytest.approx(abs(float(want.imag)), rel=1e-4, abs=1e-5)
+        assert eigen.get_by_test_id("copies").locator(".copy").count() == e.eigen.n_copies
+    assert page.locator("[data-testid=error]").count() == 0
+    assert attempted == [] and errors == []
+
+
+def test_offline_token_search_and_text_box_say_they_need_a_kernel(page, shipped_explorer_page):
+    _, _, path = shipped_explorer_page
+    attempted, errors = open_offline(page, path)
+    table = page.locator(".pcw-explorer section[data-view=trigrams]")
+    assert table.get_by_test_id("search").is_disabled()
+    assert table.get_by_test_id("needs-kernel").inner_text() == NEEDS_KERNEL["query"]
+    attention = page.locator(".pcw-explorer .pcw-attention")
+    assert attention.get_by_test_id("text").is_disabled() and attention.get_by_test_id("run").is_disabled()
+    assert attention.get_by_test_id("needs-kernel").inner_text() == NEEDS_KERNEL["text"]
+    assert attempted == [] and errors == []
+
+
+def visible(s: str) -> str:
+    """A token as the views print it (spaces as "·", newlines as "↵")."""
+    return s.replace(" ", "·").replace("\n", "↵")

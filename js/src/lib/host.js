@@ -19,6 +19,11 @@ export function restoreBuffers(state, paths, buffers) {
   return state;
 }
 
+/** A saved answer ({state, buffer_paths, buffers (base64)}) as a state patch. */
+function restoreAnswer(answer) {
+  return restoreBuffers(structuredClone(answer.state), answer.buffer_paths, answer.buffers.map(decodeBase64));
+}
+
 export class HostModel {
   /**
    * @param {string} id
@@ -52,7 +57,24 @@ export class HostModel {
   save_changes() {
     const changes = this._dirty;
     this._dirty = {};
-    if (this._hooks.onSave && Object.keys(changes).length) this._hooks.onSave(this.model_id, changes);
+    if (!Object.keys(changes).length) return;
+    if (this._hooks.onSave) this._hooks.onSave(this.model_id, changes);
+    else if (this._offline) this._answerOffline(changes);
+  }
+  /**
+   * No kernel: apply the answer the page precomputed for the new selection, as the kernel
+   * would (pycircuits_widgets/widgets/offline.py), or say that it needs a kernel.
+   * @param {Record<string, any>} changes
+   */
+  _answerOffline(changes) {
+    for (const rule of this._offline) {
+      if (!rule.on.some((name) => name in changes)) continue;
+      const key = rule.on.map((name) => JSON.stringify(this.get(name))).join(",");
+      const answer = rule.patches[key];
+      this.update(answer ? restoreAnswer(answer) : { error: rule.missing });
+    }
+    const kernel = this.get("_needs_kernel") ?? {};
+    for (const name of Object.keys(changes)) if (kernel[name]) this.update({ error: kernel[name] });
   }
   send(content, _callbacks, buffers = []) {
     if (this._hooks.onSend) this._hooks.onSend(this.model_id, content, buffers);
@@ -106,6 +128,7 @@ export function createHost(widgetDef, hooks = {}) {
         saved.buffers.map(decodeBase64),
       );
       const model = new HostModel(saved.model_id, state, hooks);
+      model._offline = saved.offline ?? null; // precomputed answers (standalone pages only)
       models.set(saved.model_id, model);
       return model;
     },
