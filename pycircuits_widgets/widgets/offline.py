@@ -116,7 +116,7 @@ def _skip_trigrams(w, budget):
 
 def _eigen(w, budget):
     return [_rule(["layer", "head"], [
-        (key(l, h), lambda l=l, h=h: _last(w._detail_steps(l, h, w.n_copies))) for l, h in _heads(w)
+        (key(l, h), lambda l=l, h=h: _last(w._detail_steps(l, h, w.n_copies, "layer"))) for l, h in _heads(w)
     ], budget, _over_budget("This head's eigenvalue detail"))]
 
 
@@ -129,7 +129,7 @@ def _composition(w, budget):
         pairs.remove(current)
         pairs.insert(0, current)
     return [_rule(["selected_pair", "kind"], [
-        (key(p, w.kind), lambda p=p: _last(w._steps(p, w.kind, False))) for p in pairs
+        (key(p, w.kind), lambda p=p: _last(w._detail_steps(p, w.kind))) for p in pairs
     ], budget, f"This page holds the {w.kind}-composition details of head pairs (within its {BUDGET // 1000} KB "
                  "budget for precomputed results); this one needs a running kernel.")]
 

@@ -112,13 +112,12 @@ def attention(w) -> str:
 
 def composition(w) -> str:
     """The shown composition kind's score of every (earlier head, later head) pair."""
-    from ..analysis.composition import KINDS, NORMS
-
-    scores = decode_array(w.scores)  # [3, 2, L, H, L, H]
-    norm = "correct"
-    s = scores[KINDS.index(w.kind), NORMS.index(norm)]
+    tables = w.scores.get(w.kind, {})
+    if "correct" not in tables:
+        return _caption(f"{w.kind}-composition scores: not computed yet")
+    s = decode_array(tables["correct"])  # [L, H, L, H]
     if w.subtract_baseline:
-        s = s - w.baselines[norm]
+        s = s - w.baselines["correct"]
     L, H = s.shape[:2]
     # rows: heads of layers 0..L-2 (earlier), columns: heads of layers 1..L-1 (later)
     flat = s[:-1, :, 1:, :].reshape((L - 1) * H, (L - 1) * H)
@@ -133,8 +132,10 @@ def composition(w) -> str:
 def eigen(w) -> str:
     """Each head at (OV positivity, QK positivity), the selected head ringed, and the
     selected head's OV eigenvalues in the complex plane."""
-    ov, qk = decode_array(w.ov_positivity), decode_array(w.qk_positivity)
+    ov = decode_array(w.ov_positivity)
     L, H = ov.shape
+    # no QK positivity (e.g. rotary positions): the heads sit on the OV axis
+    qk = decode_array(w.qk_positivity) if w.qk_positivity else np.zeros_like(ov)
     size, pad = 160, 10
 
     def xy(a, b):
