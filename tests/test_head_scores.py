@@ -80,3 +80,28 @@ def test_one_layer_model_has_no_induction_head():
     """Induction needs K-composition with an earlier previous-token head: one layer cannot."""
     scores = head_scores(load_pretrained("attn-only-1l"))
     assert scores["induction"].max() < 0.5
+
+
+def test_shipped_two_layer_model_has_the_five_induction_heads_the_readme_names(model):
+    """README and notebook 03: L1.H6, L1.H5, L1.H7, L1.H3, L1.H2 score 0.65-0.73, the rest < 0.01."""
+    induction = head_scores(model)["induction"]
+    strong = {(l, h) for l in range(2) for h in range(8) if induction[l, h] > 0.5}
+    assert strong == {(1, 6), (1, 5), (1, 7), (1, 3), (1, 2)}
+    assert 0.65 <= float(induction[1, 2]) <= float(induction[1].max()) <= 0.73
+    assert float(induction[1, [0, 1, 4]].max()) < 0.01 and float(induction[0].max()) < 0.01
+
+
+def repeat_loss_ratio(model, seq_len: int, seed: int) -> float:
+    tokens = repeated_random_tokens(model, seq_len=seq_len, n_repeats=2, batch=8, seed=seed)
+    with torch.no_grad():
+        loss = F.cross_entropy(model(tokens)[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    return loss[:, seq_len:].mean().item() / loss[:, : seq_len - 1].mean().item()
+
+
+def test_repeat_loss_ratio_depends_on_the_sequence_length(model):
+    """README: 0.47-0.49 at 5 tokens, 0.37-0.42 at 50 (seeds 0-2): the ratio is not one number."""
+    short = [repeat_loss_ratio(model, 5, seed) for seed in range(3)]
+    long = [repeat_loss_ratio(model, 50, seed) for seed in range(3)]
+    assert all(0.45 <= r <= 0.51 for r in short), short
+    assert all(0.35 <= r <= 0.44 for r in long), long
+    assert min(short) - max(long) > 0.03
