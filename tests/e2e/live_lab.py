@@ -1,15 +1,18 @@
-"""A real JupyterLab 4 server and a notebook driven in headless Chromium, for end-to-end
-tests and the round-trip benchmark.
+"""Real notebook servers driven in headless Chromium, for end-to-end tests and the
+round-trip benchmark.
 
-* :class:`JupyterLab` starts ``jupyter lab`` on 127.0.0.1 (free port, token auth, no
-  browser, a temporary root, config, data, runtime and settings dirs so the user's own
-  Jupyter setup plays no part), waits until it answers, and shuts it down with its
-  kernels. ``window.jupyterapp`` is exposed (``LabApp.expose_app_in_browser``) so tests
-  can run JupyterLab commands.
+* :class:`ServerProcess`: one server process on 127.0.0.1 (a free port), in a temporary
+  base directory with its own config, data, runtime and home dirs so the user's own setup
+  plays no part; it waits for a real readiness signal (an HTTP answer) and is always shut
+  down with its kernels. Run as root, the Jupyter servers get ``--allow-root``.
+* :class:`JupyterLab` (4) and :class:`JupyterNotebook` (7, built from JupyterLab's
+  components): token auth, no browser, ``window.jupyterapp`` exposed
+  (``expose_app_in_browser``) so tests can run the application's commands.
+  tests/e2e/live_hosts.py has Voilà and marimo.
 * :func:`open_notebook` opens a notebook in a page and waits for its kernel;
   :func:`run_all_cells` runs it; :func:`kernel_exec` / :func:`kernel_eval` run code in the
-  notebook's own kernel (through JupyterLab's session, as the notebook does) to observe
-  the kernel side of a click.
+  notebook's own kernel (through the application's session, as the notebook does) to
+  observe the kernel side of a click. They work in JupyterLab and Notebook 7 alike.
 """
 
 from __future__ import annotations
@@ -44,8 +47,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class JupyterLab:
-    """One JupyterLab server process; use as a context manager."""
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+class ServerProcess:
+    """One server process; use as a context manager. Subclasses give :meth:`command`,
+    :meth:`ready` (True once the server answers) and optionally :meth:`shutdown`."""
+
+    name = "server"
+    dirs = ("root", "config", "data", "runtime", "home", "ipython")
 
     def __init__(self, base: pathlib.Path, *, start_timeout: float = 90.0):
         self.base = pathlib.Path(base)
@@ -54,50 +65,37 @@ class JupyterLab:
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         self.start_timeout = start_timeout
-        self.log_path = self.base / "jupyter.log"
+        self.log_path = self.base / f"{self.name}.log"
         self.proc: subprocess.Popen | None = None
 
-    # -- lifecycle ------------------------------------------------------------------------
-    def __enter__(self) -> "JupyterLab":
-        dirs = {name: self.base / name for name in ("root", "config", "data", "runtime", "settings", "workspaces", "ipython")}
-        for d in dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
-        for rel, value in _SETTINGS.items():
-            path = dirs["settings"] / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(value), encoding="utf-8")
-        env = {
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        d = {name: self.base / name for name in self.dirs}
+        return {
             **os.environ,
-            "JUPYTER_CONFIG_DIR": str(dirs["config"]),
-            "JUPYTER_DATA_DIR": str(dirs["data"]),
-            "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
-            "IPYTHONDIR": str(dirs["ipython"]),
+            "HOME": str(d["home"]),
+            "JUPYTER_CONFIG_DIR": str(d["config"]),
+            "JUPYTER_DATA_DIR": str(d["data"]),
+            "JUPYTER_RUNTIME_DIR": str(d["runtime"]),
+            "IPYTHONDIR": str(d["ipython"]),
             "JUPYTER_PLATFORM_DIRS": "1",
             # the kernel imports the package from this checkout
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }
-        cmd = [
-            sys.executable, "-m", "jupyterlab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={self.port}",
-            "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={dirs['root']}",
-            f"--LabApp.user_settings_dir={dirs['settings']}",
-            f"--LabApp.workspaces_dir={dirs['workspaces']}",
-            "--LabApp.expose_app_in_browser=True",
-            "--LabApp.news_url=",
-            "--LabApp.extension_manager=readonly",  # the PyPI one queries the network
-            "--ServerApp.terminals_enabled=False",
-        ]  # fmt: skip
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-root")  # containers and CI often run as root
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def __enter__(self):
+        for name in self.dirs:
+            (self.base / name).mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=dirs["root"], env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(), cwd=self.root, env=self.env(), stdout=self._log, stderr=subprocess.STDOUT)
         try:
             self._wait_ready()
-            self._check_extensions()
         except BaseException:
             self.__exit__()
             raise
@@ -107,27 +105,23 @@ class JupyterLab:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                self.api("GET", "/api/status")
-                return
+                if self.ready():
+                    return
             except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.2)
-        raise TimeoutError(f"jupyter lab did not answer within {self.start_timeout}s:\n{self.log_tail()}")
+                pass
+            time.sleep(0.2)  # polling interval of the readiness probe, not a synchronisation
+        raise TimeoutError(f"{self.name} did not answer within {self.start_timeout}s:\n{self.log_tail()}")
 
-    def _check_extensions(self):
-        names = {ext["name"] for ext in self.api("GET", "/lab/api/extensions")}
-        missing = [name for name in REQUIRED_EXTENSIONS if name not in names]
-        if missing:
-            raise RuntimeError(
-                f"JupyterLab extension(s) {missing} not installed in {sys.prefix}/share/jupyter/labextensions "
-                "(pip install anywidget ipywidgets installs them)"
-            )
+    def shutdown(self):
+        """Ask the server to stop (the default: terminate the process)."""
+        self.proc.terminate()
 
     def __exit__(self, *exc):
         if self.proc is not None and self.proc.poll() is None:
             try:
-                self.api("POST", "/api/shutdown")  # stops the kernels too
+                self.shutdown()
                 self.proc.wait(timeout=15)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.terminate()
@@ -140,6 +134,63 @@ class JupyterLab:
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")[-n:]
+
+    def get(self, path: str, headers: dict | None = None) -> bytes:
+        req = urllib.request.Request(self.url + path, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            return reply.read()
+
+
+class JupyterLab(ServerProcess):
+    """One JupyterLab server process; use as a context manager."""
+
+    name = "jupyter-lab"
+    module = "jupyterlab"
+    app_class = "LabApp"
+    known_page_errors: tuple[str, ...] = ()
+    dirs = (*ServerProcess.dirs, "settings", "workspaces")
+
+    def command(self) -> list[str]:
+        for rel, value in _SETTINGS.items():
+            path = self.base / "settings" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(value), encoding="utf-8")
+        app = self.app_class
+        cmd = [
+            sys.executable, "-m", self.module,
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            f"--{app}.user_settings_dir={self.base / 'settings'}",
+            f"--{app}.workspaces_dir={self.base / 'workspaces'}",
+            f"--{app}.expose_app_in_browser=True",
+            "--ServerApp.terminals_enabled=False",
+        ]  # fmt: skip
+        if app == "LabApp":
+            cmd += ["--LabApp.news_url=", "--LabApp.extension_manager=readonly"]  # both query the network
+        if is_root():
+            cmd.append("--allow-root")  # containers and CI often run as root
+        return cmd
+
+    def ready(self) -> bool:
+        self.api("GET", "/api/status")
+        self._check_extensions()
+        return True
+
+    def _check_extensions(self):
+        names = {ext["name"] for ext in self.api("GET", "/lab/api/extensions")}
+        missing = [name for name in REQUIRED_EXTENSIONS if name not in names]
+        if missing:
+            raise RuntimeError(
+                f"JupyterLab extension(s) {missing} not installed in {sys.prefix}/share/jupyter/labextensions "
+                "(pip install anywidget ipywidgets installs them)"
+            )
+
+    def shutdown(self):
+        self.api("POST", "/api/shutdown")  # stops the kernels too
 
     # -- REST -------------------------------------------------------------------------------
     def api(self, method: str, path: str):
@@ -158,6 +209,24 @@ class JupyterLab:
 
     def notebook_url(self, name: str) -> str:
         return f"{self.url}/lab/tree/{name}?reset&token={self.token}"
+
+
+class JupyterNotebook(JupyterLab):
+    """One Jupyter Notebook 7 server process (the same REST API and page helpers)."""
+
+    name = "jupyter-notebook"
+    module = "notebook"
+    app_class = "JupyterNotebookApp"
+    # Notebook 7.6.5's own keyboard-shortcuts settings listener throws this on every page
+    # load, the file browser included, before any notebook or widget exists.
+    known_page_errors = ("Cannot read properties of undefined (reading 'schema')",)
+
+    def ready(self) -> bool:
+        self.api("GET", "/api/status")  # Notebook 7 has no /lab/api/extensions listing
+        return True
+
+    def notebook_url(self, name: str) -> str:
+        return f"{self.url}/notebooks/{name}?token={self.token}"
 
 
 def write_notebook(directory: pathlib.Path, name: str, cells: list[str]) -> pathlib.Path:

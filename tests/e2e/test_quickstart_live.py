@@ -1,5 +1,5 @@
-"""notebooks/01_quickstart.ipynb in a real JupyterLab 4 and kernel, driven in headless
-Chromium: run all cells, click a head in the explorer's attention view, and check that the
+"""notebooks/01_quickstart.ipynb in a real JupyterLab 4 and in a real Jupyter Notebook 7,
+with their kernels, driven in headless Chromium: run all cells, click a head in the explorer's attention view, and check that the
 kernel's selection changed in every view and that the recomputed skip-trigram table shown
 in the page is the one a direct ``pcw.skip_trigrams`` call gives."""
 
@@ -15,34 +15,34 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 NOTEBOOK = "01_quickstart.ipynb"
 
 
-def test_click_on_a_head_in_the_quickstart_explorer_recomputes_in_the_kernel(lab_page, jupyter_lab):
-    shutil.copy(REPO / "notebooks" / NOTEBOOK, jupyter_lab.root / NOTEBOOK)
-    open_notebook(lab_page, jupyter_lab, NOTEBOOK)
-    run_all_cells(lab_page)
-    explorer = lab_page.locator(".jp-OutputArea-output .pcw-explorer")
+def test_click_on_a_head_in_the_quickstart_explorer_recomputes_in_the_kernel(live_page, jupyter_app):
+    shutil.copy(REPO / "notebooks" / NOTEBOOK, jupyter_app.root / NOTEBOOK)
+    open_notebook(live_page, jupyter_app, NOTEBOOK)
+    run_all_cells(live_page)
+    explorer = live_page.locator(".jp-OutputArea-output .pcw-explorer")
     thumbs = explorer.locator("section[data-view=attention] button.thumb")
     thumbs.first.wait_for()
 
-    layer, head, n_heads = kernel_eval(lab_page, "[explorer.layer, explorer.head, model.cfg.n_heads]")
+    layer, head, n_heads = kernel_eval(live_page, "[explorer.layer, explorer.head, model.cfg.n_heads]")
     target = (0, (head + 1) % n_heads) if layer == 0 else (0, 0)  # a head other than the selected one
-    thumbs.and_(lab_page.locator(f"[data-layer='{target[0]}'][data-head='{target[1]}']")).click()
+    thumbs.and_(live_page.locator(f"[data-layer='{target[0]}'][data-head='{target[1]}']")).click()
 
-    wait_for_kernel(lab_page, "[explorer.layer, explorer.head]", list(target))
-    kernel_exec(lab_page, "assert explorer.wait(30)")
+    wait_for_kernel(live_page, "[explorer.layer, explorer.head]", list(target))
+    kernel_exec(live_page, "assert explorer.wait(30)")
     views = "[[v.layer, v.head] for v in (explorer.attention, explorer.trigrams, explorer.composition, explorer.eigen)]"
-    assert kernel_eval(lab_page, views) == [list(target)] * 4
-    assert kernel_eval(lab_page, "[explorer.trigrams.trigrams['layer'], explorer.trigrams.trigrams['head'], "
+    assert kernel_eval(live_page, views) == [list(target)] * 4
+    assert kernel_eval(live_page, "[explorer.trigrams.trigrams['layer'], explorer.trigrams.trigrams['head'], "
                                  "explorer.trigrams.trigrams['exact']]") == [*target, True]
 
     # the page shows the kernel's recomputed table, and it is the direct analysis result
     caption = explorer.locator("section[data-view=trigrams] caption")
-    lab_page.wait_for_function(
+    live_page.wait_for_function(
         "([el, want]) => el.textContent.includes(want) && !el.textContent.includes('partial')",
         arg=[caption.element_handle(), f"skip-trigrams of head {target[0]}.{target[1]}"],
     )
     rows = explorer.locator("section[data-view=trigrams] tr.trigram")
     shown = [tuple(rows.nth(i).locator(".pcw-tok").all_inner_texts()) for i in range(5)]
-    direct = kernel_eval(lab_page, f"[(t.source_str, t.destination_str, t.out_str) for t in "
+    direct = kernel_eval(live_page, f"[(t.source_str, t.destination_str, t.out_str) for t in "
                                    f"pcw.skip_trigrams(model, {target[0]}, {target[1]}, k=5, approximate=True)]")
     assert shown == [tuple(t) for t in direct]
     label = explorer.locator("[data-testid=selected-head]").inner_text()
