@@ -1,5 +1,6 @@
 """notebooks/01_quickstart.ipynb in a real JupyterLab 4 and in a real Jupyter Notebook 7,
-with their kernels, driven in headless Chromium: run all cells, click a head in the explorer's attention view, and check that the
+with their kernels, driven in headless Chromium: run all cells, see the head the notebook
+selected from Python, click a head in the explorer's attention view, and check that the
 kernel's selection changed in every view and that the recomputed skip-trigram table shown
 in the page is the one a direct ``pcw.skip_trigrams`` call gives."""
 
@@ -24,6 +25,9 @@ def test_click_on_a_head_in_the_quickstart_explorer_recomputes_in_the_kernel(liv
     thumbs.first.wait_for()
 
     layer, head, n_heads = kernel_eval(live_page, "[explorer.layer, explorer.head, model.cfg.n_heads]")
+    # the notebook selected the induction head from Python: the page shows it
+    label = explorer.locator("[data-testid=selected-head]")
+    live_page.wait_for_function("([el, want]) => el.textContent === want", arg=[label.element_handle(), f"L{layer}.H{head}"])
     target = (0, (head + 1) % n_heads) if layer == 0 else (0, 0)  # a head other than the selected one
     thumbs.and_(live_page.locator(f"[data-layer='{target[0]}'][data-head='{target[1]}']")).click()
 
