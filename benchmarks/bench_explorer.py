@@ -2,12 +2,15 @@
 message -> kernel selection -> every view's observer -> kernel recomputes (skip-trigram
 table, eigenvalue detail, ...) -> state updates -> views re-rendered.
 
-Run:  .venv/bin/python benchmarks/bench_explorer.py [--clicks 20]
+Run:  .venv/bin/python benchmarks/bench_explorer.py [--clicks 20] [--model gpt2-small]
 (needs jupyterlab, playwright and Debian's chromium, as the e2e tests do)
 
 Setup: tests/e2e/live_lab.py's JupyterLab 4 server and kernel; headless Chromium opens a
-notebook with ``pcw.CircuitExplorer(pcw.load_pretrained("attn-only-2l"), text)`` (the
-quick start's). Each click selects a different head in the attention view; timed in the
+notebook with ``pcw.CircuitExplorer(model, text)`` on the quick start's text, where model is
+the shipped ``attn-only-2l`` (default) or, with ``--model gpt2-small``, a GPT-2-small-shaped
+model (``transformers.GPT2Config()`` defaults: 12 layers x 12 heads, d_model 768, d_vocab
+50257, MLPs) with random weights built in the kernel, read through ``pcw.from_hf`` with a
+byte-level BPE tokenizer trained on the text (nothing is downloaded). Each click selects a different head in the attention view; timed in the
 page with ``performance.now()`` from the click to:
 
 * "header": the explorer's header names the new head (kernel echo of the selection);
@@ -33,16 +36,26 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
 from harness import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from live_lab import JupyterLab, open_notebook, run_all_cells, write_notebook  # noqa: E402
+from live_lab import JupyterLab, kernel_eval, open_notebook, run_all_cells, write_notebook  # noqa: E402
 
 WARMUP = 3
-CELLS = [
-    "import pycircuits_widgets as pcw\n"
-    "from pycircuits_widgets.demo import SAMPLE_TEXT\n"
-    "model = pcw.load_pretrained('attn-only-2l')\n"
-    "explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT)\n"
-    "explorer"
-]
+SETUP = "import pycircuits_widgets as pcw\nfrom pycircuits_widgets.demo import SAMPLE_TEXT\n"
+MODELS = {
+    "attn-only-2l": "model = pcw.load_pretrained('attn-only-2l')\n",
+    "gpt2-small": (
+        "import torch, transformers\n"
+        "from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers\n"
+        "tok = Tokenizer(models.BPE())\n"
+        "tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)\n"
+        "tok.decoder = decoders.ByteLevel()\n"
+        "tok.train_from_iterator([SAMPLE_TEXT], trainers.BpeTrainer(vocab_size=400, special_tokens=['<|endoftext|>'],\n"
+        "                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))\n"
+        "torch.manual_seed(0)\n"
+        "hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()\n"
+        "model = pcw.from_hf(hf, transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token='<|endoftext|>'))\n"
+    ),
+}
+SHOW = "explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT)\nexplorer"
 
 # Clicks head (l, h) and resolves with [header ms, all views ms, painted ms].
 _CLICK_JS = """
@@ -52,11 +65,14 @@ async ([l, h]) => {
   const header = () => q("[data-testid=selected-head]")?.textContent === `L${l}.H${h}`;
   const table = () => {
     const c = q("section[data-view=trigrams] caption")?.textContent ?? "";
-    return c.includes(`skip-trigrams of head ${l}.${h}`) && !c.includes("partial");
+    // "head L1.H6" (one head spelling) or "head 1.6" (older pages)
+    return (c.includes(`skip-trigrams of head ${l}.${h}`) || c.includes(`skip-trigrams of head L${l}.H${h}`))
+      && !c.includes("partial");
   };
   const eigen = () => {
     const d = q("section[data-view=eigen] [data-testid=detail]");
-    return !!d && d.textContent.includes(`head ${l}.${h}:`) && !!d.querySelector("[data-testid=copies]");
+    return !!d && (d.textContent.includes(`head ${l}.${h}:`) || d.textContent.includes(`head L${l}.H${h}:`))
+      && !!d.querySelector("[data-testid=copies]");
   };
   const t0 = performance.now();
   let tHeader = null;
@@ -68,7 +84,7 @@ async ([l, h]) => {
     };
     const obs = new MutationObserver(check);
     obs.observe(root, { subtree: true, childList: true, characterData: true, attributes: true });
-    setTimeout(() => { obs.disconnect(); reject(new Error(`head ${l}.${h} not shown after 20 s`)); }, 20000);
+    setTimeout(() => { obs.disconnect(); reject(new Error(`head L${l}.H${h} not shown after 120 s`)); }, 120000);
   });
   q(`section[data-view=attention] button.thumb[data-layer="${l}"][data-head="${h}"]`).click();
   const tAll = await done;
@@ -94,30 +110,30 @@ def heads_to_click(n_layers: int, n_heads: int, clicks: int, start: tuple[int, i
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clicks", type=int, default=20)
+    parser.add_argument("--model", choices=sorted(MODELS), default="attn-only-2l")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     import anywidget
     import jupyterlab
 
-    import pycircuits_widgets as pcw
-
-    cfg = pcw.load_pretrained("attn-only-2l").cfg
+    cells = [SETUP + MODELS[args.model] + SHOW]
     with tempfile.TemporaryDirectory() as tmp, JupyterLab(pathlib.Path(tmp)) as lab, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        write_notebook(lab.root, "explorer.ipynb", CELLS)
+        write_notebook(lab.root, "explorer.ipynb", cells)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         open_notebook(page, lab, "explorer.ipynb")
         run_all_cells(page)
-        page.locator(".pcw-explorer section[data-view=attention] button.thumb").first.wait_for()
-        order = heads_to_click(cfg.n_layers, cfg.n_heads, args.clicks + WARMUP, (0, 0))
+        page.locator(".pcw-explorer section[data-view=attention] button.thumb").first.wait_for(timeout=600_000)
+        shape = kernel_eval(page, "[model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_vocab]")
+        n_layers, n_heads, d_vocab = shape
+        order = heads_to_click(n_layers, n_heads, args.clicks + WARMUP, (0, 0))
         ms = np.array([page.evaluate(_CLICK_JS, list(head)) for head in order])[WARMUP:]
         version = browser.version
         browser.close()
 
     print(f"CircuitExplorer head click -> kernel recompute -> views updated, live JupyterLab, "
-          f"{args.clicks} clicks (+{WARMUP} warm-up), attn-only-2l ({cfg.n_layers}x{cfg.n_heads} heads, "
-          f"d_vocab {cfg.d_vocab})")
+          f"{args.clicks} clicks (+{WARMUP} warm-up), {args.model} ({n_layers}x{n_heads} heads, d_vocab {d_vocab})")
     print(f"jupyterlab {jupyterlab.__version__}, anywidget {anywidget.__version__}, chromium {version}, "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}")
     print(f"{'until':<12}{'p50':>9}{'p95':>9}{'max':>9}  peer")

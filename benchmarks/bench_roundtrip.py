@@ -5,7 +5,7 @@ Run:  .venv/bin/python benchmarks/bench_roundtrip.py [--clicks 20]
 (needs jupyterlab, playwright and Debian's chromium, as the e2e tests do)
 
 Setup: tests/e2e/live_lab.py starts a real JupyterLab 4 server (127.0.0.1) and kernel;
-headless Chromium opens a notebook with a ``ColoredTokens`` whose ``selected_token``
+headless Chromium opens a notebook with a ``ColoredTokens`` whose ``position``
 observer recomputes the values (distance to the clicked token, a new float32 binary
 buffer) and the legend label in the kernel. Each sample is timed in the page with
 ``performance.now()``: from the click to the DOM showing the kernel's new label
@@ -43,7 +43,7 @@ def recompute(change):
     with w.hold_sync():
         w.values = encode_array(np.abs(np.arange(n) - i), "float32")
         w.label = f"distance from {{i}}"
-w.observe(recompute, "selected_token")
+w.observe(recompute, "position")
 w"""
 
 # Clicks token i of the view and resolves when the kernel's recompute is in the DOM.

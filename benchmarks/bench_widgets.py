@@ -4,7 +4,7 @@ Run:  .venv/bin/python benchmarks/bench_widgets.py [--changes 20] [--exact-chang
 
 * "shipped": ``pcw.load_pretrained("attn-only-2l")`` (falls back to random weights of the same
   architecture, and says so, while the checkpoint is not there).
-Latency excludes the worker's ``Recompute.DEBOUNCE_S`` (20 ms) and the transfer to the page.
+Latency excludes the transfer to the page (the runner has no debounce: a newer request stops an older one between chunks).
 
 * "gpt2-shape": one attention layer with GPT-2-small head shapes and vocabulary (12 heads,
   d_model 768, d_head 64, d_vocab 50257), random weights. A skip-trigram table does not depend
@@ -104,7 +104,7 @@ def main():
     row(name, "SkipTrigramTable top-100, cold", f, l, payload_bytes(table, ["trigrams"]))
     for L, H in heads(model, args.changes):
         table._tables[(L, H, 100)] = table.trigrams  # as after a first visit
-    f, l = time_steps(lambda L, H: table._table_steps(L, H, 100, -1, 10), heads(model, args.changes))
+    f, l = time_steps(lambda L, H: table._table_steps(L, H, 100), heads(model, args.changes))
     row(name, "SkipTrigramTable top-100, revisited head", f, l, payload_bytes(table, ["trigrams"]))
     table.token = 5
     f, l = time_steps(lambda L, H: table._related_steps(5, L, H, 10), heads(model, args.changes))
@@ -157,7 +157,7 @@ def cold_table(table):
     def steps(layer, head):
         table._factors = None
         table._tables.clear()
-        return table._table_steps(layer, head, 100, -1, 10)
+        return table._table_steps(layer, head, 100)
 
     return steps
 

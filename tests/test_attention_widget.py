@@ -145,7 +145,7 @@ def test_constructor_argument_errors():
 # -- selection traits --------------------------------------------------------------------
 @pytest.mark.parametrize(
     "trait, bad, good",
-    [("layer", 2, 1), ("head", -1, 2), ("dest_position", 7, 6), ("src_position", -2, -1), ("pinned_token", 7, 0)],
+    [("layer", 2, 1), ("head", -1, 2), ("dest_position", 7, 6), ("src_position", -2, -1), ("position", 7, 0)],
 )
 def test_selection_out_of_range_is_rejected_naming_the_range(trait, bad, good):
     w = pcw.AttentionPatterns(tokens=toks(7), patterns=causal_softmax(2, 3, 7))
@@ -165,9 +165,9 @@ def test_browser_selection_out_of_range_sets_error_and_keeps_last_good_value():
 
 def test_set_patterns_clamps_selection_to_the_new_sizes():
     w = pcw.AttentionPatterns(tokens=toks(8), patterns=causal_softmax(2, 4, 8), layer=1, head=3,
-                              dest_position=7, src_position=2, pinned_token=6)
+                              dest_position=7, src_position=2, position=6)
     w.set_patterns(toks(5), causal_softmax(1, 2, 5))
-    assert (w.layer, w.head, w.dest_position, w.src_position, w.pinned_token) == (0, 1, -1, 2, -1)
+    assert (w.layer, w.head, w.dest_position, w.src_position, w.position) == (0, 1, -1, 2, -1)
     assert decode_array(w.overview).shape == (1, 2, 5, 5)
 
 
@@ -189,10 +189,14 @@ def test_model_and_text_show_the_models_own_patterns(tiny_model):
 
 
 def test_editing_text_reruns_the_model_and_a_failing_text_keeps_the_last_view(tiny_model):
-    w = pcw.AttentionPatterns(tiny_model, "import os", pinned_token=1)
+    w = pcw.AttentionPatterns(tiny_model, "import os", position=1)
     w.text = "x = 1\ny = 2"
     assert w.tokens == tiny_model.to_str_tokens("x = 1\ny = 2") and w.error == ""
     shown = (list(w.tokens), bytes(w.overview["view"]))
-    w.text = "x " * 200  # longer than n_ctx = 48
-    assert "n_ctx" in w.error
+    with pytest.raises(traitlets.TraitError, match="n_ctx"):
+        w.text = "x " * 200  # longer than n_ctx = 48: refused, the last good text kept
+    assert w.text == "x = 1\ny = 2"
+    assert (list(w.tokens), bytes(w.overview["view"])) == shown
+    w.set_state({"text": "x " * 200})  # from the browser: shown in the view
+    assert "n_ctx" in w.error and w.text == "x = 1\ny = 2"
     assert (list(w.tokens), bytes(w.overview["view"])) == shown

@@ -1,9 +1,6 @@
 """SkipTrigramTable, CompositionMatrix, EigenvaluePlot: every recompute path equals a direct
 analysis call; selection validation; newest request wins."""
 
-import threading
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -15,7 +12,7 @@ from pycircuits_widgets.analysis import (circuit_query, composition_detail, comp
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.models import AttnOnlyTransformer, attn_only_config, from_attn_only
 from pycircuits_widgets.widgets.payload import decode_array
-from pycircuits_widgets.widgets.selection import Recompute
+from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 XSS = '<img src=x onerror="window.__pwned=1">'
 
@@ -80,7 +77,7 @@ def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     w = pcw.SkipTrigramTable(m1, head=2, k=12)
     w.partial_above, w.partial_sources = 100, 40  # as if 256 tokens were a large vocabulary
     w._tables.clear()  # forget the table the constructor computed
-    steps = list(w._table_steps(0, 2, 12, -1, 10))
+    steps = list(w._table_steps(0, 2, 12))
     assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([40 / 256, 1])
     assert [s["trigrams"]["exact"] for s in steps] == [False, True]
     partial = decode_array(steps[0]["trigrams"]["score"])
@@ -90,11 +87,11 @@ def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     assert_table_matches(w, m1, 0, 2, 12)
 
 
-def test_large_vocabulary_constructor_returns_at_once_and_fills_the_table_in_background(m1, monkeypatch):
+def test_large_vocabulary_constructor_returns_at_once_and_fills_the_table_in_background(m1, monkeypatch,
+                                                                                      manual_kernel_loop):
     monkeypatch.setattr(pcw.SkipTrigramTable, "partial_above", 100)
-    monkeypatch.setattr(Recompute, "DEBOUNCE_S", 0.3)  # the check below must not race the worker
     w = pcw.SkipTrigramTable(m1, head=1, k=10)
-    assert w.busy
+    assert w.busy and w.trigrams == {}  # results wait for the kernel thread (here: wait())
     assert w.wait(20) and not w.busy
     assert w.trigrams["exact"]
     assert_table_matches(w, m1, 0, 1, 10)
@@ -201,51 +198,6 @@ def test_eigenvalue_plot_positivity_scores_and_head_detail(m2):
         w.color_by = "nope"
 
 
-def test_newer_request_supersedes_an_older_running_one(m1):
-    w = pcw.SkipTrigramTable(m1, k=5)
-    gate, slow_done, applied = threading.Event(), threading.Event(), []
-
-    def slow():
-        try:
-            gate.wait(5)
-            yield {"page": 1}
-            applied.append("stale")
-            yield {"page": 2}
-        finally:
-            slow_done.set()
-
-    def fast():
-        yield {"page": 3}
-
-    runner = Recompute(w)
-    runner.submit(slow)
-    time.sleep(0.1)  # `slow` is running (blocked inside its computation)
-    runner.submit(fast)
-    assert runner.wait(5)  # the newer request finished while the older one is still blocked
-    assert w.page == 3 and not w.busy and not slow_done.is_set()
-    gate.set()
-    assert slow_done.wait(5)
-    assert w.page == 3 and applied == []  # the stale result was dropped, its iterator closed
-
-
-def test_a_burst_of_requests_runs_only_the_last(m1):
-    w = pcw.SkipTrigramTable(m1, k=5)
-    ran = []
-
-    def request(i):
-        def steps():
-            ran.append(i)
-            yield {"page": i}
-        return steps
-
-    runner = Recompute(w)
-    runner.DEBOUNCE_S = 0.5  # wide enough for a loaded test machine
-    for i in range(10):
-        runner.submit(request(i))
-    assert runner.wait(5)
-    assert w.page == 9 and ran == [9]
-
-
 def test_failure_of_newest_request_shows_error_and_keeps_last_state(m1):
     w = pcw.SkipTrigramTable(m1, k=5)
     before = w.trigrams
@@ -254,9 +206,9 @@ def test_failure_of_newest_request_shows_error_and_keeps_last_state(m1):
         raise RuntimeError("boom")
         yield {}
 
-    w._runner.submit(broken)
+    w._runner.submit("table", broken)
     assert w.wait(10)
-    assert w.error == "RuntimeError: boom" and w.trigrams is before
+    assert w.error == "table: RuntimeError: boom" and w.trigrams is before
 
 
 def test_views_share_selection_through_link(m2):

@@ -92,11 +92,11 @@ def test_explorer_selection_set_from_python_reaches_every_view(explorer):
 
 
 def test_token_clicked_in_loss_view_selects_position_and_queries_the_token(explorer, model):
-    explorer.loss.set_state({"selected_token": 2})  # the loss view starts at text position 1
+    explorer.loss.set_state({"position": 3})  # positions are text positions in every view
     assert explorer.wait()
     assert explorer.position == 3
     assert explorer.token == 1 and explorer.token_str == "t1"
-    assert explorer.attention.pinned_token == 3
+    assert explorer.attention.position == 3
     assert explorer.trigrams.token == 1
     related = explorer.trigrams.related
     direct = pcw.analysis.circuit_query(model, 0, 0, 1, "copies_to", k=len(related["copies_to"]), approximate=True)
@@ -107,19 +107,19 @@ def test_token_chosen_in_trigram_table_points_at_its_last_occurrence(explorer):
     explorer.trigrams.set_state({"token": 2})
     assert explorer.wait()
     assert (explorer.token, explorer.position) == (2, 4)
-    assert explorer.loss.selected_token == 3 and explorer.attention.pinned_token == 4
+    assert explorer.loss.position == 4 and explorer.attention.position == 4
     explorer.trigrams.set_state({"token": 30})  # not in the text: no position
     assert (explorer.token, explorer.position) == (30, -1)
-    assert explorer.loss.selected_token == -1 and explorer.attention.pinned_token == -1
+    assert explorer.loss.position == -1 and explorer.attention.position == -1
 
 
 def test_position_pinned_in_attention_view_selects_token(explorer):
-    explorer.attention.set_state({"pinned_token": 6})
+    explorer.attention.set_state({"position": 6})
     assert (explorer.position, explorer.token, explorer.trigrams.token) == (6, 7, 7)
 
 
 def test_new_text_reruns_loss_and_attention(explorer, model):
-    explorer.loss.set_state({"selected_token": 0})
+    explorer.loss.set_state({"position": 1})
     explorer.attention.set_state({"text": "t5 t6 t5 t6"})  # edited in the attention view
     assert explorer.text == "t5 t6 t5 t6"
     assert explorer.loss.tokens == ["t6", "t5", "t6"]
@@ -180,7 +180,7 @@ def test_initial_selection_is_applied_to_every_view(model):
     e = CircuitExplorer(model, TEXT, layer=1, head=2, position=2)
     assert e.wait()
     assert (e.attention.layer, e.attention.head, e.trigrams.head, e.eigen.layer) == (1, 2, 2, 1)
-    assert (e.token, e.trigrams.token, e.attention.pinned_token) == (3, 3, 2)
+    assert (e.token, e.trigrams.token, e.attention.position, e.loss.position) == (3, 3, 2, 2)
 
 
 def test_standalone_page_registers_every_child_once_without_mounting_it(explorer):

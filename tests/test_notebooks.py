@@ -105,6 +105,6 @@ def test_exported_quickstart_shows_every_view_offline(quickstart, browser):
         assert explorer.locator(selector).first.is_visible(), selector
     layer, head = re.fullmatch(r"L(\d+)\.H(\d+)", explorer.locator("[data-testid=selected-head]").inner_text()).groups()
     caption = explorer.locator("[data-testid=trigram-table] caption").inner_text()
-    assert caption.startswith(f"Top 100 skip-trigrams of head {layer}.{head}"), caption
+    assert caption.startswith(f"Top 100 skip-trigrams of head L{layer}.H{head}"), caption
     assert not errors and not requests
     context.close()

@@ -3,6 +3,7 @@
 // view is adding one .svelte file here and one small Python class.
 import { defineWidget } from "@anywidget/svelte";
 import { createHost } from "./lib/host.js";
+import { SELECTION_KEYS } from "./lib/selection.js";
 
 const modules = import.meta.glob("./views/*.svelte", { eager: true });
 
@@ -27,15 +28,18 @@ function viewFor(model) {
 
 /**
  * Mount the view named by the model's `_view` trait into `el`; returns the cleanup.
- * Composite views (the explorer) use it to show child widgets resolved through `host`.
+ * Composite views (the explorer) use it to show child widgets resolved through `host`, and
+ * pass `select(change)`: the child's own writes of selection traits (a click) then go to the
+ * explorer, which moves every view (lib/selection.js) instead of this one alone.
  */
-export function mountView({ model, el, host }) {
+export function mountView({ model, el, host, select = null }) {
   // anywidget may share one definition object between models, so each render builds its
   // own per-model bindings instead of keeping them in a closure set by initialize().
   const widget = viewFor(model);
   const withHost = {
     get: (name) => model.get(name),
-    set: (name, value) => model.set(name, value),
+    set: (name, value) =>
+      select && SELECTION_KEYS.includes(name) ? select({ [name]: value }) : model.set(name, value),
     save_changes: () => model.save_changes(),
     send: (content, callbacks, buffers) => model.send(content, callbacks, buffers),
     on: (name, cb) => model.on(name, cb),

@@ -68,12 +68,6 @@ class SkipTrigram:
     score: float
 
 
-def token_strings(model) -> list[str]:
-    """Display string per vocab id (``model.token_strings`` as a list)."""
-    strings = model.token_strings
-    return list(strings() if callable(strings) else strings)
-
-
 def _check_exact(model, layer: int, head: int, approximate: bool) -> None:
     check_head(model, (layer, head))
     refuse_rotary_qk(model, "a skip-trigram table")
@@ -282,7 +276,7 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     with torch.no_grad():
         q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
         score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
-        strings = token_strings(model)
+        strings = model.token_strings
         out = []
         for sc, (s, d, o) in zip(score.tolist(), idx.tolist()):
             S, D, O = (int(ids[x]) for x in (s, d, o))
@@ -302,13 +296,14 @@ def _check_vocab(model, vocab) -> torch.Tensor:
 
 
 def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 10,
-                  approximate: bool = False) -> list[tuple[int, str, float]]:
+                  approximate: bool = False, factors=None) -> list[tuple[int, str, float]]:
     """One token against the whole vocabulary, through head ``(layer, head)``'s centred circuits.
 
     ``mode``: ``"attends_to"`` (row ``token`` of QK: which sources ``token`` attends to as a
     destination), ``"attended_by"`` (column ``token`` of QK: which destinations attend to it),
     ``"copies_to"`` (row ``token`` of OV: which out logits attending to it raises).
     Returns the top ``k`` as ``(token id, token string, centred score)``, best first.
+    ``factors``: this head's ``centred_factors`` if already computed (several queries of one head).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -318,9 +313,32 @@ def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
         raise ValueError(f"k must be in 1..{V}, got {k!r}")
     with torch.no_grad():
-        q, kk, v, u = centred_factors(model, layer, head)
+        q, kk, v, u = factors if factors is not None else centred_factors(model, layer, head)
         row = {"attends_to": lambda: kk @ q[token], "attended_by": lambda: q @ kk[token],
                "copies_to": lambda: v[token] @ u}[mode]()
         values, ids = torch.topk(row, k)
-    strings = token_strings(model)
+    strings = model.token_strings
     return [(i, strings[i], val) for i, val in zip(ids.tolist(), values.tolist())]
+
+
+def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int):
+    """A quick first answer for a large vocabulary: the exact top-``n`` skip-trigrams among the
+    ``n_sources`` sources with the largest factor norms ``|k[s]| |v[s]|`` (an upper bound on
+    every score of source ``s`` up to the query and out factors), which are likely strong.
+    Same inputs and output as :func:`top_skip_trigrams` (source ids are vocabulary ids).
+    """
+    src = torch.argsort(k.norm(dim=1) * v.norm(dim=1), descending=True)[:n_sources]
+    score, idx = top_skip_trigrams(q, k[src], v[src], u, n)
+    idx = idx.clone()
+    idx[:, 0] = src[idx[:, 0]]  # subset-local source -> vocab id
+    return score, idx
+
+
+def copied_tokens(model, layer: int, head: int, n: int, factors=None):
+    """The ``n`` tokens whose own logit head ``(layer, head)`` raises most when attending to
+    them: top of the diagonal of the centred full OV circuit, ``OVc[t, t] = v[t] . u[:, t]``.
+    Returns ``(ids [n], values [n])``."""
+    with torch.no_grad():
+        _, _, v, u = factors if factors is not None else centred_factors(model, layer, head)
+        values, ids = torch.topk((v * u.mT).sum(1), n)
+    return ids, values

@@ -21,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from .base import CircuitWidget, check_range, reports_errors
+from .base import CircuitWidget, check_range, check_text, rolls_back
 from .payload import encode_array, quantize_unit, to_numpy
+from .selection import HeadSelection, PositionSelection
 
 OVERVIEW_MAX = 128
 """Largest side of a head's overview thumbnail (positions are max-pooled down to it)."""
@@ -34,10 +35,10 @@ MASK_TOL = 1e-6
 """Largest weight accepted above the diagonal of a causal pattern."""
 
 
-class AttentionPatterns(CircuitWidget):
+class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
     """Attention patterns of all heads: a grid of thumbnails, the selected head as a heatmap
-    with token labels and an exact hover read-out, and a token view (pin a token, see the
-    attention it pays as destination or receives as source).
+    with token labels and an exact hover read-out, and a token view (select a text
+    ``position``, see the attention it pays as destination or receives as source).
 
     Build it from a model (the kernel runs it; ``text`` stays editable)::
 
@@ -55,8 +56,10 @@ class AttentionPatterns(CircuitWidget):
             tensor/array, ``A[..., dest, src]``: weights in [0, 1], rows summing to 1.
         causal: patterns are causal (``src <= dest``); weights above the diagonal are an error
             and the masked triangle is drawn hatched. False for bidirectional (BERT-style) heads.
-        layer, head, dest_position, src_position, pinned_token, token_mode: initial selection.
+        layer, head, position, dest_position, src_position, token_mode: initial selection.
         full_budget: bytes allowed for shipping all heads at full resolution (see module doc).
+        forward: ``text -> pcw.run(model, text)``-like callable (default ``pcw.run``); the
+            explorer passes its own, so one forward pass per text serves every view.
 
     Raises:
         ValueError: shapes of tokens and patterns disagree; NaN/inf; negative weights or
@@ -66,14 +69,15 @@ class AttentionPatterns(CircuitWidget):
     """
 
     _view = traitlets.Unicode("AttentionPatterns").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "position", "dest_position", "src_position", "token_mode", "text"})
 
     # -- data --
     tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str]: the tokens (display strings), ``n`` of them."""
     n_layers = traitlets.Int(1).tag(sync=True)
-    """int: number of layers in the patterns."""
+    """int (read-only): number of layers in the patterns."""
     n_heads = traitlets.Int(1).tag(sync=True)
-    """int: heads per layer."""
+    """int (read-only): heads per layer."""
     overview = traitlets.Dict().tag(sync=True)
     """binary uint8 [n_layers, n_heads, m, m] max-pooled patterns, plus ``factor`` (positions per cell)."""
     full = traitlets.Dict().tag(sync=True)
@@ -89,30 +93,26 @@ class AttentionPatterns(CircuitWidget):
     editable = traitlets.Bool(False).tag(sync=True)
     """bool: built from a model, so ``text`` can be edited."""
 
-    # -- selection --
-    layer = traitlets.Int(0).tag(sync=True)
-    """int, default 0: layer of the head shown in detail."""
-    head = traitlets.Int(0).tag(sync=True)
-    """int, default 0: head shown in detail."""
+    # -- selection: layer, head (shown in detail), position (token view) from the mixins --
     dest_position = traitlets.Int(-1).tag(sync=True)
     """int, default -1 (none): destination position of the clicked cell."""
     src_position = traitlets.Int(-1).tag(sync=True)
     """int, default -1 (none): source position of the clicked cell."""
-    pinned_token = traitlets.Int(-1).tag(sync=True)
-    """int, default -1 (none): token pinned in the token view."""
     token_mode = traitlets.Enum(["destination", "source"], default_value="destination").tag(sync=True)
-    """str: token view shades the attention the pinned token pays ("destination") or receives ("source")."""
+    """str: token view shades the attention the selected position pays ("destination") or receives ("source")."""
 
     def __init__(self, model=None, text=None, *, tokens=None, patterns=None, causal=True,
-                 full_budget: int = FULL_BUDGET, **kwargs):
+                 full_budget: int = FULL_BUDGET, forward=None, **kwargs):
         self._model = model
         self._full_budget = int(full_budget)
+        self._forward = forward
+        self._ran = None  # (text, tokens, patterns) of the last run, from the text validator
         if model is not None:
             if tokens is not None or patterns is not None:
                 raise TypeError("give either model (and text) or tokens= and patterns=, not both")
             if text is None:
                 raise TypeError("AttentionPatterns(model, text): text is missing")
-            tokens, patterns = _run_model(model, text)
+            tokens, patterns = self._run(text)
         elif text is not None:
             raise TypeError("text needs a model: AttentionPatterns(model, text); "
                             "with precomputed patterns pass tokens= and patterns=")
@@ -120,6 +120,7 @@ class AttentionPatterns(CircuitWidget):
             raise TypeError("AttentionPatterns needs (model, text) or tokens= and patterns=")
         tokens, A, warning = check_patterns(tokens, patterns, causal=causal)
         self._patterns = A
+        self._ran, self._ran_warning = (text, tokens, A), warning
         super().__init__(text=text or "", editable=model is not None, causal=causal,
                          warning=warning, **self._data_traits(tokens, A), **kwargs)
         self._detail = self._detail_payload()
@@ -136,7 +137,7 @@ class AttentionPatterns(CircuitWidget):
         L, H, n = A.shape[0], A.shape[1], A.shape[2]
         with self.hold_sync():
             # Clamp the selection first so no validator sees it against the new sizes.
-            self.pinned_token = self.pinned_token if self.pinned_token < n else -1
+            self.position = self.position if self.position < n else -1
             self.dest_position = self.dest_position if self.dest_position < n else -1
             self.src_position = self.src_position if self.src_position < n else -1
             self.layer, self.head = min(self.layer, L - 1), min(self.head, H - 1)
@@ -164,42 +165,50 @@ class AttentionPatterns(CircuitWidget):
         return payload
 
     @traitlets.observe("layer", "head")
+    @rolls_back
     def _on_head(self, change):
         detail = self._detail_payload()
         if detail or self._detail:
             self._detail = detail
 
     @traitlets.observe("text")
+    @rolls_back
     def _on_text(self, change):
-        if self._model is not None and change["new"] != change["old"]:
-            self._rerun(change["new"])
+        if self._model is not None and self._ran[0] == change["new"] and self._ran[2] is not self._patterns:
+            _, tokens, A = self._ran
+            self._replace(tokens, A, self._ran_warning)
 
-    @reports_errors
-    def _rerun(self, text):
-        tokens, patterns = _run_model(self._model, text)
-        tokens, A, warning = check_patterns(tokens, patterns, causal=self.causal)
-        self._replace(tokens, A, warning)
+    def _run(self, text):
+        """(display tokens, patterns [L, H, n, n]) of the model reading ``text``, once per text."""
+        out = (self._forward or _default_forward)(self._model, text)
+        return _tokens_and_patterns(out)
 
-    # -- validation of the selection (browser clicks and Python alike) ---------------------
-    @traitlets.validate("layer")
-    def _valid_layer(self, proposal):
-        return check_range("layer", proposal["value"], 0, self.n_layers - 1)
+    # -- validation (browser and Python alike; a bad value is refused, the last good kept) ----
+    def _n_positions(self) -> int:
+        return len(self.tokens)
 
-    @traitlets.validate("head")
-    def _valid_head(self, proposal):
-        return check_range("head", proposal["value"], 0, self.n_heads - 1)
-
-    @traitlets.validate("dest_position", "src_position", "pinned_token")
+    @traitlets.validate("dest_position", "src_position")
     def _valid_position(self, proposal):
         name = proposal["trait"].name
         return check_range(name, proposal["value"], 0, len(self.tokens) - 1, none=True)
 
     @traitlets.validate("text")
     def _valid_text(self, proposal):
-        if proposal["value"] and getattr(self, "_model", None) is None:
-            raise traitlets.TraitError("text can only be edited when the widget was built from a model: "
-                                       "AttentionPatterns(model, text)")
-        return proposal["value"]
+        text = proposal["value"]
+        if getattr(self, "_model", None) is None:
+            if text:
+                raise traitlets.TraitError("text can only be edited when the widget was built from a model: "
+                                           "AttentionPatterns(model, text)")
+            return text
+        check_text(text)
+        if self._ran is None or self._ran[0] != text:  # the model reads it now: a bad text is refused here
+            try:
+                tokens, patterns = self._run(text)
+                tokens, A, warning = check_patterns(tokens, patterns, causal=self.causal)
+            except (TypeError, ValueError) as exc:
+                raise traitlets.TraitError(f"text: {exc}") from exc
+            self._ran, self._ran_warning = (text, tokens, A), warning
+        return text
 
 
 def _answer_row_request(widget, content, buffers):
@@ -217,11 +226,14 @@ def _answer_row_request(widget, content, buffers):
         widget.send({"type": "row", "layer": layer, "head": head, "dest": dest}, [row.tobytes()])
 
 
-def _run_model(model, text):
-    """(display tokens, patterns [L, H, n, n]) of the model reading ``text``."""
+def _default_forward(model, text):
     from ..analysis.activations import run
 
-    out = run(model, text)
+    return run(model, text)
+
+
+def _tokens_and_patterns(out):
+    """(display tokens, patterns [L, H, n, n]) of a ``pcw.run`` output (batch of one)."""
     tokens = out.str_tokens
     if tokens and isinstance(tokens[0], (list, tuple)):
         tokens = tokens[0]

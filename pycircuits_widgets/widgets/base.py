@@ -2,8 +2,10 @@
 
 A widget is an ``anywidget.AnyWidget`` whose front end is one Svelte file in
 ``js/src/views/``, chosen by the ``_view`` trait. The base class adds what every view
-needs: an ``error`` trait shown in the view, rejection of bad browser input while keeping
-the last good state, strict keyword arguments, and a self-contained HTML export.
+needs: an ``error`` trait shown in the view; a narrow browser surface (only the traits a
+class lists in ``_browser_writable`` -- selection, text, view controls -- accept browser
+writes); rollback of a rejected or failing change to the last good state; strict keyword
+arguments; and a self-contained HTML export of finished state.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ class CircuitWidget(anywidget.AnyWidget):
 
     error = traitlets.Unicode("").tag(sync=True)
     """str, default "": message shown in the view's error panel; empty when all is well."""
+    busy = traitlets.Bool(False).tag(sync=True)
+    """bool (read-only): True while the kernel recomputes for the current selection (view shows a spinner)."""
+
+    _browser_writable: frozenset = frozenset()
+    """Traits the front end may change (selection, text, view controls); the rest are the kernel's."""
 
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - set(self.trait_names()))
@@ -43,16 +50,40 @@ class CircuitWidget(anywidget.AnyWidget):
 
     # -- browser input ---------------------------------------------------------------
     def set_state(self, sync_data):
-        """Apply a state change from the browser. An invalid value (TraitError) is not
-        applied: the view shows the message and is sent back the last good values."""
+        """Apply a state change from the browser. Traits outside ``_browser_writable`` are
+        refused; a value that fails validation or whose observers fail is rolled back. Either
+        way the view shows the message in ``error`` and is sent back the last good values."""
+        refused = sorted(k for k in sync_data if k not in self._browser_writable)
+        allowed = {k: v for k, v in sync_data.items() if k in self._browser_writable}
+        message = ""
+        if refused:
+            message = (f"{', '.join(refused)} cannot be set from the browser (set by the kernel); "
+                       f"the view may change: {', '.join(sorted(self._browser_writable)) or 'nothing'}")
+        if allowed:
+            old = {k: getattr(self, k) for k in allowed}
+            try:
+                super().set_state(allowed)
+            except Exception as exc:  # validation or an observer failed: keep the last good state
+                self._roll_back(old)
+                message = message or _message(exc)
+        if message:
+            self.error = message
+            self.send_state([k for k in sync_data if k in self.keys])
+        elif self.error:
+            self.error = ""
+
+    def _roll_back(self, old: dict) -> None:
+        """Restore traits to ``old`` (observers rerun, so dependent views follow back)."""
         try:
-            super().set_state(sync_data)
-        except traitlets.TraitError as exc:
-            self.error = str(exc)
-            self.send_state([key for key in sync_data if key in self.keys])
-        else:
-            if self.error and "error" not in sync_data:
-                self.error = ""
+            with self.hold_trait_notifications():
+                for name, value in old.items():
+                    setattr(self, name, value)
+        except Exception as exc:  # the old value should always be good; never hide it if not
+            self.error = f"could not restore {', '.join(old)}: {_message(exc)}"
+
+    def wait(self, timeout: float | None = 30.0) -> bool:
+        """Wait until the kernel-side recomputes are done and applied (True if idle)."""
+        return True
 
     # -- sharing ---------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):
@@ -75,12 +106,37 @@ class CircuitWidget(anywidget.AnyWidget):
         (default) the results other selections need (each head's skip-trigram table and
         eigenvalues, head pairs' composition detail) are precomputed into the page within
         a size budget (``widgets.offline.BUDGET``); seconds of work for a 2-layer model."""
+        self.wait(None)  # the page holds finished state, never busy
         return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline)
 
 
+def _message(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, traitlets.TraitError) else f"{type(exc).__name__}: {exc}"
+
+
+MAX_TEXT = 100_000
+"""Longest text (characters) a view accepts; the model's context is the real limit."""
+
+
+def check_text(text: str) -> str:
+    """``text`` if it is a non-empty, valid Unicode str of at most ``MAX_TEXT`` characters
+    (a browser can send a lone surrogate); else a ``TraitError`` saying which."""
+    if not text:
+        raise traitlets.TraitError("text must be a non-empty str, got ''")
+    if len(text) > MAX_TEXT:
+        raise traitlets.TraitError(f"text must be at most {MAX_TEXT} characters, got {len(text)}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise traitlets.TraitError(f"text must be valid Unicode: {exc.reason} at character {exc.start}") from exc
+    return text
+
+
 def check_range(name: str, value: int, lo: int, hi: int, *, none: bool = False) -> int:
-    """``value`` if ``lo <= value <= hi`` (or -1 meaning "none" when ``none``); else a
-    ``TraitError`` naming the trait, the valid range and the bad value. For ``@traitlets.validate``."""
+    """``value`` if it is an int (not a bool) and ``lo <= value <= hi`` (or -1 meaning "none"
+    when ``none``); else a ``TraitError`` naming the trait, the valid range and the bad value."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise traitlets.TraitError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if lo <= value <= hi or (none and value == -1):
         return value
     allowed = f"-1 (none) or in {lo}..{hi}" if none else f"in {lo}..{hi}"
@@ -101,5 +157,24 @@ def reports_errors(method):
         if self.error:
             self.error = ""
         return result
+
+    return wrapper
+
+
+def rolls_back(method):
+    """An observer whose failure rolls its trait back to the old value and shows the error in
+    the view; the exception still reaches whoever set the trait (Python raises, the browser's
+    ``set_state`` reports it)."""
+
+    @functools.wraps(method)
+    def wrapper(self, change):
+        try:
+            return method(self, change)
+        except Exception as exc:
+            if change is not None:  # None: called directly, not as an observer
+                self.error = f"{change['name']}: {_message(exc)}"
+                if change.get("type") == "change":
+                    self.set_trait(change["name"], change["old"])
+            raise
 
     return wrapper

@@ -6,7 +6,6 @@ import torch
 import traitlets
 
 from ..analysis.bigrams import bigram_top
-from ..analysis.skip_trigrams import token_strings
 from .base import CircuitWidget, check_range, reports_errors
 from .payload import encode_array
 from .selection import TokenSelection
@@ -27,6 +26,7 @@ class BigramTable(TokenSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("BigramTable").tag(sync=True)
+    _browser_writable = frozenset({"token"})
 
     # -- data --
     vocab = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -49,7 +49,7 @@ class BigramTable(TokenSelection, CircuitWidget):
         self._k = check_range("k", k, 1, min(100, model.cfg.d_vocab))
         V = model.cfg.d_vocab
         complete = V <= EMBED_ALL_MAX_VOCAB
-        super().__init__(vocab=token_strings(model), complete=complete, **kwargs)
+        super().__init__(vocab=model.token_strings, complete=complete, **kwargs)
         self._set_rows(list(range(V)) if complete else ([self.token] if self.token >= 0 else []))
         self.observe(self._on_token, ["token"])
 

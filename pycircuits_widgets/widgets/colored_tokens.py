@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from .base import CircuitWidget, check_range
+from .base import CircuitWidget
 from .payload import encode_array, to_numpy
+from .selection import PositionSelection
 
 
-class ColoredTokens(CircuitWidget):
+class ColoredTokens(PositionSelection, CircuitWidget):
     """Tokens coloured by one value per token, with a legend; hover shows token and value,
-    clicking a token sets ``selected_token``.
+    clicking a token sets ``position``: its index in the text, ``first_position + i`` for
+    ``tokens[i]`` (the per-token loss starts at text position 1: nothing predicts token 0).
 
     Args:
         tokens: ``list[str]`` of length ``n_tokens`` (shown as text, whitespace made visible).
@@ -19,9 +21,12 @@ class ColoredTokens(CircuitWidget):
         label: what the values are, shown in the legend (e.g. "loss").
         colormap: "auto" (diverging when values have both signs), "sequential" or "diverging".
         vmin, vmax: optional ends of the colour scale.
+        first_position: text position of ``tokens[0]`` (default 0).
+        position: the selected text position, -1 for none.
     """
 
     _view = traitlets.Unicode("ColoredTokens").tag(sync=True)
+    _browser_writable = frozenset({"position"})
 
     # -- data --
     tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -39,9 +44,8 @@ class ColoredTokens(CircuitWidget):
     vmax = traitlets.Float(None, allow_none=True).tag(sync=True)
     """float | None: upper end of the colour scale (default: max of values)."""
 
-    # -- selection --
-    selected_token = traitlets.Int(-1).tag(sync=True)
-    """int, default -1: index of the clicked token, -1 for none."""
+    first_position = traitlets.Int(0).tag(sync=True)
+    """int, default 0 (read-only): text position of ``tokens[0]``."""
 
     def __init__(self, tokens, values, **kwargs):
         tokens = _check_tokens(tokens)
@@ -52,13 +56,13 @@ class ColoredTokens(CircuitWidget):
         tokens = _check_tokens(tokens)
         payload = _encode_values(values, len(tokens))
         with self.hold_sync():
-            self.selected_token = -1
+            self.position = -1
             self.tokens = tokens
             self.values = payload
 
-    @traitlets.validate("selected_token")
-    def _valid_selection(self, proposal):
-        return check_range("selected_token", proposal["value"], 0, len(self.tokens) - 1, none=True)
+    def _n_positions(self) -> int:
+        # positions before first_position are in the text but not shown: selectable, not highlighted
+        return self.first_position + len(self.tokens)
 
 
 def _check_tokens(tokens) -> list[str]:

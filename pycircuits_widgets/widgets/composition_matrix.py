@@ -6,10 +6,10 @@ import torch
 import traitlets
 
 from ..analysis.composition import KINDS, composition_detail, composition_scores, random_baseline
-from .base import CircuitWidget
+from .base import CircuitWidget, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array
-from .selection import HeadSelection, Recompute, apply_now, check_model
+from .selection import HeadSelection, Runner, check_model
 
 # the erratum panel shows the first form the errata names (first factor of the paper's product
 # moved to the end, K: ||W_K W_O W_V W_Q^T||); both forms: pcw.composition_scores(norm=...)
@@ -43,6 +43,7 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("CompositionMatrix").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "kind", "subtract_baseline", "show_erratum"})
     EAGER_HEADS = 64
 
     # -- data --
@@ -78,7 +79,8 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
         if lazy is None:
             lazy = model.cfg.n_layers * model.cfg.n_heads > self.EAGER_HEADS
         self._kinds_at_once = not lazy
-        self._runner = Recompute(self)
+        self._computed: dict = {}  # (kind, panel) -> payload: every table computed (by one runner thread)
+        self._runner = Runner(self)
         if lazy:  # seconds of work: the view is usable at once and shows the busy state meanwhile
             self._on_pair({"name": "kind"})
         else:
@@ -91,18 +93,21 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
         are not computed yet."""
         panels = ("correct", "erratum") if erratum else ("correct",)
         kinds = KINDS if self._kinds_at_once else (kind,)
-        return [(k, panel) for k in kinds for panel in panels if panel not in self.scores.get(k, {})]
+        return [(k, panel) for k in kinds for panel in panels if (k, panel) not in self._computed]
 
     def _tables(self, wanted) -> dict:
-        """Trait updates adding the ``wanted`` (kind, norm) tables and their baselines."""
-        scores = {kind: dict(tables) for kind, tables in self.scores.items()}
-        baselines = dict(self.baselines)
+        """Trait updates holding every table computed so far, the ``wanted`` (kind, norm) ones
+        added (built from ``_computed``, not the traits: a result still waiting to be applied
+        is never lost)."""
         cfg = self.model.cfg
         with torch.no_grad():
             for kind, panel in wanted:
                 table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel])
-                scores.setdefault(kind, {})[panel] = encode_array(table, "float32")
-                baselines.setdefault(panel, random_baseline(cfg.d_model, cfg.d_head, NORMS[panel]))
+                self._computed[(kind, panel)] = encode_array(table, "float32")
+        scores, baselines = {}, {}
+        for (kind, panel), payload in self._computed.items():
+            scores.setdefault(kind, {})[panel] = payload
+            baselines[panel] = random_baseline(cfg.d_model, cfg.d_head, NORMS[panel])
         return {"scores": scores, "baselines": baselines}
 
     def _apply_tables(self, wanted) -> None:
@@ -113,8 +118,9 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
 
     def compute_all(self) -> None:
         """Compute every table not computed yet (3 kinds x correct/erratum), synchronously."""
+        self.wait(None)  # the runner's thread is the one that fills ``_computed``
         self._apply_tables([(kind, panel) for kind in KINDS for panel in ("correct", "erratum")
-                            if panel not in self.scores.get(kind, {})])
+                            if (kind, panel) not in self._computed])
 
     @traitlets.validate("selected_pair")
     def _valid_pair(self, proposal):
@@ -122,7 +128,7 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
         if not pair:
             return []
         cfg = self.model.cfg
-        if len(pair) != 4:
+        if len(pair) != 4 or any(isinstance(x, bool) for x in pair):
             raise traitlets.TraitError(f"selected_pair must be [] or [l1, h1, l2, h2], got {pair}")
         l1, h1, l2, h2 = pair
         if not (0 <= l1 < l2 < cfg.n_layers and 0 <= h1 < cfg.n_heads and 0 <= h2 < cfg.n_heads):
@@ -134,25 +140,30 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
 
     def recompute_detail(self) -> dict:
         """Compute ``detail`` for the current ``selected_pair`` and ``kind`` (synchronously)."""
-        return apply_now(self, self._detail_steps(list(self.selected_pair), self.kind, self.show_erratum))
+        self._on_pair({"name": "kind"})
+        self.wait(None)
+        return {"detail": self.detail}
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until background recomputes are done (True if idle)."""
+        """Wait until the recomputes are done and applied (True if idle)."""
         return self._runner.wait(timeout)
 
+    @rolls_back
     def _on_pair(self, change):
         pair, kind, erratum = list(self.selected_pair), self.kind, self.show_erratum
         if change["name"] == "selected_pair" and pair:
-            with self.hold_sync():
+            with self.hold_trait_notifications():  # never (new layer, old head)
                 self.layer, self.head = pair[2], pair[3]
-        self._runner.submit(lambda: self._detail_steps(pair, kind, erratum))
+        # the tables the toggles show and the pair's detail are different results: neither drops the other
+        self._runner.submit("tables", lambda: self._table_steps(kind, erratum))
+        self._runner.submit("detail", lambda: self._detail_steps(pair, kind))
 
-    def _detail_steps(self, pair, kind, erratum=False):
-        # Every request first ensures the tables its toggles show: a newer request that
-        # supersedes this one asks for its own, so no table request is lost.
+    def _table_steps(self, kind, erratum):
         wanted = self._missing(kind, erratum)
         if wanted:
             yield self._tables(wanted)
+
+    def _detail_steps(self, pair, kind):
         if not pair:
             yield {"detail": {}}
             return

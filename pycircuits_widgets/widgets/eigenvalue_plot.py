@@ -10,16 +10,16 @@ import traitlets
 from ..analysis.circuits import embedding_note
 from ..analysis.eigen import eigenvalues, positivity
 from ..analysis.head_scores import head_scores, target_masks
-from ..analysis.skip_trigrams import centred_factors, token_strings
-from .base import CircuitWidget, check_range
+from ..analysis.skip_trigrams import copied_tokens
+from .base import CircuitWidget, check_range, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array, to_numpy
-from .selection import HeadSelection, Recompute, apply_now, check_model
+from .selection import HeadSelection, Runner, check_model
 
 
 class EigenvaluePlot(HeadSelection, CircuitWidget):
     """Scatter of all heads at (OV positivity, QK positivity) (``pcw.eigenvalue_positivity``),
-    labelled ``L.H`` and coloured by layer or by a head score (e.g. induction). Clicking a
+    labelled ``L1.H6`` and coloured by layer or by a head score (e.g. induction). Clicking a
     head sets ``layer``/``head``; the kernel answers with ``detail``: that head's OV and QK
     eigenvalues (drawn in the complex plane, optionally log-scaled magnitude) and the tokens
     it copies most.
@@ -38,6 +38,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "color_by", "log_scale"})
     EAGER_HEADS = 64
     _embedding_note = traitlets.Unicode("").tag(sync=True)
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
@@ -72,7 +73,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             raise TypeError("scores must be a dict {name: [n_layers, n_heads] array} (e.g. pcw.head_scores(model)) "
                             f"or None, got {type(scores).__name__}")
         self.model = model
-        self._strings = token_strings(model)
+        self._strings = model.token_strings
         L, H = model.cfg.n_layers, model.cfg.n_heads
         qk_note = ""
         with torch.no_grad():
@@ -93,7 +94,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             qk_positivity=qk, qk_note=qk_note, scores=encoded, ignores=direct_path_ignores(model.cfg),
             _embedding_note=embedding_note(model), **kwargs,
         )
-        self._runner = Recompute(self)
+        self._runner = Runner(self)
         self.recompute()
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
 
@@ -111,23 +112,27 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
 
     def recompute(self) -> dict:
         """Compute ``detail`` for the current ``layer``/``head`` (synchronously)."""
-        return apply_now(self, self._detail_steps(self.layer, self.head, self.n_copies, self.color_by))
+        self._on_head(None)
+        self.wait(None)
+        return {"detail": self.detail}
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until background recomputes are done (True if idle)."""
+        """Wait until the recomputes are done and applied (True if idle)."""
         return self._runner.wait(timeout)
 
+    @rolls_back
     def _on_head(self, change):
-        layer, head, n, color_by = self.layer, self.head, self.n_copies, self.color_by
-        self._runner.submit(lambda: self._detail_steps(layer, head, n, color_by))
+        layer, head, n = self.layer, self.head, self.n_copies
+        if self.scores.get(self.color_by) == {}:  # a head score asked for first: computed once
+            self._runner.submit("scores", self._score_steps)
+        self._runner.submit("detail", lambda: self._detail_steps(layer, head, n))
 
-    def _detail_steps(self, layer, head, n, color_by="layer"):
-        # Every request first ensures the head score its colouring shows: a newer request
-        # that supersedes this one asks for its own, so none is lost.
-        if self.scores.get(color_by) == {}:
-            with torch.no_grad():
-                computed = head_scores(self.model)
-            yield {"scores": {name: encode_array(v, "float32") for name, v in computed.items()}}
+    def _score_steps(self):
+        with torch.no_grad():
+            computed = head_scores(self.model)
+        yield {"scores": {name: encode_array(v, "float32") for name, v in computed.items()}}
+
+    def _detail_steps(self, layer, head, n):
         detail = {"layer": layer, "head": head}
         for kind, eigs in self._eigs.items():
             detail[f"{kind.lower()}_re"] = encode_array(eigs[layer, head].real, "float32")
@@ -145,13 +150,3 @@ def _check_score(name, value, L: int, H: int):
         raise ValueError(f"scores[{name!r}] must have shape [n_layers, n_heads] = [{L}, {H}], got {list(arr.shape)}")
     return arr
 
-
-def copied_tokens(model, layer: int, head: int, n: int):
-    """The ``n`` tokens whose own logit the head raises most when attending to them:
-    top of the diagonal of the centred full OV circuit ``OVc[t, t]`` (as in ``pcw.skip_trigrams``).
-    Returns ``(ids [n], values [n])``."""
-    with torch.no_grad():
-        _, _, v, u = centred_factors(model, layer, head)
-        diagonal = (v * u.mT).sum(1)  # OVc[t, t] = v[t] . u[:, t]
-        values, ids = torch.topk(diagonal, n)
-    return ids, values

@@ -7,13 +7,12 @@ import traitlets
 from tqdm import tqdm
 
 from ..analysis.activations import run
-from ..analysis.skip_trigrams import token_strings
 from .attention import AttentionPatterns
-from .base import CircuitWidget, check_range
+from .base import CircuitWidget, check_text, rolls_back
 from .colored_tokens import ColoredTokens
 from .composition_matrix import CompositionMatrix
 from .eigenvalue_plot import EigenvaluePlot
-from .selection import HeadSelection, TokenSelection, check_model
+from .selection import HeadSelection, PositionSelection, TokenSelection, check_model
 from .skip_trigram_table import SkipTrigramTable
 
 TITLES = {
@@ -25,24 +24,35 @@ TITLES = {
 }
 """Child view name -> what it shows (used in notices)."""
 
-HEAD_VIEWS = ("attention", "trigrams", "composition", "eigen")
-"""Children that follow the selected head (``layer``/``head``)."""
+FOLLOWS = {
+    "loss": ("position",),
+    "attention": ("layer", "head", "position"),
+    "trigrams": ("layer", "head", "token"),
+    "composition": ("layer", "head"),
+    "eigen": ("layer", "head"),
+}
+"""Child view name -> the selection traits it shows (and may change by a click). The same
+table drives the browser-side linking (js/src/lib/selection.js)."""
 
 
 def _child(cls):
     return traitlets.Instance(cls, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
 
 
-class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
+class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitWidget):
     """One model reading one text, seen through every circuit view at once, all following
     one selection: a head ``(layer, head)``, a text ``position`` and a vocabulary ``token``.
 
     Views (each a full widget, also usable on its own): per-token loss of ``pcw.run(model,
     text)`` (``ColoredTokens``), ``AttentionPatterns``, ``SkipTrigramTable``,
     ``CompositionMatrix``, ``EigenvaluePlot``. A click in any of them (a head thumbnail, a
-    composition cell, a point of the eigenvalue plot, a token) updates the explorer's
-    selection and, in the kernel, every other view; each view recomputes its own content
-    (skip-trigrams of the head, its eigenvalues, a token's query...) in the kernel.
+    composition cell, a point of the eigenvalue plot, a token) moves every view to it: in the
+    browser at once (so a saved page with no kernel stays coherent) and in the kernel, which
+    recomputes what depends on the selection (skip-trigrams of the head, its eigenvalues, a
+    token's query...). ``position`` and ``token`` stay consistent: a position selects its
+    token; a token selects its last position in the text (-1 if absent); no token, no position.
+
+    The model reads each text once (``pcw.run``); loss and attention views share that pass.
 
     A view the model cannot support honestly is not built: ``notices[name]`` says why
     (no composition in a one-layer model, no token x token QK circuit under rotary
@@ -55,10 +65,11 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "position", "token", "text"})
 
     # -- views (child widgets; None where the model does not support the view) --
     loss = _child(ColoredTokens)
-    """ColoredTokens | None: loss of predicting each token from those before it (tokens 1..n-1)."""
+    """ColoredTokens | None: loss of predicting each token from those before it (text positions 1..n-1)."""
     attention = _child(AttentionPatterns)
     """AttentionPatterns | None: every head's pattern on ``text``."""
     trigrams = _child(SkipTrigramTable)
@@ -68,19 +79,22 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
     eigen = _child(EigenvaluePlot)
     """EigenvaluePlot | None: OV/QK eigenvalue positivity of every head, the selected head's spectrum."""
     notices = traitlets.Dict().tag(sync=True)
-    """{view name: str}: why a view is not shown for this model."""
+    """{view name: str} (read-only): why a view is not shown for this model."""
 
     # -- data --
     text = traitlets.Unicode("").tag(sync=True)
-    """str: the text the model reads; setting it re-runs the model for every text view."""
+    """str: the text the model reads; setting it re-runs the model once for every text view
+    (a text the model cannot read is refused: Python raises, the view shows the error)."""
     model_name = traitlets.Unicode("").tag(sync=True)
     """str (read-only): the model's name, for the header."""
     mean_loss = traitlets.Float(None, allow_none=True).tag(sync=True)
     """float | None (read-only): mean next-token loss on ``text`` (None for one token)."""
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    """list[str] (read-only): display string of each text position."""
+    token_ids = traitlets.List(traitlets.Int()).tag(sync=True)
+    """list[int] (read-only): vocabulary id of each text position (the browser links position and token with it)."""
 
-    # -- selection (layer, head, token from the mixins) --
-    position = traitlets.Int(-1).tag(sync=True)
-    """int, default -1: selected position in ``text`` (its token becomes ``token``), -1 for none."""
+    # -- selection (layer, head, position, token from the mixins) --
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
 
@@ -96,25 +110,25 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
         if getattr(model, "tokenizer", None) is None:
             raise ValueError("CircuitExplorer reads text and shows tokens: the model needs a tokenizer "
                              "(e.g. pcw.from_hf(hf_model, tokenizer))")
-        self._strings = token_strings(model)
-        self._ids: list[int] = []
+        self._strings = model.token_strings
+        self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token") if k in kwargs}
         super().__init__(text=text, model_name=short_name(getattr(model.cfg, "name", "")), **kwargs)
         # a console bar, shown only when building takes over a second (large models)
         with tqdm(total=1 + 4, desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
             progress.set_postfix_str("running the model", refresh=False)
-            self._rerun(text)
+            self._show_run()
             progress.update()
             self._build_views(no_heads, progress)
         self._link()
-        with self.hold_trait_notifications():
-            for name, value in selection.items():
-                setattr(self, name, value)
+        for name, value in selection.items():
+            setattr(self, name, value)
 
     # -- building ---------------------------------------------------------------------------
     def _build_views(self, no_heads: str, progress) -> None:
         builders = {
-            "attention": lambda: AttentionPatterns(self.model, self.text, layer=self.layer, head=self.head),
+            "attention": lambda: AttentionPatterns(self.model, self.text, forward=self._forward,
+                                                   layer=self.layer, head=self.head),
             "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head),
             "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head),
             "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head),
@@ -132,100 +146,110 @@ class CircuitExplorer(HeadSelection, TokenSelection, CircuitWidget):
                 notices[name] = f"No {TITLES[name]} for this model: {exc}"
         self.notices = notices
 
-    def _rerun(self, text: str) -> None:
-        """Run the model on ``text``: token ids for the token selection, and the loss view
-        (whose new values clear the position selection)."""
-        out = run(self.model, text)
-        self._ids = out.tokens[0].tolist()
-        tokens, losses = out.str_tokens[0][1:], out.token_loss[0]
-        if self.loss is None:
-            self.loss = ColoredTokens(tokens, losses, label="loss (nats)", colormap="sequential")
-        else:
-            self.loss.set_values(tokens, losses)
-        self.mean_loss = float(out.loss) if len(self._ids) > 1 else None
+    def _forward(self, model, text: str):
+        """``pcw.run(model, text)``, once per text (the views built here share it)."""
+        if self._ran is None or self._ran[0] != text:
+            self._ran = (text, run(model, text))
+        return self._ran[1]
+
+    def _show_run(self) -> None:
+        """Tokens and the loss view of the current text (positions of an old text are cleared)."""
+        out = self._forward(self.model, self.text)
+        ids = out.tokens[0].tolist()
+        losses = out.token_loss[0]
+        with self.hold_sync():
+            self.position = -1
+            self.token_ids, self.tokens = ids, list(out.str_tokens[0])
+            if self.loss is None:
+                self.loss = ColoredTokens(self.tokens[1:], losses, label="loss (nats)", colormap="sequential",
+                                          first_position=1)
+            else:
+                self.loss.set_values(self.tokens[1:], losses)
+            self.mean_loss = float(out.loss) if len(ids) > 1 else None
 
     def views(self) -> dict[str, CircuitWidget]:
         """The views this model supports, by name (``loss``, ``attention``, ...)."""
         return {name: getattr(self, name) for name in TITLES if getattr(self, name) is not None}
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every view's kernel-side recompute is done (True if all are idle)."""
-        return all(view.wait(timeout) for view in self.views().values() if hasattr(view, "wait"))
+        """Wait until every view's kernel-side recomputes are done and applied (True if all are
+        idle). A result applied in one view can move the selection and start work in another,
+        so this repeats until a full pass finds every view idle."""
+        while True:
+            busy_before = [v for v in self.views().values() if v.busy]
+            if not all(view.wait(timeout) for view in self.views().values()):
+                return False
+            if not busy_before and not any(v.busy for v in self.views().values()):
+                return True
 
     # -- linking: children -> explorer -> children. Values converge, so no feedback loop: a
     # child set to the explorer's value reports an unchanged value and traitlets stays quiet.
     def _link(self) -> None:
-        heads = [v for n, v in self.views().items() if n in HEAD_VIEWS]
-        for view in heads:
-            view.observe(self._head_from_view, ["layer", "head"])
-        for view in (self.trigrams, self.composition, self.eigen):
-            if view is not None:
-                view.observe(self._busy_from_views, ["busy"])
-        if self.trigrams is not None:
-            self.trigrams.observe(self._token_from_view, ["token"])
+        for name, view in self.views().items():
+            view.observe(self._from_view, list(FOLLOWS[name]))
+            view.observe(self._busy_from_views, ["busy"])
         if self.attention is not None:
-            self.attention.observe(self._position_from_attention, ["pinned_token"])
             self.attention.observe(self._text_from_view, ["text"])
-        self.loss.observe(self._position_from_loss, ["selected_token"])
-        self.observe(self._head_to_views, ["layer", "head"])
-        self.observe(self._position_to_views, ["position"])
-        self.observe(self._token_to_views, ["token"])
-        self.observe(self._text_to_views, ["text"])
+        self.observe(self._to_views, ["layer", "head", "position", "token"])
 
-    def _head_from_view(self, change):
-        view = change["owner"]
-        with self.hold_trait_notifications():
-            self.layer, self.head = view.layer, view.head
-
-    def _head_to_views(self, change):
-        for name in HEAD_VIEWS:
-            view = getattr(self, name)
-            if view is not None and (view.layer, view.head) != (self.layer, self.head):
-                with view.hold_trait_notifications():  # both set before its observers run: never (new layer, old head)
-                    view.layer, view.head = self.layer, self.head
+    @rolls_back
+    def _from_view(self, change):
+        view, name = change["owner"], change["name"]
+        if name in ("layer", "head"):
+            with self.hold_trait_notifications():  # never (new layer, old head)
+                self.layer, self.head = view.layer, view.head
+        else:
+            setattr(self, name, change["new"])
 
     def _busy_from_views(self, change):
-        self.busy = any(v.busy for v in (self.trigrams, self.composition, self.eigen) if v is not None)
+        self.busy = any(v.busy for v in self.views().values())
 
-    def _token_from_view(self, change):
-        self.token = change["new"]
-
-    def _position_from_attention(self, change):
-        self.position = change["new"]
-
-    def _position_from_loss(self, change):
-        # the loss view shows tokens 1..n-1: its index i is text position i + 1
-        self.position = change["new"] + 1 if change["new"] >= 0 else -1
-
+    @rolls_back
     def _text_from_view(self, change):
         self.text = change["new"]
 
-    def _position_to_views(self, change):
-        p = self.position
-        if self.attention is not None and self.attention.pinned_token != p:
-            self.attention.pinned_token = p
-        if self.loss.selected_token != max(p - 1, -1):
-            self.loss.selected_token = max(p - 1, -1)
-        if p >= 0:
-            self.token = self._ids[p]
+    @rolls_back
+    def _to_views(self, change):
+        name = change["name"]
+        if name == "position" and self.position >= 0:
+            self.token = self.token_ids[self.position]
+        elif name == "token":
+            t = self.token
+            self.token_str = self._strings[t] if t >= 0 else ""
+            if t < 0:
+                self.position = -1
+            elif self.position < 0 or self.token_ids[self.position] != t:
+                # show where the token occurs in the text (last occurrence), if it does
+                self.position = max((i for i, x in enumerate(self.token_ids) if x == t), default=-1)
+        for view_name, view in self.views().items():
+            keys = [k for k in FOLLOWS[view_name] if getattr(view, k) != getattr(self, k)]
+            if keys:
+                with view.hold_trait_notifications():  # both set before its observers run
+                    for k in keys:
+                        setattr(view, k, getattr(self, k))
 
-    def _token_to_views(self, change):
-        t = self.token
-        self.token_str = self._strings[t] if t >= 0 else ""
-        if self.trigrams is not None and self.trigrams.token != t:
-            self.trigrams.token = t
-        if t >= 0 and (self.position < 0 or self._ids[self.position] != t):
-            # show where the token occurs in the text (last occurrence), if it does
-            self.position = max((i for i, x in enumerate(self._ids) if x == t), default=-1)
+    def _n_positions(self) -> int:
+        return len(self.token_ids)
 
-    def _text_to_views(self, change):
-        self._rerun(self.text)
+    # -- text -----------------------------------------------------------------------------
+    @traitlets.validate("text")
+    def _valid_text(self, proposal):
+        """The model reads the text here, so a text it cannot read is refused before it is set."""
+        text = check_text(proposal["value"])
+        try:
+            self._forward(self.model, text)
+        except (TypeError, ValueError) as exc:
+            raise traitlets.TraitError(f"text: {exc}") from exc
+        return text
+
+    @traitlets.observe("text")
+    @rolls_back
+    def _on_text(self, change):
+        if self.loss is None:  # still in __init__
+            return
+        self._show_run()
         if self.attention is not None and self.attention.text != self.text:
             self.attention.text = self.text
-
-    @traitlets.validate("position")
-    def _valid_position(self, proposal):
-        return check_range("position", proposal["value"], 0, len(self._ids) - 1, none=True)
 
 
 def short_name(name: str) -> str:

@@ -9,7 +9,6 @@ from ..analysis.composition import composition_scores, random_baseline
 from ..analysis.eigen import eigenvalue_positivity
 from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
                                   k_composition_positivity, k_composition_top)
-from ..analysis.skip_trigrams import token_strings
 from .base import CircuitWidget, check_range, reports_errors
 from .pair_selection import PairSelection, pair_key
 from .payload import encode_array
@@ -42,6 +41,7 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
     """
 
     _view = traitlets.Unicode("InductionMechanism").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "token"})
 
     # -- data --
     pairs = traitlets.Dict().tag(sync=True)
@@ -64,7 +64,7 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
-        self._strings_all = token_strings(model)
+        self._strings_all = model.token_strings
         with torch.no_grad():
             qk_pos = k_composition_positivity(model)
             ov_pos = eigenvalue_positivity(model, "OV")

@@ -108,7 +108,7 @@ def _skip_trigrams(w, budget):
         return [{"on": ["layer", "head"], "patches": {},
                  "missing": "Skip-trigram tables of other heads need a running kernel (large vocabulary)."}]
     return [_rule(["layer", "head"], [
-        (key(l, h), lambda l=l, h=h: {**_last(w._table_steps(l, h, TABLE_K, -1, w.n_related)),
+        (key(l, h), lambda l=l, h=h: {**_last(w._table_steps(l, h, TABLE_K)),
                                       "k": TABLE_K, "related": {}, "token": -1})
         for l, h in _heads(w)
     ], budget, _over_budget("This head's skip-trigram table"))]
@@ -116,7 +116,7 @@ def _skip_trigrams(w, budget):
 
 def _eigen(w, budget):
     return [_rule(["layer", "head"], [
-        (key(l, h), lambda l=l, h=h: _last(w._detail_steps(l, h, w.n_copies, "layer"))) for l, h in _heads(w)
+        (key(l, h), lambda l=l, h=h: _last(w._detail_steps(l, h, w.n_copies))) for l, h in _heads(w)
     ], budget, _over_budget("This head's eigenvalue detail"))]
 
 

@@ -33,6 +33,7 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("PathExpansion").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "position", "selected_pair"})
 
     # -- data (per text) --
     text = traitlets.Unicode("").tag(sync=True)

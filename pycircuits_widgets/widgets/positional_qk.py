@@ -36,6 +36,7 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("PositionalQK").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head"})
 
     # -- data --
     text = traitlets.Unicode("").tag(sync=True)

@@ -1,18 +1,29 @@
-"""The selection every circuit view shares, and kernel-side recomputes that never block it.
+"""The one selection every view shares, and the one runner that recomputes for it.
 
-``HeadSelection`` gives a view the synced traits ``layer``, ``head`` and ``busy``;
-``TokenSelection`` adds ``token``. Every view names them the same way, so
-``ipywidgets.link((table, "head"), (plot, "head"))`` (or ``jslink``) ties views together
-and an explorer can drive them all.
+Selection vocabulary (same names and meaning in every view and the explorer):
 
-``Recompute`` runs a view's recompute off the kernel's message thread. A newer request
-supersedes an older one: it starts at once, the older computation is abandoned at its next
-checkpoint (each partial result it yields) and its results are dropped, so the view always
-ends on the newest selection.
+* ``layer``, ``head``: a head, written ``L1.H6`` in every label (:func:`head_label`);
+* ``position``: an index into the text (-1: none);
+* ``token``: a vocabulary id (-1: none).
+
+Each is a :class:`Index` trait: an ``int`` (``True`` is not one), range-checked by the
+one validator :meth:`Selection._check_index` against the bounds a view gives in
+``_index_bounds``. Views link by name, so ``ipywidgets.link((table, "head"), (plot, "head"))``
+works, and the explorer drives them all.
+
+:class:`Runner` runs a widget's recomputes. Each request has a *kind* (a head's table, a
+token query, a detail panel): per kind at most one job runs and one waits, and a newer
+request of a kind makes the older one stale, stopped at its next chunk (``yield``); kinds
+never drop each other. Under a Jupyter kernel the work runs on one worker thread per widget
+and every result is applied on the kernel's IO-loop thread (never ``setattr`` from the
+worker); in a plain script (no kernel) requests run synchronously, so nothing is left
+running at exit.
 """
 
 from __future__ import annotations
 
+import collections
+import sys
 import threading
 import time
 from typing import Callable, Iterator
@@ -22,52 +33,89 @@ import traitlets
 from .base import check_range
 
 
-class HeadSelection(traitlets.HasTraits):
-    """Selection traits ``layer`` / ``head`` validated against ``self.model.cfg``, plus ``busy``.
+def head_label(layer: int, head: int) -> str:
+    """The one way a head is written in the UI: ``L1.H6``."""
+    return f"L{layer}.H{head}"
 
-    A subclass sets ``self.model`` before ``super().__init__`` and observes ``layer``/``head``.
+
+class Index(traitlets.Int):
+    """A selection index: a Python ``int`` (``bool`` refused), range-checked by the owner's
+    ``_index_bounds(name) -> (lo, hi, none_allowed)`` (``none_allowed``: -1 means none)."""
+
+    info_text = "an int"
+
+    def validate(self, obj, value):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise traitlets.TraitError(f"{self.name} must be an int, got {value!r} ({type(value).__name__})")
+        lo, hi, none = obj._index_bounds(self.name)
+        return check_range(self.name, int(value), lo, hi, none=none)
+
+
+class Selection(traitlets.HasTraits):
+    """Base of the selection mixins: ``_index_bounds`` is chained through them."""
+
+    def _index_bounds(self, name):
+        raise traitlets.TraitError(f"{type(self).__name__} has no bounds for {name!r}")
+
+
+class HeadSelection(Selection):
+    """Selection ``layer``/``head`` and the model shape ``n_layers``/``n_heads`` (read-only).
+
+    A subclass sets ``n_layers``/``n_heads`` (or ``self.model`` before ``super().__init__``).
     """
 
     # -- selection --
-    layer = traitlets.Int(0).tag(sync=True)
+    layer = Index(0).tag(sync=True)
     """int, default 0: selected layer, in ``0..n_layers-1``."""
-    head = traitlets.Int(0).tag(sync=True)
+    head = Index(0).tag(sync=True)
     """int, default 0: selected head within ``layer``, in ``0..n_heads-1``."""
 
-    # -- status --
-    busy = traitlets.Bool(False).tag(sync=True)
-    """bool: True while the kernel recomputes for the current selection (view shows a spinner)."""
-
     # -- model shape (read-only, for the pickers) --
-    _n_layers = traitlets.Int().tag(sync=True)
-    _n_heads = traitlets.Int().tag(sync=True)
+    n_layers = traitlets.Int().tag(sync=True)
+    """int (read-only): layers of the model."""
+    n_heads = traitlets.Int().tag(sync=True)
+    """int (read-only): heads per layer."""
 
-    @traitlets.default("_n_layers")
+    @traitlets.default("n_layers")
     def _default_n_layers(self):
         return self.model.cfg.n_layers
 
-    @traitlets.default("_n_heads")
+    @traitlets.default("n_heads")
     def _default_n_heads(self):
         return self.model.cfg.n_heads
 
-    @traitlets.validate("layer")
-    def _valid_layer(self, proposal):
-        return check_range("layer", proposal["value"], 0, self.model.cfg.n_layers - 1)
+    def _index_bounds(self, name):
+        # a model without heads (zero layers) keeps the default 0, shown nowhere
+        if name == "layer":
+            return 0, max(self.n_layers - 1, 0), False
+        if name == "head":
+            return 0, max(self.n_heads - 1, 0), False
+        return super()._index_bounds(name)
 
-    @traitlets.validate("head")
-    def _valid_head(self, proposal):
-        return check_range("head", proposal["value"], 0, self.model.cfg.n_heads - 1)
 
-
-class TokenSelection(traitlets.HasTraits):
+class TokenSelection(Selection):
     """Selection trait ``token``: a vocabulary id, or -1 for none."""
 
-    token = traitlets.Int(-1).tag(sync=True)
+    token = Index(-1).tag(sync=True)
     """int, default -1: selected vocabulary id (``0..d_vocab-1``), -1 for none."""
 
-    @traitlets.validate("token")
-    def _valid_token(self, proposal):
-        return check_range("token", proposal["value"], 0, self.model.cfg.d_vocab - 1, none=True)
+    def _index_bounds(self, name):
+        if name == "token":
+            return 0, self.model.cfg.d_vocab - 1, True
+        return super()._index_bounds(name)
+
+
+class PositionSelection(Selection):
+    """Selection trait ``position``: an index into the text, or -1 for none.
+    A subclass gives the text length as ``_n_positions()``."""
+
+    position = Index(-1).tag(sync=True)
+    """int, default -1: selected position in the text (token index), -1 for none."""
+
+    def _index_bounds(self, name):
+        if name == "position":
+            return 0, self._n_positions() - 1, True
+        return super()._index_bounds(name)
 
 
 def check_model(model, owner: str) -> None:
@@ -82,91 +130,181 @@ def check_model(model, owner: str) -> None:
         raise ValueError(f"{owner} needs a model with attention layers, got n_layers=0")
 
 
-# A recompute: yields one or more states (dicts trait name -> value); the last is final.
-Steps = Iterator[dict]
+# A recompute: a generator of trait updates (dicts name -> value; None is a checkpoint with
+# no update). Each yield is a chunk boundary where stale work stops.
+Steps = Iterator["dict | None"]
 
 
-class Recompute:
-    """Runs ``widget``'s recomputes off the kernel thread; the newest request wins.
+def _kernel_loop():
+    """The running kernel's IO loop (tornado), or None outside a kernel."""
+    if "ipykernel" not in sys.modules:
+        return None
+    from ipykernel.kernelbase import Kernel
 
-    ``submit(steps)`` with ``steps()`` returning an iterator of trait updates. Each request
-    gets its own thread, so a newer selection never waits behind an older computation (a
-    torch call cannot be interrupted; a stale one finishes its current step on its own
-    thread and its result is dropped). A request first waits ``DEBOUNCE_S`` and is skipped if
-    a newer one arrived meanwhile, so a burst of clicks or held arrow keys costs one
-    recompute. Each yielded update is applied (under ``hold_sync``) only while its request
-    is the newest; a stale iterator is closed at its next ``yield``. A failure of the newest
-    request sets ``widget.error`` and leaves the last good traits in place. ``widget.busy``
-    is True from a submit until the newest request has finished.
+    if not Kernel.initialized():
+        return None
+    return getattr(Kernel.instance(), "io_loop", None)
+
+
+class _Job:
+    __slots__ = ("kind", "make", "generation")
+
+    def __init__(self, kind: str, make: Callable[[], Steps], generation: int):
+        self.kind, self.make, self.generation = kind, make, generation
+
+
+_shutting_down = threading.Event()
+if hasattr(threading, "_register_atexit"):  # before non-daemon threads are joined at exit
+    threading._register_atexit(_shutting_down.set)
+
+
+class Runner:
+    """One widget's recomputes: per kind of result, one job running and one pending.
+
+    ``submit(kind, make)``: ``make()`` returns a :data:`Steps` generator. A newer submit of
+    the same kind makes the older stale (stopped between chunks, its results dropped);
+    other kinds are untouched. ``widget.busy`` is True while any job is pending, running or
+    has results not yet applied. A failing job shows ``"<kind>: <error>"`` in
+    ``widget.error`` and leaves the last good traits; the next success of that kind clears it.
+
+    ``loop``: where results are applied. Default: the running kernel's IO loop (a worker
+    thread computes, ``loop.add_callback`` applies); None: run synchronously in ``submit``.
     """
 
-    DEBOUNCE_S = 0.02
-
-    def __init__(self, widget):
+    def __init__(self, widget, loop="kernel"):
         self._widget = widget
-        self._lock = threading.RLock()  # an applied update may trigger a submit
-        self._generation = 0
-        self._finished = 0
-        self._done = threading.Condition(self._lock)
+        self._loop = _kernel_loop() if loop == "kernel" else loop
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._generation: dict[str, int] = collections.defaultdict(int)
+        self._pending: dict[str, _Job] = {}  # kind -> newest job not started
+        self._running: _Job | None = None
+        self._results: collections.deque = collections.deque()  # (job, update | exception)
+        self._worker: threading.Thread | None = None
+        self._failed: dict[str, str] = {}  # kind -> message shown in error
+        self._applying = False
 
-    def submit(self, steps: Callable[[], Steps]) -> None:
+    # -- requests (kernel thread) ------------------------------------------------------------
+    def submit(self, kind: str, make: Callable[[], Steps]) -> None:
         with self._lock:
-            self._generation += 1
-            generation = self._generation
-            self._widget.busy = True
-        threading.Thread(target=self._thread, args=(generation, steps), name="pcw-recompute", daemon=True).start()
+            self._generation[kind] += 1
+            self._pending[kind] = _Job(kind, make, self._generation[kind])
+            if self._loop is not None:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._work, name="pcw-runner")
+                    self._worker.start()
+                self._changed.notify_all()
+        if self._loop is not None:
+            self._set_busy(True)
+        elif not self._applying:
+            self._run_sync()
+
+    def current(self, job: _Job) -> bool:
+        return job.generation == self._generation[job.kind] and not _shutting_down.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the newest request has finished (tests, scripts); True if it has."""
-        with self._done:
-            return self._done.wait_for(lambda: self._finished == self._generation, timeout)
-
-    def current(self, generation: int) -> bool:
-        return generation == self._generation
-
-    def _thread(self, generation: int, steps: Callable[[], Steps]) -> None:
-        try:
-            time.sleep(self.DEBOUNCE_S)
-            if self.current(generation):
-                self._run(generation, steps)
-        finally:
-            with self._done:
-                if self.current(generation):
-                    self._finished = generation
-                    self._widget.busy = False
-                    self._done.notify_all()
-
-    def _run(self, generation: int, steps: Callable[[], Steps]) -> None:
-        widget = self._widget
-        iterator = None
-        try:
-            iterator = steps()
-            for update in iterator:
-                with self._lock:  # apply atomically w.r.t. a newer submit
-                    if not self.current(generation):
-                        return
-                    with widget.hold_sync():
-                        for name, value in update.items():
-                            setattr(widget, name, value)
-                        if widget.error:
-                            widget.error = ""
-        except Exception as exc:  # shown in the view; the last good state stays
+        """Block until every request is done and applied (True), or ``timeout`` s (False).
+        Call it from the kernel thread (a cell, a test): it applies the results itself."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._drain():
             with self._lock:
-                if self.current(generation):
-                    widget.error = f"{type(exc).__name__}: {exc}"
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if not self._results and (self._pending or self._running is not None):
+                    self._changed.wait(left)
+        return True
+
+    # -- synchronous mode ----------------------------------------------------------------------
+    def _run_sync(self) -> None:
+        self._applying = True
+        try:
+            while self._pending:
+                kind = next(iter(self._pending))
+                job = self._pending.pop(kind)
+                for item in self._steps(job):
+                    self._apply(job, item)
         finally:
-            if iterator is not None and hasattr(iterator, "close"):
-                iterator.close()
+            self._applying = False
 
+    # -- worker thread: computes, never touches traits -------------------------------------------
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending or _shutting_down.is_set():
+                    self._pending.clear()
+                    self._worker = None
+                    self._changed.notify_all()
+                    return
+                kind = next(iter(self._pending))
+                job = self._running = self._pending.pop(kind)
+            for item in self._steps(job):
+                with self._lock:
+                    self._results.append((job, item))
+                    self._changed.notify_all()
+                self._post()
+            with self._lock:
+                self._running = None
+                self._changed.notify_all()
+            self._post()
 
-def apply_now(widget, steps: Steps) -> dict:
-    """Run a recompute synchronously (direct calls from Python); returns the final update."""
-    final: dict = {}
-    for update in steps:
-        with widget.hold_sync():
-            for name, value in update.items():
-                setattr(widget, name, value)
-        final = update
-    if widget.error:
-        widget.error = ""
-    return final
+    def _post(self) -> None:
+        try:
+            self._loop.add_callback(self._drain)
+        except RuntimeError:  # the kernel's loop is closed (shutting down): nothing to show
+            pass
+
+    def _steps(self, job: _Job):
+        """The job's updates while it is current (stale: stop at the next chunk); a failure
+        is yielded as the exception."""
+        steps = None
+        try:
+            steps = job.make()
+            for update in steps:
+                if not self.current(job):
+                    return
+                if update:
+                    yield update
+        except Exception as exc:  # shown in the view by _apply
+            if self.current(job):
+                yield exc
+        finally:
+            if steps is not None and hasattr(steps, "close"):
+                steps.close()
+
+    # -- applying (kernel thread) ----------------------------------------------------------------
+    def _drain(self) -> bool:
+        """Apply the queued results in order; True (and ``busy`` off) when all work is done."""
+        while True:
+            with self._lock:
+                entry = self._results.popleft() if self._results else None
+                idle = entry is None and not self._pending and self._running is None
+            if entry is None:
+                if idle:
+                    self._set_busy(False)
+                return idle
+            job, item = entry
+            if self.current(job):
+                self._apply(job, item)
+
+    def _apply(self, job: _Job, item) -> None:
+        widget = self._widget
+        if isinstance(item, Exception):
+            message = f"{job.kind}: {type(item).__name__}: {item}"
+            self._failed[job.kind] = message
+            widget.error = message
+            return
+        try:
+            with widget.hold_sync():
+                for name, value in item.items():
+                    setattr(widget, name, value)
+        except Exception as exc:  # an observer of the update failed: say so, keep going
+            self._failed[job.kind] = widget.error = f"{job.kind}: {type(exc).__name__}: {exc}"
+            return
+        shown = self._failed.pop(job.kind, None)
+        if shown is not None and widget.error == shown:
+            widget.error = ""
+
+    def _set_busy(self, value: bool) -> None:
+        if self._widget.busy != value:
+            self._widget.busy = value

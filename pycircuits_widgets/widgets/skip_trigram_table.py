@@ -6,13 +6,12 @@ import torch
 import traitlets
 
 from ..analysis.circuits import embedding_note, refuse_rotary_qk
-from ..analysis.skip_trigrams import MODES, centred_factors, token_strings, top_skip_trigrams
-from ..factored import FactoredMatrix
+from ..analysis.skip_trigrams import MODES, centred_factors, circuit_query, partial_skip_trigrams, top_skip_trigrams
 from ..models.tokenizer import visible_whitespace
-from .base import CircuitWidget, check_range
+from .base import CircuitWidget, check_range, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array
-from .selection import HeadSelection, Recompute, TokenSelection, apply_now, check_model
+from .selection import HeadSelection, Runner, TokenSelection, check_model
 
 MAX_MATCHES = 20
 TABLE_CACHE = 32  # exact tables kept per widget (a few KiB each)
@@ -32,12 +31,14 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         n_related: rows per list in a token query.
 
     ``recompute()`` and ``search(text)`` / ``query_token(id)`` run synchronously and return
-    the new state; trait changes run them in a worker thread, newest request first.
+    the new state; trait changes run them on the widget's runner, where the head's table, the
+    token query and the search are separate kinds of result (none drops another).
     """
 
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
     _embedding_note = traitlets.Unicode("").tag(sync=True)
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
+    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size"})
     # Above ``partial_above`` vocabulary entries, a first table over the ``partial_sources``
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
     partial_sources = 64
@@ -76,12 +77,13 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         check_model(model, "SkipTrigramTable")
         refuse_rotary_qk(model, "a skip-trigram table")
         self.model = model
-        self._strings = token_strings(model)
+        self._strings = model.token_strings
         self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
         self._runner = Recompute(self)
+    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size"})
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
         else:
@@ -105,38 +107,48 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     # -- recomputes (synchronous; the observers run them in the worker) -------------------
     def recompute(self) -> dict:
         """Recompute the table for the current ``layer``/``head`` (and the token query)."""
-        return apply_now(self, self._table_steps(self.layer, self.head, self.k, self.token, self.n_related))
+        self._on_head(None)
+        self._on_token(None)
+        self.wait(None)
+        return {"trigrams": self.trigrams, "related": self.related}
 
     def search(self, text: str) -> dict:
         """Find vocabulary tokens matching ``text``; an exact match becomes the selected token."""
-        return apply_now(self, self._search_steps(text, self.layer, self.head, self.n_related))
+        self._runner.submit("search", lambda: self._search_steps(text))
+        self.wait(None)
+        return {"matches": self.matches, "token": self.token, "related": self.related}
 
     def query_token(self, token: int) -> dict:
         """What ``token`` attends to, is attended by and copies to, through the current head."""
-        return apply_now(self, self._related_steps(token, self.layer, self.head, self.n_related))
+        self.token = token
+        self._on_token(None)
+        self.wait(None)
+        return {"related": self.related}
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until background recomputes are done (True if idle)."""
+        """Wait until the recomputes are done and applied (True if idle)."""
         return self._runner.wait(timeout)
 
-    # -- observers -----------------------------------------------------------------------
+    # -- observers: each kind of result has its own slot on the runner -----------------------
+    @rolls_back
     def _on_head(self, change):
-        layer, head, k, token, n = self.layer, self.head, self.k, self.token, self.n_related
-        self._runner.submit(lambda: self._table_steps(layer, head, k, token, n))
+        layer, head, k = self.layer, self.head, self.k
+        self._runner.submit("table", lambda: self._table_steps(layer, head, k))
+        if change is not None and self.token >= 0:
+            self._on_token(None)  # the token's query is through the head
 
+    @rolls_back
     def _on_query(self, change):
-        text, layer, head, n = change["new"], self.layer, self.head, self.n_related
-        self._runner.submit(lambda: self._search_steps(text, layer, head, n))
+        text = change["new"]
+        self._runner.submit("search", lambda: self._search_steps(text))
 
+    @rolls_back
     def _on_token(self, change):
         token, layer, head, n = self.token, self.layer, self.head, self.n_related
         if token < 0:
-            self.related = {}
+            self._runner.submit("token", lambda: iter([{"related": {}}]))
             return
-        r = self.related
-        if (r.get("token"), r.get("layer"), r.get("head"), len(r.get("copies_to", ()))) == (token, layer, head, n):
-            return  # a search already answered this token
-        self._runner.submit(lambda: self._related_steps(token, layer, head, n))
+        self._runner.submit("token", lambda: self._related_steps(token, layer, head, n))
 
     # -- the work ------------------------------------------------------------------------
     def _centred(self, layer: int, head: int):
@@ -151,34 +163,25 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self._factors = ((layer, head), factors)
         return factors
 
-    def _table_steps(self, layer, head, k, token, n_related):
+    def _table_steps(self, layer, head, k):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
         table = self._tables.get((layer, head, k))
         if table is not None:  # a revisited head answers at once
-            update = {"trigrams": table}
-            if token >= 0:
-                update["related"] = self._related(token, layer, head, n_related)
-            yield update
+            yield {"trigrams": table}
             return
         q, kk, v, u = self._centred(layer, head)
         n_vocab = kk.shape[0]
         if n_vocab > self.partial_above:
-            # sources whose factors are largest are likely strong; exact among themselves
-            src = torch.argsort(kk.norm(dim=1) * v.norm(dim=1), descending=True)[: self.partial_sources]
             with torch.no_grad():
-                score, idx = top_skip_trigrams(q, kk[src], v[src], u, k)
-            idx = idx.clone()
-            idx[:, 0] = src[idx[:, 0]]  # subset-local source -> vocab id
-            yield {"trigrams": self._encode_table(layer, head, score, idx, len(src) / n_vocab)}
+                score, idx = partial_skip_trigrams(q, kk, v, u, k, self.partial_sources)
+            yield {"trigrams": self._encode_table(layer, head, score, idx, self.partial_sources / n_vocab)}
         with torch.no_grad():
             score, idx = top_skip_trigrams(q, kk, v, u, k)
-        update = {"trigrams": self._encode_table(layer, head, score, idx, 1.0)}
-        self._tables[(layer, head, k)] = update["trigrams"]
+        table = self._encode_table(layer, head, score, idx, 1.0)
+        self._tables[(layer, head, k)] = table
         while len(self._tables) > TABLE_CACHE:
             del self._tables[next(iter(self._tables))]
-        if token >= 0:
-            update["related"] = self._related(token, layer, head, n_related)
-        yield update
+        yield {"trigrams": table}
 
     def _encode_table(self, layer, head, score, idx, progress):
         q, kk, v, u = self._centred(layer, head)
@@ -195,29 +198,23 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
             "exact": progress >= 1.0, "progress": float(progress),
         }
 
-    def _search_steps(self, text, layer, head, n_related):
+    def _search_steps(self, text):
         matches = find_tokens(self._strings, text)
         update = {"matches": [{"id": i, "str": self._strings[i]} for i in matches]}
         exact = [i for i in matches if _normal(self._strings[i]) == _normal(text)]
         if exact:
-            update["token"] = exact[0]
-            update["related"] = self._related(exact[0], layer, head, n_related)
+            update["token"] = exact[0]  # its query follows as the "token" kind
         yield update
 
-    def _related_steps(self, token, layer, head, n_related):
-        yield {"related": self._related(token, layer, head, n_related)}
-
-    def _related(self, token: int, layer: int, head: int, n: int) -> dict:
-        """The three whole-vocabulary queries of one token (rows / column of the centred circuits)."""
-        q, kk, v, u = self._centred(layer, head)
-        qk = FactoredMatrix(q, kk.mT)  # [dest, src]
-        with torch.no_grad():
-            rows = {"attends_to": qk.row(token), "attended_by": qk.col(token), "copies_to": FactoredMatrix(v, u).row(token)}
+    def _related_steps(self, token, layer, head, n):
+        """The three whole-vocabulary queries of one token (``pcw.analysis.circuit_query``)."""
+        factors = self._centred(layer, head)
         result = {"token": token, "str": self._strings[token], "layer": layer, "head": head}
         for mode in MODES:
-            values, ids = torch.topk(rows[mode], n)
-            result[mode] = [{"id": i, "str": self._strings[i], "score": s} for i, s in zip(ids.tolist(), values.tolist())]
-        return result
+            yield None  # a chunk boundary: a newer token stops this one here
+            rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, factors=factors)
+            result[mode] = [{"id": i, "str": s, "score": v} for i, s, v in rows]
+        yield {"related": result}
 
 
 def _normal(text: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import traitlets
 
-from ..analysis.skip_trigrams import token_strings
 from ..analysis.virtual_heads import top_virtual_heads
 from .base import CircuitWidget
 from .pair_selection import PairSelection
@@ -24,6 +23,7 @@ class VirtualHeads(HeadSelection, PairSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("VirtualHeads").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "selected_pair"})
 
     # -- data --
     heads = traitlets.List().tag(sync=True)
@@ -35,7 +35,7 @@ class VirtualHeads(HeadSelection, PairSelection, CircuitWidget):
             raise ValueError(f"VirtualHeads needs at least 2 layers (a virtual head spans two), "
                              f"got n_layers={model.cfg.n_layers}")
         self.model = model
-        strings = token_strings(model)
+        strings = model.token_strings
         rows = [{
             "pair": [*v.h1, *v.h2], "norm": v.norm, "positivity": v.positivity,
             "copies": [{"id": i, "str": strings[i], "score": s} for i, s in v.copies],

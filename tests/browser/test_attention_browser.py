@@ -42,7 +42,7 @@ def test_grid_has_one_labelled_thumbnail_per_head_and_detail_draws_mask_not_zero
     view = show(pcw.AttentionPatterns(tokens=toks(6), patterns=A))
     painted(view)
     labels = view.page.locator(".thumb .label").all_inner_texts()
-    assert labels == ["0.0", "0.1", "0.2", "1.0", "1.1", "1.2"]
+    assert labels == ["L0.H0", "L0.H1", "L0.H2", "L1.H0", "L1.H1", "L1.H2"]
     g = detail_geometry(view.page)
     at = lambda d, s: pixel(view.page, g["margin"] + (s + 0.5) * g["cell"], g["margin"] + (d + 0.5) * g["cell"])
     assert at(4, 0) == BLUE_LUT_END  # weight 1
@@ -61,7 +61,7 @@ def test_hover_reads_out_dest_src_and_the_exact_weight_from_the_kernel(show):
     assert (out.get_attribute("data-dest"), out.get_attribute("data-src")) == ("7", "3")
     assert float(out.get_attribute("data-weight")) == float(A[1, 1, 7, 3])
     text = out.inner_text()
-    assert text.startswith("head 1.1: 7 ·t7 ← 3 ·t3: ") and "(exact)" in text
+    assert text.startswith("head L1.H1: 7 ·t7 ← 3 ·t3: ") and "(exact)" in text
     assert abs(float(text.split(": ")[-1].split(" ")[0]) - A[1, 1, 7, 3]) < 1e-5
     hover_cell(view.page, 2, 5)
     assert "masked" in out.inner_text()
@@ -73,7 +73,7 @@ def test_clicks_set_layer_head_and_cell_in_python(show):
     painted(view)
     view.page.locator('.thumb[data-layer="1"][data-head="2"]').click()
     assert (w.layer, w.head) == (1, 2)
-    assert view.page.locator(".thumb.selected .label").inner_text() == "1.2"
+    assert view.page.locator(".thumb.selected .label").inner_text() == "L1.H2"
     x, y = hover_cell(view.page, 6, 4)
     view.page.get_by_test_id("detail-overlay").click(position={"x": x, "y": y})
     assert (w.dest_position, w.src_position) == (6, 4)
@@ -86,23 +86,23 @@ def test_python_side_changes_update_the_view(show):
     view = show(w)
     painted(view)
     w.layer, w.head = 1, 0
-    assert view.page.locator(".thumb.selected .label").inner_text() == "1.0"
-    w.pinned_token = 3
+    assert view.page.locator(".thumb.selected .label").inner_text() == "L1.H0"
+    w.position = 3
     assert view.page.locator(".token.pinned").inner_text() == "·t3"
     w.set_patterns(["a", "b", "c"], causal_softmax(1, 4, 3, seed=5))
     assert view.page.locator(".token").all_inner_texts() == ["a", "b", "c"]
     assert view.page.locator(".thumb").count() == 4
-    assert view.page.locator(".thumb.selected .label").inner_text() == "0.0"
+    assert view.page.locator(".thumb.selected .label").inner_text() == "L0.H0"
 
 
-def test_token_view_shades_by_the_pinned_tokens_row_or_column(show):
+def test_token_view_shades_by_the_positions_row_or_column(show):
     A = causal_softmax(1, 2, 7, seed=2)
     w = pcw.AttentionPatterns(tokens=toks(7), patterns=A, head=1)
     view = show(w)
     painted(view)
     tokens = view.page.locator(".token")
     tokens.nth(5).click()
-    assert w.pinned_token == 5
+    assert w.position == 5
     view.page.mouse.move(0, 0)  # hover off: the pinned token is the focus
 
     def weights():
@@ -132,7 +132,7 @@ def test_long_context_twelve_heads_1024_tokens_renders_and_fetches_the_selected_
     view.page.locator('.thumb[data-layer="0"][data-head="7"]').click()
     assert w.head == 7 and w._detail["head"] == 7
     view.wait_until(lambda: view.page.get_by_test_id("detail").get_attribute("data-res") == str(n),
-                    what="full resolution of head 0.7")
+                    what="full resolution of head L0.H7")
     hover_cell(view.page, 900, 100)
     out = view.page.get_by_test_id("readout")
     view.wait_until(lambda: out.get_attribute("data-exact") == "1", what="exact value")
@@ -161,7 +161,7 @@ def test_bad_selection_from_browser_shows_error_and_keeps_state(show):
     view.wait_until(lambda: view.page.get_by_test_id("error").count() == 1, what="error panel")
     assert "head must be in 0..1, got 5" in view.page.get_by_test_id("error").inner_text()
     assert w.head == 1 and view.js_model(w, "head") == 1
-    assert view.page.locator(".thumb.selected .label").inner_text() == "1.1"
+    assert view.page.locator(".thumb.selected .label").inner_text() == "L1.H1"
 
 
 def test_editing_the_text_box_reruns_the_model(show):
@@ -208,6 +208,6 @@ def test_export_works_offline_with_hover_and_says_what_needs_a_kernel(browser, t
     assert "≈" in out.inner_text() and "uint8" in out.inner_text()
     page.locator('.thumb[data-head="0"]').click()  # not saved at full resolution
     note = page.get_by_test_id("detail-note").inner_text()
-    assert "max-pooled overview" in note and "kernel" in note and "head 0.2 only" in note
+    assert "max-pooled overview" in note and "kernel" in note and "head L0.H2 only" in note
     assert attempted == [] and errors == []
     context.close()

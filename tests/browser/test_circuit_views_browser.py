@@ -44,8 +44,8 @@ def test_table_renders_sorts_pages_and_picker_recomputes(show, m1):
     assert w.page == 1 and rows.count() == 10
     view.page.get_by_test_id("head-picker").select_option("3")
     assert w.head == 3
-    view.wait_until(lambda: view.page.locator("caption").inner_text().startswith("Top 30 skip-trigrams of head 0.3"),
-                    what="table of head 0.3")
+    view.wait_until(lambda: view.page.locator("caption").inner_text().startswith("Top 30 skip-trigrams of head L0.H3"),
+                    what="table of head L0.H3")
     assert not w.busy and view.js_model(w, "busy") is False
 
 

@@ -49,15 +49,15 @@ def test_diverging_scale_is_white_at_zero_and_monotone_in_redness(show):
     assert abs(redness[2]) < 5  # neutral at 0
 
 
-def test_click_sets_selected_token_in_python_and_keyboard_moves_it(show):
+def test_click_sets_position_in_python_and_keyboard_moves_it(show):
     w = pcw.ColoredTokens(["a", "b", "c", "d"], [1, 2, 3, 4])
     view = show(w)
     view.page.locator(".token").nth(2).click()
-    assert w.selected_token == 2
+    assert w.position == 2
     view.page.keyboard.press("ArrowRight")
-    assert w.selected_token == 3
+    assert w.position == 3
     view.page.keyboard.press("Escape")
-    assert w.selected_token == -1
+    assert w.position == -1
 
 
 def test_hover_reads_out_token_and_exact_value(show):
@@ -72,21 +72,21 @@ def test_python_side_change_updates_view(show):
     view = show(w)
     w.set_values(["p", "q", "r"], [3, 2, 1])
     assert view.page.locator(".token").all_inner_texts() == ["p", "q", "r"]
-    w.selected_token = 1
+    w.position = 1
     assert view.page.locator(".token.selected").inner_text() == "q"
 
 
 def test_invalid_selection_from_browser_shows_error_and_keeps_last_good_state(show):
-    w = pcw.ColoredTokens(["a", "b", "c"], [1, 2, 3], selected_token=1)
+    w = pcw.ColoredTokens(["a", "b", "c"], [1, 2, 3], position=1)
     view = show(w)
     view.page.evaluate(
-        "(id) => { const m = window.pcwHost.models.get(id); m.set('selected_token', 99); m.save_changes(); }",
+        "(id) => { const m = window.pcwHost.models.get(id); m.set('position', 99); m.save_changes(); }",
         w.model_id,
     )
     view.wait_until(lambda: view.page.get_by_test_id("error").count() == 1, what="error panel")
-    assert "selected_token" in view.page.get_by_test_id("error").inner_text()
-    assert w.selected_token == 1
-    assert view.js_model(w, "selected_token") == 1
+    assert "position" in view.page.get_by_test_id("error").inner_text()
+    assert w.position == 1
+    assert view.js_model(w, "position") == 1
     assert view.page.locator(".token.selected").inner_text() == "b"
 
 

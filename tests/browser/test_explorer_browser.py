@@ -72,11 +72,11 @@ def test_click_on_a_head_thumbnail_recomputes_the_other_views(show, model):
     view.wait_until(lambda: view.page.locator("[data-testid=selected-head]").inner_text() == "L1.H2",
                     what="header updated")
     caption = section(view, "trigrams").locator("caption")
-    view.wait_until(lambda: "head 1.2" in caption.inner_text(), what="skip-trigram table of the clicked head")
+    view.wait_until(lambda: "head L1.H2" in caption.inner_text(), what="skip-trigram table of the clicked head")
     direct = pcw.skip_trigrams(model, 1, 2, k=5, approximate=True)
     assert page_trigrams(view, 5) == [(t.source_str, t.destination_str, t.out_str) for t in direct]
     selected = section(view, "eigen").locator("g.head[aria-pressed=true]")
-    assert selected.get_attribute("data-label") in ("1.2", "L1.H2")
+    assert selected.get_attribute("data-label") == "L1.H2"
     assert explorer.composition.head == 2 and explorer.eigen.detail["head"] == 2
 
 
@@ -84,7 +84,7 @@ def test_click_in_eigenvalue_plot_moves_the_attention_view(show, model):
     explorer = pcw.CircuitExplorer(model, TEXT)
     explorer.wait()
     view = show_explorer(show, explorer)
-    section(view, "eigen").locator("g.head[data-head='4']").press("Enter")  # flat index 4 = head 1.1 (keyboard)
+    section(view, "eigen").locator("g.head[data-head='4']").press("Enter")  # flat index 4 = head L1.H1 (keyboard)
     view.wait_until(lambda: (explorer.attention.layer, explorer.attention.head) == (1, 1), what="attention follows")
     selected = section(view, "attention").locator("button.thumb.selected")
     view.wait_until(lambda: selected.get_attribute("data-head") == "1" and selected.get_attribute("data-layer") == "1",

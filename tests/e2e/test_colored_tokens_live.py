@@ -17,7 +17,7 @@ CELLS = [
     "def recompute(change):\n"
     "    picked.append(change['new'])\n"
     "    w.label = f'picked {change[\"new\"]}'\n"
-    "w.observe(recompute, 'selected_token')",
+    "w.observe(recompute, 'position')",
 ]
 
 
@@ -31,11 +31,11 @@ def test_click_in_view_changes_kernel_trait_and_recompute_comes_back(lab_page, j
     assert lab_page.locator(".pcw-fallback").count() == 0  # JupyterLab ranks the live view first
 
     view.locator(".token").nth(2).click()
-    wait_for_kernel(lab_page, "w.selected_token", 2)
+    wait_for_kernel(lab_page, "w.position", 2)
     assert wait_for_kernel(lab_page, "picked", [2]) == [2]
     lab_page.get_by_text("picked 2").first.wait_for()  # the kernel's recompute, shown
 
-    kernel_exec(lab_page, "w.selected_token = 3")
+    kernel_exec(lab_page, "w.position = 3")
     lab_page.wait_for_function(
         "() => document.querySelector('.pcw-colored-tokens .token.selected')?.textContent === '·delta'"
     )

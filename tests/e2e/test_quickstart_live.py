@@ -42,7 +42,7 @@ def test_click_on_a_head_in_the_quickstart_explorer_recomputes_in_the_kernel(liv
     caption = explorer.locator("section[data-view=trigrams] caption")
     live_page.wait_for_function(
         "([el, want]) => el.textContent.includes(want) && !el.textContent.includes('partial')",
-        arg=[caption.element_handle(), f"skip-trigrams of head {target[0]}.{target[1]}"],
+        arg=[caption.element_handle(), f"skip-trigrams of head L{target[0]}.H{target[1]}"],
     )
     rows = explorer.locator("section[data-view=trigrams] tr.trigram")
     shown = [tuple(rows.nth(i).locator(".pcw-tok").all_inner_texts()) for i in range(5)]

@@ -37,10 +37,7 @@ export function layerColor(l) {
   return CATEGORICAL[((l % CATEGORICAL.length) + CATEGORICAL.length) % CATEGORICAL.length];
 }
 
-/** A head's label, written the same everywhere: `L1.H6`. */
-export function headLabel(layer, head) {
-  return `L${layer}.H${head}`;
-}
+export { headLabel } from "./selection.js";
 
 /**
  * Index of the point nearest to (x, y) within `radius` pixels, or -1.

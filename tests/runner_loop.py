@@ -1,0 +1,30 @@
+"""Widgets as they run under a Jupyter kernel, for tests: every ``Runner`` gets a stand-in for
+the kernel's IO loop that never runs callbacks by itself, so a worker's results are applied
+only when the test (the "kernel thread") calls ``wait()``. Deterministic: no sleeps."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pycircuits_widgets.widgets import selection
+
+
+class ManualLoop:
+    """Records ``add_callback`` calls (from worker threads) without running them."""
+
+    def __init__(self):
+        self.posted = 0
+        self._lock = threading.Lock()
+
+    def add_callback(self, callback, *args):
+        with self._lock:
+            self.posted += 1
+
+
+@pytest.fixture
+def manual_kernel_loop(monkeypatch):
+    loop = ManualLoop()
+    monkeypatch.setattr(selection, "_kernel_loop", lambda: loop)
+    return loop
