@@ -287,12 +287,12 @@ def test_one_forward_pass_per_text(m2, monkeypatch):
     calls = []
     original = type(m2).run_with_cache
 
-    def counting(self, tokens, *args, **kwargs):
-        calls.append(tokens.shape[-1])
+    def counting(self, tokens, *args, **kwargs):  # text or ids: count the positions read
+        calls.append(len(self.to_str_tokens(tokens)) if isinstance(tokens, str) else tokens.shape[-1])
         return original(self, tokens, *args, **kwargs)
 
     monkeypatch.setattr(type(m2), "run_with_cache", counting)
-    ex = pcw.CircuitExplorer(m2, TEXT, )
+    ex = pcw.CircuitExplorer(m2, TEXT)
     text_calls = [n for n in calls if n == len(TEXT.split())]
     assert len(text_calls) == 1  # loss and attention share it (head scores read their own random tokens)
     calls.clear()

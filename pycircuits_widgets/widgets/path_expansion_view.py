@@ -33,7 +33,7 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("PathExpansion").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "position", "selected_pair"})
+    _browser_writable = frozenset({"layer", "head", "position", "selected_pair", "text"})
 
     # -- data (per text) --
     text = traitlets.Unicode("").tag(sync=True)

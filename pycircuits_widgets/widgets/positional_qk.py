@@ -36,7 +36,7 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("PositionalQK").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head"})
+    _browser_writable = frozenset({"layer", "head", "text"})
 
     # -- data --
     text = traitlets.Unicode("").tag(sync=True)
