@@ -82,8 +82,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
-        self._runner = Recompute(self)
-    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size"})
+        self._runner = Runner(self)
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
         else:
