@@ -130,7 +130,7 @@ def test_saved_explorer_page_clicks_through_three_heads_offline(page, shipped_ex
         table.get_by_test_id("layer-picker").select_option(str(layer))
         table.get_by_test_id("head-picker").select_option(str(head))
         caption = table.locator("caption")
-        assert caption.inner_text().startswith(f"Top 40 skip-trigrams of head {layer}.{head}")
+        assert caption.inner_text().startswith(f"Top 40 skip-trigrams of head L{layer}.H{head}")
         rows = table.locator("tr.trigram")
         shown = [tuple(rows.nth(i).locator(".pcw-tok").all_inner_texts()) for i in range(5)]
         direct = pcw.skip_trigrams(model, layer, head, k=5, approximate=True)
