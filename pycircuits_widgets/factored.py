@@ -22,6 +22,8 @@ from itertools import product as _index_product
 
 import torch
 
+from .screen import ProductScreen
+
 DENSE_LIMIT_BYTES = 1 << 30
 """Default byte limit for ``FactoredMatrix.dense()``; override per call with ``max_bytes``."""
 
@@ -424,53 +426,37 @@ def _candidates(block: torch.Tensor, k: int, threshold):
     return flat[pos], pos
 
 
-SCREEN_MARGIN = 2.0**-4
-"""bf16 screening slack, in units of ``max ||a_i|| * max ||b_j||`` over a block.
-
-A bf16 GEMM with fp32 accumulation (oneDNN on CPU) is off from the exact product by at
-most ``(2^-7 + 2^-8 + k 2^-24) ||a_i|| ||b_j||`` (input rounding, output rounding,
-accumulation), and rounding the screening level to bf16 adds ``2^-8 ||a|| ||b||``: below
-``2^-5``, so ``2^-4`` keeps every entry that can beat the running k-th value."""
-
-
 def _topk_all(A, B, k, largest, block_bytes):
     """Exact top-k of ``A @ B`` over all entries with a running threshold (see ``topk``).
 
-    On CPU in float32, blocks after the first are screened with a bf16 GEMM (half the
-    cost): only entries within ``SCREEN_MARGIN`` of the running k-th value are recomputed
-    exactly from the float32 factors.
+    On CPU in float32, blocks after the first are screened by ``screen.ProductScreen`` (a
+    low-precision GEMM with a proven error bound): only entries that may beat the running
+    k-th value are recomputed exactly from the float32 factors.
     """
     if not largest:  # bottom-k of M is top-k of -M; negating a factor is exact in IEEE
         values, r, c = _topk_all(A, -B, k, True, block_bytes)
         return -values, r, c
     m, n = A.shape[0], B.shape[1]
     step = max(1, block_bytes // (n * A.element_size()))
-    screen = A.dtype == torch.float32 and A.device.type == "cpu"
-    if screen:
-        A_low, B_low = A.to(torch.bfloat16), B.to(torch.bfloat16)
-        row_norms = torch.linalg.vector_norm(A, dim=1)
-        max_col_norm = torch.linalg.vector_norm(B, dim=0).max()
-        buffer = A_low.new_empty(min(step, m), n)  # reused: a fresh block per GEMM costs page faults
+    screen = ProductScreen(A, B) if A.dtype == torch.float32 and A.device.type == "cpu" else None
     values = A.new_empty(0)
     flat_idx = torch.empty(0, dtype=torch.long, device=A.device)
     threshold = None
     # a small exact first block sets the threshold; its torch.topk is the memory peak
     first = max(1, step // 8)
-    starts = [0, *range(first, m, step)]
+    starts = [0, *range(first, m, step if screen is None else screen.block_rows)]
     for start, stop in zip(starts, [*starts[1:], m]):
         rows = A[start:stop]
-        if threshold is None or not screen:
+        if threshold is None or screen is None:
             cand_v, cand_pos = _candidates(rows @ B, k, threshold)
         else:
-            low = torch.matmul(A_low[start:stop], B_low, out=buffer[: rows.shape[0]])
-            margin = SCREEN_MARGIN * row_norms[start:stop].max() * max_col_norm
-            cand_pos = torch.nonzero(low.view(-1) > float(threshold - margin)).squeeze(1)
-            if cand_pos.numel() * 32 > low.numel():  # barely pruned: one exact GEMM beats gathers
+            i, j = screen.candidates(torch.arange(start, stop), float(threshold))
+            if i.numel() * 32 > rows.shape[0] * n:  # barely pruned: one exact GEMM beats gathers
                 cand_v, cand_pos = _candidates(rows @ B, k, threshold)
             else:
-                cand_v = (rows[cand_pos // n] * B[:, cand_pos % n].T).sum(-1)
+                cand_v = (rows[i] * B[:, j].T).sum(-1)
                 beats = cand_v > threshold
-                cand_v, cand_pos = cand_v[beats], cand_pos[beats]
+                cand_v, cand_pos = cand_v[beats], i[beats] * n + j[beats]
         values = torch.cat([values, cand_v])
         flat_idx = torch.cat([flat_idx, cand_pos + start * n])
         if values.numel() >= k:

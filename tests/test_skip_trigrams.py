@@ -6,6 +6,7 @@ import pytest
 import torch
 from random_models import custom_model, paper_model
 
+from pycircuits_widgets import screen
 from pycircuits_widgets.analysis import circuit_query, full_ov_circuit, full_qk_circuit, skip_trigrams
 from pycircuits_widgets.analysis.skip_trigrams import centred_factors, top_skip_trigrams
 
@@ -110,20 +111,27 @@ def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
 
 
 @pytest.mark.parametrize("int8", [True, False])
-def test_row_max_screen_is_a_tight_upper_bound(int8, monkeypatch):
-    # the package attribute `skip_trigrams` is the function; the module is imported by name
+@pytest.mark.parametrize("case", ["near_ties", "norms_spread_e9"])
+def test_screened_search_equals_brute_force_on_adversarial_factors(int8, case, monkeypatch):
+    # a small seed so the low-precision screen (not the exact seed) decides most sources
     st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
+    monkeypatch.setattr(st, "SEED_SOURCES", 4)
     if not int8:
-        monkeypatch.setattr(st, "_int8_matmul_available", lambda: False)
-    g = torch.Generator().manual_seed(1)
-    a = torch.randn(300, 16, generator=g) * torch.exp(torch.randn(300, 1, generator=g))
-    b = torch.randn(16, 2000, generator=g).T.contiguous().T  # a transposed view, as q.T is
-    screen = st._RowMaxScreen(a, b)
-    assert screen.int8 == (int8 and st._int8_matmul_available())
-    rows = torch.randperm(300, generator=g)[:128]
-    true_max = (a[rows] @ b).amax(1)
-    upper = screen.upper(rows)
-    assert (upper >= true_max).all()
-    # the margin is a few per cent of ||a_i|| max_j ||b_j||, not the loose norm bound itself
-    slack = (upper - true_max) / (a[rows].norm(dim=1) * b.norm(dim=0).max())
-    assert slack.max() < (0.05 if screen.int8 else 0.04)
+        monkeypatch.setattr(screen, "int8_available", lambda: False)
+    elif not screen.int8_available():
+        pytest.fail("oneDNN int8 is expected on x86 CPU builds of torch")
+    g = torch.Generator().manual_seed(11)
+    V, r = 150, 8
+    shapes = ((V, r), (V, r), (V, r), (r, V))
+    if case == "near_ties":  # integer factors: thousands of exactly tied triples, plus 1-ulp near-ties
+        q, k, v, u = (torch.randint(-3, 4, shape, generator=g).float() for shape in shapes)
+        k[::7] *= 1 + 2.0**-23
+    else:  # source and destination norms spread over e^±9
+        q, k, v, u = (torch.randn(*shape, generator=g) for shape in shapes)
+        for x in (q, k, v):
+            x *= torch.exp(torch.rand(V, 1, generator=g) * 18 - 9)
+    score, idx = top_skip_trigrams(q, k, v, u, 60, block_bytes=V * 4 * 16)
+    QK, OV = q.double() @ k.double().T, v.double() @ u.double()  # [dest, src], [src, out]
+    torch.testing.assert_close(score.double(), _brute_force(QK, OV, 60), rtol=1e-6, atol=0)
+    s, d, o = idx.unbind(1)
+    torch.testing.assert_close(QK[d, s] * OV[s, o], score.double(), rtol=1e-6, atol=0)

@@ -38,19 +38,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..screen import ProductScreen
 from .circuits import check_head, check_index, embedding, refuse_rotary_qk
 
 BLOCK_BYTES = 64 << 20
-# |bf16 GEMM - exact| <= BF16_MARGIN * ||a|| ||b||: inputs rounded to 8 mantissa bits
-# (relative 2^-9 each), float32 accumulation, output rounded (2^-9): about 3 * 2^-9 of
-# sum |a_i b_i| <= ||a|| ||b||; 2^-5 leaves a factor ~5 of headroom for the backend.
-BF16_MARGIN = 2.0 ** -5
 MODES = ("attends_to", "attended_by", "copies_to")
 SEED_SOURCES = 256
-# Sources per low-precision screening GEMM, measured at d_vocab 50257 on 2 cores: bfloat16 is
-# fastest in 128-row blocks (the product stays in cache for the row max: 2.5x 666-row blocks),
-# int8 in 512-row blocks (2.5 s against 2.9 s with 128). Capped by ``block_bytes``.
-SCREEN_ROWS = {"int8": 512, "bfloat16": 128}
 
 
 @dataclass(frozen=True)
@@ -143,13 +136,16 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     live = mq * mo > tau
     if not live.any():
         return
-    src, qk_rows, ov_rows, mq, mo = src[live], qk_rows[live], ov_rows[live], mq[live], mo[live]
-    n_q = n_o = min(top.k, qk_rows.shape[1])
+    if not live.all():  # (a copy of the rows: skip it when every source is live)
+        src, qk_rows, ov_rows, mq, mo = src[live], qk_rows[live], ov_rows[live], mq[live], mo[live]
+    n = min(top.k, qk_rows.shape[1])
+    qv, qi = torch.topk(qk_rows, n, dim=1)  # sorted, so a prefix is each row's top n_q
+    ov, oi = torch.topk(ov_rows, n, dim=1)
+    n_q = n_o = n
     if tau > 0:  # a (dest, out) pair can only beat tau if each factor beats tau / (the other's max)
-        n_q = int((qk_rows * mo[:, None] > tau).sum(1).max().clamp(1, n_q))
-        n_o = int((ov_rows * mq[:, None] > tau).sum(1).max().clamp(1, n_o))
-    qv, qi = torch.topk(qk_rows, n_q, dim=1)
-    ov, oi = torch.topk(ov_rows, n_o, dim=1)
+        n_q = int((qv * mo[:, None] > tau).sum(1).max().clamp_min(1))
+        n_o = int((ov * mq[:, None] > tau).sum(1).max().clamp_min(1))
+    qv, qi, ov, oi = qv[:, :n_q], qi[:, :n_q], ov[:, :n_o], oi[:, :n_o]
     i, j = _staircase(top.k)
     keep = (i < n_q) & (j < n_o)
     i, j = i[keep], j[keep]
@@ -159,61 +155,6 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     s_i, p = flat[ok] // i.numel(), flat[ok] % i.numel()
     idx = torch.stack([src[s_i], qi[s_i, i[p]], oi[s_i, j[p]]], 1)
     top.add(best[ok], idx)
-
-
-def _int8_matmul_available() -> bool:
-    """``torch._int_mm`` (int8 x int8 -> exact int32) runs here: 1.3-1.5x bfloat16 on CPUs
-    with VNNI, measured on the row-max screen at d_vocab 50257."""
-    try:
-        probe = torch.ones(2, 2, dtype=torch.int8)
-        return bool((torch._int_mm(probe, probe) == 2).all())
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-
-
-class _RowMaxScreen:
-    """Upper bounds of ``max_j a_i . b[:, j]`` for blocks of rows ``a_i`` of ``a [V, r]``, ``b [r, N]``:
-    one low-precision GEMM per block plus a rigorous error margin, never below the true maximum.
-
-    On CPU with ``torch._int_mm``: ``a_i = alpha_i ã_i + e_i`` (int8, per-row scale
-    ``alpha_i = max|a_i| / 127``) and ``b_j = beta b̃_j + f_j`` (one scale ``beta = max|b| / 127``);
-    the int32 products are exact and ``|a_i . b_j - alpha_i beta ã_i . b̃_j| <= ||a_i|| ||f_j|| +
-    ||e_i|| ||b_j|| + ||e_i|| ||f_j||``, bounded with the measured quantisation errors. Elsewhere
-    bfloat16 with ``BF16_MARGIN``.
-    """
-
-    def __init__(self, a: torch.Tensor, b: torch.Tensor):
-        self.int8 = a.device.type == "cpu" and _int8_matmul_available()
-        self._out = None
-        self.block_rows = SCREEN_ROWS["int8" if self.int8 else "bfloat16"]
-        self.out_bytes = 4 if self.int8 else 2  # int32 / bfloat16 products
-        a_norm = a.norm(dim=1)
-        b_max = b.norm(dim=0).max()
-        if self.int8:
-            alpha = a.abs().amax(1).clamp_min(torch.finfo(a.dtype).tiny) / 127
-            beta = b.abs().max().clamp_min(torch.finfo(b.dtype).tiny) / 127
-            self.a_q = torch.round(a / alpha[:, None]).to(torch.int8)
-            self.b_q = torch.round(b / beta).to(torch.int8).contiguous()  # _int_mm is slow on a transposed b
-            a_err = (a - alpha[:, None] * self.a_q.float()).norm(dim=1)
-            b_err = (b - beta * self.b_q.float()).norm(dim=0).max()
-            # the margin plus slack for float32 rounding of the scaled maximum and of the norms
-            self.margin = a_norm * b_err + a_err * (b_max + b_err) + 1e-5 * a_norm * b_max
-            self.scale = alpha * beta
-        else:
-            self.a_q, self.b_q = a.bfloat16(), b.bfloat16()
-            self.margin = BF16_MARGIN * a_norm * b_max
-
-    def upper(self, rows: torch.Tensor) -> torch.Tensor:
-        """``[len(rows)]`` upper bounds of the row maxima of ``a[rows] @ b``."""
-        if self.int8:
-            # one reused output block: a fresh [rows, d_vocab] int32 block per call costs page faults
-            if self._out is None or self._out.shape[0] < len(rows):
-                self._out = torch.empty(len(rows), self.b_q.shape[1], dtype=torch.int32)
-            prod = torch._int_mm(self.a_q[rows], self.b_q, out=self._out[: len(rows)])
-            best = prod.amax(1).float() * self.scale[rows]
-        else:
-            best = (self.a_q[rows] @ self.b_q).amax(1).float()
-        return best + self.margin[rows]
 
 
 def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
@@ -231,15 +172,14 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
     rows = max(1, block_bytes // (V * 4))
     seed = min(rows, SEED_SOURCES)
     _exact_sources(order[:seed], q, k, v, u, top)  # the strongest-bounded sources set the threshold
-    qk_screen, ov_screen = _RowMaxScreen(k, q.T), _RowMaxScreen(v, u)
+    qk_screen, ov_screen = ProductScreen(k, q.T), ProductScreen(v, u)
     upper, visited = [], []
-    screen = max(1, min(qk_screen.block_rows, block_bytes // (V * qk_screen.out_bytes)))
-    for start in range(seed, V, screen):
-        src = order[start : start + screen]
+    for start in range(seed, V, qk_screen.block_rows):
+        src = order[start : start + qk_screen.block_rows]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
-        uq = qk_screen.upper(src).clamp_min(0)
-        uo = ov_screen.upper(src).clamp_min(0)
+        uq = qk_screen.row_max_upper(src).clamp_min(0)
+        uo = ov_screen.row_max_upper(src).clamp_min(0)
         upper.append(uq * uo)
         visited.append(src)
     if visited:

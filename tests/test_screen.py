@@ -1,0 +1,139 @@
+"""ProductScreen: its bounds never fall below the truth (dense float64), on adversarial inputs."""
+
+import pytest
+import torch
+
+from pycircuits_widgets import screen
+from pycircuits_widgets.screen import ProductScreen, bf16_relative_error
+
+BACKENDS = ["bfloat16"] + (["int8"] if screen.int8_available() else [])
+
+
+def _spread(rows, cols, log_spread, dim, gen):
+    """Gaussian [rows, cols] with norms along ``dim`` spread over exp(±log_spread)."""
+    x = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    shape = (rows, 1) if dim == 0 else (1, cols)
+    return x * torch.exp((torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * log_spread)
+
+
+def _check(a, b, backend, level_rank=200, tile_cols=300):
+    """row_max_upper >= true row max, and candidates contain every entry above a level."""
+    s = ProductScreen(a.float(), b.float(), backend, tile_cols=tile_cols)
+    exact = a.float().double() @ b.float().double()  # the screened matrix is the float32 factors' product
+    rows = torch.randperm(a.shape[0], generator=torch.Generator().manual_seed(0))[: min(700, a.shape[0])]
+    upper = s.row_max_upper(rows).double()
+    true_max = exact[rows].amax(1)
+    assert (upper >= true_max).all(), f"{backend}: bound below the truth by {(true_max - upper).max():.3g}"
+    level = float(exact[rows].flatten().kthvalue(exact[rows].numel() - level_rank).values)
+    i, j = s.candidates(rows, level)
+    truth = torch.nonzero(exact[rows] > level)
+    found = set(zip(i.tolist(), j.tolist()))
+    missing = [(int(x), int(y)) for x, y in truth if (int(x), int(y)) not in found]
+    assert not missing, f"{backend}: {len(missing)} entries above the level were screened out"
+    return s, upper, true_max, len(found)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bounds_hold_with_row_and_column_norms_spread_over_e9(backend):
+    g = torch.Generator().manual_seed(1)
+    a, b = _spread(1500, 64, 9.0, 0, g), _spread(64, 2000, 9.0, 1, g)
+    _check(a, b, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bounds_hold_at_large_inner_dimension(backend):
+    # d_model-sized contractions (a FactoredMatrix [V, 768] @ [768, V]); ρ_r grows with r
+    g = torch.Generator().manual_seed(2)
+    a, b = _spread(600, 768, 2.0, 0, g), _spread(768, 900, 2.0, 1, g)
+    _check(a, b, backend)
+    a, b = _spread(100, 4096, 1.0, 0, g), _spread(4096, 300, 1.0, 1, g)
+    _check(a, b, backend, level_rank=50)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_near_ties_at_the_level_are_kept(backend):
+    # many entries equal the level or sit one float32 ulp above it: all must be candidates
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(-3, 4, (800, 8), generator=g).double()
+    b = torch.randint(-3, 4, (8, 1200), generator=g).double()
+    b[:, :50] *= 1 + 2.0**-23  # a column block a hair above its integer twins
+    _, _, _, n_found = _check(a, b, backend, level_rank=3000)
+    assert n_found >= 3000
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bounds_hold_when_every_rounding_error_points_the_same_way(backend):
+    # positive entries just under a rounding tie, in the units of both backends: bf16 steps of
+    # 2^-7 on [1, 2) and int8 steps of max|x| / 127 (the 127 entry fixes the scale at 1). Each
+    # input rounds down, so every product is underestimated and Cauchy-Schwarz is nearly tight.
+    g = torch.Generator().manual_seed(6)
+    def tie_heavy(rows, cols):
+        steps = torch.randint(0, 126, (rows, cols), generator=g).double() + 0.499
+        steps[:, 0] = 127
+        bf16 = 1 + torch.randint(0, 127, (rows, cols), generator=g).double() * 2.0**-7 + 0.499 * 2.0**-7
+        return steps if backend == "int8" else bf16
+    a, b = tie_heavy(400, 64), tie_heavy(300, 64).T
+    _check(a, b, backend, level_rank=500, tile_cols=128)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bound_is_tight_on_gaussian_factors(backend):
+    # the margin is a few per cent of the row maximum: tight enough to prune (not the norm bound)
+    g = torch.Generator().manual_seed(4)
+    a, b = _spread(1000, 64, 0.5, 0, g), _spread(64, 5000, 0.5, 1, g)
+    _, upper, true_max, _ = _check(a, b, backend)
+    assert ((upper - true_max) / true_max.abs()).median() < 0.1
+
+
+def test_int8_bound_holds_when_quantisation_errors_align_with_the_column():
+    if "int8" not in BACKENDS:
+        pytest.fail("oneDNN int8 is expected on x86 CPU builds of torch")
+    # columns of ±1 (exact in int8); row i = 127 s + integers + 0.499 s for the signs s of column
+    # j(i): its rounding error is parallel to that column, so ||e_i|| ||b_j|| is attained
+    g = torch.Generator().manual_seed(7)
+    b = torch.randint(0, 2, (64, 50), generator=g).double() * 2 - 1
+    target = torch.randint(0, 50, (200,), generator=g)
+    signs = b[:, target].T
+    a = torch.randint(-40, 41, (200, 64), generator=g).double() + 0.499 * signs
+    a[:, 0] = 127 * signs[:, 0]
+    s = ProductScreen(a.float(), b.float(), "int8")
+    exact = a @ b
+    for i in range(200):
+        j = int(target[i])
+        _, cols = s.candidates(torch.tensor([i]), float(exact[i, j]) - 1e-6)
+        assert (cols == j).any(), f"row {i}: its entry {float(exact[i, j]):.3f} at column {j} was screened out"
+
+
+def test_int8_saturated_rows_get_no_finite_bound():
+    if "int8" not in BACKENDS:
+        pytest.fail("oneDNN int8 is expected on x86 CPU builds of torch")
+    # a row parallel to a column reaches Cauchy-Schwarz, twice the int8 output range
+    g = torch.Generator().manual_seed(5)
+    b = torch.randn(64, 400, generator=g)
+    a = torch.randn(50, 64, generator=g)
+    a[7] = b[:, 3] / b[:, 3].abs().max() * b.abs().max()
+    s = ProductScreen(a, b, "int8")
+    upper = s.row_max_upper(torch.arange(50))
+    assert torch.isinf(upper[7]) and torch.isfinite(upper[torch.arange(50) != 7]).all()
+    i, j = s.candidates(torch.tensor([7]), float("1e30"))
+    assert (j == 3).any()  # the saturated entry stays a candidate at any level
+
+
+def test_bf16_gemm_error_stays_within_the_stated_bound():
+    # inputs chosen to round badly in bf16 (just under a half-ulp tie), accumulated over r terms
+    for r in (64, 768, 4096):
+        g = torch.Generator().manual_seed(r)
+        x = (1 + (torch.randint(0, 128, (200, r), generator=g) + 0.499) * 2.0**-7).double()
+        y = (1 + (torch.randint(0, 128, (r, 150), generator=g) + 0.499) * 2.0**-7).double()
+        x, y = x * torch.sign(torch.randn(200, r, generator=g)), y
+        low = (x.float().bfloat16() @ y.float().bfloat16()).double()
+        exact = x.float().double() @ y.float().double()
+        err = (low - exact).abs() / (x.float().double().abs() @ y.float().double().abs())
+        assert err.max() <= bf16_relative_error(r)
+    assert bf16_relative_error(64) < 2.0**-6 and bf16_relative_error(4096) < 2.0**-6
+    assert bf16_relative_error(64) > 3 * 2.0**-8  # unit roundoff 2^-8, three roundings
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ProductScreen(torch.ones(2, 2), torch.ones(2, 2), "fp8")
