@@ -122,6 +122,30 @@ def frobenius_norm_of_product(*factors: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(chain_matmul(*factors))
 
 
+GRAM_BLOCKS = 6
+"""Column blocks of ``gram``: 6 multiplies 7/12 of the full product (measured fastest on 2 cores)."""
+
+
+def gram(X: torch.Tensor, blocks: int = GRAM_BLOCKS) -> torch.Tensor:
+    """``X^T X [..., n, n]`` of ``X [..., m, n]``, multiplying only its upper block triangle.
+
+    The symmetric product (BLAS ``syrk``) that torch does not expose: ``n`` is cut into
+    ``blocks`` column blocks, block row ``i`` is ``X_i^T [X_i ... X_last]`` and the lower
+    triangle is its mirror, so the result is exactly symmetric. Work: ``(b + 1) / 2b`` of a GEMM.
+    """
+    n = X.shape[-1]
+    edges = [round(i * n / blocks) for i in range(blocks + 1)]
+    G = X.new_empty((*X.shape[:-2], n, n))
+    for lo, hi in zip(edges, edges[1:]):
+        if hi > lo:
+            row = X[..., lo:hi].mT @ X[..., lo:]
+            G[..., lo:hi, lo:] = row
+            G[..., lo:, lo:hi] = row.mT
+            diag = row[..., :, : hi - lo]
+            G[..., lo:hi, lo:hi] = (diag + diag.mT) / 2  # rounding left it a hair off symmetric
+    return G
+
+
 def eigenvalues_of_product(*factors: torch.Tensor) -> torch.Tensor:
     """Nonzero spectrum of the square product ``X1 X2 ... Xr`` (complex), batched.
 

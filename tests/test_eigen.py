@@ -1,11 +1,14 @@
 """Eigenvalue positivity against dense eigendecompositions and TransformerLens's FactoredMatrix."""
 
+import types
+
 import pytest
 import torch
 from random_models import custom_model, paper_model
 from transformer_lens.FactoredMatrix import FactoredMatrix as TLFactoredMatrix
 
 from pycircuits_widgets.analysis import eigenvalue_positivity, eigenvalues, full_ov_circuit, full_qk_circuit
+from pycircuits_widgets.factored import gram
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +64,23 @@ def test_rotary_qk_is_refused_but_ov_works_and_bad_kind_is_named():
     assert eigenvalue_positivity(rotary, "OV").shape == (2, 3)
     with pytest.raises(ValueError, match="kind must be one of"):
         eigenvalue_positivity(rotary, "VO")
+
+
+def test_gram_equals_the_dense_float64_product_and_is_exactly_symmetric():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(2, 700, 45, generator=g)
+    for blocks in (1, 4, 6, 45):
+        G = gram(X, blocks)
+        torch.testing.assert_close(G.double(), X.double().mT @ X.double(), rtol=1e-5, atol=1e-4)
+        assert torch.equal(G, G.mT)
+
+
+@pytest.mark.parametrize("kind", ["OV", "QK"])
+def test_float32_positivity_agrees_with_float64_at_a_large_vocabulary(kind):
+    # the float32 products' error bound (module docstring) in practice: positivity to 1e-6
+    m64 = custom_model(n_layers=2, n_heads=4, d_model=256, d_head=32, d_vocab=20000)
+    weights = {n: getattr(m64, n).float() for n in ("W_E", "W_U", "W_Q", "W_K", "W_V", "W_O")}
+    m = types.SimpleNamespace(cfg=m64.cfg, **weights)  # the same circuits in float32
+    ours, ref = eigenvalue_positivity(m, kind), eigenvalue_positivity(m64, kind)
+    assert (ours.double() - ref.double()).abs().max() < 1e-6
+    assert ref.abs().max() > 0.01  # a real spread of positivities, not all ~0
