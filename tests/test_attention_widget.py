@@ -9,8 +9,14 @@ from ipywidgets.widgets.widget import _remove_buffers
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.attention import OVERVIEW_MAX
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.payload import decode_array, pack_causal, unpack_causal
 from attention_data import causal_softmax, toks
+
+
+def patterns_of(payload):
+    """[..., n, n] uint8 of a patterns payload (causal ones travel as their lower triangle)."""
+    data = decode_array(payload)
+    return unpack_causal(data, payload["n"]) if payload["layout"] == "causal" else data
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +32,20 @@ def tiny_model():
 def test_short_context_ships_every_head_once_as_uint8():
     A = causal_softmax(2, 3, 10)
     w = pcw.AttentionPatterns(tokens=toks(10), patterns=A)
-    ov = decode_array(w.overview)
+    ov = patterns_of(w.overview)
     assert w.overview["factor"] == 1 and ov.dtype == np.uint8 and ov.shape == (2, 3, 10, 10)
     assert np.abs(ov / 255.0 - A).max() <= 1 / 510 + 1e-7
     assert w.full == {} and w._detail == {}  # the overview already is full resolution
     state, paths, buffers = _remove_buffers(w.get_state())
     attention_bytes = sum(len(bytes(b)) for b in buffers)
-    assert attention_bytes == A.size  # one byte per attention value, nothing twice
+    assert attention_bytes == 2 * 3 * 10 * 11 // 2  # one byte per value of the causal half, nothing twice
+
+
+def test_causal_packing_is_the_lower_triangle_by_rows_and_round_trips():
+    x = np.arange(2 * 16).reshape(2, 4, 4)
+    packed = pack_causal(x)
+    assert packed.tolist()[1] == [16, 20, 21, 24, 25, 26, 28, 29, 30, 31]
+    assert np.array_equal(unpack_causal(packed, 4), np.tril(x))
 
 
 def test_overview_is_block_max_of_the_quantised_pattern():
@@ -41,7 +54,7 @@ def test_overview_is_block_max_of_the_quantised_pattern():
     w = pcw.AttentionPatterns(tokens=toks(n), patterns=A)
     f = w.overview["factor"]
     assert f == -(-n // OVERVIEW_MAX) == 3
-    ov = decode_array(w.overview)
+    ov = patterns_of(w.overview)
     q = np.rint(A * 255)
     for h in range(2):
         for i in (0, 5, 99):
@@ -54,15 +67,16 @@ def test_full_resolution_for_all_heads_within_budget_else_only_the_selected_head
     n = 200
     A = causal_softmax(2, 2, n, seed=2)
     within = pcw.AttentionPatterns(tokens=toks(n), patterns=A)
-    assert decode_array(within.full).shape == (2, 2, n, n) and within._detail == {}
-    over = pcw.AttentionPatterns(tokens=toks(n), patterns=A, full_budget=A.size - 1, layer=1, head=0)
+    assert patterns_of(within.full).shape == (2, 2, n, n) and within._detail == {}
+    assert np.array_equal(patterns_of(within.full), np.rint(A * 255))
+    over = pcw.AttentionPatterns(tokens=toks(n), patterns=A, full_budget=4 * n * (n + 1) // 2 - 1, layer=1, head=0)
     assert over.full == {}
-    detail = decode_array(over._detail)
+    detail = patterns_of(over._detail)
     assert (over._detail["layer"], over._detail["head"]) == (1, 0)
     assert np.array_equal(detail, np.rint(A[1, 0] * 255))
     over.head = 1  # a selection change brings that head at full resolution
     assert (over._detail["layer"], over._detail["head"]) == (1, 1)
-    assert np.array_equal(decode_array(over._detail), np.rint(A[1, 1] * 255))
+    assert np.array_equal(patterns_of(over._detail), np.rint(A[1, 1] * 255))
 
 
 def test_exact_row_request_is_answered_with_float32_row():
@@ -168,7 +182,7 @@ def test_set_patterns_clamps_selection_to_the_new_sizes():
                               dest_position=7, src_position=2, position=6)
     w.set_patterns(toks(5), causal_softmax(1, 2, 5))
     assert (w.layer, w.head, w.dest_position, w.src_position, w.position) == (0, 1, -1, 2, -1)
-    assert decode_array(w.overview).shape == (1, 2, 5, 5)
+    assert patterns_of(w.overview).shape == (1, 2, 5, 5)
 
 
 def test_text_is_only_editable_with_a_model():
@@ -185,7 +199,7 @@ def test_model_and_text_show_the_models_own_patterns(tiny_model):
     expected = cache.patterns[0].detach().numpy()
     assert w.tokens == tiny_model.to_str_tokens(text)
     assert (w.n_layers, w.n_heads) == (2, 3) and w.editable
-    assert np.abs(decode_array(w.overview) / 255.0 - expected).max() <= 1 / 510 + 1e-6
+    assert np.abs(patterns_of(w.overview) / 255.0 - expected).max() <= 1 / 510 + 1e-6
 
 
 def test_editing_text_reruns_the_model_and_a_failing_text_keeps_the_last_view(tiny_model):

@@ -2,7 +2,9 @@ import { describe, expect, it } from "vitest";
 import {
   MASK_RGB,
   attentionLut,
-  headSlice,
+  decodePatterns,
+  headPattern,
+  unpackCausal,
   patternPixels,
   maskPolygon,
   cellAt,
@@ -20,9 +22,24 @@ describe("attention helpers", () => {
     expect(sum(lut[0])).toBeGreaterThan(sum(lut[128]));
     expect(sum(lut[128])).toBeGreaterThan(sum(lut[255]));
   });
-  it("headSlice picks [layer, head] of [L, H, n, n]", () => {
-    const data = Uint8Array.from({ length: 2 * 3 * 4 }, (_, i) => i);
-    expect(Array.from(headSlice(data, [2, 3, 2, 2], 1, 2))).toEqual([20, 21, 22, 23]);
+  const payload = (data, shape, layout, n) => ({ view: new DataView(Uint8Array.from(data).buffer), dtype: "uint8", shape, layout, n });
+  it("headPattern picks [layer, head] of dense [L, H, n, n] patterns", () => {
+    const data = Array.from({ length: 2 * 3 * 4 }, (_, i) => i);
+    const p = decodePatterns(payload(data, [2, 3, 2, 2], "dense", 2));
+    expect(Array.from(headPattern(p, 1, 2))).toEqual([20, 21, 22, 23]);
+  });
+  it("causal payloads carry the lower triangle by rows and unpack with zeros above it", () => {
+    // n = 3: rows [a], [b c], [d e f]; two heads of one layer
+    const p = decodePatterns(payload([1, 2, 3, 4, 5, 6, 11, 12, 13, 14, 15, 16], [1, 2, 6], "causal", 3));
+    expect(Array.from(headPattern(p, 0, 0))).toEqual([1, 0, 0, 2, 3, 0, 4, 5, 6]);
+    expect(Array.from(headPattern(p, 0, 1))).toEqual([11, 0, 0, 12, 13, 0, 14, 15, 16]);
+    const one = decodePatterns(payload([7, 8, 9], [3], "causal", 2)); // a one-head (detail) payload
+    expect(Array.from(headPattern(one))).toEqual([7, 0, 8, 9]);
+    expect(Array.from(unpackCausal(Uint8Array.from([1]), 1))).toEqual([1]);
+  });
+  it("decodePatterns refuses a shape that does not fit its layout", () => {
+    expect(() => decodePatterns(payload([1, 2, 3, 4], [1, 1, 4], "causal", 3))).toThrow(/does not hold causal/);
+    expect(() => decodePatterns(payload([1, 2, 3, 4], [4], "packed", 2))).toThrow(/does not hold packed/);
   });
   it("patternPixels colours by lut and greys out src > dest only when causal", () => {
     const v = Uint8Array.from([255, 7, 0, 128]); // 2x2: [0,1] is above the diagonal

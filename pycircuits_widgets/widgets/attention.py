@@ -1,13 +1,14 @@
 """AttentionPatterns: every head's attention pattern, one head in detail, and a token view.
 
-What travels to the browser (all attention as uint8 ``round(255 a)``, 1 byte per value):
+What travels to the browser (all attention as uint8 ``round(255 a)``, 1 byte per value; for
+causal patterns only the lower triangle, ``layout: "causal"``, packed by ``payload.pack_causal``:
+``[..., n (n + 1) / 2]``, about half a byte per attention value):
 
 * ``overview``: every head max-pooled to at most ``OVERVIEW_MAX`` x ``OVERVIEW_MAX`` (blocks
   of ``factor`` x ``factor`` positions; max-pooling keeps a single sharp weight visible). For
   contexts of at most ``OVERVIEW_MAX`` tokens this *is* the full pattern (``factor == 1``).
-* ``full``: every head at full resolution, only when the overview is pooled and
-  ``n_layers * n_heads * n^2`` bytes fit in ``full_budget`` (default 8 MiB: 12 heads up to
-  836 tokens). Then the saved notebook / HTML export has full detail for every head.
+* ``full``: every head at full resolution, only when the overview is pooled and its bytes
+  fit in ``full_budget`` (default 4 MiB: 12 causal heads up to 836 tokens). Then the saved notebook / HTML export has full detail for every head.
 * ``_detail``: otherwise, the selected head at full resolution, replaced by the kernel when
   ``layer``/``head`` change. An export then has full detail for the head selected when it was
   saved; the view says that other heads show the pooled overview until a kernel is attached.
@@ -22,17 +23,19 @@ import numpy as np
 import traitlets
 
 from .base import CircuitWidget, check_range, check_text, rolls_back
-from .payload import encode_array, quantize_unit, to_numpy
+from .payload import encode_array, pack_causal, quantize_unit, to_numpy
 from .selection import HeadSelection, PositionSelection
 
 OVERVIEW_MAX = 128
 """Largest side of a head's overview thumbnail (positions are max-pooled down to it)."""
-FULL_BUDGET = 8 * 2**20
-"""Default byte budget for shipping every head at full resolution (uint8)."""
+FULL_BUDGET = 4 * 2**20
+"""Default byte budget for shipping every head at full resolution (uint8, causal half)."""
 ROW_SUM_TOL = 5e-3
 """Tolerance on ``sum_src A[dest, src] == 1`` (float16 caches are within ~1e-3)."""
 MASK_TOL = 1e-6
 """Largest weight accepted above the diagonal of a causal pattern."""
+CHECK_ROWS = 256
+"""Rows per step of the causal-mask check (temporaries stay small at any context length)."""
 
 
 class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
@@ -122,7 +125,7 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
         self._patterns = A
         self._ran, self._ran_warning = (text, tokens, A), warning
         super().__init__(text=text or "", editable=model is not None, causal=causal,
-                         warning=warning, **self._data_traits(tokens, A), **kwargs)
+                         warning=warning, **self._data_traits(tokens, A, causal), **kwargs)
         self._detail = self._detail_payload()
         self.on_msg(_answer_row_request)
 
@@ -133,7 +136,7 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
         self._replace(tokens, A, warning)
 
     def _replace(self, tokens, A, warning):
-        data = self._data_traits(tokens, A)
+        data = self._data_traits(tokens, A, self.causal)
         L, H, n = A.shape[0], A.shape[1], A.shape[2]
         with self.hold_sync():
             # Clamp the selection first so no validator sees it against the new sizes.
@@ -147,20 +150,21 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
             self.warning = warning
             self._detail = self._detail_payload()
 
-    def _data_traits(self, tokens, A) -> dict:
+    def _data_traits(self, tokens, A, causal: bool) -> dict:
         L, H, n, _ = A.shape
-        q = quantize_unit(A)
         factor = -(-n // OVERVIEW_MAX)
-        overview = encode_array(max_pool(q, factor), "uint8")
+        # pooling commutes with the (monotone) quantisation: pool the floats, quantise m x m
+        overview = encode_patterns(max_pool(A, factor), causal)
         overview["factor"] = factor
-        full = encode_array(q, "uint8") if factor > 1 and q.nbytes <= self._full_budget else {}
+        size = n * (n + 1) // 2 if causal else n * n
+        full = encode_patterns(A, causal) if factor > 1 and L * H * size <= self._full_budget else {}
         return {"tokens": tokens, "n_layers": L, "n_heads": H, "overview": overview, "full": full}
 
     def _detail_payload(self) -> dict:
         """The selected head at full resolution, when overview and full don't already hold it."""
         if self.overview.get("factor", 1) == 1 or self.full:
             return {}
-        payload = encode_array(quantize_unit(self._patterns[self.layer, self.head]), "uint8")
+        payload = encode_patterns(self._patterns[self.layer, self.head], self.causal)
         payload.update(layer=self.layer, head=self.head)
         return payload
 
@@ -240,8 +244,21 @@ def _tokens_and_patterns(out):
     return list(tokens), out.patterns[0]
 
 
+def encode_patterns(A: np.ndarray, causal: bool) -> dict:
+    """uint8 payload of patterns ``A [..., n, n]``: causal ones as their packed lower triangle
+    (``shape [..., n (n + 1) / 2]``, ``layout "causal"``), others whole (``layout "dense"``);
+    ``n`` is the side of the square."""
+    n = A.shape[-1]
+    payload = encode_array(quantize_unit(pack_causal(A) if causal else A), "uint8")
+    payload.update(layout="causal" if causal else "dense", n=n)
+    return payload
+
+
 def check_patterns(tokens, patterns, *, causal: bool = True):
-    """Validate tokens and patterns; returns ``(tokens, A [L, H, n, n] float32, warning)``."""
+    """Validate tokens and patterns; returns ``(tokens, A [L, H, n, n] float32, warning)``.
+
+    One head at a time (min, max, row sums, the masked triangle in row blocks), so no
+    pattern-sized temporaries: memory above the input is the row sums."""
     if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
         raise TypeError("tokens must be a list of strings (e.g. model.to_str_tokens(text))")
     tokens = list(tokens)
@@ -263,23 +280,11 @@ def check_patterns(tokens, patterns, *, causal: bool = True):
     if nd != n or ns != n:
         raise ValueError(f"patterns [..., dest, src] = [..., {nd}, {ns}] do not match the {n} tokens; "
                          f"expected [..., {n}, {n}]")
-    finite = np.isfinite(A)
-    if not finite.all():
-        raise ValueError(f"patterns contain NaN or inf, first at [layer, head, dest, src] = "
-                         f"{_first(~finite)}")
-    if (A < 0).any():
-        raise ValueError(f"attention weights must be >= 0; negative at [layer, head, dest, src] = "
-                         f"{_first(A < 0)} ({A.min():.3g}). Are these scores before the softmax?")
-    if (A > 1 + ROW_SUM_TOL).any():
-        raise ValueError(f"attention weights must be <= 1; {A.max():.4g} at [layer, head, dest, src] = "
-                         f"{_first(A > 1 + ROW_SUM_TOL)}")
-    if causal:
-        upper = np.triu(np.ones((n, n), dtype=bool), k=1)
-        above = (A > MASK_TOL) & upper
-        if above.any():
-            raise ValueError(f"non-zero weight above the diagonal (src > dest) at [layer, head, dest, src] = "
-                             f"{_first(above)}: not a causal pattern (pass causal=False for bidirectional heads)")
-    sums = A.sum(-1, dtype=np.float64)
+    sums = np.empty((L, H, n))
+    for layer in range(L):
+        for head in range(H):
+            _check_head(A[layer, head], [layer, head], causal)
+            sums[layer, head] = A[layer, head].sum(-1)  # pairwise float32 sum: ~1e-6, tolerance 5e-3
     worst = np.unravel_index(np.abs(sums - 1).argmax(), sums.shape)
     warning = ""
     if abs(sums[worst] - 1) > ROW_SUM_TOL:
@@ -288,16 +293,40 @@ def check_patterns(tokens, patterns, *, causal: bool = True):
     return tokens, A, warning
 
 
+def _check_head(X: np.ndarray, where: list[int], causal: bool) -> None:
+    """Raise for NaN/inf, weights outside [0, 1] or above the diagonal of a causal head ``X [n, n]``."""
+    lo, hi = X.min(), X.max()  # NaN propagates through both
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise ValueError(f"patterns contain NaN or inf, first at [layer, head, dest, src] = "
+                         f"{where + _first(~np.isfinite(X))}")
+    if lo < 0:
+        raise ValueError(f"attention weights must be >= 0; negative at [layer, head, dest, src] = "
+                         f"{where + _first(X < 0)} ({lo:.3g}). Are these scores before the softmax?")
+    if hi > 1 + ROW_SUM_TOL:
+        raise ValueError(f"attention weights must be <= 1; {hi:.4g} at [layer, head, dest, src] = "
+                         f"{where + _first(X > 1 + ROW_SUM_TOL)}")
+    if not causal:
+        return
+    n = X.shape[0]
+    for r0 in range(0, n, CHECK_ROWS):
+        r1 = min(r0 + CHECK_ROWS, n)
+        right, square = X[r0:r1, r1:], np.triu(X[r0:r1, r0:r1], k=1)
+        if max(right.max(initial=0), square.max(initial=0)) > MASK_TOL:
+            above = np.concatenate([square > MASK_TOL, right > MASK_TOL], axis=1)
+            d, s = _first(above)
+            raise ValueError(f"non-zero weight above the diagonal (src > dest) at [layer, head, dest, src] = "
+                             f"{where + [r0 + d, r0 + s]}: not a causal pattern (pass causal=False for "
+                             "bidirectional heads)")
+
+
 def _first(mask) -> list[int]:
     return [int(i) for i in np.argwhere(mask)[0]]
 
 
 def max_pool(q: np.ndarray, factor: int) -> np.ndarray:
-    """``[..., n, n] -> [..., ceil(n/f), ceil(n/f)]``: max over f x f blocks (zero padding)."""
+    """``[..., n, n] -> [..., ceil(n/f), ceil(n/f)]``: max over f x f blocks (a last, smaller block
+    where f does not divide n, as zero padding gives for weights >= 0). No copy of the input."""
     if factor == 1:
         return q
-    n = q.shape[-1]
-    m = -(-n // factor)
-    padded = np.zeros(q.shape[:-2] + (m * factor, m * factor), dtype=q.dtype)
-    padded[..., :n, :n] = q
-    return padded.reshape(q.shape[:-2] + (m, factor, m, factor)).max(axis=(-3, -1))
+    starts = np.arange(0, q.shape[-1], factor)
+    return np.maximum.reduceat(np.maximum.reduceat(q, starts, axis=-1), starts, axis=-2)

@@ -39,8 +39,47 @@ def decode_array(payload: dict) -> np.ndarray:
     return np.frombuffer(bytes(buf), dtype=payload["dtype"]).reshape(payload["shape"])
 
 
+QUANTIZE_BLOCK = 1 << 20
+"""Values quantised per step: the float32 temporaries stay at 4 MiB whatever the input size."""
+
+
 def quantize_unit(x) -> np.ndarray:
-    """Values in [0, 1] (attention weights) as uint8 ``round(255 x)``: 1 byte per value,
-    absolute error at most 1/510."""
-    arr = to_numpy(x, name="values").astype(np.float32)
-    return np.rint(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8)
+    """Values in [0, 1] (attention weights) as uint8 ``round(255 x)`` (clipped to [0, 1] first):
+    1 byte per value, absolute error at most 1/510. Works in blocks of ``QUANTIZE_BLOCK``
+    values, so memory above the input is the uint8 result."""
+    arr = to_numpy(x, name="values")
+    out = np.empty(arr.shape, dtype=np.uint8)
+    flat, flat_out = arr.reshape(-1), out.reshape(-1)
+    tmp = np.empty(min(QUANTIZE_BLOCK, flat.size), dtype=np.float32)
+    for start in range(0, flat.size, QUANTIZE_BLOCK):
+        block = flat[start:start + QUANTIZE_BLOCK]
+        t = tmp[: block.size]
+        np.multiply(block, 255.0, out=t, casting="unsafe")
+        np.clip(t, 0.0, 255.0, out=t)
+        np.rint(t, out=t)
+        flat_out[start:start + block.size] = t
+    return out
+
+
+def pack_causal(x: np.ndarray) -> np.ndarray:
+    """Lower triangle (``src <= dest``) of ``x [..., n, n]``, rows concatenated: ``[..., n (n + 1) / 2]``.
+
+    Row ``dest`` holds ``x[..., dest, 0..dest]`` at offset ``dest (dest + 1) / 2``; the masked
+    half of a causal pattern is not sent (``js/src/lib/attention.js`` ``unpackCausal``)."""
+    n = x.shape[-1]
+    out = np.empty(x.shape[:-2] + (n * (n + 1) // 2,), dtype=x.dtype)
+    offset = 0
+    for dest in range(n):
+        out[..., offset:offset + dest + 1] = x[..., dest, :dest + 1]
+        offset += dest + 1
+    return out
+
+
+def unpack_causal(packed: np.ndarray, n: int) -> np.ndarray:
+    """Inverse of :func:`pack_causal`: ``[..., n, n]`` with zeros above the diagonal."""
+    out = np.zeros(packed.shape[:-1] + (n, n), dtype=packed.dtype)
+    offset = 0
+    for dest in range(n):
+        out[..., dest, :dest + 1] = packed[..., offset:offset + dest + 1]
+        offset += dest + 1
+    return out

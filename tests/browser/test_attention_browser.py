@@ -125,7 +125,7 @@ def test_long_context_twelve_heads_1024_tokens_renders_and_fetches_the_selected_
     n = 1024
     A = causal_softmax(1, 12, n, seed=3)
     w = pcw.AttentionPatterns(tokens=toks(n), patterns=A)
-    assert w.full == {}  # 12 MB of uint8 is over the budget: detail comes per head
+    assert w.full == {}  # 6.3 MB (the causal halves) is over the 4 MiB budget: detail comes per head
     view = show(w)
     painted(view, timeout=30000)
     assert view.page.get_by_test_id("detail").get_attribute("data-res") == str(n)

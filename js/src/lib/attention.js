@@ -1,6 +1,8 @@
-// Pure helpers of the AttentionPatterns view: uint8 patterns -> pixels, the causal mask
-// outline, hit testing, label thinning and the token view's weights. Patterns are square
-// [n, n] uint8 arrays A[dest * n + src] = round(255 a) (row = destination, column = source).
+// Pure helpers of the AttentionPatterns view: decoding of the pattern payloads, uint8
+// patterns -> pixels, the causal mask outline, hit testing, label thinning and the token
+// view's weights. A head's pattern is a square [n, n] uint8 array A[dest * n + src] =
+// round(255 a) (row = destination, column = source).
+import { decodeArray } from "./buffers.js";
 import { colorScale } from "./color.js";
 
 /** Grey of masked (src > dest) cells; the view hatches them on top. */
@@ -13,13 +15,46 @@ export function attentionLut() {
 }
 
 /**
- * The [n, n] pattern of one head inside a [L, H, n, n] array (a view, no copy).
- * @param {Uint8Array} data @param {number[]} shape [L, H, n, n]
+ * Decode a patterns payload of widgets/attention.py ``encode_patterns``: uint8 with
+ * ``layout`` "dense" (shape [..., n, n]) or "causal" (shape [..., n (n + 1) / 2]: each head's
+ * lower triangle, row `dest` holding sources 0..dest at offset dest (dest + 1) / 2). Leading
+ * dims are [L, H] (all heads) or none (one head).
+ * @returns {{data: Uint8Array, layout: string, n: number, per: number, nHeads: number}}
  */
-export function headSlice(data, shape, layer, head) {
-  const [, H, n] = shape;
-  const start = (layer * H + head) * n * n;
-  return data.subarray(start, start + n * n);
+export function decodePatterns(payload) {
+  const { data, shape } = decodeArray(payload);
+  const layout = payload.layout ?? "dense";
+  const causal = layout === "causal";
+  const n = payload.n ?? shape[shape.length - 1];
+  const per = causal ? (n * (n + 1)) / 2 : n * n;
+  const lead = shape.slice(0, shape.length - (causal ? 1 : 2));
+  const inner = causal ? shape[shape.length - 1] : shape[shape.length - 1] * shape[shape.length - 2];
+  if (inner !== per || (layout !== "causal" && layout !== "dense")) {
+    throw new Error(`decodePatterns: shape [${shape}] does not hold ${layout} patterns of side ${n}`);
+  }
+  return { data, layout, n, per, nHeads: lead.length === 2 ? lead[1] : 1 };
+}
+
+/** The lower triangle of an [n, n] pattern, packed by rows, as a full [n * n] array (zeros above). */
+export function unpackCausal(packed, n) {
+  const out = new Uint8Array(n * n);
+  let offset = 0;
+  for (let d = 0; d < n; d++) {
+    out.set(packed.subarray(offset, offset + d + 1), d * n);
+    offset += d + 1;
+  }
+  return out;
+}
+
+/**
+ * The [n * n] pattern of one head of decoded patterns (a view for "dense", unpacked for
+ * "causal"); a one-head payload ignores layer and head.
+ */
+export function headPattern(patterns, layer, head) {
+  const { data, layout, n, per, nHeads } = patterns;
+  const start = data.length === per ? 0 : (layer * nHeads + head) * per;
+  const slice = data.subarray(start, start + per);
+  return layout === "causal" ? unpackCausal(slice, n) : slice;
 }
 
 /**
