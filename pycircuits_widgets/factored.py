@@ -96,13 +96,22 @@ def chain_matmul(*factors: torch.Tensor) -> torch.Tensor:
     return build(0, n - 1)
 
 
+GRAM_REL_TOL = 1e-3
+"""Largest estimated relative error of ``||AB||_F^2`` accepted from the Gram route (see below)."""
+
+
 def frobenius_norm_of_product(*factors: torch.Tensor) -> torch.Tensor:
     """``||X1 X2 ... Xr||_F`` without forming the product; batched over leading dims.
 
     QR route (DESIGN.md section 4): with ``X1 = Q1 R1`` and ``Xr^T = Qr Rr``,
-    ``||X1 M Xr||_F = ||R1 M Rr^T||_F`` because orthonormal columns preserve the norm.
-    A low-rank pair ``A [m, k] B [k, n]`` (k <= m, n) takes the cheaper Gram route
-    ``||AB||_F^2 = sum((A^T A) * (B B^T))`` (accurate unless ``||AB|| << ||A|| ||B||``).
+    ``||X1 M Xr||_F = ||R1 M Rr^T||_F`` because orthonormal columns preserve the norm; its
+    error is about ``u ||X1|| ... ||Xr||`` (``u`` the unit roundoff), as for the dense product.
+    A low-rank pair ``A [m, k] B [k, n]`` (k <= m, n) first takes the cheaper Gram route
+    ``||AB||_F^2 = sum((A^T A) * (B B^T))``, whose rounding error is about
+    ``sqrt(m + n + k) u ||A||_F^2 ||B||_F^2`` on the *square*: relative to ``||AB||_F^2`` it
+    grows as ``(||A|| ||B|| / ||AB||)^2``, so where ``||AB|| << ||A|| ||B||`` (a product that
+    nearly cancels) the Gram result is ill-conditioned. Entries whose estimated relative error
+    exceeds ``GRAM_REL_TOL`` are recomputed by the QR route.
     This is NOT ``||X2 ... Xr X1||_F`` (the cyclic permutation is only valid for the
     trace). Shapes: ``Xi [..., d_{i-1}, d_i]`` -> ``[...]``.
     """
@@ -110,9 +119,20 @@ def frobenius_norm_of_product(*factors: torch.Tensor) -> torch.Tensor:
     if len(factors) == 2 and factors[0].shape[-1] <= min(factors[0].shape[-2], factors[1].shape[-1]):
         # low-rank pair: ||AB||_F^2 = sum((A^T A) * (B B^T)), two small GEMMs, no QR
         A, B = factors
-        squared = ((A.mT @ A) * (B @ B.mT)).sum((-2, -1))
-        return squared.clamp_min(0).sqrt()  # rounding can push an exact 0 below 0
-    factors = list(factors)
+        gram_a, gram_b = A.mT @ A, B @ B.mT
+        squared = (gram_a * gram_b).sum((-2, -1))
+        scale = gram_a.diagonal(dim1=-2, dim2=-1).sum(-1) * gram_b.diagonal(dim1=-2, dim2=-1).sum(-1)
+        m, k, n = A.shape[-2], A.shape[-1], B.shape[-1]
+        error = (m + n + k) ** 0.5 * torch.finfo(A.dtype).eps / 2 * scale
+        ill = error > GRAM_REL_TOL * squared
+        if not bool(ill.any()):
+            return squared.clamp_min(0).sqrt()  # rounding can push an exact 0 below 0
+        return torch.where(ill, _qr_norm([A, B]), squared.clamp_min(0).sqrt())
+    return _qr_norm(list(factors))
+
+
+def _qr_norm(factors: list[torch.Tensor]) -> torch.Tensor:
+    """The QR route of ``frobenius_norm_of_product``."""
     first = factors[0]
     if first.shape[-2] > first.shape[-1]:  # tall: replace by its [d1, d1] triangle
         factors[0] = torch.linalg.qr(first, mode="r").R
@@ -313,7 +333,8 @@ class FactoredMatrix:
         return U * S[..., None, :]
 
     def norm(self) -> torch.Tensor:
-        """Frobenius norm ``||AB||_F [...]``, batched (Gram or QR route, see ``frobenius_norm_of_product``)."""
+        """Frobenius norm ``||AB||_F [...]``, batched: the Gram route, or the QR route where the Gram
+        result is ill-conditioned (``||AB|| << ||A|| ||B||``; see ``frobenius_norm_of_product``)."""
         return frobenius_norm_of_product(self.A, self.B)
 
     def trace(self) -> torch.Tensor:

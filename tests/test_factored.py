@@ -315,3 +315,24 @@ def test_dense_guard_names_shape_and_size(monkeypatch):
     with pytest.raises(MemoryError):
         small.AB
     assert small.dense(max_bytes=math.inf).shape == (100, 100)
+
+
+def test_norm_of_a_nearly_cancelling_product_falls_back_from_the_gram_route():
+    # A's last column nearly repeats a mix of the others and B's rows follow that mix, so
+    # ||AB|| ~ 1e-3 ||A|| ||B||: the float32 Gram route loses the result, the QR route does not
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(3, 300, 8, generator=g, dtype=torch.float64)
+    c = torch.randn(3, 7, 1, generator=g, dtype=torch.float64)
+    A[..., 7:] = A[..., :7] @ c + 1e-3 * torch.randn(3, 300, 1, generator=g, dtype=torch.float64)
+    v = torch.cat([c, -torch.ones(3, 1, 1, dtype=torch.float64)], 1)  # A v ~ 1e-3
+    B = v @ torch.randn(3, 1, 200, generator=g, dtype=torch.float64)
+    A32, B32 = A.float(), B.float()
+    truth = torch.linalg.matrix_norm(A32.double() @ B32.double())
+    assert (truth / (torch.linalg.matrix_norm(A32.double()) * torch.linalg.matrix_norm(B32.double()))).max() < 1e-2
+    gram = ((A32.mT @ A32) * (B32 @ B32.mT)).sum((-2, -1)).clamp_min(0).sqrt().double()
+    assert ((gram - truth).abs() / truth).max() > 1e-2  # the plain Gram route is off here
+    ours = FactoredMatrix(A32, B32).norm().double()
+    torch.testing.assert_close(ours, truth, rtol=1e-3, atol=0)
+    well = torch.randn(3, 300, 8, generator=g), torch.randn(3, 8, 200, generator=g)
+    torch.testing.assert_close(FactoredMatrix(*well).norm().double(),
+                               torch.linalg.matrix_norm(well[0].double() @ well[1].double()), rtol=1e-5, atol=0)
