@@ -1,11 +1,15 @@
 """Benchmark the analysis core at GPT-2-small shapes (random weights) against TransformerLens.
 
-    cd /work/main && .venv/bin/python benchmarks/bench_analysis.py [--full-tl]
+    .venv/bin/python benchmarks/bench_analysis.py [--repeats 3] [--full-tl] [--only skip eig comp]
 
-Shapes: d_vocab 50257, d_model 768, 12 layers x 12 heads, d_head 64, float32. Every
-operation runs in a fresh subprocess so its peak memory (``ru_maxrss`` minus the RSS after
-the weights were built) is its own. Peers whose full run is too slow are timed on a stated
-fraction and extrapolated (marked ``~``). Prints one table.
+Shapes: d_vocab 50257 (and 151936, Qwen2's, for skip-trigrams), d_model 768, 12 layers x 12
+heads, d_head 64, float32. Every measurement runs in a fresh subprocess (so "cold" is a first
+call; "warm" is a second call in the same process) and its peak memory (``ru_maxrss`` minus the
+RSS after the weights were built) is its own. Ours and the peer alternate, ``--repeats`` rounds;
+the table gives medians and the load average seen during the run. Peers run on all the work,
+except where stated with ``~`` and the fraction measured. "% peak" = the minimum work of the
+kernel (stated per row) over the measured GEMM peak of its precision (``peaks.py``, same run)
+and our cold median.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peaks import load_average, measure_peaks  # noqa: E402
 
 SHAPES = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
 
@@ -72,123 +79,153 @@ def op_eig_ours(kind):
     return lambda: eigenvalue_positivity(m, kind), 1.0
 
 
-def op_eig_tl(kind, n_heads_timed):
-    # TL route: one FactoredMatrix full circuit per head, .eigenvalues (its BA side), positivity
+def op_eig_tl(kind):
+    # TL route on all 144 heads: one FactoredMatrix full circuit per head, .eigenvalues, positivity
     from transformer_lens.FactoredMatrix import FactoredMatrix as TFM
     m = gpt2_like()
-    heads = [(i // 12, i % 12) for i in range(n_heads_timed)]
 
     def go():
-        for l, h in heads:
-            fm = (TFM(m.W_E @ m.W_V[l, h], m.W_O[l, h] @ m.W_U) if kind == "OV"
-                  else TFM(m.W_E @ m.W_Q[l, h], (m.W_E @ m.W_K[l, h]).T))
-            ev = fm.eigenvalues
-            (ev.sum().real / ev.abs().sum()).item()
-    return go, 144 / n_heads_timed
+        for l in range(SHAPES["n_layers"]):
+            for h in range(SHAPES["n_heads"]):
+                fm = (TFM(m.W_E @ m.W_V[l, h], m.W_O[l, h] @ m.W_U) if kind == "OV"
+                      else TFM(m.W_E @ m.W_Q[l, h], (m.W_E @ m.W_K[l, h]).T))
+                ev = fm.eigenvalues
+                (ev.sum().real / ev.abs().sum()).item()
+    return go, 1.0
 
 
-def op_skip_ours(k):
+def op_skip_ours(k, vocab):
     from pycircuits_widgets.analysis import skip_trigrams
-    m = gpt2_like(n_layers=1)
+    m = gpt2_like(n_layers=1, d_vocab=vocab)
     return lambda: skip_trigrams(m, 0, 0, k=k), 1.0
 
 
-def op_skip_tl(k, rows):
-    # the obvious route: dense row blocks of both circuits through TL's FactoredMatrix, torch.topk
-    # per source row, merge; timed on `rows` sources and extrapolated to the vocabulary
+def op_skip_tl(k, vocab, fraction):
+    # the obvious route (TransformerLens style): dense row blocks of both centred circuits through
+    # TL's FactoredMatrix, torch.topk per source row, merge; on the first `fraction` of the sources
     import torch
     from transformer_lens.FactoredMatrix import FactoredMatrix as TFM
 
     from pycircuits_widgets.analysis.skip_trigrams import centred_factors
-    m = gpt2_like(n_layers=1)
-    q, kk, v, u = centred_factors(m, 0, 0)
+    m = gpt2_like(n_layers=1, d_vocab=vocab)
+    rows = round(vocab * fraction)
+    q, kk, v, u = centred_factors(m, 0, 0)  # not timed: favours the peer, keeps ~ a plain scale-up
 
     def go():
         best = torch.empty(0)
         for s in range(0, rows, 256):
-            qv, _ = torch.topk(TFM(kk[s:s + 256], q.T).AB, k, dim=1)  # QK^T rows [src, dest]
-            ov, _ = torch.topk(TFM(v[s:s + 256], u).AB, k, dim=1)
+            stop = min(s + 256, rows)
+            qv, _ = torch.topk(TFM(kk[s:stop], q.T).AB, k, dim=1)  # QK^T rows [src, dest]
+            ov, _ = torch.topk(TFM(v[s:stop], u).AB, k, dim=1)
             cand = (qv.clamp_min(0)[:, :, None] * ov.clamp_min(0)[:, None, :]).flatten()
             best = torch.topk(torch.cat([best, cand]), k).values
-    return go, SHAPES["d_vocab"] / rows
-
-
-def op_skip_dense(k, vocab):
-    import torch
-
-    from pycircuits_widgets.analysis.skip_trigrams import centred_factors
-    m = gpt2_like(n_layers=1, d_vocab=vocab)
-    q, kk, v, u = centred_factors(m, 0, 0)
-
-    def go():
-        qk_t, ovm = kk @ q.T, v @ u  # dense [V, V] each
-        qv, _ = torch.topk(qk_t, k, dim=1)
-        ov, _ = torch.topk(ovm, k, dim=1)
-        torch.topk((qv.clamp_min(0)[:, :, None] * ov.clamp_min(0)[:, None, :]).flatten(), k)
-    return go, 1.0
-
-
-def op_skip_ours_small(k, vocab):
-    from pycircuits_widgets.analysis import skip_trigrams
-    m = gpt2_like(n_layers=1, d_vocab=vocab)
-    return lambda: skip_trigrams(m, 0, 0, k=k), 1.0
+    return go, fraction
 
 
 def child(name, args):
     import torch
     torch.manual_seed(0)
-    fn, scale = globals()[name](*args)
+    fn, fraction = globals()[name](*args)
     before = rss_mb()
     t = time.perf_counter()
     fn()
-    seconds = time.perf_counter() - t
+    cold = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"s": seconds * scale, "extrapolated": scale != 1.0, "mem_mb": max(0.0, peak - before)}))
+    warm = None
+    if fraction == 1.0 and name.endswith("_ours"):
+        t = time.perf_counter()
+        fn()
+        warm = time.perf_counter() - t
+    print(json.dumps({"cold": cold, "warm": warm, "fraction": fraction, "mem_mb": max(0.0, peak - before)}))
 
 
 def measure(name, *args):
     out = subprocess.run([sys.executable, __file__, "--child", name, json.dumps(args)],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["load"] = os.getloadavg()[0]
+    return r
+
+
+def gemm_work(d_vocab, symmetric):
+    """Minimum work of one full-circuit eigen pass, GOP: the vocab-sized product (its upper
+    triangle when symmetric) plus 144 heads' ``[d_head, d_model] [d_model, d_model] [d_model, d_head]``."""
+    d, dh, heads = SHAPES["d_model"], SHAPES["d_head"], SHAPES["n_layers"] * SHAPES["n_heads"]
+    vocab = d_vocab * d * (d + 1) if symmetric else 2 * d_vocab * d * d
+    return (vocab + 2 * heads * (dh * d * d + dh * dh * d)) / 1e9
+
+
+def rows_to_run(a):
+    """(group, label, ours spec, peer spec, peer label, work GOP, peak key) of every row."""
+    V, dh = SHAPES["d_vocab"], SHAPES["d_head"]
+    rows = []
+    if "comp" in a.only:
+        if a.full_tl:
+            rows.append(("comp", "composition scores K, all 144x144 heads", ("op_comp_ours", "K", 12),
+                         ("op_comp_tl", "K", 12), "TL composition_scores, all layers", None, None))
+        for kind in ("Q", "K", "V"):
+            rows.append(("comp", f"composition scores {kind}, 2-layer subset (24x24)", ("op_comp_ours", kind, 2),
+                         ("op_comp_tl", kind, 2), "TL composition_scores, same subset", None, None))
+    if "eig" in a.only:
+        for kind in ("OV", "QK"):
+            rows.append(("eig", f"eigenvalue positivity {kind}, all 144 heads", ("op_eig_ours", kind),
+                         ("op_eig_tl", kind), "TL FactoredMatrix, each of 144 heads",
+                         gemm_work(V, kind == "QK"), "fp32"))
+    if "skip" in a.only:
+        for vocab, fraction in ((V, 1.0), (151936, a.fraction)):
+            peer = "TL FM rows + topk" + ("" if fraction == 1 else f" ({fraction:g} of sources)")
+            rows.append(("skip", f"exact skip-trigram top-100, d_vocab {vocab}", ("op_skip_ours", 100, vocab),
+                         ("op_skip_tl", 100, vocab, fraction), peer, 4 * vocab * vocab * dh / 1e9, "int8"))
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of ours/peer, interleaved (default 3)")
+    ap.add_argument("--only", nargs="+", default=["skip", "eig", "comp"], choices=["skip", "eig", "comp"])
+    ap.add_argument("--fraction", type=float, default=0.125,
+                    help="share of the sources the peer runs at d_vocab 151936 (extrapolated, marked ~)")
     ap.add_argument("--full-tl", action="store_true",
-                    help="also run TL's composition scores on all 12 layers (one kind; ~25-150 s, ~8 GB)")
+                    help="also run TL's composition scores on all 12 layers (K; ~8 GB)")
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], json.loads(a.child[1]))
     import torch
-    import transformer_lens
+    from importlib.metadata import version
 
-    def row(op, ours, peer, peer_name):
-        o, p = measure(*ours), measure(*peer)
-        fmt = lambda r: f"{'~' if r['extrapolated'] else ''}{r['s']:.2f} s"  # noqa: E731
-        print(f"{op:<44} {fmt(o):>10} {o['mem_mb']:>8.0f} MB | {peer_name:<36} {fmt(p):>10} "
-              f"{p['mem_mb']:>8.0f} MB | {p['s'] / o['s']:>6.1f}x", flush=True)
-
-    print(f"torch {torch.__version__}, transformer-lens {transformer_lens.__version__ if hasattr(transformer_lens, '__version__') else '4.3.0'}, "
-          f"python {platform.python_version()}, threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")
-    print("GPT-2-small shapes, random float32 weights. '~' = timed on a fraction, extrapolated.")
-    print(f"{'operation':<44} {'ours':>10} {'peak+':>11} | {'peer':<36} {'peer':>10} {'peak+':>11} | ratio")
-    if a.full_tl:
-        row("composition scores K, all 144x144 heads", ("op_comp_ours", "K", 12),
-            ("op_comp_tl", "K", 12), "TL composition_scores, all layers")
-    for kind in ("Q", "K", "V"):
-        row(f"composition scores {kind}, 2-layer subset (24x24)", ("op_comp_ours", kind, 2),
-            ("op_comp_tl", kind, 2), "TL composition_scores, same subset")
-    o = measure("op_comp_ours", "V", 12)
-    print(f"{'composition scores V, all 144x144 heads':<44} {o['s']:>8.2f} s {o['mem_mb']:>8.0f} MB | "
-          f"{'(TL: run with --full-tl)':<36}", flush=True)
-    for kind in ("OV", "QK"):
-        row(f"eigenvalue positivity {kind}, all 144 heads", ("op_eig_ours", kind),
-            ("op_eig_tl", kind, 3), "TL FactoredMatrix per head (3 timed)")
-    row("skip-trigram top-100, one head", ("op_skip_ours", 100),
-        ("op_skip_tl", 100, 2048), "TL FM rows+topk (2048 rows timed)")
-    row("skip-trigram top-100, d_vocab 4000", ("op_skip_ours_small", 100, 4000),
-        ("op_skip_dense", 100, 4000), "naive dense circuits + topk")
+    print(f"torch {torch.__version__}, transformer-lens {version('transformer-lens')}, python "
+          f"{platform.python_version()}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}; {load_average()}")
+    peaks = measure_peaks()
+    print("measured peaks: " + " | ".join(f"{k} {v:,.0f} GOP/s" for k, v in peaks.items()) + f"; {load_average()}",
+          flush=True)
+    rows = rows_to_run(a)
+    results = {r[1]: ([], []) for r in rows}
+    loads = []
+    for rep in range(a.repeats):  # interleaved: every row's ours and peer in each round
+        for _, label, ours, peer, _, _, _ in rows:
+            o, p = measure(*ours), measure(*peer)
+            results[label][0].append(o)
+            results[label][1].append(p)
+            loads += [o["load"], p["load"]]
+            print(f"  round {rep + 1}: {label}: ours {o['cold']:.2f} s, peer {p['cold'] / p['fraction']:.2f} s "
+                  f"(load {o['load']:.1f} / {p['load']:.1f})", file=sys.stderr, flush=True)
+    print(f"GPT-2-small shapes, random float32 weights; {a.repeats} interleaved rounds, medians; load average "
+          f"(1 min) {min(loads):.1f}-{max(loads):.1f} during the run, {load_average()} at the end")
+    print(f"{'operation':<46} {'ours cold':>9} {'warm':>7} {'peak+':>8} | {'peer':<38} {'peer':>9} {'peak+':>8} "
+          f"| {'ratio':>6} | % peak")
+    for _, label, _, _, peer_label, work, peak_key in rows:
+        os_, ps = results[label]
+        cold = statistics.median(o["cold"] for o in os_)
+        warms = [o["warm"] for o in os_ if o["warm"] is not None]
+        warm = f"{statistics.median(warms):.2f}" if warms else "-"
+        frac = ps[0]["fraction"]
+        peer = statistics.median(p["cold"] / frac for p in ps)
+        mark = "~" if frac != 1.0 else ""
+        pct = f"{100 * work / peaks[peak_key] / cold:.0f}% {peak_key}" if work else "-"
+        print(f"{label:<46} {cold:>7.2f} s {warm:>7} {statistics.median(o['mem_mb'] for o in os_):>5.0f} MB | "
+              f"{peer_label:<38} {mark}{peer:>7.2f} s {statistics.median(p['mem_mb'] for p in ps):>5.0f} MB | "
+              f"{mark}{peer / cold:>5.1f}x | {pct}")
 
 
 if __name__ == "__main__":

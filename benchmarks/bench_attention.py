@@ -3,6 +3,9 @@ rendered in headless Chromium, 12 heads at 128 / 512 / 1024 / 2048 tokens, same 
 
 Run:  .venv/bin/python benchmarks/bench_attention.py   (needs the `bench` extra: circuitsvis, playwright)
 
+First the cold build (``AttentionPatterns(tokens=..., patterns=...)`` of 12 heads at 2048 / 4096
+tokens, each in a fresh process): seconds and peak memory above the float32 input.
+
 * ours: ``widget.save_html`` page; "rendered" = the view's ``pcw-attention-painted`` performance
   mark (grid thumbnails, detail heatmap with labels and token view drawn, then one frame).
   Payload = the widget's synced state as it crosses the comm (binary buffers + JSON, the JS
@@ -33,7 +36,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import pycircuits_widgets as pcw  # noqa: E402
 from pycircuits_widgets.widgets.standalone import widget_state  # noqa: E402
 
-SIZES = (128, 512, 1024, 2048)
+SIZES = (128, 512, 1024, 2048, 4096)
 N_HEADS = 12
 CAP_S = 60.0
 CHROMIUM = os.environ.get("PCW_CHROMIUM", "/usr/bin/chromium")
@@ -53,13 +56,45 @@ _CV_DONE_JS = """
 
 
 def causal_patterns(n: int, seed: int = 0) -> np.ndarray:
-    """[N_HEADS, n, n] random causal softmax patterns (float32)."""
+    """[N_HEADS, n, n] random causal softmax patterns (float32), built in place one head at a
+    time (the process's peak memory stays at the patterns themselves)."""
     rng = np.random.default_rng(seed)
-    s = rng.standard_normal((N_HEADS, n, n), dtype=np.float32) * 3
-    s[:, np.triu(np.ones((n, n), bool), 1)] = -np.inf
-    s = np.exp(s - s.max(-1, keepdims=True))
-    s /= s.sum(-1, keepdims=True)
-    return s
+    out = np.empty((N_HEADS, n, n), dtype=np.float32)
+    above = np.triu(np.ones((n, n), bool), 1)
+    for s in out:
+        rng.standard_normal((n, n), dtype=np.float32, out=s)
+        s *= 3
+        s[above] = -np.inf
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(-1, keepdims=True)
+    return out
+
+
+def represented_values(w) -> int:
+    """Attention values the synced payloads stand for (a causal head of side n counts n^2)."""
+    total = 0
+    for p in (w.overview, w.full, w._detail):
+        if p:
+            lead = p["shape"][:-1] if p["layout"] == "causal" else p["shape"][:-2]
+            total += int(np.prod(lead)) * p["n"] ** 2
+    return total
+
+
+def build_cost(n: int) -> dict:
+    """Cold ``AttentionPatterns(tokens, patterns)`` of 12 heads x n tokens: seconds and peak
+    memory above the float32 input (run in a fresh process: ``--build n``)."""
+    import resource
+    import time
+
+    A, tokens = causal_patterns(n), [f" t{i}" for i in range(n)]
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    t = time.perf_counter()
+    pcw.AttentionPatterns(tokens=tokens, patterns=A)
+    seconds = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"n": n, "s": seconds, "above_input_mb": max(0.0, peak - rss), "input_mb": A.nbytes / 2**20}
 
 
 def ours(page, A, tokens, tmp):
@@ -67,7 +102,7 @@ def ours(page, A, tokens, tmp):
     saved = widget_state([w])[w.model_id]
     binary = sum(len(base64.b64decode(b["data"])) for b in saved.get("buffers", []))
     json_bytes = len(json.dumps({k: v for k, v in saved["state"].items() if k != "_esm"}))
-    values = binary  # every binary byte is one uint8 attention value
+    values = represented_values(w)
     path = w.save_html(tmp / f"ours_{len(tokens)}.html")
     page.goto(path.as_uri())
     page.wait_for_selector(".pcw-attention[data-painted]", timeout=CAP_S * 1000)
@@ -93,6 +128,17 @@ def run_circuitsvis(page, A, tokens, tmp):
 
 
 def main():
+    if sys.argv[1:2] == ["--build"]:
+        return print(json.dumps(build_cost(int(sys.argv[2]))))
+    import subprocess
+
+    print(f"# AttentionPatterns build, {N_HEADS} heads, cold (fresh process each); load average "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for n in (2048, 4096):
+        out = subprocess.run([sys.executable, __file__, "--build", str(n)], capture_output=True, text=True, check=True)
+        b = json.loads(out.stdout)
+        print(f"#   {n} tokens: {b['s']:.2f} s, peak {b['above_input_mb']:.0f} MB above the {b['input_mb']:.0f} MB input "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
     rows = []
     cv_gave_up = None
     with tempfile.TemporaryDirectory() as d, sync_playwright() as pw:
@@ -125,6 +171,8 @@ def main():
     print(f"# CircuitsVis stopped after {cv_gave_up} tokens (did not finish within the cap)"
           if cv_gave_up else "# CircuitsVis finished every size")
     print(f"# AttentionPatterns vs CircuitsVis attention_heads, {N_HEADS} heads, headless Chromium")
+    print(f"# load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; B/attn value = bytes over the "
+          "attention values the payloads stand for (a causal head of n tokens counts n^2)")
     print(f"# python {platform.python_version()}, numpy {np.__version__}, circuitsvis {circuitsvis.__version__}, "
           f"playwright {version('playwright')}, cpus {os.cpu_count()}, cap {CAP_S:.0f} s")
     head = (f"{'tokens':>6} | {'ours ms':>8} | {'ours bytes':>11} | {'B/attn value':>12} | {'CV ms':>9} | "

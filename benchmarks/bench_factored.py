@@ -4,10 +4,13 @@ GPT-2-small shapes with random weights (d_vocab 50257, d_model 768, 12 x 12 head
 d_head 64). Each measurement runs in its own subprocess so that the peak resident memory
 (``ru_maxrss``) belongs to that measurement alone; a "weights only" row gives the floor.
 
-Run: ``python benchmarks/bench_factored.py`` (about 3-5 minutes on 2 cores).
+Run: ``python benchmarks/bench_factored.py`` (about 3-5 minutes on 2 cores). Peers timed on a
+fraction of the work and scaled up are marked ``~`` (the peer's name says the fraction); the
+load average is printed with every case.
 """
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -147,7 +150,7 @@ def measure(name):
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({
         "seconds": min(times) * scale, "cpu_seconds": min(cpu_times) * scale,
-        "peak_mib": peak_mib, "threads": torch.get_num_threads(),
+        "peak_mib": peak_mib, "threads": torch.get_num_threads(), "scaled": scale != 1,
     }))
 
 
@@ -160,18 +163,21 @@ def main():
     results = {}
     for name in CASES:
         results[name] = run_case(name)
-        print(f"  {name}: {results[name]['seconds']:.3f} s, {results[name]['peak_mib']:.0f} MiB", file=sys.stderr)
+        print(f"  {name}: {results[name]['seconds']:.3f} s, {results[name]['peak_mib']:.0f} MiB "
+              f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr)
     floor = results["weights_only"]["peak_mib"]
     print(f"torch {torch.__version__}, {results['ours_eig']['threads']} threads; "
-          f"peak RSS per process (all GPT-2-small weights + interpreter alone: {floor:.0f} MiB)")
+          f"peak RSS per process (all GPT-2-small weights + interpreter alone: {floor:.0f} MiB); load average "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; ~ = scaled up from the fraction named")
     header = (f"| {'operation':30} | {'ours s':>8} | {'ours CPU s':>10} | {'peer':32} | {'peer s':>8} | "
               f"{'peer CPU s':>10} | {'peer/ours':>9} | {'ours peak MiB':>13} | {'peer peak MiB':>13} |")
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for op, ours, peer, peer_name in ROWS:
         o, p = results[ours], results[peer]
-        print(f"| {op:30} | {o['seconds']:8.3f} | {o['cpu_seconds']:10.3f} | {peer_name:32} | {p['seconds']:8.3f} | "
-              f"{p['cpu_seconds']:10.3f} | {p['seconds'] / o['seconds']:8.1f}x | {o['peak_mib']:13.0f} | {p['peak_mib']:13.0f} |")
+        t = "~" if p["scaled"] else " "
+        print(f"| {op:30} | {o['seconds']:8.3f} | {o['cpu_seconds']:10.3f} | {peer_name:32} | {t}{p['seconds']:7.3f} | "
+              f"{t}{p['cpu_seconds']:9.3f} | {t}{p['seconds'] / o['seconds']:7.1f}x | {o['peak_mib']:13.0f} | {p['peak_mib']:13.0f} |")
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:

@@ -1,0 +1,64 @@
+"""The machine's measured GEMM peaks (fp32, fp64, bf16, int8), the yardstick of every "% of peak".
+
+    .venv/bin/python benchmarks/peaks.py [--threads 2] [--size 4096]
+
+Each peak is the best of a few large square matmuls (``size`` x ``size``; int8 via
+``torch._int_mm``, exact int32 products), in GOP/s (a multiply-add counts 2). The other
+benchmarks import ``measure_peaks`` and print these beside their own figures, measured in the
+same run, with the load average: on a shared machine both move together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # first call: allocation and library set-up are not the peak
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_peaks(size: int = 4096, repeats: int = 3) -> dict[str, float]:
+    """``{dtype: GOP/s}`` of square GEMMs of side ``size`` at the current torch thread count."""
+    g = torch.Generator().manual_seed(0)
+    ops = 2 * size**3
+    peaks = {}
+    for name, dtype in (("fp32", torch.float32), ("fp64", torch.float64), ("bf16", torch.bfloat16)):
+        a = torch.randn(size, size, generator=g).to(dtype)
+        b = torch.randn(size, size, generator=g).to(dtype)
+        out = torch.empty(size, size, dtype=dtype)
+        peaks[name] = ops / _best_seconds(lambda: torch.matmul(a, b, out=out), repeats) / 1e9
+    a = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
+    b = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
+    peaks["int8"] = ops / _best_seconds(lambda: torch._int_mm(a, b), repeats) / 1e9
+    return peaks
+
+
+def load_average() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--size", type=int, default=4096)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    before = load_average()
+    peaks = measure_peaks(a.size)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.size}^2 GEMMs; "
+          f"{before} (before), {load_average()} (after)")
+    print(" | ".join(f"{k} {v:,.0f} GOP/s" for k, v in peaks.items()))
+
+
+if __name__ == "__main__":
+    main()
