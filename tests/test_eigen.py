@@ -1,7 +1,5 @@
 """Eigenvalue positivity against dense eigendecompositions and TransformerLens's FactoredMatrix."""
 
-import types
-
 import pytest
 import torch
 from random_models import custom_model, paper_model
@@ -78,9 +76,9 @@ def test_gram_equals_the_dense_float64_product_and_is_exactly_symmetric():
 @pytest.mark.parametrize("kind", ["OV", "QK"])
 def test_float32_positivity_agrees_with_float64_at_a_large_vocabulary(kind):
     # the float32 products' error bound (module docstring) in practice: positivity to 1e-6
-    m64 = custom_model(n_layers=2, n_heads=4, d_model=256, d_head=32, d_vocab=20000)
-    weights = {n: getattr(m64, n).float() for n in ("W_E", "W_U", "W_Q", "W_K", "W_V", "W_O")}
-    m = types.SimpleNamespace(cfg=m64.cfg, **weights)  # the same circuits in float32
+    m = custom_model(n_layers=2, n_heads=4, d_model=256, d_head=32, d_vocab=20000, dtype=torch.float32)
+    m64 = m.to(torch.float64)  # the same circuits in float64
+    assert m.W_E.dtype == torch.float32 and m64.W_E.dtype == torch.float64
     ours, ref = eigenvalue_positivity(m, kind), eigenvalue_positivity(m64, kind)
     assert (ours.double() - ref.double()).abs().max() < 1e-6
     assert ref.abs().max() > 0.01  # a real spread of positivities, not all ~0
