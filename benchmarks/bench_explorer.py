@@ -118,7 +118,7 @@ def main():
     import jupyterlab
 
     cells = [SETUP + MODELS[args.model] + SHOW]
-    with tempfile.TemporaryDirectory() as tmp, JupyterLab(pathlib.Path(tmp)) as lab, sync_playwright() as pw:
+    with tempfile.TemporaryDirectory() as tmp, JupyterLab(pathlib.Path(tmp), start_timeout=300) as lab, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         write_notebook(lab.root, "explorer.ipynb", cells)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
