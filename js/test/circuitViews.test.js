@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { orderBy, paginate } from "../src/lib/circuitTable.js";
-import { linearScale, plotPoint, symmetricExtent, nearestPoint, pairGrid, headLabel, layerColor, declutter,
-  layerSummary, labelStep, labelPlacement } from "../src/lib/circuitPlot.js";
+import { linearScale, plotPoint, symmetricExtent, nearestPoint, pairGrid, headLabel, layerColor,
+  layerSummary, labelStep, labelPlacement, declutterBoxes } from "../src/lib/circuitPlot.js";
 
 describe("circuitTable", () => {
   it("orders descending, NaN last, stable on ties", () => {
@@ -50,13 +50,6 @@ describe("circuitPlot", () => {
     expect(layerColor(0)).not.toBe(layerColor(1));
     expect(layerColor(8)).toBe(layerColor(0));
   });
-  it("declutters labels greedily", () => {
-    expect(declutter([0, 5, 30, 33], [0, 0, 0, 0], 10)).toEqual([true, false, true, false]);
-  });
-  it("declutters one-line labels by their box: wide apart in x, close in y", () => {
-    // 20 px apart in x: a 44 px wide label overlaps; 20 px apart in y: a 13 px tall one does not
-    expect(declutter([0, 20, 0], [0, 0, 20], 44, 13)).toEqual([true, false, true]);
-  });
   it("summarises a composition table by layer pair: the strongest head pair, NaN below the diagonal", () => {
     const L = 3, H = 2;
     const value = (l1, h1, l2, h2) => (l1 < l2 ? l1 * 1000 + h1 * 100 + l2 * 10 + h2 : NaN);
@@ -66,6 +59,11 @@ describe("circuitPlot", () => {
     expect(s[1]).toBe(121); // L0 -> L2
     expect(Number.isNaN(s[2])).toBe(true); // L1 -> L1 undefined
     expect(s[3]).toBe(1121); // L1 -> L2
+  });
+  it("keeps label boxes that overlap no earlier one, in priority order, after the always-shown", () => {
+    const boxes = [[0, 0, 40, 10], [30, 5, 70, 15], [100, 0, 140, 10], [35, 0, 60, 10]];
+    expect(declutterBoxes(boxes, [1, 0, 2, 3])).toEqual([false, true, true, false]);
+    expect(declutterBoxes(boxes, [1, 0, 2, 3], [0])).toEqual([false, false, true, false]); // 0 drawn anyway
   });
   it("steps axis labels so they never overlap", () => {
     expect(labelStep(30, 22)).toBe(1);

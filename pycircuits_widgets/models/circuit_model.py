@@ -290,13 +290,24 @@ class CircuitModel:
         scale = torch.sqrt(x.pow(2).mean(-1) + self.cfg.eps)
         return x / scale[..., None], scale
 
+    def _rotary_tables(self, pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin) [pos, rotary_dim]`` of the rotary angles, in ``like``'s dtype and device.
+        Kept for the last length: every layer (and Q and K) of a forward pass uses the same."""
+        key = (pos, like.dtype, like.device)
+        cached = getattr(self, "_rotary_cache", None)
+        if cached is None or cached[0] != key:
+            r = self.cfg.rotary_dim
+            inv = self.cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float32, device=like.device) / r)
+            angle = torch.arange(pos, dtype=torch.float32, device=like.device)[:, None] / self.cfg.rotary_scale * inv
+            cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+            cached = self._rotary_cache = (key, cos.to(like.dtype), sin.to(like.dtype))
+        return cached[1], cached[2]
+
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         """Rotary embedding (GPT-NeoX ``rotate_half`` layout) of ``x [b, H, pos, d_head]``; positions
         are divided by ``cfg.rotary_scale`` (linear RoPE scaling)."""
-        r, pos = self.cfg.rotary_dim, x.shape[-2]
-        inv = self.cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float32, device=x.device) / r)
-        angle = torch.arange(pos, dtype=torch.float32, device=x.device)[:, None] / self.cfg.rotary_scale * inv
-        cos, sin = torch.cat([angle.cos()] * 2, -1).to(x.dtype), torch.cat([angle.sin()] * 2, -1).to(x.dtype)
+        r = self.cfg.rotary_dim
+        cos, sin = self._rotary_tables(x.shape[-2], x)
         rot, rest = x[..., :r], x[..., r:]
         half = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
         return torch.cat([rot * cos + half * sin, rest], -1)

@@ -29,8 +29,11 @@ export function symmetricExtent(xs, ys) {
   return m > 0 ? m * 1.08 : 1;
 }
 
-// Okabe-Ito: distinguishable with common colour-vision deficiencies.
-const CATEGORICAL = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"];
+// Okabe-Ito: distinguishable with common colour-vision deficiencies (its black is a mid grey
+// here, so it stays visible on a dark theme).
+const CATEGORICAL = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#8c8c8c"];
+/** Up to this many layers get one categorical colour each; more are coloured on a ramp. */
+export const CATEGORICAL_LAYERS = CATEGORICAL.length;
 
 /** Colour of layer `l` (cycles after 8 layers). */
 export function layerColor(l) {
@@ -79,24 +82,6 @@ export function pairGrid(nLayers, nHeads) {
 }
 
 /**
- * Which points get a text label without overlapping an earlier label: greedy in index order,
- * a point is labelled if no labelled point lies within `minDist` pixels or, with `minDy`,
- * within a `minDist` x `minDy` box (a one-line label is wide and short).
- * @returns {boolean[]}
- */
-export function declutter(px, py, minDist, minDy = null) {
-  const kept = [];
-  const near = minDy === null
-    ? (j, i) => (px[j] - px[i]) ** 2 + (py[j] - py[i]) ** 2 < minDist * minDist
-    : (j, i) => Math.abs(px[j] - px[i]) < minDist && Math.abs(py[j] - py[i]) < minDy;
-  return Array.from(px, (x, i) => {
-    const free = kept.every((j) => !near(j, i));
-    if (free) kept.push(i);
-    return free;
-  });
-}
-
-/**
  * Layer-level summary of a composition table: for each layer pair (l1 < l2) the score of its
  * strongest head pair (largest value), so a composing pair of heads stands out in a 30-layer
  * model. `value(l1, h1, l2, h2)` gives a score (NaN when unknown).
@@ -138,4 +123,24 @@ export function labelPlacement(px, py, width, [x0, x1], [y0, y1], offset = 7) {
   const right = px + offset + width <= x1 || px - offset - width < x0;
   const y = py - offset + 2 - 10 < y0 ? py + offset + 8 : py - offset + 2;
   return { x: right ? px + offset : px - offset, y: Math.min(y, y1), anchor: right ? "start" : "end" };
+}
+
+/**
+ * Which labels to draw so that no two overlap: greedy over `order` (priority; `always` first,
+ * e.g. the selected point, drawn whatever it overlaps). `boxes[i]` = [x0, y0, x1, y1].
+ * @returns {boolean[]} in index order
+ */
+export function declutterBoxes(boxes, order, always = []) {
+  const kept = [];
+  const shown = new Array(boxes.length).fill(false);
+  const hits = (a, b) => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3];
+  for (const i of always) if (i >= 0 && i < boxes.length) kept.push(boxes[i]);
+  for (const i of order) {
+    if (always.includes(i)) continue;
+    if (kept.every((b) => !hits(b, boxes[i]))) {
+      kept.push(boxes[i]);
+      shown[i] = true;
+    }
+  }
+  return shown;
 }
