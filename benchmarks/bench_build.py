@@ -1,0 +1,135 @@
+"""CircuitExplorer build time and ``pcw.run`` time on real model shapes, each as a ratio to
+one forward pass of the same Hugging Face model with attentions, measured in the same run.
+
+Run:  .venv/bin/python benchmarks/bench_build.py [--shapes gpt2-small gpt2-medium llama-135m]
+      [--tokens 100] [--threads N] [--profile]
+
+Models are built locally from configs with random weights (random weights cost the same as
+trained ones; nothing is downloaded): GPT-2 small (12 x 12 heads, d_model 768) and medium
+(24 x 16, d_model 1024), d_vocab 50257; and the 135M LLaMA-family shape (30 x 9 heads, 3
+key-value heads, d_model 576, MLP 1536, d_vocab 49152, rotary, tied embeddings). Each is read
+through ``pcw.from_hf`` with the package's shipped byte-level tokenizer (ids past its
+vocabulary display as ``<id N>``). The text is the quick start's, cut to ``--tokens`` tokens.
+
+Columns:
+
+* forward: ``hf_model(ids, output_attentions=True)`` with eager attention, best of 3 (the
+  peer: what a user pays to get the patterns from transformers);
+* ``pcw.run``: best of 3 (logits, loss, patterns and the activation cache);
+* explorer ready: ``pcw.CircuitExplorer(model, text)`` returns (every view built and shown;
+  for models over 64 heads the composition table is still being computed in the background,
+  its view showing the busy state);
+* explorer complete: additionally ``explorer.wait()``: every background recompute done.
+
+Targets (issue 12): explorer ready <= 10 x forward, ``pcw.run`` <= 1.2 x forward.
+``--profile`` prints where the explorer build spends its time (cProfile, cumulative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pathlib
+import platform
+import pstats
+import resource
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import pycircuits_widgets as pcw  # noqa: E402
+from pycircuits_widgets.demo import SAMPLE_TEXT  # noqa: E402
+
+SHAPES = {
+    "gpt2-small": lambda: transformers.GPT2Config(),
+    "gpt2-medium": lambda: transformers.GPT2Config(n_embd=1024, n_layer=24, n_head=16),
+    "llama-135m": lambda: transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=2048, rms_norm_eps=1e-5),
+}
+
+
+def tokenizer():
+    """The shipped byte-level BPE tokenizer as a transformers tokenizer."""
+    path = pathlib.Path(pcw.__file__).parent / "checkpoints" / "tokenizer.json"
+    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>")
+
+
+def text_of(tok, n_tokens: int) -> str:
+    """The quick start's text (repeated as needed), cut to ``n_tokens`` tokens."""
+    ids = tok((SAMPLE_TEXT + "\n") * (1 + n_tokens // 20))["input_ids"][:n_tokens]
+    return tok.decode(ids)
+
+
+def best_of(f, n=3) -> float:
+    best = float("inf")
+    for _ in range(n):
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(SHAPES[shape](), attn_implementation="eager").eval()
+    model = pcw.from_hf(hf, tok)
+    text = text_of(tok, n_tokens)
+    ids = model.to_tokens(text).reshape(1, -1)
+    with torch.no_grad():
+        hf(ids, output_attentions=True)  # warm-up (allocator, kernels)
+        forward = best_of(lambda: hf(ids, output_attentions=True))
+    pcw.run(model, text)
+    run = best_of(lambda: pcw.run(model, text))
+    profiler = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    explorer = pcw.CircuitExplorer(model, text)
+    ready = time.perf_counter() - t0
+    explorer.wait(None)
+    complete = time.perf_counter() - t0
+    if profiler:
+        profiler.disable()
+        print(f"\n-- {shape}: explorer build + wait, cumulative --")
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+    cfg = model.cfg
+    return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", n=ids.shape[1], forward=forward, run=run,
+                ready=ready, complete=complete)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = tokenizer()
+    print(f"CircuitExplorer build and pcw.run vs one eager HF forward with attentions, {args.tokens} tokens, "
+          "random weights")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}, "
+          f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs")
+    print("| shape | heads | tokens | forward (s) | pcw.run (s) | run / fwd (target <= 1.2) "
+          "| explorer ready (s) | ready / fwd (target <= 10) | complete (s) | complete / fwd | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for shape in args.shapes:  # a row as soon as it is measured
+        r = measure(shape, tok, args.tokens, args.profile)
+        f = r["forward"]
+        print(f"| {r['shape']} | {r['heads']} | {r['n']} | {f:.3f} | {r['run']:.3f} | {r['run'] / f:.2f} "
+              f"| {r['ready']:.2f} | {r['ready'] / f:.1f} | {r['complete']:.2f} | {r['complete'] / f:.1f} "
+              f"| {os.getloadavg()[0]:.1f} |", flush=True)
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()
