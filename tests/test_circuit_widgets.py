@@ -151,7 +151,7 @@ def test_composition_scores_trait_holds_all_kinds_and_the_erratum_only_once_aske
             assert table.shape == (2, 4, 2, 4)
             np.testing.assert_allclose(table, composition_scores(m2, kind, baseline=False, norm=norm).numpy(),
                                        rtol=1e-5, equal_nan=True)
-    assert w.baselines == {"correct": random_baseline(32, 8), "erratum": random_baseline(32, 8, "erratum_left")}
+    assert w.baselines == {"correct": random_baseline(31, 8), "erratum": random_baseline(31, 8, "erratum_left")}  # layer norm: 31 dims
 
 
 def test_clicking_a_pair_computes_its_detail_and_selects_the_reading_head(m2):
@@ -220,3 +220,15 @@ def test_views_share_selection_through_link(m2):
     assert table.wait(20) and (table.trigrams["layer"], table.trigrams["head"]) == (1, 2)
     for link in links:
         link.unlink()
+
+
+def test_rotary_model_composition_refuses_q_and_k_with_the_reason_and_keeps_v():
+    from random_models import custom_model
+    model = custom_model(positional="rotary", dtype=torch.float32)
+    w = pcw.CompositionMatrix(model)
+    assert w.wait(20) and not w.error
+    assert set(w.notices) == {"Q", "K"}
+    assert all("depends on the relative position" in why and "offsets=" in why for why in w.notices.values())
+    assert np.isnan(decode_array(w.scores["Q"]["correct"])).all() and np.isnan(decode_array(w.scores["K"]["correct"])).all()
+    np.testing.assert_allclose(decode_array(w.scores["V"]["correct"]), composition_scores(model, "V", baseline=False).numpy(),
+                               rtol=1e-5, equal_nan=True)

@@ -1,12 +1,21 @@
-"""Composition scores against dense norms and TransformerLens's composition_scores, same weights."""
+"""Composition scores against dense norms and TransformerLens's composition_scores, same weights.
+
+Oracles: dense float64 products of explicitly projected weights (``P = I - 11^T / d``: layer norm
+never reads the all-ones direction), TransformerLens's ``composition_scores`` on those weights and
+its own folded ``TransformerBridge``, the model's own forward (function-preserving changes,
+rotary scores), and a complex-number rotation written here."""
 
 import pytest
 import torch
-from random_models import paper_model
+from random_models import custom_model, paper_model
+from test_adapters import native_bridge
 from transformer_lens.FactoredMatrix import FactoredMatrix as TLFactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores as tl_composition_scores
 
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import composition as composition_module
 from pycircuits_widgets.analysis import composition_detail, composition_scores, random_baseline
+from pycircuits_widgets.analysis.composition import composition_baseline, rotation
 
 
 @pytest.fixture(scope="module")
@@ -14,18 +23,29 @@ def model():
     return paper_model(n_layers=3, n_heads=4, d_model=32, d_head=4, d_vocab=30)
 
 
+def _visible(model):
+    """(W_Q, W_K, W_V, W_O) as a layer-normed stream sees them: readers P @ W, writers W @ P."""
+    d = model.cfg.d_model
+    P = torch.eye(d, dtype=model.W_Q.dtype) - torch.full((d, d), 1.0 / d, dtype=model.W_Q.dtype)
+    if model.cfg.normalization != "layernorm":
+        P = torch.eye(d, dtype=model.W_Q.dtype)
+    return P @ model.W_Q, P @ model.W_K, P @ model.W_V, model.W_O @ P
+
+
 def _dense_composed(model, kind, h1, h2):
     """The composed [d_model, d_model] matrix in the row convention, from explicit products."""
-    OV1 = model.W_V[h1] @ model.W_O[h1]
-    QK2 = model.W_Q[h2] @ model.W_K[h2].T
-    second = {"Q": QK2, "K": QK2.T, "V": model.W_V[h2] @ model.W_O[h2]}[kind]
+    W_Q, W_K, W_V, W_O = _visible(model)
+    OV1 = W_V[h1] @ W_O[h1]
+    QK2 = W_Q[h2] @ W_K[h2].T
+    second = {"Q": QK2, "K": QK2.T, "V": W_V[h2] @ W_O[h2]}[kind]
     return OV1, second, OV1 @ second
 
 
 def _tl_scores(model, kind):
     # exactly what TransformerBridge.all_composition_scores builds, then its [l1 < l2] mask
-    left = TLFactoredMatrix(model.W_V, model.W_O)
-    qk = TLFactoredMatrix(model.W_Q, model.W_K.mT)
+    W_Q, W_K, W_V, W_O = _visible(model)
+    left = TLFactoredMatrix(W_V, W_O)
+    qk = TLFactoredMatrix(W_Q, W_K.mT)
     right = {"Q": qk, "K": qk.T, "V": left}[kind]
     scores = tl_composition_scores(left, right, broadcast_dims=True)
     L = model.cfg.n_layers
@@ -56,8 +76,9 @@ def test_float32_scores_match_float64(model):
 def _paper_factors(model, kind, h1, h2):
     """The paper's (column-convention) product X1 X2 X3 X4, each factor transposed from our weights:
     Q: W_K^T W_Q W_O W_V, K: W_Q^T W_K W_O W_V, V: W_O^{h2} W_V^{h2} W_O^{h1} W_V^{h1}."""
-    V1, O1 = model.W_V[h1].T, model.W_O[h1].T  # paper shapes [d_head, d_model], [d_model, d_head]
-    Q2, K2, V2, O2 = model.W_Q[h2].T, model.W_K[h2].T, model.W_V[h2].T, model.W_O[h2].T
+    W_Q, W_K, W_V, W_O = _visible(model)
+    V1, O1 = W_V[h1].T, W_O[h1].T  # paper shapes [d_head, d_model], [d_model, d_head]
+    Q2, K2, V2, O2 = W_Q[h2].T, W_K[h2].T, W_V[h2].T, W_O[h2].T
     second = {"Q": (K2.T, Q2), "K": (Q2.T, K2), "V": (O2, V2)}[kind]
     return (*second, O1, V1)
 
@@ -89,7 +110,8 @@ def test_the_ambiguous_erratum_name_is_refused_naming_both_forms(model):
 def test_baseline_is_the_mean_score_of_random_heads_and_is_subtracted(model):
     with_baseline = composition_scores(model, "V")
     without = composition_scores(model, "V", baseline=False)
-    b = random_baseline(model.cfg.d_model, model.cfg.d_head)
+    b = random_baseline(model.cfg.d_model - 1, model.cfg.d_head)  # layer norm: d_model - 1 directions
+    assert composition_baseline(model) == b
     torch.testing.assert_close(with_baseline, without - b, equal_nan=True)
     # independent check: Gaussian heads with the same shapes, scored by the full routine
     wide = paper_model(n_layers=2, n_heads=16, d_model=32, d_head=4, d_vocab=30, seed=5)
@@ -123,3 +145,157 @@ def test_bad_arguments_are_named(model):
         composition_scores(model, "Q", norm="cyclic")
     with pytest.raises(ValueError, match="earlier layer"):
         composition_detail(model, "K", (1, 0), (1, 1))
+
+
+def _shifted(model, seed=3):
+    """``model`` with ``1 v^T`` added to every reader and ``u 1^T`` to every writer of heads: a
+    change layer norm cannot see (it centres what it reads)."""
+    g = torch.Generator().manual_seed(seed)
+    L, H, dh = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
+    weights = {n: getattr(model, n) for n in ("W_E", "W_U", "W_pos", "W_in", "W_out")}
+    for name in ("W_Q", "W_K", "W_V"):
+        weights[name] = getattr(model, name) + torch.randn(L, H, 1, dh, generator=g, dtype=model.W_Q.dtype)
+    weights["W_O"] = model.W_O + torch.randn(L, H, dh, 1, generator=g, dtype=model.W_Q.dtype)
+    return pcw.models.CircuitModel(model.cfg, tokenizer=model.tokenizer, **weights)
+
+
+def test_a_function_preserving_reader_shift_leaves_every_score_unchanged():
+    model = custom_model(n_layers=3, n_heads=3, d_model=24, d_head=6, positional="learned")
+    shifted = _shifted(model)
+    tokens = torch.arange(12) % 40
+    torch.testing.assert_close(shifted(tokens), model(tokens))  # the model computes the same function
+    for kind in "QKV":
+        for norm in composition_module.NORMS:
+            before = composition_scores(model, kind, baseline=False, norm=norm)
+            after = composition_scores(shifted, kind, baseline=False, norm=norm)
+            torch.testing.assert_close(after, before, rtol=1e-10, atol=1e-12, equal_nan=True)
+    # the raw weights did change, and the shift is not invisible without layer norm
+    assert (shifted.W_Q - model.W_Q).abs().min() > 0
+    rms = custom_model(n_layers=3, n_heads=3, d_model=24, d_head=6, positional="learned", normalization="rmsnorm")
+    assert not torch.allclose(composition_scores(_shifted(rms), "K", False), composition_scores(rms, "K", False),
+                              equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+def test_agrees_with_transformer_lens_folded_bridge(kind):
+    """TransformerLens 4.3 folds and centres the weights itself (enable_compatibility_mode); we adapt
+    the unprocessed twin. Layer norm with learned scale and bias, learned positions, MLPs."""
+    options = dict(act_fn="gelu", normalization_type="LN")
+    ours = composition_scores(pcw.from_transformer_lens(native_bridge(seed=4, **options)), kind, baseline=False)
+    folded = native_bridge(seed=4, **options)
+    folded.enable_compatibility_mode(disable_warnings=True)
+    theirs = torch.as_tensor(folded.all_composition_scores(kind).scores)
+    defined = ~ours.isnan()
+    torch.testing.assert_close(ours[defined], theirs[defined].to(ours.dtype), rtol=2e-5, atol=2e-6)
+
+
+def test_shipped_two_layer_model_matches_transformer_lens_on_centred_weights():
+    model = pcw.load_pretrained("attn-only-2l").to(torch.float64)
+    for kind in "QKV":
+        ours = composition_scores(model, kind, baseline=False)
+        theirs, defined = _tl_scores(model, kind)
+        torch.testing.assert_close(ours[defined], theirs[defined], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [dict(n_layers=4, n_heads=3, d_model=40, d_head=5),
+                                   dict(n_layers=5, n_heads=7, d_model=37, d_head=3)])
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+def test_gram_route_equals_dense_float64_products(monkeypatch, shape, kind):
+    """Small tiles and one-layer row chunks, so every tile (diagonal, off-diagonal, ragged) and
+    chunk boundary of the Gram route is exercised against dense d_model x d_model products."""
+    model = custom_model(**shape, positional="learned")
+    default = composition_scores(model, kind, baseline=False)
+    monkeypatch.setattr(composition_module, "TILE", 8)
+    monkeypatch.setattr(composition_module, "MIN_CHUNK_ROWS", 1)
+    tiled = composition_scores(model, kind, baseline=False)
+    W_Q, W_K, W_V, W_O = _visible(model)
+    OV, QK = W_V @ W_O, W_Q @ W_K.mT  # [L, H, d_model, d_model], dense
+    second = {"Q": QK, "K": QK.mT, "V": OV}[kind]
+    composed = torch.einsum("ahij,bgjk->ahbgik", OV, second).square().sum((-2, -1)).sqrt()
+    expected = composed / (OV.norm(dim=(-2, -1))[:, :, None, None] * second.norm(dim=(-2, -1)))
+    L = shape["n_layers"]
+    later = (torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]).expand_as(expected)
+    for scores in (default, tiled):
+        assert scores[~later].isnan().all()
+        torch.testing.assert_close(scores[later], expected[later], rtol=1e-10, atol=0)
+
+
+def _exact_float64(model, kind):
+    """All pairs in float64 by the QR route (||R_A (B C) R_D^T||), written here independently."""
+    W_Q, W_K, W_V, W_O = (w.double() for w in _visible(model))
+    second = {"Q": (W_Q, W_K.mT), "K": (W_K, W_Q.mT), "V": (W_V, W_O)}[kind]
+    R1 = torch.linalg.qr(W_V, mode="r").R
+    R2 = torch.linalg.qr(second[1].mT, mode="r").R
+    left, right = R1 @ W_O, second[0] @ R2.mT  # [L, H, r, d], [L, H, d, r]
+    num = torch.einsum("ahrd,bgds->ahbgrs", left, right).square().sum((-2, -1)).sqrt()
+    return num / (left.square().sum((-2, -1)).sqrt()[:, :, None, None] * right.square().sum((-2, -1)).sqrt())
+
+
+def test_float32_error_bound_at_a_realistic_shape():
+    """GPT-2-small head shapes (d_model 768, d_head 64), 3 layers x 12 heads, float32 against the
+    float64 QR route: within the stated FALLBACK_RELATIVE_ERROR of every score."""
+    model = custom_model(n_layers=3, n_heads=12, d_model=768, d_head=64, positional="learned")
+    exact = _exact_float64(model, "K")
+    ours = composition_scores(model.to(torch.float32), "K", baseline=False).double()
+    defined = ~ours.isnan()
+    relative = ((ours - exact).abs() / exact)[defined]
+    print(f"\nfloat32 Gram route, max relative error {relative.max():.2e}")
+    assert relative.max() < composition_module.FALLBACK_RELATIVE_ERROR
+
+
+def test_near_zero_compositions_fall_back_to_the_exact_route():
+    """Layer-0 heads write into dims 0..7 only; layer-1 heads read those dims with weight 1e-4, so
+    ||A B C D|| << ||A B|| ||C D|| and the float32 Gram inner product alone would be mostly
+    rounding error. The guard recomputes those pairs: relative error stays below the bound."""
+    model = custom_model(n_layers=2, n_heads=4, d_model=64, d_head=8, positional="learned", normalization=None)
+    model.W_O[0, :, :, 8:] = 0
+    model.W_Q[1, :, :8] *= 1e-4
+    model.W_K[1, :, :8] *= 1e-4
+    model.W_V[1, :, :8] *= 1e-4
+    for kind in "QKV":
+        exact = _exact_float64(model, kind)
+        assert exact[0, :, 1].max() < 1e-3
+        ours = composition_scores(model.to(torch.float32), kind, baseline=False).double()
+        relative = ((ours - exact).abs() / exact)[0, :, 1]
+        assert relative.max() < composition_module.FALLBACK_RELATIVE_ERROR, (kind, relative.max())
+
+
+def _rotary_model(**kw):
+    return custom_model(n_layers=2, n_heads=2, d_model=16, d_head=8, positional="rotary", rotary_dim=6, **kw)
+
+
+def test_rotation_is_the_map_between_rotated_queries_and_keys_in_the_forward():
+    model = _rotary_model()
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 12, 8, generator=g, dtype=torch.float64), torch.randn(1, 1, 12, 8, generator=g,
+                                                                                   dtype=torch.float64)
+    scores = model._rotate(q)[0, 0] @ model._rotate(k)[0, 0].T  # what the forward computes
+    for t, s in [(5, 5), (7, 2), (11, 0)]:
+        expected = q[0, 0, t] @ rotation(model.cfg, t - s) @ k[0, 0, s]
+        torch.testing.assert_close(scores[t, s], expected)
+
+
+def test_rotary_qk_composition_needs_offsets_and_is_scored_at_each():
+    model = _rotary_model()
+    for kind in "QK":
+        with pytest.raises(ValueError, match=f"{kind}-composition of a rotary model depends on the relative position"):
+            composition_scores(model, kind)
+    composition_scores(model, "V")  # V-composition is defined without offsets
+    with pytest.raises(ValueError, match="V-composition never depends on position"):
+        composition_scores(model, "V", offsets=[0])
+    with pytest.raises(ValueError, match="not rotary"):
+        composition_scores(custom_model(), "K", offsets=[0, 1])
+    scores = composition_scores(model, "K", baseline=False, offsets=range(0, 6))
+    assert scores.shape == (6, 2, 2, 2, 2)
+    # oracle: queries rotated as complex numbers (dims i and i + 3 of the 6 rotary dims)
+    W_Q, W_K, W_V, W_O = _visible(model)
+    theta = model.cfg.rotary_base ** (-torch.arange(0, 6, 2, dtype=torch.float64) / 6)
+    for offset in range(6):
+        z = torch.complex(W_Q[1, 1][:, :3], W_Q[1, 1][:, 3:6]) * torch.exp(1j * offset * theta)
+        Q_rot = torch.cat([z.real, z.imag, W_Q[1, 1][:, 6:]], -1)
+        QK = Q_rot @ W_K[1, 1].T
+        OV = W_V[0, 0] @ W_O[0, 0]
+        expected = (OV @ QK.T).norm() / (OV.norm() * QK.norm())
+        torch.testing.assert_close(scores[offset, 0, 0, 1, 1], expected)
+    spread = scores[:, 0, :, 1, :].amax(0) - scores[:, 0, :, 1, :].amin(0)
+    assert spread.min() > 1e-4  # the score really moves with the offset

@@ -57,9 +57,11 @@ def test_folded_logits_equal_unfolded_logits(n_layers):
         expected = model(tokens)
     folded = from_attn_only(model)
     torch.testing.assert_close(folded(tokens), expected, rtol=1e-5, atol=1e-5)
-    # the folded view really is folded: writers centered, the scale moved into W_U
+    # the folded view really is folded: writers centered, the scale moved into W_U (then centred: it reads
+    # only the layer-normed stream)
     torch.testing.assert_close(folded.W_E.mean(-1), torch.zeros(97), atol=1e-6, rtol=0)
-    torch.testing.assert_close(folded.W_U, model.ln_final_w.detach()[:, None] * model.W_U.detach())
+    scaled = model.ln_final_w.detach()[:, None] * model.W_U.detach()
+    torch.testing.assert_close(folded.W_U, scaled - scaled.mean(0), atol=1e-6, rtol=1e-5)
 
 
 def test_shipped_two_layer_model_folds_exactly():
@@ -70,3 +72,13 @@ def test_shipped_two_layer_model_folds_exactly():
     with torch.no_grad():
         expected = raw(tokens[None])
     torch.testing.assert_close(folded(tokens), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_readers_of_the_layer_normed_stream_are_centred_except_where_positions_are_read():
+    cfg = attn_only_config(2, n_heads=4, d_model=32, d_head=8, d_vocab=97, n_ctx=24)
+    folded = from_attn_only(AttnOnlyTransformer(cfg, seed=0))
+    for name in ("W_V", "W_U"):  # read only the layer-normed (mean-zero) stream
+        torch.testing.assert_close(getattr(folded, name).mean(-2), torch.zeros_like(getattr(folded, name).mean(-2)),
+                                   atol=1e-6, rtol=0)
+    # W_Q, W_K also read the Shortformer table, added after the norm: centring them would change the model
+    assert folded.W_Q.mean(-2).abs().max() > 1e-3 and folded.W_K.mean(-2).abs().max() > 1e-3

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of_product
+from ..models.folding import center_reading_weights, center_writing_weights
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 
@@ -53,6 +54,10 @@ KINDS = ("Q", "K", "V")
 NORMS = ("correct", "erratum_left", "erratum_right")
 BASELINE_SAMPLES = 256
 BASELINE_SEED = 0
+TILE = 160  # width of the d_model tiles of the Gram route (a [heads, TILE^2] block per side stays ~100 MB at 1200 heads)
+ROW_CHUNKS = 8  # earlier-layer heads scored in this many chunks, so few pairs with l1 >= l2 are computed
+MIN_CHUNK_ROWS = 128
+FALLBACK_RELATIVE_ERROR = 1e-3  # recompute a pair exactly when the Gram route could be off by more than this
 
 
 def _check(kind: str, norm: str) -> None:
@@ -66,6 +71,48 @@ def _check(kind: str, norm: str) -> None:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
 
 
+class OffsetsRequired(ValueError):
+    """Q/K-composition of a rotary model was asked for without ``offsets`` (the message says why)."""
+
+
+def _check_offsets(model, kind: str, offsets) -> list[int] | None:
+    """``offsets`` as a list of ints (None when the scores do not depend on position)."""
+    rotary = model.cfg.positional == "rotary"
+    if offsets is None:
+        if rotary and kind in "QK":
+            raise OffsetsRequired(
+                f"{kind}-composition of a rotary model depends on the relative position: head h2's QK circuit is "
+                "W_Q R(offset) W_K^T, a different matrix for every offset between query and key (R rotates the "
+                "first rotary_dim dims of each head). Pass offsets=range(0, 33) (for example) to get scores "
+                "[n_offsets, L, H, L, H] over those offsets and their spread; V-composition needs none")
+        return None
+    if not rotary or kind == "V":
+        why = "V-composition never depends on position" if rotary else (
+            f"this model's positions are {model.cfg.positional!r}, not rotary: its QK circuit has no offset")
+        raise ValueError(f"offsets only apply to Q/K-composition of rotary models; {why}")
+    offsets = [int(o) for o in offsets]
+    if not offsets or min(offsets) < 0:
+        raise ValueError(f"offsets must be a non-empty range of query - key offsets >= 0 (causal), got {offsets}")
+    return offsets
+
+
+def rotation(cfg, offset: int, dtype=torch.float64, device=None) -> torch.Tensor:
+    """``R(offset) [d_head, d_head]``: the rotary map between a query and a key ``offset`` positions
+    apart, ``q_t . k_s = (x_t W_Q) R(t - s) (x_s W_K)^T`` (the rotations of ``t`` and ``s`` commute).
+    GPT-NeoX ``rotate_half`` layout on the first ``rotary_dim`` dims, identity on the rest, as
+    ``CircuitModel``'s forward; row convention (``q @ R``)."""
+    r, dh = cfg.rotary_dim, cfg.d_head
+    inv = cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
+    cos, sin = (offset * inv).cos(), (offset * inv).sin()
+    R = torch.eye(dh, dtype=torch.float64)
+    half = r // 2
+    idx = torch.arange(half)
+    # (q_i, q_{i+half}) -> (q_i cos - q_{i+half} sin, q_{i+half} cos + q_i sin)
+    R[idx, idx], R[idx + half, idx + half] = cos, cos
+    R[idx + half, idx], R[idx, idx + half] = -sin, sin
+    return R.to(dtype=dtype, device=device)
+
+
 def _factors(W_Q, W_K, W_V, W_O, kind: str):
     """``(A1, B1, C2, D2)`` with the composed matrix ``A1 B1 C2 D2`` (any leading dims)."""
     if kind == "Q":
@@ -75,27 +122,136 @@ def _factors(W_Q, W_K, W_V, W_O, kind: str):
     return W_V, W_O, W_V, W_O
 
 
+def _layer_factors(model, kind: str, layer, offset: int | None = None):
+    """``_factors`` of ``model``'s heads ``[layer]`` as the residual stream sees them.
+
+    Layer norm never reads the all-ones direction (it subtracts the mean), so with
+    ``normalization="layernorm"`` readers (``W_Q, W_K, W_V``) lose their mean over ``d_model`` and
+    writers (``W_O``) their mean over the output: a function-preserving change (``+ 1 v^T`` on a
+    reader) cannot move a score, and the denominators count only what the stream carries.
+    Folding already does this where it can (``folding.center_readers``); Shortformer tables still
+    read ``W_Q, W_K`` whole, and a hand-built model may not be centred. Rotary: ``W_Q R(offset)``."""
+    W_Q, W_K, W_V, W_O = (W[layer] for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
+    if model.cfg.normalization == "layernorm":
+        W_Q, W_K, W_V = (center_reading_weights(W) for W in (W_Q, W_K, W_V))
+        W_O = center_writing_weights(W_O)
+    if offset is not None:
+        W_Q = W_Q @ rotation(model.cfg, offset, W_Q.dtype, W_Q.device)
+    return _factors(W_Q, W_K, W_V, W_O, kind)
+
+
 def _r_factor(X: torch.Tensor) -> torch.Tensor:
     """``R`` of the thin QR ``X = Q R``, ``X [..., m, k]`` -> ``[..., min(m, k), k]``."""
     return torch.linalg.qr(X, mode="r").R
 
 
-def _correct_scores(A1, B1, C2, D2) -> torch.Tensor:
-    """All-pairs correct scores ``[L, H, L, H]`` (NaN where ``l1 >= l2``); inputs ``[L, H, ...]``."""
-    L, H = A1.shape[:2]
-    left = _r_factor(A1) @ B1  # [L, H, r, d_model]:  ||left|| = ||W_OV^{h1}||
-    right = C2 @ _r_factor(D2.mT).mT  # [L, H, d_model, r]: ||right|| = ||C2 D2||
-    r1, r2 = left.shape[-2], right.shape[-1]
-    left_norm = left.square().sum((-2, -1)).sqrt()
-    right_norm = right.square().sum((-2, -1)).sqrt()
-    out = torch.full((L, H, L, H), float("nan"), dtype=A1.dtype, device=A1.device)
-    for l1 in range(L - 1):
-        later = L - l1 - 1
-        rows = left[l1].reshape(H * r1, -1)
-        cols = right[l1 + 1 :].permute(2, 0, 1, 3).reshape(-1, later * H * r2)
-        block = (rows @ cols).reshape(H, r1, later, H, r2)
-        out[l1, :, l1 + 1 :] = block.square().sum((1, 4)).sqrt()
-    return out / (left_norm[:, :, None, None] * right_norm[None, None])
+def _gram_root(A: torch.Tensor) -> torch.Tensor:
+    """``T [..., k, k]`` with ``T T^T = A^T A`` for ``A [..., m, k]`` (float64 Gram and ``eigh``, so
+    rank-deficient heads need no special case; returned in ``A``'s dtype)."""
+    gram = A.double().mT @ A.double()
+    values, vectors = torch.linalg.eigh(gram)
+    return (vectors * values.clamp_min(0).sqrt()[..., None, :]).to(A.dtype)
+
+
+def _thin_factors(model, kind: str, offset: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``X, Y [L * H, d_model, r]`` with ``||X_{h1}^T Y_{h2}||_F = ||A1 B1 C2 D2||_F`` for every pair:
+    ``X = B1^T T_{A1}``, ``Y = C2 T_{D2^T}`` (``_gram_root``: ``X X^T = (A1 B1)^T (A1 B1)`` and
+    ``Y Y^T = (C2 D2)(C2 D2)^T``), so ``||X_h|| = ||W_OV^h||``, ``||Y_h|| = ||C2 D2||``.
+    One layer at a time, so the centred weights never exist for the whole model at once."""
+    X, Y = [], []
+    for layer in range(model.cfg.n_layers):
+        A1, B1, C2, D2 = _layer_factors(model, kind, layer, offset)
+        X.append(B1.mT @ _gram_root(A1))
+        Y.append(C2 @ _gram_root(D2.mT))
+    return torch.cat(X), torch.cat(Y)
+
+
+def _tiles(d: int) -> list[slice]:
+    n = -(-d // TILE)
+    edges = [round(i * d / n) for i in range(n + 1)]
+    return [slice(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def _row_chunks(L: int, H: int) -> list[tuple[int, int]]:
+    """``(first, last)`` earlier layers per chunk; a chunk is scored against every layer > first.
+    At most ``ROW_CHUNKS``, each of at least ``MIN_CHUNK_ROWS`` heads (a thinner GEMM runs slowly)."""
+    n = max(1, min(ROW_CHUNKS, L - 1, (L - 1) * H // MIN_CHUNK_ROWS))
+    edges = [round(i * (L - 1) / n) for i in range(n + 1)]
+    return list(zip(edges, edges[1:]))
+
+
+def gram_flops(n_layers: int, n_heads: int, d_model: int, r: int) -> int:
+    """Floating-point operations of ``_gram_squares`` (multiply-add = 2): the tile Grams of
+    both sides plus the pair inner products, QR and fallbacks not counted."""
+    H, L = n_heads, n_layers
+    n1, n2 = (L - 1) * H, (L - 1) * H  # heads with a later / earlier layer
+    pairs = sum((last - first) * H * (L - first - 1) * H for first, last in _row_chunks(L, H))
+    tiles = _tiles(d_model)
+    flops = 0
+    for i, I in enumerate(tiles):
+        for J in tiles[i:]:
+            w = (I.stop - I.start) * (J.stop - J.start)
+            flops += 2 * w * r * (n1 + n2) + 2 * w * pairs
+    return flops
+
+
+def _gram_squares(X: torch.Tensor, Y: torch.Tensor, L: int, H: int):
+    """``||X_{h1}^T Y_{h2}||_F^2`` for every pair with ``l1 < l2`` as ``[L H, L H]`` (float64; zero
+    elsewhere), and the error scale of each: ``(||G1||_F, ||G2||_F)`` of the Grams below.
+
+    Gram route: ``||X1^T Y2||_F^2 = <X1 X1^T, Y2 Y2^T>``, an inner product of two symmetric
+    ``[d_model, d_model]`` Grams. Over the upper triangle of ``TILE x TILE`` tiles (off-diagonal
+    tiles counted twice) that is one GEMM ``[heads, TILE^2] @ [TILE^2, heads]`` per tile:
+    ``d_model^2`` per pair instead of the ``2 r^2 d_model`` of the direct ``X1^T Y2``, 5x fewer at
+    GPT-2-XL shapes. Tile results are summed in float64."""
+    N, d = X.shape[0], X.shape[1]
+    S = torch.zeros(N, N, dtype=torch.float64, device=X.device)
+    g1 = torch.zeros(N, dtype=torch.float64, device=X.device)
+    g2 = torch.zeros_like(g1)
+    Xe, Yl = X[: (L - 1) * H], Y[H:]  # only earlier heads write to, only later heads read from, a pair
+    tiles = _tiles(d)
+    for i, I in enumerate(tiles):
+        for J in tiles[i:]:
+            weight = 1.0 if I == J else 2.0  # the mirrored tile below the diagonal
+            G1 = (Xe[:, I] @ Xe[:, J].mT).reshape(Xe.shape[0], -1)
+            G2 = (Yl[:, I] @ Yl[:, J].mT).reshape(Yl.shape[0], -1)
+            g1[: Xe.shape[0]] += weight * torch.linalg.vector_norm(G1, dim=-1).double().square()
+            g2[H:] += weight * torch.linalg.vector_norm(G2, dim=-1).double().square()
+            if weight != 1.0:
+                G1.mul_(weight)
+            for first, last in _row_chunks(L, H):
+                rows, cols = slice(first * H, last * H), slice((first + 1) * H, None)
+                S[rows, cols] += (G1[rows] @ G2[(first + 1) * H - H:].mT).double()
+    return S, g1.sqrt(), g2.sqrt()
+
+
+def _correct_scores(model, kind: str, offset: int | None = None) -> torch.Tensor:
+    """All-pairs correct scores ``[L, H, L, H]`` (NaN where ``l1 >= l2``), in the weights' dtype.
+
+    Gram route (``_gram_squares``) with a precision guard: with unit roundoff ``u`` the computed
+    squared score carries an error of about ``eps = 4 u (TILE + sqrt(r)) ||G1|| ||G2|| /
+    (||X1||^2 ||Y2||^2)`` (probabilistic rounding model, Higham & Mary 2019: tile sums of
+    ``TILE^2`` terms, Grams of ``r`` terms, Cauchy-Schwarz over the tiles). Where that could move
+    the score by more than ``FALLBACK_RELATIVE_ERROR`` (``eps > 2 * 1e-3 * score^2``, a composition
+    far below ``||X1|| ||Y2||``), the pair is recomputed exactly as ``||X1^T Y2||_F``."""
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    X, Y = _thin_factors(model, kind, offset)
+    nx, ny = X.double().square().sum((1, 2)), Y.double().square().sum((1, 2))
+    S, g1, g2 = _gram_squares(X, Y, L, H)
+    denom = nx[:, None] * ny[None, :]
+    squared = S / denom
+    defined = (torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]).expand(L, H, L, H)
+    defined = defined.reshape(L * H, L * H).to(X.device)
+    u = torch.finfo(X.dtype).eps / 2
+    eps = 4 * u * (max(t.stop - t.start for t in _tiles(X.shape[1])) + X.shape[-1] ** 0.5) * g1[:, None] * g2[None, :] / denom
+    unsure = defined & (eps > 2 * FALLBACK_RELATIVE_ERROR * squared.clamp_min(0))
+    h1, h2 = unsure.nonzero(as_tuple=True)
+    for start in range(0, h1.numel(), 256):  # exact, in batches of [256, r, d_model] copies
+        a, b = h1[start: start + 256], h2[start: start + 256]
+        squared[a, b] = (X[a].mT @ Y[b]).double().square().sum((1, 2)) / denom[a, b]
+    scores = squared.clamp_min(0).sqrt().masked_fill(~defined, float("nan"))
+    return scores.reshape(L, H, L, H).to(X.dtype)
 
 
 def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
@@ -118,6 +274,12 @@ def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
     n1 = torch.linalg.matrix_norm(B1 @ A1)
     n2 = torch.linalg.matrix_norm(D2 @ C2)
     return out / (n1[:, :, None, None] * n2[None, None])
+
+
+def _model_factors(model, kind: str, offset: int | None):
+    """``_layer_factors`` of every layer stacked: ``(A1, B1, C2, D2)`` each ``[L, H, ...]``."""
+    per_layer = [_layer_factors(model, kind, layer, offset) for layer in range(model.cfg.n_layers)]
+    return tuple(torch.stack(f) for f in zip(*per_layer))
 
 
 def _pair_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
@@ -149,23 +311,46 @@ def random_baseline(d_model: int, d_head: int, norm: str = "correct",
     return float(_pair_scores(A1, B1, C2, D2, norm).mean())
 
 
-def composition_scores(model, kind: str, baseline: bool = True, norm: str = "correct") -> torch.Tensor:
+def composition_baseline(model, norm: str = "correct") -> float:
+    """``random_baseline`` for ``model``'s heads: the residual stream a layer-norm model's heads
+    compose through has ``d_model - 1`` dimensions (the all-ones direction is never read)."""
+    d = model.cfg.d_model - (model.cfg.normalization == "layernorm")
+    return random_baseline(d, model.cfg.d_head, norm)
+
+
+def composition_scores(model, kind: str, baseline: bool = True, norm: str = "correct",
+                       offsets=None) -> torch.Tensor:
     """Every head pair's ``kind``-composition score: ``[L, H, L, H]`` indexed ``[l1, h1, l2, h2]``.
 
     Q: ``||W_OV^{h1} W_QK^{h2}||_F``, K: ``||W_OV^{h1} W_QK^{h2 T}||_F``, V: ``||W_OV^{h1} W_OV^{h2}||_F``
-    (row convention, see module docstring), each over ``||W_OV^{h1}||_F ||W_{QK|OV}^{h2}||_F``.
-    ``baseline=True`` subtracts ``random_baseline`` (the score random matrices of the same
+    (row convention, see module docstring), each over ``||W_OV^{h1}||_F ||W_{QK|OV}^{h2}||_F``,
+    with layer norm's unread all-ones direction removed (``_layer_factors``).
+    ``baseline=True`` subtracts ``composition_baseline`` (the score random matrices of the same
     shapes get), as the paper does; ``baseline=False`` equals TransformerLens's
-    ``all_composition_scores`` on the defined entries. ``norm="erratum_left"`` / ``"erratum_right"``
-    give the two cyclic-permutation scores the errata names (wrong; for comparison only; the
-    module docstring says exactly what each computes).
-    Entries with ``l1 >= l2`` are NaN. Float32 (computed in the weights' dtype).
+    ``all_composition_scores`` on its folded weights (the defined entries).
+    ``norm="erratum_left"`` / ``"erratum_right"`` give the two cyclic-permutation scores the
+    errata names (wrong; for comparison only; the module docstring says exactly what each computes).
+
+    Rotary models: V-composition as above; Q- and K-composition depend on the offset between
+    query and key (``W_QK(offset) = W_Q R(offset) W_K^T``, see ``rotation``), so they need
+    ``offsets`` (e.g. ``range(0, 33)``) and return ``[n_offsets, L, H, L, H]``; without it they are
+    refused, never silently taken at offset 0. Entries with ``l1 >= l2`` are NaN. Computed in the
+    weights' dtype; float32 precision of the correct score: see ``_correct_scores``.
     """
     _check(kind, norm)
-    factors = _factors(model.W_Q, model.W_K, model.W_V, model.W_O, kind)
-    scores = _correct_scores(*factors) if norm == "correct" else _erratum_scores(*factors, norm)
+    offsets = _check_offsets(model, kind, offsets)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+
+    def at(offset):
+        if L < 2:
+            return torch.full((L, H, L, H), float("nan"), dtype=model.W_Q.dtype, device=model.W_Q.device)
+        if norm == "correct":
+            return _correct_scores(model, kind, offset)
+        return _erratum_scores(*_model_factors(model, kind, offset), norm)
+
+    scores = at(None) if offsets is None else torch.stack([at(o) for o in offsets])
     if baseline:
-        scores = scores - random_baseline(model.cfg.d_model, model.cfg.d_head, norm)
+        scores = scores - composition_baseline(model, norm)
     return scores
 
 
@@ -193,12 +378,14 @@ class CompositionDetail:
     positivity: float
 
 
-def composition_detail(model, kind: str, h1: Head, h2: Head) -> CompositionDetail:
-    """Score, erratum scores, singular values and token-circuit positivity of one pair ``h1 -> h2``."""
+def composition_detail(model, kind: str, h1: Head, h2: Head, offset: int | None = None) -> CompositionDetail:
+    """Score, erratum scores, singular values and token-circuit positivity of one pair ``h1 -> h2``
+    (``offset``: Q/K-composition of a rotary model, see ``composition_scores``)."""
     _check(kind, "correct")
+    _check_offsets(model, kind, None if offset is None else [offset])
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    _, _, C2, D2 = _factors(model.W_Q[l2, i2], model.W_K[l2, i2], model.W_V[l2, i2], model.W_O[l2, i2], kind)
-    A1, B1 = model.W_V[l1, i1], model.W_O[l1, i1]
+    A1, B1, _, _ = (f[i1] for f in _layer_factors(model, kind, l1, offset))
+    _, _, C2, D2 = (f[i2] for f in _layer_factors(model, kind, l2, offset))
     composed = FactoredMatrix(A1, B1) @ FactoredMatrix(C2, D2)
     _, S, _ = composed.svd()
     if kind == "V":
@@ -211,6 +398,6 @@ def composition_detail(model, kind: str, h1: Head, h2: Head) -> CompositionDetai
     erratum = {norm: float(_pair_scores(A1, B1, C2, D2, norm)) for norm in NORMS[1:]}
     return CompositionDetail(
         kind=kind, h1=(l1, i1), h2=(l2, i2), score=score, erratum_scores=erratum,
-        baseline=random_baseline(model.cfg.d_model, model.cfg.d_head),
-        singular_values=S, eigenvalues=eigs, positivity=float(positivity(eigs)),
+        baseline=composition_baseline(model), singular_values=S, eigenvalues=eigs,
+        positivity=float(positivity(eigs)),
     )

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import KINDS, composition_detail, composition_scores, random_baseline
+from ..analysis.composition import (
+    KINDS,
+    OffsetsRequired,
+    composition_baseline,
+    composition_detail,
+    composition_scores,
+)
 from .base import CircuitWidget, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array
@@ -52,6 +58,9 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     tables computed so far (kind in Q/K/V, panel "correct" or "erratum", see ``NORMS``)."""
     baselines = traitlets.Dict().tag(sync=True)
     """{panel: float}: random-matrix score subtracted when ``subtract_baseline`` (panels computed so far)."""
+    notices = traitlets.Dict().tag(sync=True)
+    """{kind: why its tables are all NaN}: Q/K-composition of a rotary model is refused (it depends on
+    the query-key offset; ``pcw.composition_scores(..., offsets=...)`` scores it over a range of offsets)."""
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     detail = traitlets.Dict().tag(sync=True)
@@ -98,17 +107,22 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     def _tables(self, wanted) -> dict:
         """Trait updates holding every table computed so far, the ``wanted`` (kind, norm) ones
         added (built from ``_computed``, not the traits: a result still waiting to be applied
-        is never lost)."""
+        is never lost). A refused table (rotary Q/K) is NaN and ``notices[kind]`` says why."""
         cfg = self.model.cfg
+        notices = dict(self.notices)
         with torch.no_grad():
             for kind, panel in wanted:
-                table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel])
+                try:
+                    table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel])
+                except OffsetsRequired as exc:  # rotary Q/K: refused, the view says why
+                    notices[kind] = str(exc)
+                    table = torch.full((cfg.n_layers, cfg.n_heads) * 2, float("nan"))
                 self._computed[(kind, panel)] = encode_array(table, "float32")
         scores, baselines = {}, {}
         for (kind, panel), payload in self._computed.items():
             scores.setdefault(kind, {})[panel] = payload
-            baselines[panel] = random_baseline(cfg.d_model, cfg.d_head, NORMS[panel])
-        return {"scores": scores, "baselines": baselines}
+            baselines[panel] = composition_baseline(self.model, NORMS[panel])
+        return {"scores": scores, "baselines": baselines, "notices": notices}
 
     def _apply_tables(self, wanted) -> None:
         if wanted:

@@ -161,3 +161,12 @@ def test_standalone_export_renders_without_kernel(page, tmp_path, m1, m2, make):
         page.get_by_test_id("erratum").check()
         assert page.get_by_test_id("panel-erratum").count() == 1
     assert page.evaluate("window.__pwned") is None and not errors
+
+
+def test_composition_shows_why_rotary_q_and_k_are_refused(show):
+    from random_models import custom_model
+    w = pcw.CompositionMatrix(custom_model(positional="rotary", dtype=__import__("torch").float32))
+    view = show(w)
+    assert "depends on the relative position" in view.page.get_by_test_id("kind-notice").inner_text()
+    view.page.get_by_test_id("kind-V").click()
+    view.wait_until(lambda: view.page.get_by_test_id("kind-notice").count() == 0, what="V has no notice")

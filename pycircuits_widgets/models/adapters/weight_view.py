@@ -28,7 +28,7 @@ import torch
 
 from ..circuit_model import CircuitModel, check_weight
 from ..config import ModelConfig
-from ..folding import center_writing_weights, fold_bias_into_reader, fold_scale_into_reader
+from ..folding import center_readers, center_writing_weights, fold_bias_into_reader, fold_scale_into_reader
 
 NORM_KEYS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "lnf_w", "lnf_b")
 # activation names in Hugging Face and TransformerLens -> ModelConfig.act_fn (the tanh
@@ -77,7 +77,7 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
 
     Readers: ``ln1`` -> ``W_Q, W_K, W_V`` (+ biases), ``ln2`` -> ``W_in, W_gate`` (+ ``b_in``),
     ``lnf`` -> ``W_U`` (+ ``b_U``). Writers centered (layer norm only): ``W_E``, ``W_pos``,
-    ``W_O``, ``b_O``, ``W_out``, ``b_out``. Refuses a norm bias in front of a gated MLP (the weight
+    ``W_O``, ``b_O``, ``W_out``, ``b_out``; readers centred too (``folding.center_readers``). Refuses a norm bias in front of a gated MLP (the weight
     view has no gate bias to fold it into)."""
     out = {k: v for k, v in raw.items() if k not in NORM_KEYS and v is not None}
     if cfg.normalization is None:
@@ -107,7 +107,7 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
         for writer in ("W_E", "W_pos", "W_O", "b_O", "W_out", "b_out"):
             if writer in out and not (writer == "W_pos" and cfg.positional != "learned"):
                 out[writer] = center_writing_weights(out[writer])
-    return out
+    return center_readers(out, cfg)
 
 
 def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, source: str) -> CircuitModel:
