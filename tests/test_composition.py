@@ -299,3 +299,16 @@ def test_rotary_qk_composition_needs_offsets_and_is_scored_at_each():
         torch.testing.assert_close(scores[offset, 0, 0, 1, 1], expected)
     spread = scores[:, 0, :, 1, :].amax(0) - scores[:, 0, :, 1, :].amin(0)
     assert spread.min() > 1e-4  # the score really moves with the offset
+
+
+def test_rank_deficient_heads_are_scored_too():
+    """A head whose W_V has rank 1 (Cholesky of its Gram fails) and an all-zero head: scores stay
+    equal to the dense products, and the zero head's are NaN (0 / 0), not a plausible number."""
+    model = custom_model(n_layers=2, n_heads=3, d_model=24, d_head=6, positional="learned")
+    model.W_V[0, 0] = torch.outer(model.W_V[0, 0, :, 0], torch.ones(6, dtype=torch.float64))
+    model.W_O[0, 1] = 0
+    scores = composition_scores(model, "V", baseline=False)
+    for h2 in range(3):
+        OV1, second, composed = _dense_composed(model, "V", (0, 0), (1, h2))
+        torch.testing.assert_close(scores[0, 0, 1, h2], composed.norm() / (OV1.norm() * second.norm()))
+    assert scores[0, 1, 1].isnan().all()

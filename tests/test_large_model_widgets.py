@@ -47,7 +47,7 @@ def test_lazy_composition_computes_only_the_shown_table_then_each_toggle_on_firs
     np.testing.assert_allclose(decode_array(w.scores["Q"]["erratum"]),
                                composition_scores(m2, "Q", baseline=False, norm="erratum_left").numpy(),
                                rtol=1e-5, equal_nan=True)
-    assert w.baselines == {"correct": random_baseline(32, 8), "erratum": random_baseline(32, 8, "erratum_left")}
+    assert w.baselines == {"correct": random_baseline(31, 8), "erratum": random_baseline(31, 8, "erratum_left")}  # layer norm: 31 dims
     w.compute_all()
     assert all(set(w.scores[k]) == {"correct", "erratum"} for k in "QKV")
 

@@ -1,0 +1,169 @@
+"""Benchmark all-pairs Q/K/V composition at GPT-2-small, -medium, -large and -XL head shapes.
+
+    cd /work/main && .venv/bin/python benchmarks/bench_composition.py [--direct-xl]
+
+Random float32 weights built here (nothing downloaded), layer norm, GPT-2 head shapes:
+small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d_model 768 /
+1024 / 1280 / 1600. Every operation runs in a fresh subprocess, so its peak memory
+(``ru_maxrss`` minus the RSS after the weights were built) is its own. Columns:
+
+* ours: ``pcw.composition_scores(model, kind, baseline=False)`` (the Gram route); its FLOPs
+  (``composition.gram_flops`` plus the per-head thin factors) and the fraction of this machine's
+  measured fp32 peak (187 GFLOP/s with 2 idle threads) they reach;
+* direct: the route it replaced, one ``[H r, d_model] @ [d_model, later H r]`` GEMM per earlier
+  layer on the same thin factors (``2 r^2 d_model`` per pair); XL only with ``--direct-xl``;
+* TL: TransformerLens 4.3 ``utilities.matrix.composition_scores`` on the same (centred) weights,
+  what ``all_composition_scores`` runs; GPT-2-small only (+8 GB there; its one broadcast
+  product grows with heads^2 d_model^2 and does not fit this machine's memory past it).
+
+The load average is printed before and after: on a shared 2-core machine every time scales
+with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+
+SHAPES = {  # n_layers, n_heads, d_model, d_head
+    "GPT-2-small": (12, 12, 768, 64),
+    "GPT-2-medium": (24, 16, 1024, 64),
+    "GPT-2-large": (36, 20, 1280, 64),
+    "GPT-2-XL": (48, 25, 1600, 64),
+}
+FP32_PEAK_GFLOPS = 187.0  # measured on this machine, idle, 2 threads
+
+
+def heads(shape: str):
+    """A weight view with only what composition reads: ``cfg`` and ``W_Q, W_K, W_V, W_O``."""
+    import types
+
+    import torch
+
+    from pycircuits_widgets.models.config import ModelConfig
+
+    L, H, d, dh = SHAPES[shape]
+    cfg = ModelConfig(n_layers=L, n_heads=H, d_model=d, d_head=dh, d_vocab=1, n_ctx=1024, positional="learned",
+                      normalization="layernorm", attn_only=True, name=shape)
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s, std: torch.randn(*s, generator=g) * std  # noqa: E731
+    return types.SimpleNamespace(cfg=cfg, W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
+                                 W_V=r(L, H, d, dh, std=d ** -0.5), W_O=r(L, H, dh, d, std=dh ** -0.5))
+
+
+def flops(shape: str) -> int:
+    """FLOPs of the Gram route: tiles and pair products (``gram_flops``) plus, per head and side,
+    a float64 ``[r, r]`` Gram, its ``eigh`` (~9 r^3) and the ``[d, r] @ [r, r]`` thin factor."""
+    from pycircuits_widgets.analysis.composition import gram_flops
+    L, H, d, r = SHAPES[shape]
+    return gram_flops(L, H, d, r) + 2 * L * H * (4 * d * r * r + 9 * r ** 3)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+# ---------------------------------------------------------------- operations (run in children)
+def op_ours(shape, kind):
+    from pycircuits_widgets.analysis import composition_scores
+    m = heads(shape)
+    return lambda: composition_scores(m, kind, baseline=False)
+
+
+def op_direct(shape, kind):
+    import torch
+
+    from pycircuits_widgets.analysis.composition import _thin_factors
+    m = heads(shape)
+    L, H = m.cfg.n_layers, m.cfg.n_heads
+
+    def go():
+        X, Y, nx, ny = _thin_factors(m, kind, None)
+        r = X.shape[-1]
+        out = torch.full((L * H, L * H), float("nan"))
+        for l1 in range(L - 1):  # all later heads at once, as before the Gram route
+            rows = X[l1 * H:(l1 + 1) * H].mT.reshape(H * r, -1)
+            cols = Y[(l1 + 1) * H:].permute(1, 0, 2).reshape(X.shape[1], -1)
+            block = (rows @ cols).reshape(H, r, -1, r).square().sum((1, 3))
+            out[l1 * H:(l1 + 1) * H, (l1 + 1) * H:] = block.double().div(
+                nx[l1 * H:(l1 + 1) * H, None] * ny[None, (l1 + 1) * H:]).sqrt().float()
+        return out
+    return go
+
+
+def op_tl(shape, kind):
+    from transformer_lens.FactoredMatrix import FactoredMatrix as TFM
+    from transformer_lens.utilities.matrix import composition_scores as tl_scores
+
+    from pycircuits_widgets.models.folding import center_reading_weights, center_writing_weights
+    m = heads(shape)
+    W_Q, W_K, W_V = (center_reading_weights(w) for w in (m.W_Q, m.W_K, m.W_V))
+    W_O = center_writing_weights(m.W_O)
+    left = TFM(W_V, W_O)
+    right = {"Q": lambda: TFM(W_Q, W_K.mT), "K": lambda: TFM(W_Q, W_K.mT).T, "V": lambda: left}[kind]
+    return lambda: tl_scores(left, right())
+
+
+def child(name, args):
+    import torch
+    fn = globals()[name](*args)
+    before = rss_mb()
+    t = time.perf_counter()
+    with torch.no_grad():
+        fn()
+    seconds = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"s": seconds, "mem_mb": max(0.0, peak - before)}))
+
+
+def measure(name, *args):
+    out = subprocess.run([sys.executable, __file__, "--child", name, json.dumps(args)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", nargs=2)
+    ap.add_argument("--direct-xl", action="store_true", help="also time the direct route at XL (~70 s idle)")
+    a = ap.parse_args()
+    if a.child:
+        return child(a.child[0], json.loads(a.child[1]))
+    import torch
+    print(f"torch {torch.__version__}, transformer-lens 4.3.0, python {platform.python_version()}, "
+          f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")
+    print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
+    print(f"{'shape':<13} {'kind':<4} {'heads':>5} | {'ours':>8} {'peak+':>9} {'GFLOP':>7} {'GFLOP/s':>8} "
+          f"{'% fp32':>6} | {'direct':>8} {'peak+':>9} {'ratio':>6} | {'TL':>8} {'peak+':>9} {'ratio':>6}")
+    runs = [(s, "K") for s in SHAPES] + [("GPT-2-XL", "Q"), ("GPT-2-XL", "V")]
+    for shape, kind in runs:
+        L, H = SHAPES[shape][:2]
+        o = measure("op_ours", shape, kind)
+        gf = flops(shape) / 1e9
+        cells = [f"{shape:<13} {kind:<4} {L * H:>5} | {o['s']:>6.2f} s {o['mem_mb']:>6.0f} MB {gf:>7.0f} "
+                 f"{gf / o['s']:>8.1f} {100 * gf / o['s'] / FP32_PEAK_GFLOPS:>5.0f}%"]
+        if shape != "GPT-2-XL" or a.direct_xl:
+            d = measure("op_direct", shape, kind)
+            cells.append(f"{d['s']:>6.2f} s {d['mem_mb']:>6.0f} MB {d['s'] / o['s']:>5.1f}x")
+        else:
+            cells.append(f"{'(--direct-xl)':>33}")
+        if shape == "GPT-2-small":
+            t = measure("op_tl", shape, kind)
+            cells.append(f"{t['s']:>6.2f} s {t['mem_mb']:>6.0f} MB {t['s'] / o['s']:>5.1f}x")
+        else:
+            cells.append(f"{'(does not fit)':>33}")
+        print(" | ".join(cells), flush=True)
+    print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
