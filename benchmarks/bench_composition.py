@@ -1,6 +1,6 @@
 """Benchmark all-pairs Q/K/V composition at GPT-2-small, -medium, -large and -XL head shapes.
 
-    cd /work/main && .venv/bin/python benchmarks/bench_composition.py [--direct-xl]
+    cd /work/main && .venv/bin/python benchmarks/bench_composition.py [--direct-xl] [--no-tl]
 
 Random float32 weights built here (nothing downloaded), layer norm, GPT-2 head shapes:
 small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d_model 768 /
@@ -135,6 +135,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--direct-xl", action="store_true", help="also time the direct route at XL (~70 s idle)")
+    ap.add_argument("--no-tl", action="store_true", help="skip TransformerLens (GPT-2-small, ~8 GB, minutes)")
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], json.loads(a.child[1]))
@@ -142,26 +143,26 @@ def main():
     print(f"torch {torch.__version__}, transformer-lens 4.3.0, python {platform.python_version()}, "
           f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")
     print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
-    print(f"{'shape':<13} {'kind':<4} {'heads':>5} | {'ours':>8} {'peak+':>9} {'GFLOP':>7} {'GFLOP/s':>8} "
-          f"{'% fp32':>6} | {'direct':>8} {'peak+':>9} {'ratio':>6} | {'TL':>8} {'peak+':>9} {'ratio':>6}")
-    runs = [(s, "K") for s in SHAPES] + [("GPT-2-XL", "Q"), ("GPT-2-XL", "V")]
-    for shape, kind in runs:
+    print(f"{'shape':<13} {'kind':<4} {'heads':>5} {'route':<8} | {'time':>9} {'peak+':>9} | {'GFLOP':>7} "
+          f"{'GFLOP/s':>8} {'% fp32':>6} | vs ours")
+    ours = {}
+
+    def line(shape, kind, route, r, gflop=None):
         L, H = SHAPES[shape][:2]
-        o = measure("op_ours", shape, kind)
-        gf = flops(shape) / 1e9
-        cells = [f"{shape:<13} {kind:<4} {L * H:>5} | {o['s']:>6.2f} s {o['mem_mb']:>6.0f} MB {gf:>7.0f} "
-                 f"{gf / o['s']:>8.1f} {100 * gf / o['s'] / FP32_PEAK_GFLOPS:>5.0f}%"]
+        rate = f"{gflop:>7.0f} {gflop / r['s']:>8.1f} {100 * gflop / r['s'] / FP32_PEAK_GFLOPS:>5.0f}%" if gflop else " " * 23
+        ratio = f"{r['s'] / ours[shape, kind]:.1f}x slower" if route != "ours" else ""
+        print(f"{shape:<13} {kind:<4} {L * H:>5} {route:<8} | {r['s']:>7.2f} s {r['mem_mb']:>6.0f} MB | {rate} | {ratio}",
+              flush=True)
+
+    # the headline first (GPT-2-XL, every kind), then the smaller shapes with their peers
+    for shape, kind in [("GPT-2-XL", k) for k in "KQV"] + [(s, "K") for s in SHAPES if s != "GPT-2-XL"]:
+        r = measure("op_ours", shape, kind)
+        ours[shape, kind] = r["s"]
+        line(shape, kind, "ours", r, flops(shape) / 1e9)
         if shape != "GPT-2-XL" or a.direct_xl:
-            d = measure("op_direct", shape, kind)
-            cells.append(f"{d['s']:>6.2f} s {d['mem_mb']:>6.0f} MB {d['s'] / o['s']:>5.1f}x")
-        else:
-            cells.append(f"{'(--direct-xl)':>33}")
-        if shape == "GPT-2-small":
-            t = measure("op_tl", shape, kind)
-            cells.append(f"{t['s']:>6.2f} s {t['mem_mb']:>6.0f} MB {t['s'] / o['s']:>5.1f}x")
-        else:
-            cells.append(f"{'(does not fit)':>33}")
-        print(" | ".join(cells), flush=True)
+            line(shape, kind, "direct", measure("op_direct", shape, kind))
+        if shape == "GPT-2-small" and not a.no_tl:
+            line(shape, kind, "TL", measure("op_tl", shape, kind))
     print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
 
 

@@ -147,11 +147,6 @@ def _layer_factors(model, kind: str, layer, offset: int | None = None):
     return _factors(W_Q, W_K, W_V, W_O, kind)
 
 
-def _r_factor(X: torch.Tensor) -> torch.Tensor:
-    """``R`` of the thin QR ``X = Q R``, ``X [..., m, k]`` -> ``[..., min(m, k), k]``."""
-    return torch.linalg.qr(X, mode="r").R
-
-
 def _gram_root(A: torch.Tensor) -> torch.Tensor:
     """``T [..., k, k]`` with ``T T^T = A^T A`` for ``A [..., m, k]``, in ``A``'s dtype: Cholesky of the
     float64 Gram, ``eigh`` for the heads where that fails (rank-deficient). Not QR or ``eigh`` for
