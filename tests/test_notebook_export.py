@@ -21,7 +21,7 @@ from pycircuits_widgets.__main__ import main as cli_main
 from pycircuits_widgets.widgets import CircuitWidget
 from pycircuits_widgets.widgets.pictures import BUDGET
 from pycircuits_widgets.widgets.pictures import TOKENS as MAX_TOKENS
-from pycircuits_widgets.widgets.bundle import bundle_code, stub_esm
+from pycircuits_widgets.widgets.bundle import bundle_code, carrier_esm, stub_esm
 from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -200,7 +200,7 @@ def saved_state(page: str) -> list[dict]:
 def test_saved_notebook_holds_the_bundle_once_and_the_page_inlines_it_once(executed, exported):
     saved = nbformat.read(str(executed), 4).metadata.widgets[WIDGET_STATE]["state"].values()
     js, css = bundle_code()
-    carriers = [m["state"] for m in saved if m["state"].get("_esm") == js]
+    carriers = [m["state"] for m in saved if m["state"].get("_esm") == carrier_esm()]
     assert len(carriers) == 1 and carriers[0]["_css"] == css  # the bundle once per notebook ...
     views = [m["state"] for m in saved if str(m["state"].get("_view", ""))]
     assert len(views) >= 10

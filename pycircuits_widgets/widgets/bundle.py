@@ -3,8 +3,9 @@
 anywidget syncs ``_esm`` and ``_css`` as traits of every widget instance, so a notebook
 saved with widget state stored the 170 KB bundle once per view (six times for one
 explorer). Here one hidden :class:`BundleCarrier` widget per kernel carries the bundle;
-every view's ``_esm`` is a stub of a few hundred bytes that waits for it. In the browser
-the carrier's model loads the bundle when it is created (anywidget loads ``_esm`` at
+every view's ``_esm`` is a stub of a few hundred bytes that waits for it; the carrier's
+``_esm`` holds the bundle gzipped (:func:`carrier_esm`). In the browser the carrier's model
+loads the bundle when it is created (anywidget loads ``_esm`` at
 model creation, displayed or not), and the bundle's ``initialize`` resolves a slot on
 ``globalThis`` keyed by the bundle's hash (``js/src/index.js``); a stub's ``render``
 awaits that slot and renders with the bundle. The carrier also carries the CSS, which
@@ -16,7 +17,9 @@ directly and never use the stub or the carrier.
 
 from __future__ import annotations
 
+import base64
 import functools
+import gzip
 import hashlib
 import pathlib
 import threading
@@ -64,10 +67,31 @@ def stub_esm() -> str:
     return _STUB % {"key": bundle_key()}
 
 
+# The carrier's `_esm`: the bundle gzipped (a third of its size in a saved notebook, even
+# as base64), unpacked with the browser's DecompressionStream and imported from a Blob URL
+# as anywidget imports any `_esm`; its default export is the bundle's.
+_LOADER = """// pycircuits_widgets front end (gzip, base64)
+const packed = "%(packed)s";
+const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
+const code = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+const url = URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
+const bundle = await import(url);
+URL.revokeObjectURL(url);
+export default bundle.default;
+"""
+
+
+@functools.cache
+def carrier_esm() -> str:
+    """The carrier's ``_esm``: a loader holding the gzipped bundle."""
+    packed = base64.b64encode(gzip.compress(bundle_code()[0].encode("utf-8"), 9, mtime=0)).decode("ascii")
+    return _LOADER % {"packed": packed}
+
+
 class BundleCarrier(anywidget.AnyWidget):
     """Hidden widget (never displayed) whose ``_esm``/``_css`` are the whole front end."""
 
-    _esm = bundle_file("widget.js")
+    _esm = carrier_esm()
     _css = bundle_file("widget.css")
     bundle_key = traitlets.Unicode(bundle_key()).tag(sync=True)
     """str: the hash the views' stubs wait for."""

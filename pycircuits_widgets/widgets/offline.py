@@ -138,6 +138,31 @@ _ANSWERS = {"SkipTrigramTable": _skip_trigrams, "EigenvaluePlot": _eigen, "Compo
 _KERNEL = {"SkipTrigramTable": ("query", "token"), "AttentionPatterns": ("text",)}
 
 
+_SELECTION = {
+    "SkipTrigramTable": (["layer", "head"], "Other heads' skip-trigram tables"),
+    "EigenvaluePlot": (["layer", "head"], "Other heads' eigenvalue details"),
+    "CompositionMatrix": (["selected_pair", "kind"], "Other head pairs' composition details"),
+}
+
+
+def saved_state_answers(state: dict) -> dict | None:
+    """The ``offline`` entry of a view shown from saved state alone (a notebook export):
+    the notebook holds only the results of the selection it was saved with, so another
+    selection says it needs a kernel (the view keeps the saved results, captioned with
+    their head); kernel-only controls are disabled."""
+    view = state.get("_view")
+    rules = []
+    if view in _SELECTION:
+        on, what = _SELECTION[view]
+        rules = [{"on": on, "patches": {}, "missing": f"{what} are not in this page (exported from a saved notebook, "
+                                                     "which holds the selection it was saved with): they need a running "
+                                                     "kernel, or a page written with save_html."}]
+    kernel = {name: NEEDS_KERNEL[name] for name in _KERNEL.get(view, ())}
+    if view == "AttentionPatterns" and not state.get("editable"):
+        kernel = {}
+    return {"answers": rules, "kernel": kernel} if rules or kernel else None
+
+
 def offline_answers(widget, budget: Budget) -> dict | None:
     """The ``offline`` entry of a live widget's page: answer rules and controls that need
     a kernel; None for a view that needs neither."""

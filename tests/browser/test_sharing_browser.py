@@ -169,3 +169,18 @@ def test_offline_token_search_and_text_box_say_they_need_a_kernel(page, shipped_
 def visible(s: str) -> str:
     """A token as the views print it (spaces as "·", newlines as "↵")."""
     return s.replace(" ", "·").replace("\n", "↵")
+
+
+def test_exported_notebook_page_says_other_heads_need_a_kernel(page, tmp_path, shipped_explorer_page):
+    _, e, _ = shipped_explorer_page
+    src = tmp_path / "saved.ipynb"
+    nbformat.write(notebook_of([e]), str(src))
+    attempted, errors = open_offline(page, export_notebook(src))
+    table = page.locator(".pcw-explorer section[data-view=trigrams]")
+    caption = table.locator("caption").inner_text()
+    other = (e.layer + 1) % 2
+    table.get_by_test_id("layer-picker").select_option(str(other))
+    assert "need a running kernel" in table.get_by_test_id("error").inner_text()
+    assert table.locator("caption").inner_text() == caption  # the saved head's table, captioned with its head
+    assert table.get_by_test_id("search").is_disabled()
+    assert attempted == [] and errors == []

@@ -9,7 +9,7 @@ import pytest
 
 from live_lab import open_notebook, run_all_cells, write_notebook
 
-from pycircuits_widgets.widgets.bundle import bundle_code, stub_esm
+from pycircuits_widgets.widgets.bundle import bundle_code, carrier_esm, stub_esm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -46,8 +46,8 @@ def test_views_render_from_stubs_and_the_saved_notebook_holds_the_bundle_once(la
     saved = json.loads(path.read_text(encoding="utf-8"))["metadata"]["widgets"][WIDGET_STATE]["state"]
     js, css = bundle_code()
     states = [m["state"] for m in saved.values()]
-    assert [s.get("_css") for s in states if s.get("_esm") == js] == [css]  # the bundle once
+    assert [s.get("_css") for s in states if s.get("_esm") == carrier_esm()] == [css]  # the bundle once (gzipped)
     views = [s for s in states if "_view" in s]
     assert len(views) == 1 + 5 + N_TOKENS_VIEWS  # the explorer, its 5 views (the table shown twice), 3 tokens
     assert all(s["_esm"] == stub_esm() and "_css" not in s for s in views)
-    assert path.stat().st_size < len(js) + 200_000
+    assert path.stat().st_size < len(carrier_esm()) + len(css) + 200_000 and len(carrier_esm()) < len(js) / 2
