@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from .payload import decode_array
+from .payload import decode_array, decode_patterns
 
 BUDGET = 48_000
 """Most bytes of one display's static fallback (the explorer's included)."""
@@ -95,7 +95,7 @@ def _caption(text: str) -> str:
 # -- one figure per view ------------------------------------------------------------------
 def attention(w) -> str:
     """Every head's pattern as a thumbnail grid (layers x heads), then the selected head."""
-    overview = decode_array(w.overview).astype(np.float32) / 255  # [L, H, m, m]
+    overview = decode_patterns(w.overview)  # [L, H, m, m]
     L, H, m, _ = overview.shape
     thumbs = max_pool(overview, THUMB)
     t = thumbs.shape[-1]
