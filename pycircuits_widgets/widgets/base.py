@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import sys
 
 import anywidget
 import traitlets
 
 from . import standalone
-from .bundle import ensure_carrier, stub_esm
+from .bundle import bundle_code, ensure_carrier, stub_esm
 from .fallback import fallback_html
+
+
+def _in_marimo() -> bool:
+    """True inside a marimo notebook or app (``mo.ui.anywidget`` hosts the views)."""
+    marimo = sys.modules.get("marimo")
+    return marimo is not None and marimo.running_in_notebook()
 
 
 class CircuitWidget(anywidget.AnyWidget):
@@ -45,7 +52,12 @@ class CircuitWidget(anywidget.AnyWidget):
             raise TypeError(
                 f"{type(self).__name__} got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
             )
-        ensure_carrier()  # its comm opens before this view's
+        if _in_marimo():
+            # marimo renders each anywidget from its own `_esm` and never creates the hidden
+            # carrier, so a stub would wait forever: carry the whole front end instead.
+            self._esm, self._css = bundle_code()
+        else:
+            ensure_carrier()  # its comm opens before this view's
         super().__init__(**kwargs)
 
     # -- browser input ---------------------------------------------------------------
