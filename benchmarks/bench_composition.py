@@ -1,6 +1,6 @@
 """Benchmark all-pairs Q/K/V composition at GPT-2-small, -medium, -large and -XL head shapes.
 
-    cd /work/main && .venv/bin/python benchmarks/bench_composition.py [--direct-xl] [--no-tl]
+    .venv/bin/python benchmarks/bench_composition.py   # from the repository root [--direct-xl] [--no-tl]
 
 Random float32 weights built here (nothing downloaded), layer norm, GPT-2 head shapes:
 small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d_model 768 /
