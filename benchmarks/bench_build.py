@@ -46,6 +46,7 @@ import transformers  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
 from pycircuits_widgets.demo import SAMPLE_TEXT  # noqa: E402
+from peaks import best_seconds  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 SHAPES = {
     "gpt2-small": lambda: transformers.GPT2Config(),
@@ -68,15 +69,6 @@ def text_of(tok, n_tokens: int) -> str:
     return tok.decode(ids)
 
 
-def best_of(f, n=3) -> float:
-    best = float("inf")
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(SHAPES[shape](), attn_implementation="eager").eval()
@@ -85,9 +77,9 @@ def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
     ids = model.to_tokens(text).reshape(1, -1)
     with torch.no_grad():
         hf(ids, output_attentions=True)  # warm-up (allocator, kernels)
-        forward = best_of(lambda: hf(ids, output_attentions=True))
+        forward = best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False)
     pcw.run(model, text)
-    run = best_of(lambda: pcw.run(model, text))
+    run = best_seconds(lambda: pcw.run(model, text), 3, warmup=False)
     profiler = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
     if profiler:

@@ -17,8 +17,10 @@ import time
 import torch
 
 
-def _best_seconds(fn, repeats: int) -> float:
-    fn()  # first call: allocation and library set-up are not the peak
+def best_seconds(fn, repeats: int, *, warmup: bool = True) -> float:
+    """Fastest of ``repeats`` timed calls of ``fn``, after one untimed call when ``warmup``."""
+    if warmup:
+        fn()  # first call: allocation and library set-up are not the peak
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
@@ -36,10 +38,10 @@ def measure_peaks(size: int = 4096, repeats: int = 3) -> dict[str, float]:
         a = torch.randn(size, size, generator=g).to(dtype)
         b = torch.randn(size, size, generator=g).to(dtype)
         out = torch.empty(size, size, dtype=dtype)
-        peaks[name] = ops / _best_seconds(lambda: torch.matmul(a, b, out=out), repeats) / 1e9
+        peaks[name] = ops / best_seconds(lambda: torch.matmul(a, b, out=out), repeats) / 1e9
     a = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
     b = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
-    peaks["int8"] = ops / _best_seconds(lambda: torch._int_mm(a, b), repeats) / 1e9
+    peaks["int8"] = ops / best_seconds(lambda: torch._int_mm(a, b), repeats) / 1e9
     return peaks
 
 
