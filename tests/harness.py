@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -63,6 +64,25 @@ window.pcwBridge = { hooks: {
   onSend: (id, content) => relay(window.pcwSend(id, JSON.stringify(content))),
 } };
 """
+
+
+def open_offline(page, path, *, console_errors: bool = False):
+    """Open the page file ``path`` with every non-file request aborted (the network cut) and
+    wait until its views are mounted; returns (attempted urls, page errors), the errors
+    including console errors when ``console_errors``."""
+    attempted, errors = [], []
+
+    def block(route):
+        attempted.append(route.request.url)
+        route.abort()
+
+    page.route(re.compile(r"^(?!file:|data:|blob:)"), block)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    if console_errors:
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
+    return attempted, errors
 
 
 class HarnessComm:

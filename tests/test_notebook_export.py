@@ -15,6 +15,7 @@ import nbclient
 import nbformat
 import numpy as np
 import pytest
+from harness import open_offline
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.__main__ import main as cli_main
@@ -309,17 +310,7 @@ def _umask() -> int:
 def test_exported_page_renders_every_view_offline_and_interacts(exported, page, tmp_path):
     path = tmp_path / "shared.html"
     path.write_text(exported, encoding="utf-8")
-    attempted, errors = [], []
-
-    def block(route):
-        attempted.append(route.request.url)
-        route.abort()
-
-    page.route(re.compile(r"^(?!file:|data:|blob:)"), block)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
+    attempted, errors = open_offline(page, path, console_errors=True)
     for cls, count in [("pcw-colored-tokens", 4), ("pcw-attention", 2), ("pcw-explorer", 1)]:
         views = page.locator(f".{cls}")  # explorer children included (loss tokens, attention)
         assert views.count() == count, cls

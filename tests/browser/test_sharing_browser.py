@@ -10,6 +10,7 @@ import re
 
 import nbformat
 import pytest
+from harness import open_offline
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
@@ -30,21 +31,6 @@ def notebook_of(widgets) -> nbformat.NotebookNode:
         nb.cells.append(nbformat.v4.new_code_cell("w", outputs=[nbformat.v4.new_output("display_data", data=data)]))
     nb.metadata["widgets"] = {WIDGET_STATE: {"version_major": 2, "version_minor": 0, "state": widget_state(widgets)}}
     return nb
-
-
-def open_offline(page, path):
-    """Open ``path`` with every non-file request aborted; returns (attempted urls, errors)."""
-    attempted, errors = [], []
-
-    def block(route):
-        attempted.append(route.request.url)
-        route.abort()
-
-    page.route(re.compile(r"^(?!file:|data:|blob:)"), block)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
-    return attempted, errors
 
 
 def page_entries(html: str) -> list[dict]:
