@@ -41,15 +41,20 @@ def main(argv=None) -> int:
     parser.add_argument("--text", default=SAMPLE_TEXT, help="text the model reads (default: a repeated function)")
     args = parser.parse_args(argv)
 
+    from .widgets.selection import head_label
+
     explorer = build_explorer(args.text)
     path = explorer.save_html(pathlib.Path(args.out), title=f"pycircuits_widgets demo: {MODEL}").resolve()
-    print(f"Circuit explorer of {MODEL} (head L{explorer.layer}.H{explorer.head}, the strongest induction head)")
+    print(f"Circuit explorer of {MODEL} (head {head_label(explorer.layer, explorer.head)}, the strongest induction head)")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): open it in a browser, no kernel or network needed")
     print(f"  file://{path}")
-    notebooks = NOTEBOOKS if NOTEBOOKS.is_dir() else "notebooks/"
-    print(f"The notebooks, live (clicks recompute in the kernel): .venv/bin/jupyter lab {notebooks}")
-    if importlib.util.find_spec("jupyterlab") is None:
-        print("  (JupyterLab is not installed here; first: .venv/bin/pip install -e '.[notebooks]')")
+    if NOTEBOOKS.is_dir():  # a source checkout: the tutorial notebooks are beside the package
+        print(f"The notebooks, live (clicks recompute in the kernel): .venv/bin/jupyter lab {NOTEBOOKS}")
+        if importlib.util.find_spec("jupyterlab") is None:
+            print("  (JupyterLab is not installed here; first: .venv/bin/pip install -e '.[notebooks]')")
+    else:  # an installed wheel carries no notebooks: say how to get the live explorer in one
+        print("Live in a notebook (clicks recompute in the kernel):")
+        print(f"  import pycircuits_widgets as pcw; pcw.CircuitExplorer(pcw.load_pretrained({MODEL!r}), text)")
     return 0
 
 

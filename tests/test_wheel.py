@@ -152,6 +152,8 @@ def test_installed_wheel_runs_the_demo_and_exports_a_widget_without_node(wheel_e
     demo = wheel_env(["-m", "pycircuits_widgets.demo", "--out", "demo.html"], cwd=tmp_path)
     assert demo.returncode == 0, demo.stderr[-4000:]
     selected = demo.stdout.split("(head ", 1)[1].split(",", 1)[0]  # the head the demo printed, "L1.H6"
+    # a wheel has no notebooks/ folder: the demo shows the notebook line instead of pointing at one
+    assert "notebooks" not in demo.stdout and "pcw.CircuitExplorer(pcw.load_pretrained(" in demo.stdout
 
     context, page, errors = open_offline(browser, tmp_path / "demo.html")
     assert page.locator("[data-testid=selected-head]").inner_text() == selected
