@@ -68,26 +68,30 @@ def eigenvalues(model, kind: str) -> torch.Tensor:
     """
     if _check_kind(kind) == "QK":
         refuse_rotary_qk(model, "the QK eigenvalue spectrum")
-    work = _compute_dtype(model)
-    G = layer_grams(model, kind, work)
-    if kind == "OV":  # eig(W_O G W_V), d_head x d_head
-        small = (model.W_O.to(work) @ G) @ model.W_V.to(work)
-    else:  # eig(W_K^T G W_Q)
-        small = (model.W_K.to(work).mT @ G) @ model.W_Q.to(work)
+    small = _head_circuits(model, kind, _compute_dtype(model))
     if not bool(torch.isfinite(small).all()):
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
         raise ValueError(f"the {kind} circuits are not finite: the model's weights hold NaN or inf")
     return torch.linalg.eigvals(small.double())
 
 
-def layer_grams(model, kind: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """``token_gram`` of the embedding each layer reads, ``[n_layers, 1, d_model, d_model]``: only
-    layer 0 can differ from the raw one (``circuits.embedding``), so one or two products."""
-    raw = token_gram(model, kind, dtype=dtype)
-    grams = raw.expand(model.cfg.n_layers, 1, *raw.shape).clone()
-    if model.cfg.n_layers and embedding_is_normalized(model, 0):
-        grams[0, 0] = token_gram(model, kind, 0, dtype)
-    return grams
+def _head_circuits(model, kind: str, work: torch.dtype) -> torch.Tensor:
+    """Every head's ``d_head x d_head`` rotation of its full circuit, ``[L, H, d_head, d_head]`` in ``work``:
+    ``W_O G W_V`` (OV) or ``W_K^T G W_Q`` (QK), ``G`` the ``token_gram`` of the embedding the layer
+    reads. Only layer 0 can read a different embedding (``circuits.embedding``), so at most two
+    vocab-sized products; each multiplies all its heads in one GEMM (a batched matmul against
+    ``G`` would broadcast it into one ``d_model x d_model`` copy per head)."""
+    left, right = (model.W_O, model.W_V) if kind == "OV" else (model.W_K.mT, model.W_Q)
+    left, right = left.to(work), right.to(work)
+    L, H, d_head, d_model = left.shape
+    mid = left.new_empty(L, H, d_head, d_model)
+    first = 1 if L and embedding_is_normalized(model, 0) else 0
+    if first:
+        torch.matmul(left[0].reshape(-1, d_model), token_gram(model, kind, 0, work), out=mid[0].view(-1, d_model))
+    if first < L:
+        torch.matmul(left[first:].reshape(-1, d_model), token_gram(model, kind, dtype=work),
+                     out=mid[first:].view(-1, d_model))
+    return mid @ right
 
 
 def positivity(eigs: torch.Tensor) -> torch.Tensor:
