@@ -312,3 +312,22 @@ def test_rank_deficient_heads_are_scored_too():
         OV1, second, composed = _dense_composed(model, "V", (0, 0), (1, h2))
         torch.testing.assert_close(scores[0, 0, 1, h2], composed.norm() / (OV1.norm() * second.norm()))
     assert scores[0, 1, 1].isnan().all()
+
+
+def test_float32_thin_factors_of_rank_deficient_and_off_centre_heads():
+    """The float32 path of ``_thin_factors``: Grams multiplied in float32, writers and readers
+    centred after the product. A rank-1 W_V (its float32 Gram is singular up to rounding) and heads
+    whose weights carry a large all-ones component (removed by layer norm, so the centring cancels
+    it after rounding) stay within the stated error of the float64 QR route."""
+    model = custom_model(n_layers=3, n_heads=4, d_model=96, d_head=8, positional="learned")
+    model.W_V[0, 0] = torch.outer(model.W_V[0, 0, :, 0], torch.ones(8, dtype=torch.float64))
+    model.W_O[0, 1] += 3.0  # every output gains 3 * 1: a mean the stream never sees
+    model.W_Q[1, 2] += 3.0
+    model.W_K[2, 0] -= 3.0
+    model.W_V[1, 3] += 3.0
+    for kind in "QKV":
+        exact = _exact_float64(model, kind)
+        ours = composition_scores(model.to(torch.float32), kind, baseline=False).double()
+        defined = ~exact.isnan() & (torch.arange(3)[:, None, None, None] < torch.arange(3)[None, None, :, None])
+        relative = ((ours - exact).abs() / exact)[defined]
+        assert relative.max() < composition_module.FALLBACK_RELATIVE_ERROR, (kind, relative.max())

@@ -19,7 +19,7 @@ Speed (``_correct_scores``): each head becomes one thin factor per side, ``X, Y 
 with ``||A1 B1 C2 D2||_F = ||X1^T Y2||_F``; every pair's square is then the inner product of
 two ``d_model x d_model`` Grams, ``<X1 X1^T, Y2 Y2^T>``, taken tile by tile as GEMMs over all
 heads at once: ``d_model^2`` FLOPs per pair instead of ``2 r^2 d_model`` for ``X1^T Y2``
-(at GPT-2-XL shapes about 2.7 instead of 9.3 TFLOP). Float32 error bound and exact fallback:
+(at GPT-2-XL shapes about 2.4 instead of 9.3 TFLOP). Float32 error bound and exact fallback:
 ``_correct_scores``. No ``d_model^2`` matrix per pair is ever formed.
 
 Rotary models: Q/K-composition is scored at stated query-key offsets (``composition_scores(...,
@@ -147,12 +147,17 @@ def _layer_factors(model, kind: str, layer, offset: int | None = None):
     return _factors(W_Q, W_K, W_V, W_O, kind)
 
 
-def _gram_root(A: torch.Tensor) -> torch.Tensor:
-    """``T [..., k, k]`` with ``T T^T = A^T A`` for ``A [..., m, k]``, in ``A``'s dtype: Cholesky of the
-    float64 Gram, ``eigh`` for the heads where that fails (rank-deficient). Not QR or ``eigh`` for
-    all: on a loaded 2-core machine those LAPACK calls took seconds per layer where Cholesky
-    takes milliseconds."""
-    gram = A.double().mT @ A.double()
+def _gram_root(A: torch.Tensor, center: bool) -> torch.Tensor:
+    """``T [..., k, k]`` with ``T T^T = A^T A`` for ``A [..., m, k]`` (``center``: ``A`` less its mean over
+    ``m`` first), in ``A``'s dtype: Cholesky of the Gram (taken in float64), ``eigh`` for the heads
+    where that fails (rank-deficient). The Gram is multiplied in ``A``'s dtype: its float32 rounding
+    (at most ``m u ||a_i|| ||a_j||`` per entry, ``u = 2^-24``) moves a norm through ``T`` by under
+    ``m u`` relative, 1e-4 at ``m = 1600``, inside the guard's 1e-3 (float64 copies of the weights
+    were most of the thin factors' time). Not QR or ``eigh`` for all: on a loaded 2-core machine
+    those LAPACK calls took seconds per layer where Cholesky takes milliseconds."""
+    if center:
+        A = A - A.mean(-2, keepdim=True)
+    gram = (A.mT @ A).double()
     root, info = torch.linalg.cholesky_ex(gram)
     failed = info != 0
     if failed.any():
@@ -165,15 +170,30 @@ def _thin_factors(model, kind: str, offset: int | None):
     """``X, Y [L * H, d_model, r]`` with ``||X_{h1}^T Y_{h2}||_F = ||A1 B1 C2 D2||_F`` for every pair:
     ``X = B1^T T_{A1}``, ``Y = C2 T_{D2^T}`` (``_gram_root``: ``X X^T = (A1 B1)^T (A1 B1)`` and
     ``Y Y^T = (C2 D2)(C2 D2)^T``), and their squared norms ``[L * H]`` (float64):
-    ``||X_h||^2 = ||W_OV^h||^2``, ``||Y_h||^2 = ||C2 D2||^2``. One layer at a time, so the centred
-    weights (and float64 copies) never exist for the whole model at once."""
-    X, Y = [], []
-    for layer in range(model.cfg.n_layers):
-        A1, B1, C2, D2 = _layer_factors(model, kind, layer, offset)
-        X.append(B1.mT @ _gram_root(A1))
-        Y.append(C2 @ _gram_root(D2.mT))
-    norms = [torch.cat([z.double().square().sum((-2, -1)) for z in Z]) for Z in (X, Y)]
-    return torch.cat(X), torch.cat(Y), *norms
+    ``||X_h||^2 = ||W_OV^h||^2``, ``||Y_h||^2 = ||C2 D2||^2``, all as ``_layer_factors`` sees the heads.
+
+    ``A1, B1^T, C2, D2^T`` are all ``[d_model, r]``; under layer norm each is centred over
+    ``d_model`` (``_layer_factors``). Centring is linear on that side, so ``B1^T`` and ``C2`` are
+    centred after the product (``center(B1^T) T = center(B1^T T)``), in place in the output: one
+    layer at a time into preallocated ``X, Y``, so no centred copy of the model's weights (or a
+    second copy of ``X, Y``) ever exists: at GPT-2-XL shapes ``X, Y`` are 1 GB together."""
+    cfg = model.cfg
+    L, H, d, r = cfg.n_layers, cfg.n_heads, cfg.d_model, model.W_V.shape[-1]
+    center = cfg.normalization == "layernorm"
+    X, Y = (model.W_V.new_empty(L * H, d, r) for _ in range(2))
+    nx, ny = (torch.empty(L * H, dtype=torch.float64, device=X.device) for _ in range(2))
+    for layer in range(L):
+        W_Q, W_K, W_V, W_O = (W[layer] for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
+        if offset is not None:
+            W_Q = W_Q @ rotation(cfg, offset, W_Q.dtype, W_Q.device)
+        A1, B1, C2, D2 = _factors(W_Q, W_K, W_V, W_O, kind)
+        heads = slice(layer * H, (layer + 1) * H)
+        for out, side, inner, norm in ((X, B1.mT, A1, nx), (Y, C2, D2.mT, ny)):
+            torch.matmul(side, _gram_root(inner, center), out=out[heads])
+            if center:
+                out[heads] -= out[heads].mean(-2, keepdim=True)
+            norm[heads] = torch.linalg.vector_norm(out[heads].flatten(1), dim=-1).double().square()
+    return X, Y, nx, ny
 
 
 def _tiles(d: int) -> list[slice]:
@@ -190,18 +210,24 @@ def _row_chunks(L: int, H: int) -> list[tuple[int, int]]:
     return list(zip(edges, edges[1:]))
 
 
+def _tile_pairs(d: int) -> list[tuple[slice, slice, int]]:
+    """The upper triangle of ``TILE x TILE`` tiles of a symmetric ``[d, d]`` Gram as ``(I, J, k)``:
+    ``k`` entries per head enter the pair GEMM, ``I x J`` for an off-diagonal tile (counted twice:
+    its mirror), the ``w (w + 1) / 2`` upper-triangle entries of a diagonal one."""
+    tiles = _tiles(d)
+    return [(I, J, (I.stop - I.start) * (J.stop - J.start) if I != J else
+             (I.stop - I.start) * (I.stop - I.start + 1) // 2) for i, I in enumerate(tiles) for J in tiles[i:]]
+
+
 def gram_flops(n_layers: int, n_heads: int, d_model: int, r: int) -> int:
     """Floating-point operations of ``_gram_squares`` (multiply-add = 2): the tile Grams of
     both sides plus the pair inner products, QR and fallbacks not counted."""
     H, L = n_heads, n_layers
     n1, n2 = (L - 1) * H, (L - 1) * H  # heads with a later / earlier layer
     pairs = sum((last - first) * H * (L - first - 1) * H for first, last in _row_chunks(L, H))
-    tiles = _tiles(d_model)
     flops = 0
-    for i, I in enumerate(tiles):
-        for J in tiles[i:]:
-            w = (I.stop - I.start) * (J.stop - J.start)
-            flops += 2 * w * r * (n1 + n2) + 2 * w * pairs
+    for I, J, k in _tile_pairs(d_model):
+        flops += 2 * (I.stop - I.start) * (J.stop - J.start) * r * (n1 + n2) + 2 * k * pairs
     return flops
 
 
@@ -211,28 +237,39 @@ def _gram_squares(X: torch.Tensor, Y: torch.Tensor, L: int, H: int):
 
     Gram route: ``||X1^T Y2||_F^2 = <X1 X1^T, Y2 Y2^T>``, an inner product of two symmetric
     ``[d_model, d_model]`` Grams. Over the upper triangle of ``TILE x TILE`` tiles (off-diagonal
-    tiles counted twice) that is one GEMM ``[heads, TILE^2] @ [TILE^2, heads]`` per tile:
-    ``d_model^2`` per pair instead of the ``2 r^2 d_model`` of the direct ``X1^T Y2``, 5x fewer at
-    GPT-2-XL shapes. Tile results are summed in float64."""
+    tiles counted twice, diagonal tiles packed to their upper triangle with the off-diagonal
+    entries counted twice) that is one GEMM ``[heads, k] @ [k, heads]`` per tile:
+    ``~d_model^2`` per pair instead of the ``2 r^2 d_model`` of the direct ``X1^T Y2``, 5x fewer at
+    GPT-2-XL shapes. Tile results are summed in float64. The tile buffers are allocated once and
+    reused: a fresh 100 MB tensor per tile costs its page faults again (bmm ran at half speed)."""
     N, d = X.shape[0], X.shape[1]
     S = torch.zeros(N, N, dtype=torch.float64, device=X.device)
     g1 = torch.zeros(N, dtype=torch.float64, device=X.device)
     g2 = torch.zeros_like(g1)
-    Xe, Yl = X[: (L - 1) * H], Y[H:]  # only earlier heads write to, only later heads read from, a pair
-    tiles = _tiles(d)
-    for i, I in enumerate(tiles):
-        for J in tiles[i:]:
-            weight = 1.0 if I == J else 2.0  # the mirrored tile below the diagonal
-            G1 = (Xe[:, I] @ Xe[:, J].mT).reshape(Xe.shape[0], -1)
-            G2 = (Yl[:, I] @ Yl[:, J].mT).reshape(Yl.shape[0], -1)
-            g1[: Xe.shape[0]] += weight * torch.linalg.vector_norm(G1, dim=-1).double().square()
-            g2[H:] += weight * torch.linalg.vector_norm(G2, dim=-1).double().square()
-            if weight != 1.0:
-                G1.mul_(weight)
-            for first, last in _row_chunks(L, H):
-                rows, cols = slice(first * H, last * H), slice((first + 1) * H, None)
-                S[rows, cols] += (G1[rows] @ G2[(first + 1) * H - H:].mT).double()
-    return S, g1.sqrt(), g2.sqrt()
+    n = (L - 1) * H
+    Xe, Yl = X[:n], Y[H:]  # only earlier heads write to, only later heads read from, a pair
+    # ||X X^T||_F = ||X^T X||_F: the error scales from [r, r] Grams, not from every tile
+    g1[:n] = torch.linalg.matrix_norm(Xe.mT @ Xe).double()
+    g2[H:] = torch.linalg.matrix_norm(Yl.mT @ Yl).double()
+    pairs = _tile_pairs(d)
+    size = max((I.stop - I.start) * (J.stop - J.start) for I, J, _ in pairs)
+    buffers = [X.new_empty(n * size) for _ in range(4)]  # two tile Grams, two packed diagonal ones
+    for I, J, k in pairs:
+        a, b = I.stop - I.start, J.stop - J.start
+        G1, G2 = (torch.bmm(Z[:, I], Z[:, J].mT, out=buf[: n * a * b].view(n, a, b)).view(n, a * b)
+                  for Z, buf in ((Xe, buffers[0]), (Yl, buffers[1])))
+        weight = 2.0
+        if I == J:  # upper triangle only; G1's off-diagonal entries doubled for the mirrored ones
+            upper = torch.triu_indices(a, a, device=X.device)
+            flat = upper[0] * a + upper[1]
+            G1, G2 = (torch.index_select(G, 1, flat, out=buf[: n * k].view(n, k))
+                      for G, buf in ((G1, buffers[2]), (G2, buffers[3])))
+            G1.mul_(torch.where(upper[0] == upper[1], 1.0, 2.0).to(G1.dtype))
+            weight = 1.0
+        for first, last in _row_chunks(L, H):
+            rows, cols = slice(first * H, last * H), slice((first + 1) * H, None)
+            S[rows, cols] += weight * (G1[rows] @ G2[(first + 1) * H - H:].mT).double()
+    return S, g1, g2
 
 
 def _correct_scores(model, kind: str, offset: int | None = None) -> torch.Tensor:
