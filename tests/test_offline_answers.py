@@ -1,51 +1,140 @@
-"""Precomputed answers of kernel-less pages (widgets/offline.py): each answer is what the
-widget itself computes when the selection moves there, within the page's budget."""
+"""Kernel-less answers (widgets/offline.py): each view's ``_offline`` trait holds, for every
+other selection, what the widget itself computes when the selection moves there, compactly
+encoded and within the budget; under a kernel it is filled in the background, never busy,
+yielding to clicks, and ``wait()`` covers it."""
 
-import base64
 import json
+import threading
 
 import numpy as np
+import pytest
+from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.offline import NEEDS_KERNEL, Budget, key, offline_answers
+from pycircuits_widgets.widgets import offline
+from pycircuits_widgets.widgets.offline import BUDGET, NEEDS_KERNEL, key
+from pycircuits_widgets.widgets.payload import decode_array
 from random_models import paper_model
 
 
-def decode(answer: dict, path: list) -> np.ndarray:
-    """A binary array of an answer, given the path of its payload (a dict with view/dtype/shape)."""
-    payload = answer["state"]
-    for k in path:
-        payload = payload[k]
-    buffer = base64.b64decode(answer["buffers"][answer["buffer_paths"].index([*path, "view"])])
-    return np.frombuffer(buffer, dtype=payload["dtype"]).reshape(payload["shape"])
+def answer(state: dict, rule: int, selection: str) -> dict:
+    """The trait patch a kernel-less front end applies (rule base merged under the answer,
+    packed arrays decoded): written here from the format's description, not from offline.py."""
+    rules = json.loads(state["rules"])
+    data = bytes(state["data"])
+
+    def unpack(v):
+        if isinstance(v, dict) and "packed" in v:
+            offset, dtype, shape = v["packed"]
+            n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            return np.frombuffer(data[offset:offset + n], dtype=dtype).reshape(shape)
+        if isinstance(v, dict):
+            return {k: unpack(x) for k, x in v.items()}
+        return v
+
+    def merge(base, patch):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    r = rules[rule]
+    return unpack(merge(r["base"], r["patches"][selection]))
 
 
-def test_each_heads_answer_is_what_the_widget_computes_for_that_head():
+def test_each_heads_table_is_what_the_widget_computes_for_that_head():
     model = paper_model(n_layers=2, n_heads=3)
-    table = pcw.SkipTrigramTable(model, k=40)
-    answers = offline_answers(table, Budget())
-    (rule,) = answers["answers"]
-    assert rule["on"] == ["layer", "head"] and len(rule["patches"]) == 6
-    assert answers["kernel"] == {"query": NEEDS_KERNEL["query"], "token": NEEDS_KERNEL["token"]}
+    table = pcw.SkipTrigramTable(model, k=offline.TABLE_K)
+    state = offline.fill(table)
+    rules = json.loads(state["rules"])
+    assert [r["on"] for r in rules] == [["layer", "head"]] and len(rules[0]["patches"]) == 6
+    assert state["kernel"] == {"query": NEEDS_KERNEL["query"], "token": NEEDS_KERNEL["token"]}
     for layer, head in [(1, 2), (0, 1)]:
         table.layer, table.head = layer, head  # the kernel's own recompute, as oracle
         assert table.wait()
-        answer = rule["patches"][key(layer, head)]
-        assert (answer["state"]["trigrams"]["layer"], answer["state"]["trigrams"]["head"]) == (layer, head)
-        for column in ("src", "dest", "out", "score"):
-            np.testing.assert_array_equal(decode(answer, ["trigrams", column]),
-                                          np.frombuffer(bytes(table.trigrams[column]["view"]),
-                                                        dtype=table.trigrams[column]["dtype"]))
-        assert answer["state"]["error"] == "" and answer["state"]["related"] == {}
-    assert key(1, 2) == json.dumps(1) + "," + json.dumps(2)  # the page's host builds the same key
+        got = answer(state, 0, key(layer, head))
+        assert (got["trigrams"]["layer"], got["trigrams"]["head"]) == (layer, head)
+        for column in ("src", "dest", "out"):
+            np.testing.assert_array_equal(got["trigrams"][column], decode_array(table.trigrams[column]))
+        for column in ("qk", "ov", "score"):  # float16: relative error under 2^-11
+            np.testing.assert_allclose(got["trigrams"][column], decode_array(table.trigrams[column]), rtol=1e-3)
+        ids = set(decode_array(table.trigrams["src"])) | set(decode_array(table.trigrams["out"]))
+        assert all(got["trigrams"]["strings"][str(i)] == model.token_strings[i] for i in ids)
+        assert got["error"] == "" and got["related"] == {} and got["token"] == -1
 
 
-def test_answers_stop_at_the_budget_and_say_the_rest_needs_a_kernel():
+def test_answers_stop_at_the_budget_current_selection_first_and_say_the_rest_needs_a_kernel():
     model = paper_model(n_layers=2, n_heads=3)
     eigen = pcw.EigenvaluePlot(model, scores={}, layer=1, head=1)
-    full = offline_answers(eigen, Budget())["answers"][0]
-    one = len(json.dumps(full["patches"][key(1, 1)]))
-    small = offline_answers(eigen, Budget(2 * one + one // 2))["answers"][0]
+    full = offline.fill(eigen)
+    rule = json.loads(full["rules"])[0]
+    assert len(rule["patches"]) == 6 and len(full["data"]) + len(full["rules"]) <= BUDGET
+    one = len(json.dumps(rule["patches"][key(1, 1)], separators=(",", ":"))) + len(full["data"]) // 6
+    small = json.loads(offline.fill(eigen, budget=len(json.dumps(rule["base"])) + 100 + 2 * one + one // 2)["rules"])[0]
     assert list(small["patches"]) == [key(1, 1), key(0, 0)]  # the selected head first
     assert "over its" in small["missing"] and "needs a running kernel" in small["missing"]
-    assert offline_answers(pcw.ColoredTokens(["a"], [1.0]), Budget()) is None
+    got = answer(offline.fill(eigen), 0, key(0, 2))
+    eigen.layer, eigen.head = 0, 2
+    assert eigen.wait()
+    np.testing.assert_allclose(got["detail"]["ov_re"], decode_array(eigen.detail["ov_re"]), rtol=1e-3, atol=1e-3)
+    assert [c["id"] for c in got["detail"]["copies"]] == [c["id"] for c in eigen.detail["copies"]]
+    assert pcw.ColoredTokens(["a"], [1.0])._offline == {}
+
+
+def test_composition_answers_follow_the_kind_shown(m2_composition):
+    comp = m2_composition
+    state = offline.fill(comp)
+    pair = [0, 1, 1, 2]
+    got = answer(state, 0, key(pair, comp.kind))
+    comp.selected_pair = pair
+    assert comp.wait()
+    assert got["detail"]["kind"] == comp.kind and got["detail"]["h2"] == [1, 2]
+    assert got["detail"]["score"] == pytest.approx(comp.detail["score"], rel=1e-4)
+    assert got["detail"]["baseline"] == pytest.approx(comp.detail["baseline"], rel=1e-4)
+    np.testing.assert_allclose(got["detail"]["singular_values"], decode_array(comp.detail["singular_values"]), rtol=1e-3)
+
+
+@pytest.fixture
+def m2_composition():
+    return pcw.CompositionMatrix(paper_model(n_layers=2, n_heads=3))
+
+
+def test_under_a_kernel_answers_fill_in_the_background_never_busy_and_wait_covers_them(manual_kernel_loop):
+    model = paper_model(n_layers=2, n_heads=3)
+    table = pcw.SkipTrigramTable(model, k=5)
+    assert table.wait()
+    assert len(json.loads(table._offline["rules"])[0]["patches"]) == 6
+    eigen = pcw.EigenvaluePlot(model, scores={})
+    assert eigen.wait()
+    first = eigen._offline
+    eigen.n_copies = 3  # an input of the answers: they are recomputed
+    assert eigen.wait() and eigen._offline is not first
+    assert all(len(c["copies"]) == 3 for c in (answer(eigen._offline, 0, key(l, h))["detail"]
+                                              for l in range(2) for h in range(3)))
+
+
+def test_a_background_job_yields_to_a_request_between_its_chunks(manual_kernel_loop):
+    model = paper_model(n_layers=2, n_heads=3)
+    w = pcw.SkipTrigramTable(model, k=5)
+    assert w.wait()
+    order, started, release = [], threading.Event(), threading.Event()
+
+    def background():
+        order.append("b1")
+        started.set()
+        assert release.wait(30)
+        yield None  # a chunk boundary: the request below runs here
+        order.append("b2")
+        yield {"sort_by": "ov"}
+
+    def request():
+        order.append("request")
+        yield {"page": 1}
+
+    w._runner.submit("offline", background, background=True)
+    assert started.wait(30) and not w.busy  # background work never shows as busy
+    w._runner.submit("table", request)
+    assert w.busy
+    release.set()
+    assert w.wait(30)
+    assert order == ["b1", "request", "b2"] and (w.page, w.sort_by) == (1, "ov") and not w.busy

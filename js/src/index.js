@@ -3,6 +3,7 @@
 // view is adding one .svelte file here and one small Python class.
 import { defineWidget } from "@anywidget/svelte";
 import { createHost } from "./lib/host.js";
+import { answerOffline, parseTagged } from "./lib/offline.js";
 import { SELECTION_KEYS } from "./lib/selection.js";
 
 const modules = import.meta.glob("./views/*.svelte", { eager: true });
@@ -50,7 +51,13 @@ export function mountView({ model, el, host, select = null }) {
     host,
   };
   widget.initialize({ model: withHost });
-  return widget.render({ model: withHost, el });
+  // no kernel attached: selection changes are answered from the view's saved `_offline`
+  const stopAnswering = answerOffline(model);
+  const cleanup = widget.render({ model: withHost, el });
+  return () => {
+    stopAnswering();
+    if (typeof cleanup === "function") cleanup();
+  };
 }
 
 /**
@@ -79,5 +86,6 @@ const definition = {
 
 export default definition;
 
-// Kernel-less host (standalone HTML export and the browser test harness).
-export { createHost };
+// Kernel-less host (standalone HTML export and the browser test harness) and its JSON reader
+// (non-finite numbers tagged, pycircuits_widgets/widgets/offline.py NONFINITE).
+export { createHost, parseTagged };

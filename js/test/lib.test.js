@@ -73,16 +73,16 @@ describe("tokens", () => {
 });
 
 describe("HostModel", () => {
-  it("emits change events, batches dirty changes for save_changes, and applies kernel updates", () => {
+  it("emits change events as (model, value), batches dirty changes for save_changes, and applies kernel updates", () => {
     const saved = [];
     const m = new HostModel("m1", { a: 1 }, { onSave: (id, c) => saved.push([id, c]) });
     const seen = [];
-    m.on("change:a", (v) => seen.push(v));
+    m.on("change:a", (model, v) => seen.push([model === m, v]));
     m.set("a", 2);
     m.save_changes();
     m.save_changes();
     m.update({ a: 5 });
-    expect(seen).toEqual([2, 5]);
+    expect(seen).toEqual([[true, 2], [true, 5]]); // (model, value), as ipywidgets emits
     expect(saved).toEqual([["m1", { a: 2 }]]);
   });
   it("restores buffers at their paths", () => {

@@ -48,12 +48,9 @@ describe("applySelection", () => {
 
 describe("headLabel and headData", () => {
   it("writes a head one way", () => expect(headLabel(1, 6)).toBe("L1.H6"));
-  it("returns the selected head's payload, from the kernel or a saved page", () => {
+  it("returns the payload only when it is the selected head's", () => {
     const table = { layer: 1, head: 6, rows: "kernel" };
     expect(headData({ layer: 1, head: 6, trigrams: table }, "trigrams")).toBe(table);
-    const offline = { layer: 0, head: 2, rows: "saved" };
-    const b = { layer: 0, head: 2, trigrams: table, _offline: { trigrams: { "L0.H2": offline } } };
-    expect(headData(b, "trigrams")).toBe(offline);
     expect(headData({ layer: 0, head: 3, trigrams: table }, "trigrams")).toBeNull();
   });
 });

@@ -128,6 +128,12 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
                          warning=warning, **self._data_traits(tokens, A, causal), **kwargs)
         self._detail = self._detail_payload()
         self.on_msg(_answer_row_request)
+        self._share_offline()
+
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: new text needs the model (a view built from a model only)."""
+        if self.editable:
+            answers.needs_kernel("text")
 
     # -- data -----------------------------------------------------------------------------
     def set_patterns(self, tokens, patterns):

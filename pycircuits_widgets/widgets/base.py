@@ -17,7 +17,7 @@ import sys
 import anywidget
 import traitlets
 
-from . import standalone
+from . import offline, standalone
 from .bundle import bundle_code, ensure_carrier, stub_esm
 from .fallback import fallback_html
 
@@ -43,8 +43,16 @@ class CircuitWidget(anywidget.AnyWidget):
     busy = traitlets.Bool(False).tag(sync=True)
     """bool (read-only): True while the kernel recomputes for the current selection (view shows a spinner)."""
 
+    _offline = traitlets.Dict().tag(sync=True)
+    """dict (kernel's): precomputed answers for other selections, applied by the front end when
+    no kernel is attached (a saved notebook, an exported or ``save_html`` page), and the controls
+    that need a kernel; see ``widgets/offline.py``. Filled by ``offline_answers``."""
+
     _browser_writable: frozenset = frozenset()
     """Traits the front end may change (selection, text, view controls); the rest are the kernel's."""
+    _offline_inputs: tuple = ()
+    """Traits besides the selection whose change makes ``_offline`` stale (it is recomputed)."""
+    _offline_fresh = True
 
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - set(self.trait_names()))
@@ -97,6 +105,35 @@ class CircuitWidget(anywidget.AnyWidget):
         """Wait until the kernel-side recomputes are done and applied (True if idle)."""
         return True
 
+    # -- kernel-less answers ------------------------------------------------------------
+    def offline_answers(self, answers: offline.Answers) -> None:
+        """Add this view's kernel-less answers to ``answers``: one ``answers.rule(on, ...)``
+        per result that depends on the selection traits ``on`` (the patch the kernel would
+        send for each selection, current first), and ``answers.needs_kernel(name)`` for
+        controls that always need a kernel. Default: none. A view that has some calls
+        ``self._share_offline()`` at the end of its constructor."""
+
+    def _share_offline(self, change=None) -> None:
+        """(Re)compute ``_offline``: in the background on the view's runner under a kernel
+        (``wait()`` covers it), at the next ``save_html`` in a plain script (nothing saves
+        state before), at once for a view without a runner (cheap answers). Reruns when an
+        ``_offline_inputs`` trait changes."""
+        if change is None and self._offline_inputs:
+            self.observe(self._share_offline, list(self._offline_inputs))
+        runner = getattr(self, "_runner", None)
+        if runner is None:
+            self._offline = offline.fill(self)
+            self._offline_fresh = True
+        else:
+            self._offline_fresh = runner.submit("offline", lambda: offline.steps(self), background=True)
+
+    def _offline_ready(self) -> None:
+        """Make ``_offline`` current (a script computes it here, before a page is written)."""
+        self.wait(None)
+        if not self._offline_fresh:
+            self._offline = offline.fill(self)
+            self._offline_fresh = True
+
     # -- sharing ---------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):
         """The widget view plus a static ``text/html`` fallback, which renderers without
@@ -115,9 +152,10 @@ class CircuitWidget(anywidget.AnyWidget):
     def save_html(self, path, *, title: str | None = None, offline: bool = True) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
         that shows this view with every interaction that needs no kernel. With ``offline``
-        (default) the results other selections need (each head's skip-trigram table and
-        eigenvalues, head pairs' composition detail) are precomputed into the page within
-        a size budget (``widgets.offline.BUDGET``); seconds of work for a 2-layer model."""
+        (default) the view's kernel-less answers (``_offline``: each head's skip-trigram table
+        and eigenvalues, head pairs' composition detail, within ``widgets.offline.BUDGET``
+        per view) are made current first: seconds of work for a 2-layer model in a script,
+        already done in the background under a kernel."""
         self.wait(None)  # the page holds finished state, never busy
         return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline)
 

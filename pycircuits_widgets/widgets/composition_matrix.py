@@ -12,6 +12,7 @@ from ..analysis.composition import (
     composition_detail,
     composition_scores,
 )
+from . import offline
 from .base import CircuitWidget, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array
@@ -95,6 +96,7 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
         else:
             self.recompute_detail()
         self.observe(self._on_pair, ["selected_pair", "kind", "show_erratum"])
+        self._share_offline()
 
     # -- score tables, on first use --------------------------------------------------------
     def _missing(self, kind: str, erratum: bool) -> list[tuple[str, str]]:
@@ -171,6 +173,27 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
         # the tables the toggles show and the pair's detail are different results: neither drops the other
         self._runner.submit("tables", lambda: self._table_steps(kind, erratum))
         self._runner.submit("detail", lambda: self._detail_steps(pair, kind))
+
+    _offline_inputs = ("kind",)
+
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: the detail of every head pair for the composition kind shown."""
+        cfg, kind = self.model.cfg, self.kind
+        pairs = [[l1, h1, l2, h2] for l1 in range(cfg.n_layers) for h1 in range(cfg.n_heads)
+                 for l2 in range(l1 + 1, cfg.n_layers) for h2 in range(cfg.n_heads)]
+        if list(self.selected_pair) in pairs:
+            pairs.remove(list(self.selected_pair))
+            pairs.insert(0, list(self.selected_pair))
+        shared = {"kind": kind, "baseline": composition_baseline(self.model, "correct")}
+
+        def details():  # what every pair shares is stored once, in the rule's base
+            for pair in pairs:
+                detail = offline.last(self._detail_steps(pair, kind))["detail"]
+                yield (pair, kind), {"detail": {k: v for k, v in detail.items() if k not in shared}}
+
+        answers.rule(["selected_pair", "kind"], details(), base={"error": "", "detail": shared}, missing=(
+            f"This view holds the {kind}-composition details of head pairs (within its {offline.BUDGET // 1000} KB "
+            "budget for kernel-less answers); this one needs a running kernel."))
 
     def _table_steps(self, kind, erratum):
         wanted = self._missing(kind, erratum)

@@ -11,6 +11,7 @@ from ..analysis.circuits import embedding_note
 from ..analysis.eigen import eigenvalues, positivity
 from ..analysis.head_scores import head_scores, target_masks
 from ..analysis.skip_trigrams import copied_tokens
+from . import offline
 from .base import CircuitWidget, check_range, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array, to_numpy
@@ -97,6 +98,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         self._runner = Runner(self)
         self.recompute()
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
+        self._share_offline()
 
     @traitlets.validate("color_by")
     def _valid_color_by(self, proposal):
@@ -126,6 +128,15 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         if self.scores.get(self.color_by) == {}:  # a head score asked for first: computed once
             self._runner.submit("scores", self._score_steps)
         self._runner.submit("detail", lambda: self._detail_steps(layer, head, n))
+
+    _offline_inputs = ("n_copies",)
+
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: every head's eigenvalue detail (spectra and most-copied tokens)."""
+        answers.rule(["layer", "head"], (
+            ((layer, head), offline.last(self._detail_steps(layer, head, self.n_copies)))
+            for layer, head in offline.heads(self)
+        ), base={"error": ""}, missing=offline.over_budget("This head's eigenvalue detail"))
 
     def _score_steps(self):
         with torch.no_grad():

@@ -19,7 +19,6 @@ import copy
 import pathlib
 import warnings
 
-from .offline import saved_state_answers
 from .standalone import Page, write_atomic
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -92,12 +91,7 @@ def render_notebook_html(notebook, *, title: str | None = None) -> str:
     for output in outputs:
         output["data"] = {"text/html": page.view_html(output["data"][WIDGET_VIEW]["model_id"], output["data"])}
         output["metadata"] = {"pcw_export": True}
-    page.add_children()
-    for entry in page.entries:
-        offline = saved_state_answers(entry["state"])
-        if offline is not None:
-            entry["offline"] = offline["answers"]
-            entry["state"]["_needs_kernel"] = offline["kernel"]
+    page.add_children()  # each view's saved state carries its kernel-less answers (_offline)
     if page.unsaved:
         warnings.warn(f"{where}: {page.unsaved} widget output(s) have no saved widget state (widgets closed or "
                       f"re-created after they were shown) and show a placeholder. {_HOW_TO_SAVE_STATE}", stacklevel=2)

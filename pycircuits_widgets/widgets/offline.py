@@ -1,27 +1,46 @@
-"""What a page without a kernel answers: kernel results precomputed when the page is written.
+"""Kernel-less answers: what a view shows for another selection when no kernel is attached.
 
-In a kernel-less page (``save_html``) a view that changes its selection gets no recompute.
-So that a reader can still click through every head, :func:`offline_answers` computes,
-while the page is written, the result the kernel would send for each selection: each
-head's skip-trigram table (top :data:`TABLE_K`), each head's eigenvalue detail, and each
-head pair's composition detail for the composition kind shown. The page's host (``js/src/lib/host.js``) applies the
-answer for the new selection, as the kernel would; a selection with no answer (over
-:data:`BUDGET`) shows a one-line reason saying it needs a kernel. Controls that always
-need the kernel (the whole-vocabulary token search, new text) are listed in ``kernel``
-with the reason the view shows when it disables them.
+A reader of a saved notebook (JupyterLab without a kernel, or with a kernel that never ran
+the cell), of an exported page or of a ``save_html`` page gets no recompute when a click
+changes the selection. So each view precomputes, in the kernel, the results the kernel
+would send for the other selections (each head's skip-trigram table, each head's
+eigenvalue detail, each head pair's composition detail) and keeps them in its ``_offline``
+trait. That trait is ordinary widget state, so JupyterLab and nbclient save it with the
+notebook, ``export`` and ``save_html`` carry it, and one front-end piece
+(``js/src/lib/offline.js``) applies it in all three: when a selection trait changes and
+the model has no live kernel connection, it sets the precomputed patch for the new
+selection, as the kernel would; with a live kernel it does nothing (the kernel answers
+fresh). A selection without an answer (over :data:`BUDGET`) shows the rule's one-line
+reason that it needs a kernel, and controls that always need one (whole-vocabulary token
+search, new text) are disabled with their reason (:data:`NEEDS_KERNEL`).
 
-Answers are trait patches in the saved-state format (JSON state, binary buffers in
-base64 with their paths), keyed by the selection's values as JSON joined by ",".
+The protocol for a view: override ``CircuitWidget.offline_answers(answers)`` and add rules
+with :meth:`Answers.rule`; see README "Adding a view".
+
+Encoding (compact, since it lands in every saved notebook): ``_offline`` is
+``{"rules": JSON text of [rule, ...], "kernel": {name: reason}, "data": memoryview}``; the
+rules travel as one JSON string because a notebook writes nested state indented, a line
+per key. Every array of every
+answer is packed into the one binary ``data`` buffer (float16 for floats, uint16 for
+vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
+dtype, shape]}``; a rule's ``base`` holds what all its answers share (e.g. the token
+strings of every table, each string once), merged under each answer's own patch.
+A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str}``,
+keyed by the selection's values as JSON joined by "," (:func:`key`).
 """
 
 from __future__ import annotations
 
-import base64
-import itertools
 import json
+import math
 
-BUDGET = 400_000
-"""Most bytes of precomputed answers in one page (all views together)."""
+import numpy as np
+
+from .payload import decode_array
+
+BUDGET = 64_000
+"""Most bytes of kernel-less answers one view carries (JSON plus packed arrays, before a
+notebook's base64): the quick start's explorer stays well under 0.4 MB saved."""
 TABLE_K = 40
 """Rows of each precomputed skip-trigram table (two pages of the view)."""
 
@@ -32,143 +51,141 @@ NEEDS_KERNEL = {
 }
 
 
-def saved_form(patch: dict) -> dict:
-    """A trait patch as saved state: binary values (memoryview/bytes) moved to base64
-    buffers with their paths."""
-    paths, buffers = [], []
-
-    def walk(value, path):
-        if isinstance(value, (memoryview, bytes, bytearray)):
-            paths.append(path)
-            buffers.append(base64.b64encode(bytes(value)).decode("ascii"))
-            return None
-        if isinstance(value, dict):
-            return {k: walk(v, [*path, k]) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [walk(v, [*path, i]) for i, v in enumerate(value)]
-        return value
-
-    return {"state": walk(patch, []), "buffer_paths": paths, "buffers": buffers}
-
-
 def key(*values) -> str:
-    """The selection key the page's host builds (JSON.stringify of each value, joined by ",")."""
+    """The selection key the front end builds (JSON.stringify of each value, joined by ",")."""
     return ",".join(json.dumps(v, separators=(",", ":")) for v in values)
 
 
-class Budget:
-    """Bytes left for answers in one page."""
-
-    def __init__(self, size: int | None = None):
-        self.left = BUDGET if size is None else size
-
-    def take(self, answer: dict) -> bool:
-        n = len(json.dumps(answer))
-        if n > self.left:
-            self.left = 0
-            return False
-        self.left -= n
-        return True
+def over_budget(what: str) -> str:
+    """The reason shown for a selection whose answer did not fit."""
+    return (f"{what} is not saved with this view (over its {BUDGET // 1000} KB budget for kernel-less "
+            "answers): it needs a running kernel.")
 
 
-def _rule(on, patches_by_key, budget: Budget, missing: str) -> dict:
-    """One answer rule: the patches that fit in the budget, in the given order (the
-    current selection first), and the reason shown for the others."""
-    patches = {}
-    for k, make in patches_by_key:
-        answer = saved_form({**make(), "error": ""})
-        if not budget.take(answer):
-            break
-        patches[k] = answer
-    return {"on": on, "patches": patches, "missing": missing}
+NONFINITE = "__pcw_nonfinite__"
+"""A non-finite float in the rules' JSON: ``{NONFINITE: "NaN" | "Infinity" | "-Infinity"}``
+(the front end reads it back as the number; the page boot uses the same tag)."""
 
 
-def _over_budget(what: str) -> str:
-    return f"{what} is not in this page (over its {BUDGET // 1000} KB budget for precomputed results): it needs a running kernel."
+def tag_nonfinite(x: float) -> dict:
+    """A non-finite float as strict JSON can carry it: ``{NONFINITE: "NaN" | "Infinity" | "-Infinity"}``."""
+    return {NONFINITE: "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")}
 
 
-def _heads(w):
-    """(layer, head) of every head, the widget's current one first."""
-    cfg = w.model.cfg
-    heads = list(itertools.product(range(cfg.n_layers), range(cfg.n_heads)))
-    heads.remove((w.layer, w.head))
-    return [(w.layer, w.head), *heads]
+def _short(x: float):
+    """A float as JSON short enough for saved state: 5 significant digits (non-finite tagged)."""
+    return float(f"{x:.5g}") if math.isfinite(x) else tag_nonfinite(x)
 
 
-def _last(steps) -> dict:
+def _json(value) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+class Answers:
+    """Builds one view's ``_offline`` state within :data:`BUDGET` bytes."""
+
+    def __init__(self, budget: int | None = None):
+        self.left = BUDGET if budget is None else budget
+        self.rules: list[dict] = []
+        self.kernel: dict[str, str] = {}
+        self._data = bytearray()
+        self._pending: list = []
+
+    def needs_kernel(self, *names: str) -> None:
+        """Controls (trait names) that always need a kernel: disabled offline with their reason."""
+        self.kernel.update({n: NEEDS_KERNEL[n] for n in names})
+
+    def rule(self, on: list[str], answers, *, missing: str, base: dict | None = None) -> None:
+        """Add a rule: ``answers`` yields ``(selection values, trait patch)`` pairs, most
+        wanted first (the current selection first), or ``(values, patch, shared)`` where
+        ``shared`` is merged into the rule's ``base`` (what all answers share, e.g. token
+        strings, stored once). Answers are packed until the budget is spent; ``missing`` is
+        shown for every other selection. They are computed when :meth:`steps` runs."""
+        self._pending.append((list(on), answers, missing, base))
+
+    def steps(self):
+        """Compute every rule's answers, yielding None between answers (a runner's chunk
+        boundaries), then ``{"_offline": state}``."""
+        for on, answers, missing, base in self._pending:
+            rule = {"on": on, "base": self._compact(dict(base or {})), "patches": {}, "missing": missing}
+            self.left -= len(_json(rule))
+            self.rules.append(rule)
+            for values, patch, *shared in answers:
+                mark, base_size = len(self._data), len(_json(rule["base"]))
+                compact = self._compact(patch)
+                grown = _merged(rule["base"], self._compact(shared[0])) if shared else rule["base"]
+                cost = len(_json(compact)) + len(self._data) - mark + len(_json(grown)) - base_size
+                if cost > self.left:
+                    del self._data[mark:]  # the answer did not fit: neither do the rest
+                    self.left = 0
+                    break
+                self.left -= cost
+                rule["base"] = grown
+                rule["patches"][key(*values)] = compact
+                yield None
+        self._pending = []
+        yield {"_offline": self.state()}
+
+    def state(self) -> dict:
+        """The ``_offline`` trait value ({} when the view has nothing to say offline)."""
+        if not self.rules and not self.kernel:
+            return {}
+        return {"rules": _json(self.rules), "kernel": self.kernel, "data": memoryview(bytes(self._data))}
+
+    # -- encoding ------------------------------------------------------------------------
+    def _pack(self, payload: dict) -> dict:
+        arr = decode_array(payload)
+        if arr.dtype.kind == "f":
+            arr = arr.astype(np.float16)
+        elif arr.dtype.kind in "iu" and arr.size and arr.min() >= 0 and arr.max() < 1 << 16:
+            arr = arr.astype(np.uint16)
+        self._data.extend(b"\0" * (-len(self._data) % arr.dtype.itemsize))  # typed-array alignment
+        offset = len(self._data)
+        self._data.extend(np.ascontiguousarray(arr).tobytes())
+        return {"packed": [offset, str(arr.dtype), list(arr.shape)]}
+
+    def _compact(self, value):
+        if isinstance(value, dict):
+            if "view" in value and "dtype" in value:
+                return self._pack(value)
+            return {k: self._compact(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._compact(v) for v in value]
+        if isinstance(value, float):
+            return _short(value)
+        return value
+
+
+def _merged(base: dict, shared: dict) -> dict:
+    """``base`` with ``shared`` merged in (dicts merged key by key, recursively)."""
+    out = dict(base)
+    for k, v in shared.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def fill(widget, budget: int | None = None) -> dict:
+    """The ``_offline`` state of ``widget``, computed now (its ``offline_answers``)."""
+    return last(steps(widget, budget))["_offline"]
+
+
+def steps(widget, budget: int | None = None):
+    """The runner steps that compute ``widget``'s ``_offline`` (None between answers)."""
+    answers = Answers(budget)
+    widget.offline_answers(answers)
+    return answers.steps()
+
+
+def heads(widget) -> list[tuple[int, int]]:
+    """(layer, head) of every head of the widget's model, its current one first."""
+    cfg = widget.model.cfg
+    current = (widget.layer, widget.head)
+    return [current] + [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if (l, h) != current]
+
+
+def last(steps) -> dict:
     """The final update of a widget's recompute steps (a generator of trait patches)."""
     update = {}
-    for update in steps:
-        pass
+    for step in steps:
+        update = step or update
     return update
-
-
-def _skip_trigrams(w, budget):
-    if w.model.cfg.d_vocab > w.partial_above:  # seconds per head: a page would take minutes to write
-        return [{"on": ["layer", "head"], "patches": {},
-                 "missing": "Skip-trigram tables of other heads need a running kernel (large vocabulary)."}]
-    return [_rule(["layer", "head"], [
-        (key(l, h), lambda l=l, h=h: {**_last(w._table_steps(l, h, TABLE_K)),
-                                      "k": TABLE_K, "related": {}, "token": -1})
-        for l, h in _heads(w)
-    ], budget, _over_budget("This head's skip-trigram table"))]
-
-
-def _eigen(w, budget):
-    return [_rule(["layer", "head"], [
-        (key(l, h), lambda l=l, h=h: _last(w._detail_steps(l, h, w.n_copies))) for l, h in _heads(w)
-    ], budget, _over_budget("This head's eigenvalue detail"))]
-
-
-def _composition(w, budget):
-    cfg = w.model.cfg
-    pairs = [[l1, h1, l2, h2] for l1, h1, l2, h2 in itertools.product(
-        range(cfg.n_layers), range(cfg.n_heads), range(cfg.n_layers), range(cfg.n_heads)) if l1 < l2]
-    current = list(w.selected_pair)
-    if current in pairs:
-        pairs.remove(current)
-        pairs.insert(0, current)
-    return [_rule(["selected_pair", "kind"], [
-        (key(p, w.kind), lambda p=p: _last(w._detail_steps(p, w.kind))) for p in pairs
-    ], budget, f"This page holds the {w.kind}-composition details of head pairs (within its {BUDGET // 1000} KB "
-                 "budget for precomputed results); this one needs a running kernel.")]
-
-
-_ANSWERS = {"SkipTrigramTable": _skip_trigrams, "EigenvaluePlot": _eigen, "CompositionMatrix": _composition}
-_KERNEL = {"SkipTrigramTable": ("query", "token"), "AttentionPatterns": ("text",)}
-
-
-_SELECTION = {
-    "SkipTrigramTable": (["layer", "head"], "Other heads' skip-trigram tables"),
-    "EigenvaluePlot": (["layer", "head"], "Other heads' eigenvalue details"),
-    "CompositionMatrix": (["selected_pair", "kind"], "Other head pairs' composition details"),
-}
-
-
-def saved_state_answers(state: dict) -> dict | None:
-    """The ``offline`` entry of a view shown from saved state alone (a notebook export):
-    the notebook holds only the results of the selection it was saved with, so another
-    selection says it needs a kernel (the view keeps the saved results, captioned with
-    their head); kernel-only controls are disabled."""
-    view = state.get("_view")
-    rules = []
-    if view in _SELECTION:
-        on, what = _SELECTION[view]
-        rules = [{"on": on, "patches": {}, "missing": f"{what} are not in this page (exported from a saved notebook, "
-                                                     "which holds the selection it was saved with): they need a running "
-                                                     "kernel, or a page written with save_html."}]
-    kernel = {name: NEEDS_KERNEL[name] for name in _KERNEL.get(view, ())}
-    if view == "AttentionPatterns" and not state.get("editable"):
-        kernel = {}
-    return {"answers": rules, "kernel": kernel} if rules or kernel else None
-
-
-def offline_answers(widget, budget: Budget) -> dict | None:
-    """The ``offline`` entry of a live widget's page: answer rules and controls that need
-    a kernel; None for a view that needs neither."""
-    view = getattr(widget, "_view", None)
-    rules = _ANSWERS[view](widget, budget) if view in _ANSWERS and getattr(widget, "model", None) is not None else []
-    kernel = {name: NEEDS_KERNEL[name] for name in _KERNEL.get(view, ())}
-    if view == "AttentionPatterns" and not widget.editable:
-        kernel = {}
-    return {"answers": rules, "kernel": kernel} if rules or kernel else None

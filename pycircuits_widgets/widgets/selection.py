@@ -147,10 +147,11 @@ def _kernel_loop():
 
 
 class _Job:
-    __slots__ = ("kind", "make", "generation")
+    __slots__ = ("kind", "make", "generation", "background", "steps")
 
-    def __init__(self, kind: str, make: Callable[[], Steps], generation: int):
-        self.kind, self.make, self.generation = kind, make, generation
+    def __init__(self, kind: str, make: Callable[[], Steps], generation: int, background: bool = False):
+        self.kind, self.make, self.generation, self.background = kind, make, generation, background
+        self.steps = None  # the running generator of updates, kept while a background job is parked
 
 
 _shutting_down = threading.Event()
@@ -166,6 +167,11 @@ class Runner:
     other kinds are untouched. ``widget.busy`` is True while any job is pending, running or
     has results not yet applied. A failing job shows ``"<kind>: <error>"`` in
     ``widget.error`` and leaves the last good traits; the next success of that kind clears it.
+
+    ``submit(kind, make, background=True)``: work nobody waits to see (the kernel-less answers,
+    ``widgets/offline.py``): it never sets ``busy`` and yields to any other request at its
+    next chunk, resuming once that is done; ``wait()`` still covers it. Under no kernel it is
+    not run at all (``submit`` returns False): a script saves nothing until ``save_html``.
 
     ``loop``: where results are applied. Default: the running kernel's IO loop (a worker
     thread computes, ``loop.add_callback`` applies); None: run synchronously in ``submit``.
@@ -185,19 +191,23 @@ class Runner:
         self._applying = False
 
     # -- requests (kernel thread) ------------------------------------------------------------
-    def submit(self, kind: str, make: Callable[[], Steps]) -> None:
+    def submit(self, kind: str, make: Callable[[], Steps], *, background: bool = False) -> bool:
+        if background and self._loop is None:
+            return False
         with self._lock:
             self._generation[kind] += 1
-            self._pending[kind] = _Job(kind, make, self._generation[kind])
+            self._pending[kind] = _Job(kind, make, self._generation[kind], background)
             if self._loop is not None:
                 if self._worker is None:
                     self._worker = threading.Thread(target=self._work, name="pcw-runner")
                     self._worker.start()
                 self._changed.notify_all()
         if self._loop is not None:
-            self._set_busy(True)
+            if not background:
+                self._set_busy(True)
         elif not self._applying:
             self._run_sync()
+        return True
 
     def current(self, job: _Job) -> bool:
         return job.generation == self._generation[job.kind] and not _shutting_down.is_set()
@@ -223,7 +233,8 @@ class Runner:
                 kind = next(iter(self._pending))
                 job = self._pending.pop(kind)
                 for item in self._steps(job):
-                    self._apply(job, item)
+                    if item is not None:
+                        self._apply(job, item)
         finally:
             self._applying = False
 
@@ -236,17 +247,34 @@ class Runner:
                     self._worker = None
                     self._changed.notify_all()
                     return
-                kind = next(iter(self._pending))
+                kind = next((k for k, j in self._pending.items() if not j.background), next(iter(self._pending)))
                 job = self._running = self._pending.pop(kind)
-            for item in self._steps(job):
-                with self._lock:
-                    self._results.append((job, item))
-                    self._changed.notify_all()
-                self._post()
+            if job.steps is None:
+                job.steps = self._steps(job)
+            for item in job.steps:
+                if item is not None:
+                    with self._lock:
+                        self._results.append((job, item))
+                        self._changed.notify_all()
+                    self._post()
+                if job.background and self._park(job):
+                    break
             with self._lock:
                 self._running = None
                 self._changed.notify_all()
             self._post()
+
+    def _park(self, job: _Job) -> bool:
+        """A background job yields to waiting requests: back in the queue, resumed later
+        (dropped if a newer request of its kind is waiting)."""
+        with self._lock:
+            if not any(not j.background for j in self._pending.values()):
+                return False
+            if job.kind in self._pending:
+                job.steps.close()
+            else:
+                self._pending[job.kind] = job
+            return True
 
     def _post(self) -> None:
         try:
@@ -255,16 +283,15 @@ class Runner:
             pass
 
     def _steps(self, job: _Job):
-        """The job's updates while it is current (stale: stop at the next chunk); a failure
-        is yielded as the exception."""
+        """The job's updates while it is current (stale: stop at the next chunk), None at
+        each chunk boundary; a failure is yielded as the exception."""
         steps = None
         try:
             steps = job.make()
             for update in steps:
                 if not self.current(job):
                     return
-                if update:
-                    yield update
+                yield update or None
         except Exception as exc:  # shown in the view by _apply
             if self.current(job):
                 yield exc
@@ -274,13 +301,16 @@ class Runner:
 
     # -- applying (kernel thread) ----------------------------------------------------------------
     def _drain(self) -> bool:
-        """Apply the queued results in order; True (and ``busy`` off) when all work is done."""
+        """Apply the queued results in order; True when all work is done (``busy`` goes off
+        once all but background work is done)."""
         while True:
             with self._lock:
                 entry = self._results.popleft() if self._results else None
                 idle = entry is None and not self._pending and self._running is None
+                shown = entry is None and all(j.background for j in self._pending.values()) and (
+                    self._running is None or self._running.background)
             if entry is None:
-                if idle:
+                if shown:
                     self._set_busy(False)
                 return idle
             job, item = entry

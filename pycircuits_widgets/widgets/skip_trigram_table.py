@@ -8,6 +8,7 @@ import traitlets
 from ..analysis.circuits import embedding_note, refuse_rotary_qk
 from ..analysis.skip_trigrams import MODES, centred_factors, circuit_query, partial_skip_trigrams, top_skip_trigrams
 from ..models.tokenizer import visible_whitespace
+from . import offline
 from .base import CircuitWidget, check_range, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array
@@ -94,6 +95,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self.observe(self._on_head, ["layer", "head", "k"])
         self.observe(self._on_query, ["query"])
         self.observe(self._on_token, ["token", "n_related"])
+        self._share_offline()
 
     @traitlets.validate("k")
     def _valid_k(self, proposal):
@@ -127,6 +129,28 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until the recomputes are done and applied (True if idle)."""
         return self._runner.wait(timeout)
+
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: every head's table (top ``offline.TABLE_K``; the token strings of all
+        tables once, in the rule's base); token search and token queries need a kernel."""
+        answers.needs_kernel("query", "token")
+        if self.model.cfg.d_vocab > self.partial_above:  # seconds per head: minutes for every head
+            answers.rule(["layer", "head"], [], missing="Skip-trigram tables of other heads need a running "
+                                                        "kernel (large vocabulary).")
+            return
+        base = {"trigrams": {"strings": {}, "exact": True, "progress": 1.0}, "k": offline.TABLE_K,
+                "related": {}, "token": -1, "error": ""}
+
+        def tables():
+            for layer, head in offline.heads(self):
+                table = dict(offline.last(self._table_steps(layer, head, offline.TABLE_K))["trigrams"])
+                strings = table.pop("strings")
+                for name in ("exact", "progress"):
+                    del table[name]
+                yield (layer, head), {"trigrams": table}, {"trigrams": {"strings": strings}}
+
+        answers.rule(["layer", "head"], tables(), base=base,
+                     missing=offline.over_budget("This head's skip-trigram table"))
 
     # -- observers: each kind of result has its own slot on the runner -----------------------
     @rolls_back

@@ -32,11 +32,10 @@ import ipywidgets
 from ipywidgets.embed import dependency_state
 
 from .bundle import bundle_code
-from .offline import Budget, offline_answers
+from .offline import NONFINITE, tag_nonfinite
 
 OURS = "pycircuits_widgets."
 """Prefix of ``_anywidget_id`` (module path of the class) of this package's widgets."""
-NONFINITE = "__pcw_nonfinite__"
 _BOX_DIRECTION = {"BoxModel": "column", "VBoxModel": "column", "GridBoxModel": "column", "HBoxModel": "row"}
 # Dropped from every saved state: code is never taken from state (see the module doc);
 # layout is a separate ipywidgets model that the kernel-less host does not have.
@@ -78,8 +77,7 @@ const bundle = document.querySelector("script.pcw-bundle");
 const url = URL.createObjectURL(new Blob([bundle.textContent], { type: "text/javascript" }));
 const mod = await import(url);
 const host = mod.createHost(mod.default, bridge ? bridge.hooks : {});
-const saved = JSON.parse(document.getElementById("pcw-state").textContent, (key, value) =>
-  value !== null && typeof value === "object" && "%(nonfinite)s" in value ? Number(value["%(nonfinite)s"]) : value);
+const saved = mod.parseTagged(document.getElementById("pcw-state").textContent);
 window.pcwHost = { models: host.models };
 const failures = [];
 // Register every saved model first: composite views resolve their children (entries
@@ -103,7 +101,7 @@ for (const w of saved.widgets) {
 }
 document.body.dataset.pcwReady = "1";
 if (failures.length) throw failures[0];
-""" % {"nonfinite": NONFINITE}
+"""
 
 
 def script_text(text: str) -> str:
@@ -118,7 +116,7 @@ def strict_json(value) -> str:
 
     def tag(v):
         if isinstance(v, float) and not math.isfinite(v):
-            return {NONFINITE: "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")}
+            return tag_nonfinite(v)
         if isinstance(v, dict):
             return {k: tag(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
@@ -255,23 +253,21 @@ def _live_widgets(widgets) -> dict:
 
 def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = True) -> str:
     """One HTML page showing the given widgets (ours live; boxes laid out; others as a
-    placeholder), the bundle inlined once, with the answers a reader's clicks need
-    precomputed (:mod:`.offline`) unless ``offline=False`` (a page wired to a kernel)."""
+    placeholder), the bundle inlined once. Each view's state carries the answers a reader's
+    clicks need (its ``_offline`` trait, :mod:`.offline`), made current here unless
+    ``offline=False`` (a page wired to a kernel, which answers instead)."""
     widgets = list(widgets)
     if not widgets:
         raise ValueError("render_html needs at least one widget")
     for w in widgets:
         if not isinstance(w, ipywidgets.Widget):
             raise TypeError(f"expected widgets, got {type(w).__name__}")
+    for w in _live_widgets(widgets).values() if offline else []:
+        if hasattr(w, "_offline_ready"):
+            w._offline_ready()
     page = Page(widget_state(widgets))
     cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
     page.add_children()
-    live, budget = _live_widgets(widgets), Budget()
-    for entry in page.entries if offline else []:
-        offline = offline_answers(live[entry["model_id"]], budget)
-        if offline is not None:
-            entry["offline"] = offline["answers"]
-            entry["state"]["_needs_kernel"] = offline["kernel"]
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>

@@ -19,6 +19,7 @@ const TYPED = {
  */
 export function decodeArray(payload) {
   if (!payload || payload.view == null) throw new Error("decodeArray: payload has no `view` buffer");
+  if (payload.dtype === "float16") return decodeFloat16(payload);
   const Typed = TYPED[payload.dtype];
   if (!Typed) throw new Error(`decodeArray: unsupported dtype "${payload.dtype}"`);
   const { buffer, byteOffset, byteLength } = toBytes(payload.view);
@@ -32,6 +33,23 @@ export function decodeArray(payload) {
       ? new Typed(buffer, byteOffset, n)
       : new Typed(buffer.slice(byteOffset, byteOffset + byteLength));
   return { data, shape: payload.shape };
+}
+
+/** float16 (the compact saved answers, widgets/offline.py) widened to a Float32Array. */
+function decodeFloat16(payload) {
+  const bits = decodeArray({ ...payload, dtype: "uint16" }).data;
+  const out = new Float32Array(bits.length);
+  for (let i = 0; i < bits.length; i++) {
+    const h = bits[i];
+    const sign = h & 0x8000 ? -1 : 1;
+    const exp = (h >> 10) & 0x1f;
+    const frac = h & 0x3ff;
+    out[i] =
+      exp === 0 ? sign * 2 ** -14 * (frac / 1024)
+      : exp === 31 ? (frac ? NaN : sign * Infinity)
+      : sign * 2 ** (exp - 15) * (1 + frac / 1024);
+  }
+  return { data: out, shape: payload.shape };
 }
 
 function toBytes(view) {

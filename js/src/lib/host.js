@@ -1,7 +1,8 @@
 // A kernel-less anywidget host: a model object with anywidget's front-end API
 // (get/set/on/off/save_changes/send) backed by a saved widget state. The standalone HTML
-// export uses it as is; the browser test harness passes `onSave`/`onSend` to forward
-// changes to a live Python widget.
+// export uses it as is (views answer from their saved `_offline` trait, lib/offline.js);
+// the browser test harness passes `onSave`/`onSend` to forward changes to a live Python
+// widget.
 import { decodeBase64 } from "./buffers.js";
 
 /**
@@ -19,11 +20,6 @@ export function restoreBuffers(state, paths, buffers) {
   return state;
 }
 
-/** A saved answer ({state, buffer_paths, buffers (base64)}) as a state patch. */
-function restoreAnswer(answer) {
-  return restoreBuffers(structuredClone(answer.state), answer.buffer_paths, answer.buffers.map(decodeBase64));
-}
-
 export class HostModel {
   /**
    * @param {string} id
@@ -37,6 +33,10 @@ export class HostModel {
     this._listeners = new Map();
     this._hooks = hooks;
   }
+  /** Whether a kernel answers (as ipywidgets' WidgetModel.comm_live): only through hooks. */
+  get comm_live() {
+    return Boolean(this._hooks.onSave);
+  }
   get(name) {
     return this._state[name];
   }
@@ -44,14 +44,14 @@ export class HostModel {
     if (this._state[name] === value) return;
     this._state[name] = value;
     this._dirty[name] = value;
-    this._emit(`change:${name}`, value);
+    this._emit(`change:${name}`, this, value);
   }
   /** Apply a state update coming from the kernel (no echo back). */
   update(changes) {
     for (const [name, value] of Object.entries(changes)) {
       this._state[name] = value;
       delete this._dirty[name];
-      this._emit(`change:${name}`, value);
+      this._emit(`change:${name}`, this, value);
     }
   }
   save_changes() {
@@ -59,22 +59,6 @@ export class HostModel {
     this._dirty = {};
     if (!Object.keys(changes).length) return;
     if (this._hooks.onSave) this._hooks.onSave(this.model_id, changes);
-    else if (this._offline) this._answerOffline(changes);
-  }
-  /**
-   * No kernel: apply the answer the page precomputed for the new selection, as the kernel
-   * would (pycircuits_widgets/widgets/offline.py), or say that it needs a kernel.
-   * @param {Record<string, any>} changes
-   */
-  _answerOffline(changes) {
-    for (const rule of this._offline) {
-      if (!rule.on.some((name) => name in changes)) continue;
-      const key = rule.on.map((name) => JSON.stringify(this.get(name))).join(",");
-      const answer = rule.patches[key];
-      this.update(answer ? restoreAnswer(answer) : { error: rule.missing });
-    }
-    const kernel = this.get("_needs_kernel") ?? {};
-    for (const name of Object.keys(changes)) if (kernel[name]) this.update({ error: kernel[name] });
   }
   send(content, _callbacks, buffers = []) {
     if (this._hooks.onSend) this._hooks.onSend(this.model_id, content, buffers);
@@ -128,7 +112,6 @@ export function createHost(widgetDef, hooks = {}) {
         saved.buffers.map(decodeBase64),
       );
       const model = new HostModel(saved.model_id, state, hooks);
-      model._offline = saved.offline ?? null; // precomputed answers (standalone pages only)
       models.set(saved.model_id, model);
       return model;
     },

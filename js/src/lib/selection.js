@@ -70,14 +70,12 @@ export function applySelection(explorer, children, selection) {
 }
 
 /**
- * The hook for per-head data in a page without a kernel. `bindings[name]` holds the kernel's
- * result for one head (its payload carries `layer`/`head`); a saved page may also carry
- * `bindings._offline[name]["L1.H6"]`, results stored for other heads. Returns the payload for
- * the selected head, or null when neither has it (the view then says a kernel is needed).
+ * The selected head's result: `bindings[name]` when its payload (which carries `layer`/`head`)
+ * is for the selected head, else null (the kernel has not answered yet, or there is no kernel
+ * and no saved answer: the view says so).
  */
 export function headData(bindings, name) {
   const current = bindings[name];
   const { layer, head } = bindings;
-  if (current && current.layer === layer && current.head === head) return current;
-  return bindings._offline?.[name]?.[headLabel(layer, head)] ?? null;
+  return current && current.layer === layer && current.head === head ? current : null;
 }

@@ -1,0 +1,130 @@
+// Kernel-less answers (pycircuits_widgets/widgets/offline.py): a view's `_offline` trait holds,
+// for each result that depends on the selection, the patch the kernel would send for every
+// other selection. When a selection trait changes and the model has no live kernel
+// connection (a saved notebook opened without its kernel, an exported or save_html page), the
+// precomputed patch is applied as the kernel would apply it; with a live kernel nothing
+// happens here (the kernel answers fresh). One mechanism for JupyterLab, export and save_html.
+
+export const NONFINITE = "__pcw_nonfinite__";
+
+/** JSON.parse of saved JSON whose non-finite numbers are tagged `{NONFINITE: "NaN"}`. */
+export function parseTagged(text) {
+  return JSON.parse(text, (_key, value) =>
+    value !== null && typeof value === "object" && NONFINITE in value ? Number(value[NONFINITE]) : value,
+  );
+}
+
+/**
+ * Whether a model has a live kernel connection. `events` is the first argument of a change
+ * event: ipywidgets (Backbone) passes the model itself, whose `comm_live` says whether its
+ * comm is connected; the kernel-less host (lib/host.js) has `comm_live` too. An unknown
+ * host counts as live, so a precomputed answer is never shown where a kernel might answer.
+ */
+export function isLive(...candidates) {
+  for (const m of candidates) if (m && typeof m.comm_live === "boolean") return m.comm_live;
+  return true;
+}
+
+/** The selection key Python builds (offline.key): each value as JSON, joined by ",". */
+export function selectionKey(model, names) {
+  return names.map((name) => JSON.stringify(model.get(name))).join(",");
+}
+
+/** Resolve `{packed: [offset, dtype, shape]}` references into array payloads over `data`. */
+function unpack(value, data) {
+  if (Array.isArray(value)) return value.map((v) => unpack(v, data));
+  if (value === null || typeof value !== "object" || value instanceof DataView) return value;
+  if (Array.isArray(value.packed)) {
+    const [offset, dtype, shape] = value.packed;
+    const bytes = { float16: 2, uint16: 2, int16: 2, uint8: 1, int8: 1 }[dtype] ?? 4;
+    const n = shape.reduce((a, b) => a * b, 1);
+    return { view: new DataView(data.buffer, data.byteOffset + offset, n * bytes), dtype, shape };
+  }
+  return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, unpack(v, data)]));
+}
+
+function merged(base, patch) {
+  const out = { ...base };
+  for (const [k, v] of Object.entries(patch)) {
+    const b = out[k];
+    const plain = (x) => x !== null && typeof x === "object" && !Array.isArray(x) && !(x instanceof DataView);
+    out[k] = plain(v) && plain(b) ? merged(b, v) : v;
+  }
+  return out;
+}
+
+/**
+ * The trait patch for the model's current selection under each rule touched by `changed`
+ * (trait names), or the rule's reason that it needs a kernel; plus the kernel-only
+ * controls among `changed`. Pure: returns the patch, the caller applies it.
+ * @param {{get: (name: string) => any}} model
+ * @param {string[]} changed
+ */
+export function offlinePatch(model, changed) {
+  const saved = model.get("_offline");
+  if (!saved || !saved.rules) return {};
+  const rules = typeof saved.rules === "string" ? parseTagged(saved.rules) : saved.rules;
+  const data = saved.data ?? new DataView(new ArrayBuffer(0));
+  let patch = {};
+  for (const rule of rules) {
+    if (!rule.on.some((name) => changed.includes(name))) continue;
+    const answer = rule.patches[selectionKey(model, rule.on)];
+    patch = answer ? merged(patch, unpack(merged(rule.base ?? {}, answer), data)) : { ...patch, error: rule.missing };
+  }
+  const kernel = saved.kernel ?? {};
+  for (const name of changed) if (kernel[name]) patch.error = kernel[name];
+  return patch;
+}
+
+/** Names whose change may need a kernel-less answer (rules' selection traits, kernel-only controls). */
+function watched(model) {
+  const saved = model.get("_offline");
+  if (!saved || !saved.rules) return [];
+  const rules = typeof saved.rules === "string" ? parseTagged(saved.rules) : saved.rules;
+  return [...new Set([...rules.flatMap((r) => r.on), ...Object.keys(saved.kernel ?? {})])];
+}
+
+/**
+ * Answer selection changes of `model` from its `_offline` trait while it has no live kernel
+ * connection; returns the function that stops. Changes made in one go (layer then head) are
+ * answered once, after the current task, for the final selection. Kernel-only controls are
+ * marked (`_needs_kernel`, a front-end-only value the views disable controls with) as soon as
+ * the model is known to have no kernel.
+ * @param {{get: Function, set: Function, on: Function, off: Function, comm_live?: boolean}} model
+ */
+export function answerOffline(model) {
+  const names = watched(model);
+  let changed = new Set();
+  let scheduled = false;
+  let applying = false; // the answer's own sets are not selection changes
+  const markKernelOnly = () => {
+    const kernel = model.get("_offline")?.kernel ?? {};
+    if (Object.keys(kernel).length && !model.get("_needs_kernel")) model.set("_needs_kernel", kernel);
+  };
+  const answer = () => {
+    scheduled = false;
+    const patch = offlinePatch(model, [...changed]);
+    changed = new Set();
+    applying = true;
+    try {
+      for (const [name, value] of Object.entries(patch)) model.set(name, value);
+    } finally {
+      applying = false;
+    }
+  };
+  const listeners = names.map((name) => {
+    const cb = (emitter) => {
+      if (applying || isLive(emitter, model)) return;
+      markKernelOnly();
+      changed.add(name);
+      if (!scheduled) {
+        scheduled = true;
+        queueMicrotask(answer);
+      }
+    };
+    model.on(`change:${name}`, cb);
+    return [name, cb];
+  });
+  if (model.comm_live === false) markKernelOnly();
+  return () => listeners.forEach(([name, cb]) => model.off(`change:${name}`, cb));
+}
