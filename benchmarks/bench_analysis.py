@@ -9,7 +9,8 @@ RSS after the weights were built) is its own. Ours and the peer alternate, ``--r
 the table gives medians and the load average seen during the run. Peers run on all the work,
 except where stated with ``~`` and the fraction measured. "% peak" = the minimum work of the
 kernel (stated per row) over the measured GEMM peak of its precision (``peaks.py``, same run)
-and our cold median.
+and our cold median; skip-trigrams also against ``int8-thin``, the measured roofline of their
+int8 screen at inner dimension d_head = 64 (``peaks.py``).
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def gemm_work(d_vocab, symmetric):
 
 
 def rows_to_run(a):
-    """(group, label, ours spec, peer spec, peer label, work GOP, peak key) of every row."""
+    """(group, label, ours spec, peer spec, peer label, work GOP, peak keys) of every row."""
     V, dh = SHAPES["d_vocab"], SHAPES["d_head"]
     rows = []
     if "comp" in a.only:
@@ -170,12 +171,13 @@ def rows_to_run(a):
         for kind in ("OV", "QK"):
             rows.append(("eig", f"eigenvalue positivity {kind}, all 144 heads", ("op_eig_ours", kind),
                          ("op_eig_tl", kind), "TL FactoredMatrix, each of 144 heads",
-                         gemm_work(V, kind == "QK"), "fp32"))
+                         gemm_work(V, kind == "QK"), ("fp32",)))
     if "skip" in a.only:
         for vocab, fraction in ((V, 1.0), (151936, a.fraction)):
             peer = "TL FM rows + topk" + ("" if fraction == 1 else f" ({fraction:g} of sources)")
             rows.append(("skip", f"exact skip-trigram top-100, d_vocab {vocab}", ("op_skip_ours", 100, vocab),
-                         ("op_skip_tl", 100, vocab, fraction), peer, 4 * vocab * vocab * dh / 1e9, "int8"))
+                         ("op_skip_tl", 100, vocab, fraction), peer, 4 * vocab * vocab * dh / 1e9,
+                         ("int8", "int8-thin")))
     return rows
 
 
@@ -214,7 +216,7 @@ def main():
           f"(1 min) {min(loads):.1f}-{max(loads):.1f} during the run, {load_average()} at the end")
     print(f"{'operation':<46} {'ours cold':>9} {'warm':>7} {'peak+':>8} | {'peer':<38} {'peer':>9} {'peak+':>8} "
           f"| {'ratio':>6} | % peak")
-    for _, label, _, _, peer_label, work, peak_key in rows:
+    for _, label, _, _, peer_label, work, peak_keys in rows:
         os_, ps = results[label]
         cold = statistics.median(o["cold"] for o in os_)
         warms = [o["warm"] for o in os_ if o["warm"] is not None]
@@ -222,7 +224,7 @@ def main():
         frac = ps[0]["fraction"]
         peer = statistics.median(p["cold"] / frac for p in ps)
         mark = "~" if frac != 1.0 else ""
-        pct = f"{100 * work / peaks[peak_key] / cold:.0f}% {peak_key}" if work else "-"
+        pct = ", ".join(f"{100 * work / peaks[key] / cold:.0f}% {key}" for key in peak_keys if key in peaks) or "-"
         print(f"{label:<46} {cold:>7.2f} s {warm:>7} {statistics.median(o['mem_mb'] for o in os_):>5.0f} MB | "
               f"{peer_label:<38} {mark}{peer:>7.2f} s {statistics.median(p['mem_mb'] for p in ps):>5.0f} MB | "
               f"{mark}{peer / cold:>5.1f}x | {pct}")

@@ -3,7 +3,11 @@
     .venv/bin/python benchmarks/peaks.py [--threads 2] [--size 4096]
 
 Each peak is the best of a few large square matmuls (``size`` x ``size``; int8 via
-``torch._int_mm``, exact int32 products), in GOP/s (a multiply-add counts 2). The other
+``torch._int_mm``, exact int32 products), in GOP/s (a multiply-add counts 2). ``int8-thin`` is
+the roofline of the skip-trigram screen: its own int8 step (``screen.ProductScreen``: oneDNN's
+quantised GEMM with int8 output, inner dimension ``d_head`` = 64, then the row max) on one
+``[4096, 1024]`` tile called over and over, the best that kernel does here; with only 64 products
+per output the per-output work (scaling, rounding, the store and the max) bounds it. The other
 benchmarks import ``measure_peaks`` and print these beside their own figures, measured in the
 same run, with the load average: on a shared machine both move together.
 """
@@ -42,7 +46,24 @@ def measure_peaks(size: int = 4096, repeats: int = 3) -> dict[str, float]:
     a = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
     b = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
     peaks["int8"] = ops / best_seconds(lambda: torch._int_mm(a, b), repeats) / 1e9
+    thin = thin_int8_peak(repeats=repeats)
+    if thin is not None:
+        peaks["int8-thin"] = thin
     return peaks
+
+
+def thin_int8_peak(rows: int = 4096, cols: int = 1024, inner: int = 64, repeats: int = 3) -> float | None:
+    """GOP/s of one int8 screening step (GEMM + row max) on a hot ``[rows, inner] @ [inner, cols]``
+    tile; None where the int8 screen is unavailable (``screen.int8_available``)."""
+    from pycircuits_widgets.screen import ProductScreen, int8_available
+
+    if not int8_available():
+        return None
+    g = torch.Generator().manual_seed(0)
+    s = ProductScreen(torch.randn(rows, inner, generator=g), torch.randn(inner, cols, generator=g), "int8",
+                      tile_cols=cols)
+    idx = torch.arange(rows)
+    return 2 * rows * cols * inner / best_seconds(lambda: s.row_max_upper(idx), repeats * 10) / 1e9
 
 
 def load_average() -> str:
