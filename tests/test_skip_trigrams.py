@@ -135,3 +135,14 @@ def test_screened_search_equals_brute_force_on_adversarial_factors(int8, case, m
     torch.testing.assert_close(score.double(), _brute_force(QK, OV, 60), rtol=1e-6, atol=0)
     s, d, o = idx.unbind(1)
     torch.testing.assert_close(QK[d, s] * OV[s, o], score.double(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("weight, bad", [("W_Q", float("nan")), ("W_V", -float("inf")), ("W_U", float("inf"))])
+def test_non_finite_weights_are_refused_by_name(weight, bad):
+    # NaN compares false everywhere: without the check the top-k would come back empty, not fail
+    m = paper_model(n_layers=1, n_heads=2, d_model=16, d_head=4, d_vocab=60, dtype=torch.float32)
+    w = getattr(m, weight).clone()
+    w.view(-1)[w.numel() // 2] = bad
+    setattr(m, weight, w)
+    with pytest.raises(ValueError, match="L0.H1 are not finite"):
+        skip_trigrams(m, 0, 1, k=5)

@@ -84,13 +84,15 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     W_E, W_U = embedding(model, layer).float(), model.W_U.float()  # per-token scale where exact
     if vocab is not None:
         W_E, W_U = W_E[vocab], W_U[:, vocab]
-    q = W_E @ model.W_Q[layer, head].float()
-    k = W_E @ model.W_K[layer, head].float()
+    reads = [model.W_Q[layer, head], model.W_K[layer, head], model.W_V[layer, head]]
+    # one GEMM for the three reads (a wider product runs faster than three thin ones)
+    q, k, v = (W_E @ torch.cat(reads, 1).float()).split([w.shape[-1] for w in reads], 1)
+    q, v = q.contiguous(), v.contiguous()
     k = k - k.mean(0, keepdim=True)
-    v = W_E @ model.W_V[layer, head].float()
     u = model.W_O[layer, head].float() @ W_U
     u = u - u.mean(1, keepdim=True)
-    if not all(bool(torch.isfinite(f).all()) for f in (q, k, v, u)):
+    # min and max propagate NaN and show +-inf: one cheap pass instead of a bool tensor per factor
+    if not bool(torch.isfinite(torch.stack([torch.stack(torch.aminmax(f)) for f in (q, k, v, u)])).all()):
         # NaN compares false everywhere: the top-k would silently come back empty
         raise ValueError(f"the circuits of L{layer}.H{head} are not finite: the model's weights hold NaN or inf")
     return q, k, v, u
