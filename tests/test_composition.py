@@ -331,3 +331,20 @@ def test_float32_thin_factors_of_rank_deficient_and_off_centre_heads():
         defined = ~exact.isnan() & (torch.arange(3)[:, None, None, None] < torch.arange(3)[None, None, :, None])
         relative = ((ours - exact).abs() / exact)[defined]
         assert relative.max() < composition_module.FALLBACK_RELATIVE_ERROR, (kind, relative.max())
+
+
+@pytest.mark.parametrize("d_model, d_head", [(32, 4), (6, 8)])
+def test_baseline_sampler_matches_dense_gaussian_heads(d_model, d_head):
+    """The correct-score baseline is drawn through d_head-sized factors (Bartlett); its samples
+    must have the distribution of dense Gaussian heads' scores: mean and spread within a few
+    standard errors of 20000 dense draws (d_model < d_head: the factors are the matrices)."""
+    n = 20000
+    sampled = composition_module._random_correct_scores(d_model, d_head, n, seed=3)
+    g = torch.Generator().manual_seed(11)
+    A1, C2 = (torch.randn(n, d_model, d_head, generator=g, dtype=torch.float64) for _ in range(2))
+    B1, D2 = (torch.randn(n, d_head, d_model, generator=g, dtype=torch.float64) for _ in range(2))
+    AB, CD = A1 @ B1, C2 @ D2  # dense [d_model, d_model]
+    dense = (AB @ CD).norm(dim=(-2, -1)) / (AB.norm(dim=(-2, -1)) * CD.norm(dim=(-2, -1)))
+    se = (sampled.var() / n + dense.var() / n).sqrt()
+    assert abs(sampled.mean() - dense.mean()) < 4 * se
+    assert abs(sampled.std() / dense.std() - 1) < 0.05
