@@ -24,6 +24,7 @@ import tarfile
 import zipfile
 
 import pytest
+from harness import open_offline
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -132,16 +133,6 @@ print(json.dumps({"package": pcw.__file__, "node": shutil.which("node"), "npm": 
 """
 
 
-def open_offline(browser, path: pathlib.Path):
-    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-pcw-ready]")
-    return context, page, errors
-
-
 def test_installed_wheel_runs_the_demo_and_exports_a_widget_without_node(wheel_env, browser, tmp_path):
     probe = wheel_env(["-c", PROBE, str(tmp_path / "tokens.html")], cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr[-4000:]
@@ -155,16 +146,17 @@ def test_installed_wheel_runs_the_demo_and_exports_a_widget_without_node(wheel_e
     # a wheel has no notebooks/ folder: the demo shows the notebook line instead of pointing at one
     assert "notebooks" not in demo.stdout and "pcw.CircuitExplorer(pcw.load_pretrained(" in demo.stdout
 
-    context, page, errors = open_offline(browser, tmp_path / "demo.html")
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    attempted, errors = open_offline(page, tmp_path / "demo.html")
     assert page.locator("[data-testid=selected-head]").inner_text() == selected
     sections = page.locator(".pcw-explorer section[data-view]")
     assert sections.count() >= 5
     for i in range(sections.count()):
         assert sections.nth(i).is_visible() and sections.nth(i).inner_text().strip()
-    context.close()
-    assert not errors
 
-    context, page, errors = open_offline(browser, tmp_path / "tokens.html")
+    page = context.new_page()
+    attempted_tokens, errors_tokens = open_offline(page, tmp_path / "tokens.html")
     assert page.locator(".pcw-colored-tokens .token").count() == found["n_tokens"]
     context.close()
-    assert not errors
+    assert attempted == attempted_tokens == [] and errors == errors_tokens == []

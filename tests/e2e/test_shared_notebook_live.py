@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from live_lab import open_notebook, run_all_cells, write_notebook
+from live_lab import kernel_eval, open_notebook, run_all_cells, write_notebook
+
+import pycircuits_widgets as pcw
 
 from pycircuits_widgets.widgets.bundle import bundle_code, carrier_esm, stub_esm
 
@@ -17,7 +19,7 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 N_TOKENS_VIEWS = 3
 CELLS = [
     "import pycircuits_widgets as pcw\nmodel = pcw.load_pretrained('attn-only-2l')",
-    "ex = pcw.CircuitExplorer(model, 'def f(x):\\n    return f(x)\\n')\nassert ex.wait()\nex",
+    "ex = pcw.CircuitExplorer(model, 'def f(x):\\n    return f(x)\\n')\nassert ex.wait(None)  # the kernel-less answers are computed in the background too\nex",
     "ex.trigrams  # a child view of the explorer, shown on its own too",
     f"for i in range({N_TOKENS_VIEWS}):\n    display(pcw.ColoredTokens([f't{{i}}', ' u'], [float(i), 1.0]))",
 ]
@@ -51,3 +53,63 @@ def test_views_render_from_stubs_and_the_saved_notebook_holds_the_bundle_once(la
     assert len(views) == 1 + 5 + N_TOKENS_VIEWS  # the explorer, its 5 views (the table shown twice), 3 tokens
     assert all(s["_esm"] == stub_esm() and "_css" not in s for s in views)
     assert path.stat().st_size < len(carrier_esm()) + len(css) + 200_000 and len(carrier_esm()) < len(js) / 2
+
+
+def click_head(section, layer: int, head: int):
+    section.get_by_test_id("layer-picker").select_option(str(layer))
+    section.get_by_test_id("head-picker").select_option(str(head))
+
+
+def test_reopened_saved_notebook_shows_every_view_and_answers_clicks_with_no_kernel_attached(
+        browser, jupyter_lab):
+    """A saved notebook reopened twice (the failure seen was one run in two): every view and
+    explorer child renders from saved state with no console error, although the kernel that
+    starts never ran the cells (the saved views have no kernel connection); a click on another
+    head shows that head's table from the saved answers, also after the kernel is shut down."""
+    name = "reopened.ipynb"
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    write_notebook(jupyter_lab.root, name, CELLS)
+    open_notebook(page, jupyter_lab, name)
+    run_all_cells(page)
+    views_rendered(page)
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
+    layer, head = kernel_eval(page, "(ex.layer, ex.head)")
+    context.close()
+    jupyter_lab.shutdown_kernels()
+    model = pcw.load_pretrained("attn-only-2l")
+    try:
+        for attempt in range(2):
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            open_notebook(page, jupyter_lab, name)  # a kernel starts; nothing runs in it
+            views_rendered(page)
+            assert page.locator(".pcw-child-error").count() == 0
+            sections = page.locator(".jp-OutputArea-output .pcw-explorer section[data-view]")
+            assert sections.count() == 5 and all(sections.nth(i).inner_text().strip() for i in range(5))
+            table = page.locator(".jp-OutputArea-output .pcw-explorer section[data-view=trigrams]")
+            for other in [(0, 3), (1, 2)]:
+                assert other != (layer, head)
+                click_head(table, *other)
+                caption = table.locator("caption")
+                caption.filter(has_text=f"head L{other[0]}.H{other[1]},").wait_for()
+                first = table.locator("tr.trigram").first.locator(".pcw-tok").all_inner_texts()
+                (top,) = pcw.skip_trigrams(model, *other, k=1, approximate=True)
+                assert first == [visible(s) for s in (top.source_str, top.destination_str, top.out_str)]
+                page.evaluate("async () => { const p = window.jupyterapp.shell.currentWidget; "
+                              "await p.sessionContext.shutdown(); }")  # the second head with no kernel at all
+            assert table.get_by_test_id("error").count() == 0
+            context.close()
+            jupyter_lab.shutdown_kernels()
+            assert not errors, f"run {attempt + 1}: {errors}"
+    finally:
+        jupyter_lab.shutdown_kernels()
+
+
+def visible(s: str) -> str:
+    """A token as the views print it (spaces as "·", newlines as "↵")."""
+    return s.replace(" ", "·").replace("\n", "↵")
