@@ -200,6 +200,103 @@ def tokens(w) -> str:
     return _caption(f"{w.label} per token") + f'<div data-pcw-figure="tokens" style="font-family:monospace">{spans}{more}</div>'
 
 
+_TABLE = '<table data-pcw-figure="{id}" border="1" cellpadding="2" style="border-collapse:collapse">'
+
+
+def _table(test_id: str, header: list[str], rows: list[list[str]]) -> str:
+    """A small HTML table; cells are given already escaped."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return _TABLE.format(id=test_id) + f"<tr>{head}</tr>{body}</table>"
+
+
+def _bars(test_id: str, labels: list[str], values: list[float], *, width: int = 160) -> str:
+    """A horizontal SVG bar chart (bars from 0; each bar titled with its value)."""
+    top = max((abs(v) for v in values if np.isfinite(v)), default=1.0) or 1.0
+    label_w, row = 150, 14
+    bars = "".join(
+        f'<text x="0" y="{i * row + 10}" font-size="10">{html.escape(label[:_TEXT])}</text>'
+        f'<rect x="{label_w}" y="{i * row + 2}" width="{max(abs(v), 0) / top * width:.1f}" height="{row - 4}" '
+        f'fill="{"#1976d2" if v >= 0 else "#d32f2f"}"><title>{v:.4g}</title></rect>'
+        f'<text x="{label_w + width + 4}" y="{i * row + 10}" font-size="10">{v:.3g}</text>'
+        for i, (label, v) in enumerate(zip(labels, values)))
+    w, h = label_w + width + 50, len(values) * row + 2
+    return (f'<svg data-pcw-figure="{test_id}" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+            f'viewBox="0 0 {w} {h}" font-family="sans-serif">{bars}</svg>')
+
+
+def path_expansion(w) -> str:
+    """The loss ladder by path order and the most important terms (loss increase when removed)."""
+    importance = decode_array(w.importance).astype(np.float64)
+    order = np.argsort(-np.nan_to_num(importance, nan=-np.inf))[:TABLE_ROWS]
+    return (_caption("Path expansion: mean loss with paths up to each order")
+            + _bars("path-ladder", [r["label"] for r in w.ladder], [float(r["loss"]) for r in w.ladder]) + "<br>"
+            + _caption("Most important terms (loss increase when removed, nats)")
+            + _bars("path-terms", [w.terms[i]["name"] for i in order], [float(importance[i]) for i in order]))
+
+
+def positional(w) -> str:
+    """The selected head's positional score and measured attention against the offset."""
+    pos = decode_array(w.positional)[w.layer, w.head].astype(np.float64)
+    measured = decode_array(w.measured)[w.layer, w.head].astype(np.float64)
+    size_x, size_y, pad = 240, 120, 8
+
+    def line(values: np.ndarray, colour: str, test_id: str) -> str:
+        finite = values[np.isfinite(values)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        span = (hi - lo) or 1.0
+        step = (size_x - 2 * pad) / max(len(values) - 1, 1)
+        points = " ".join(f"{pad + k * step:.1f},{pad + (1 - (v - lo) / span) * (size_y - 2 * pad):.1f}"
+                          for k, v in enumerate(values.tolist()) if np.isfinite(v))
+        return (f'<polyline data-pcw-curve="{test_id}" points="{points}" fill="none" stroke="{colour}" '
+                f'stroke-width="1.5"/>')
+
+    return (_caption(f"Attention by offset, head L{w.layer}.H{w.head}: positional score (blue, {w.rule}) and "
+                     f"measured on the text (orange), each scaled to its range; offsets 0..{len(pos) - 1}")
+            + f'<svg data-pcw-figure="positional" xmlns="http://www.w3.org/2000/svg" width="{size_x}" '
+              f'height="{size_y}" viewBox="0 0 {size_x} {size_y}">'
+            + line(pos, "#1976d2", "positional") + line(measured, "#ef6c00", "measured") + "</svg>")
+
+
+def _pair(p) -> str:
+    return f"L{p[0]}.H{p[1]} → L{p[2]}.H{p[3]}"
+
+
+def virtual_heads(w) -> str:
+    """The strongest virtual heads with their norms, positivity and most-copied tokens."""
+    rows = [[html.escape(_pair(h["pair"])), f"{h['norm']:.3g}", f"{h['positivity']:.3g}",
+             " ".join(f"<code>{_token(c['str'])}</code>" for c in h["copies"][:3])] for h in w.heads[:TABLE_ROWS]]
+    return (_caption("Strongest virtual heads (V-composition)")
+            + _table("virtual-heads", ["pair", "norm", "positivity", "copies"], rows))
+
+
+def induction(w) -> str:
+    """The selected pair's verdict and the top rows of its ranked K-composition table."""
+    key = ",".join(str(int(x)) for x in w.selected_pair)
+    pair = w.pairs.get(key, {})
+    parts = [_caption(f"Induction mechanism of {_pair(w.selected_pair)}: {pair.get('sentence', '')}")]
+    table = w.tables.get(key)
+    if table:
+        values = decode_array(table["values"]).tolist()
+
+        def name(i: int) -> str:
+            return f"<code>{_token(w.strings.get(str(i), '?'))}</code>"
+
+        parts.append(_table("induction-table", ["destination", "source", "value"], [
+            [name(d), name(s), f"{v:.3g}"] for d, s, v in list(zip(table["dest"], table["src"], values))[:TABLE_ROWS]]))
+    return "".join(parts)
+
+
+def bigrams(w) -> str:
+    """Top next tokens of the first embedded rows (the selected token's first)."""
+    ids, logits = decode_array(w.top_ids), decode_array(w.top_logits)
+    order = sorted(range(len(w.rows)), key=lambda i: w.rows[i] != w.token)[:TABLE_ROWS]
+    rows = [[f"<code>{_token(w.vocab[w.rows[i]])}</code>",
+             " ".join(f"<code>{_token(w.vocab[int(t)])}</code> {float(v):.3g}" for t, v in zip(ids[i][:5], logits[i][:5]))]
+            for i in order]
+    return _caption("Direct path W_E W_U: top next tokens") + _table("bigrams", ["token", "next tokens (logit)"], rows)
+
+
 def explorer(w) -> str:
     """The header line and each child view's picture."""
     parts = [_caption(f"Circuit explorer: {w.model_name}, head L{w.layer}.H{w.head}"
@@ -218,5 +315,10 @@ FIGURES = {
     "SkipTrigramTable": skip_trigrams,
     "ColoredTokens": tokens,
     "CircuitExplorer": explorer,
+    "PathExpansion": path_expansion,
+    "PositionalQK": positional,
+    "VirtualHeads": virtual_heads,
+    "InductionMechanism": induction,
+    "BigramTable": bigrams,
 }
 """View name (``_view``) -> figure of a widget of that view."""
