@@ -58,3 +58,12 @@ describe("kernel-less answers", () => {
     expect(isLive(undefined, {})).toBe(true);
   });
 });
+
+describe("merged answers", () => {
+  it("add entries to a dict trait instead of replacing it", () => {
+    const rules = [{ on: ["pair"], base: {}, merge: ["tables"], missing: "m",
+                     patches: { '"b"': { tables: { b: { n: 2 } } } } }];
+    const m = new HostModel("m", { pair: "b", tables: { a: { n: 1 } }, _offline: { rules: JSON.stringify(rules), kernel: {} } });
+    expect(offlinePatch(m, ["pair"]).tables).toEqual({ a: { n: 1 }, b: { n: 2 } });
+  });
+});

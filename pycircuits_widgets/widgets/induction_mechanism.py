@@ -9,10 +9,11 @@ from ..analysis.composition import composition_scores, random_baseline
 from ..analysis.eigen import eigenvalue_positivity
 from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
                                   k_composition_positivity, k_composition_top)
+from . import offline
 from .base import CircuitWidget, check_range, reports_errors
 from .pair_selection import PairSelection, pair_key
 from .payload import encode_array
-from .selection import HeadSelection, TokenSelection, check_model
+from .selection import HeadSelection, Runner, TokenSelection, check_model
 
 
 N_TABLES = 16
@@ -91,6 +92,25 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
         )
         self._add_tables([[int(x) for x in key.split(",")] for key in order[:n_tables]] + [self.selected_pair])
         self.observe(self._on_pair, ["selected_pair"])
+        self._runner = Runner(self)  # the kernel-less answers only: tables run in the kernel at once
+        self._share_offline()
+
+    def wait(self, timeout: float | None = 30.0) -> bool:
+        """Wait until the background work (the kernel-less answers) is done (True if idle)."""
+        return self._runner.wait(timeout)
+
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: the ranked table of every pair not embedded, added to ``tables`` (and its
+        tokens to ``strings``) when the pair is selected."""
+        todo = [[int(x) for x in key.split(",")] for key in self.pairs if key not in self.tables]
+
+        def tables():
+            for pair in todo:
+                table, strings = self._table(pair)
+                yield (pair,), {"tables": {pair_key(pair): table}, "strings": strings}
+
+        answers.rule(["selected_pair"], tables(), base={"error": ""}, merge=("tables", "strings"),
+                     missing=offline.over_budget("This pair's ranked table"))
 
     def _on_pair(self, change):
         if change["new"]:
@@ -104,13 +124,17 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
             key = pair_key(pair)
             if not pair or key in tables:
                 continue
-            with torch.no_grad():
-                h1, h2 = tuple(pair[:2]), tuple(pair[2:])
-                values, dest, src = k_composition_top(self.model, h1, h2, self._k)
-                diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2)
-            tables[key] = {"values": encode_array(values, "float32"), "dest": dest.tolist(), "src": src.tolist(),
-                           "diagonal_rank": diagonal_rank}
-            for i in dest.tolist() + src.tolist():
-                strings[str(i)] = self._strings_all[i]
+            tables[key], new = self._table(pair)
+            strings.update(new)
         with self.hold_sync():
             self.strings, self.tables = strings, tables
+
+    def _table(self, pair) -> tuple[dict, dict]:
+        """One pair's ranked table entry and the display strings of its tokens."""
+        with torch.no_grad():
+            h1, h2 = tuple(pair[:2]), tuple(pair[2:])
+            values, dest, src = k_composition_top(self.model, h1, h2, self._k)
+            diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2)
+        table = {"values": encode_array(values, "float32"), "dest": dest.tolist(), "src": src.tolist(),
+                 "diagonal_rank": diagonal_rank}
+        return table, {str(i): self._strings_all[i] for i in dest.tolist() + src.tolist()}

@@ -25,7 +25,8 @@ answer is packed into the one binary ``data`` buffer (float16 for floats, uint16
 vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
 dtype, shape]}``; a rule's ``base`` holds what all its answers share (e.g. the token
 strings of every table, each string once), merged under each answer's own patch.
-A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str}``,
+A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str,
+"merge": [dict traits the patch adds entries to] (optional)}``,
 keyed by the selection's values as JSON joined by "," (:func:`key`).
 """
 
@@ -95,19 +96,23 @@ class Answers:
         """Controls (trait names) that always need a kernel: disabled offline with their reason."""
         self.kernel.update({n: NEEDS_KERNEL[n] for n in names})
 
-    def rule(self, on: list[str], answers, *, missing: str, base: dict | None = None) -> None:
+    def rule(self, on: list[str], answers, *, missing: str, base: dict | None = None, merge=()) -> None:
         """Add a rule: ``answers`` yields ``(selection values, trait patch)`` pairs, most
         wanted first (the current selection first), or ``(values, patch, shared)`` where
         ``shared`` is merged into the rule's ``base`` (what all answers share, e.g. token
         strings, stored once). Answers are packed until the budget is spent; ``missing`` is
-        shown for every other selection. They are computed when :meth:`steps` runs."""
-        self._pending.append((list(on), answers, missing, base))
+        shown for every other selection. ``merge``: dict traits an answer adds entries to
+        (e.g. one pair's table into ``tables``) instead of replacing. Answers are computed
+        when :meth:`steps` runs."""
+        self._pending.append((list(on), answers, missing, base, list(merge)))
 
     def steps(self):
         """Compute every rule's answers, yielding None between answers (a runner's chunk
         boundaries), then ``{"_offline": state}``."""
-        for on, answers, missing, base in self._pending:
+        for on, answers, missing, base, merge in self._pending:
             rule = {"on": on, "base": self._compact(dict(base or {})), "patches": {}, "missing": missing}
+            if merge:
+                rule["merge"] = merge
             self.left -= len(_json(rule))
             self.rules.append(rule)
             for values, patch, *shared in answers:

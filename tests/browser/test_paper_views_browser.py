@@ -10,6 +10,7 @@ from pycircuits_widgets.analysis import path_expansion
 from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import positional_scores_by_offset
+from pycircuits_widgets.widgets import offline
 from pycircuits_widgets.widgets.payload import decode_array
 
 pytestmark = pytest.mark.browser
@@ -76,17 +77,31 @@ def test_induction_pickers_verdict_and_kernel_computed_table(show, m2):
     assert w.token == int(ref.top_dest[0])
 
 
-def test_induction_page_without_kernel_says_which_tables_need_one(page, tmp_path, m2):
+def test_induction_page_without_kernel_answers_other_pairs_within_its_budget(page, tmp_path, m2, monkeypatch):
     w = pcw.InductionMechanism(m2, k=4, n_tables=1)
     other = next(k for k in w.pairs if k not in w.tables)
     page.goto(w.save_html(tmp_path / "induction.html").as_uri())
     page.wait_for_selector("body[data-pcw-ready]")
-    assert page.get_by_test_id("kcomp-table").count() == 1
     l1, h1, l2, h2 = map(int, other.split(","))
     page.get_by_test_id("h1-picker").select_option(f"{l1},{h1}")
     page.get_by_test_id("h2-picker").select_option(f"{l2},{h2}")
     assert page.get_by_test_id("verdict").inner_text() == w.pairs[other]["sentence"]  # embedded for every pair
+    ref = induction_pair(m2, (l1, h1), (l2, h2), k=4)  # the saved answer (float16) against the analysis
+    scores = [float(x) for x in page.get_by_test_id("kcomp-score").all_inner_texts()]
+    assert scores == pytest.approx(ref.top_values.tolist(), rel=2e-3, abs=1e-3)
+    assert page.get_by_test_id("needs-kernel").count() == 0
+
+    monkeypatch.setattr(offline, "BUDGET", 600)  # room for about one pair's answer
+    small = pcw.InductionMechanism(m2, k=4, n_tables=1)
+    page.goto(small.save_html(tmp_path / "small.html").as_uri())
+    page.wait_for_selector("body[data-pcw-ready]")
+    last = [k for k in small.pairs if k not in small.tables][-1]
+    l1, h1, l2, h2 = map(int, last.split(","))
+    page.get_by_test_id("h1-picker").select_option(f"{l1},{h1}")
+    page.get_by_test_id("h2-picker").select_option(f"{l2},{h2}")
+    assert page.get_by_test_id("verdict").inner_text() == small.pairs[last]["sentence"]
     assert "needs a kernel" in page.get_by_test_id("needs-kernel").inner_text()
+    assert page.get_by_test_id("error").inner_text() == offline.over_budget("This pair's ranked table")
 
 
 def test_positional_chart_follows_the_head_picker(show, m2):

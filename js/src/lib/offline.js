@@ -69,7 +69,13 @@ export function offlinePatch(model, changed) {
   for (const rule of rules) {
     if (!rule.on.some((name) => changed.includes(name))) continue;
     const answer = rule.patches[selectionKey(model, rule.on)];
-    patch = answer ? merged(patch, unpack(merged(rule.base ?? {}, answer), data)) : { ...patch, error: rule.missing };
+    if (!answer) {
+      patch = { ...patch, error: rule.missing };
+      continue;
+    }
+    const found = unpack(merged(rule.base ?? {}, answer), data);
+    for (const name of rule.merge ?? []) found[name] = { ...model.get(name), ...found[name] }; // adds entries
+    patch = merged(patch, found);
   }
   const kernel = saved.kernel ?? {};
   for (const name of changed) if (kernel[name]) patch.error = kernel[name];
