@@ -73,6 +73,19 @@ def int8_available() -> bool:
         return False
 
 
+def _quantise_rows(x: torch.Tensor):
+    """Per-row int8 quantisation ``x_i = s_i x̃_i + e_i`` of ``x [n, r]`` (float32, ``s_i = max|x_i| / 127``).
+
+    Returns ``(x̃ [n, r] int8, s [n], ||x̃_i|| [n], ||e_i|| [n])``: the terms of the int8 bound
+    (module docstring), for the rows of ``a`` and the columns of ``b`` alike.
+    """
+    lo, hi = torch.aminmax(x, dim=1)  # (no |x| temporary)
+    s = torch.maximum(-lo, hi).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    xq = torch.div(x, s[:, None]).round_()
+    err = torch.linalg.vector_norm(torch.addcmul(x, xq, s[:, None], value=-1), dim=1)
+    return xq.to(torch.int8), s, torch.linalg.vector_norm(xq, dim=1), err
+
+
 class ProductScreen:
     """Upper bounds on entries of ``a [m, r] @ b [r, n]`` (float32) from a low-precision GEMM.
 
@@ -87,37 +100,29 @@ class ProductScreen:
             backend = "int8" if a.device.type == "cpu" and int8_available() else "bfloat16"
         if backend not in SCREEN_ROWS:
             raise ValueError(f"backend must be one of {tuple(SCREEN_ROWS)}, got {backend!r}")
-        a, b = a.float(), b.float()
+        # rows of bt are the columns of b: every reduction below runs along contiguous rows
+        a, bt = a.float(), b.float().T.contiguous()
         self.backend = backend
         self.block_rows = SCREEN_ROWS[backend]
-        self.n = b.shape[1]
+        self.n = bt.shape[0]
         cols = range(0, self.n, tile_cols)
         self._starts = list(cols)
         a_norm = torch.linalg.vector_norm(a, dim=1)
-        b_norm_max = torch.linalg.vector_norm(b, dim=0).max()
+        b_norm_max = torch.linalg.vector_norm(bt, dim=1).max()
         slack = FLOAT_SLACK * a_norm * b_norm_max
         if backend == "int8":
-            alpha = a.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / 127
-            a_q = torch.round(a / alpha[:, None])
-            beta = b.abs().amax(0).clamp_min(torch.finfo(torch.float32).tiny) / 127
-            b_q = torch.round(b / beta)
-            e_norm = torch.linalg.vector_norm(a - alpha[:, None] * a_q, dim=1)
-            f_norm_max = torch.linalg.vector_norm(b - beta * b_q, dim=0).max()
-            aq_norm = torch.linalg.vector_norm(a_q, dim=1)
-            self._margin = alpha * aq_norm * f_norm_max + e_norm * b_norm_max + slack
-            self._x = a_q.to(torch.int8)
-            w = b_q.T.to(torch.int8)  # [n, r]: a linear layer's weight
-            self._scale = float(aq_norm.max() * torch.linalg.vector_norm(beta * b_q, dim=0).max()) / 254
-            self._scale = max(self._scale, torch.finfo(torch.float32).tiny)
+            self._x, alpha, aq_norm, e_norm = _quantise_rows(a)
+            w, beta, bq_norm, f_norm = _quantise_rows(bt)  # w [n, r]: a linear layer's weight
+            self._margin = alpha * aq_norm * f_norm.max() + e_norm * b_norm_max + slack
+            self._scale = max(float(aq_norm.max() * (beta * bq_norm).max()) / 254, torch.finfo(torch.float32).tiny)
             self._alpha_s = alpha * self._scale
             rows_hint = [self.block_rows, a.shape[1]]
-            self._tiles = [(torch.ops.onednn.qlinear_prepack(w[c:c + tile_cols].contiguous(), rows_hint),
-                            beta[c:c + tile_cols].contiguous(),
+            self._tiles = [(torch.ops.onednn.qlinear_prepack(w[c:c + tile_cols], rows_hint), beta[c:c + tile_cols],
                             torch.zeros(min(tile_cols, self.n - c), dtype=torch.long)) for c in cols]
         else:
             self._margin = bf16_relative_error(a.shape[1]) * a_norm * b_norm_max + slack
             self._x = a.bfloat16()
-            self._tiles = [b[:, c:c + tile_cols].bfloat16().contiguous() for c in cols]
+            self._tiles = [bt[c:c + tile_cols].T.bfloat16().contiguous() for c in cols]
 
     def _tile(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """Low-precision product of quantised rows ``x`` with column tile ``t``: int8 or bf16 ``[R, C]``."""
