@@ -17,6 +17,7 @@ from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.widgets.explorer import short_name
 from pycircuits_widgets.widgets.payload import decode_array
 from random_models import custom_model, paper_model
+from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +112,26 @@ def test_notes_name_what_each_view_ignores(m2, rotary):
         "the layer norm's division where it depends on the context (the unembedding)"]
     learned = pcw.SkipTrigramTable(custom_model(n_layers=1, positional="learned", dtype=torch.float32), k=5)
     assert learned.ignores == ["the layer norm's per-token scale"]
+
+
+@pytest.mark.parametrize("mode", ["script", "kernel"])
+def test_many_heads_eigenvalues_fill_in_from_the_runner_and_equal_the_analysis(monkeypatch, request, mode):
+    """Over EAGER_HEADS heads the scatter's spectra (two vocab-sized products) are not part of the
+    build under a kernel: the traits are {} when the constructor returns, the runner fills them,
+    and they equal eigenvalue_positivity on the same weights; a script computes them at once."""
+    from pycircuits_widgets.widgets.eigenvalue_plot import EigenvaluePlot
+    if mode == "kernel":
+        request.getfixturevalue("manual_kernel_loop")
+    monkeypatch.setattr(EigenvaluePlot, "EAGER_HEADS", 4)
+    model = paper_model(n_layers=2, n_heads=4, d_model=32, d_head=8, dtype=torch.float32)
+    w = pcw.EigenvaluePlot(model, layer=1, head=2)
+    if mode == "kernel":
+        assert w.ov_positivity == {} and w.qk_positivity == {} and w.busy
+    assert w.wait(30) and not w.error and not w.busy
+    for kind, trait in (("OV", w.ov_positivity), ("QK", w.qk_positivity)):
+        np.testing.assert_allclose(decode_array(trait), eigenvalue_positivity(model, kind).numpy(), rtol=1e-6, atol=1e-7)
+    assert (w.detail["layer"], w.detail["head"]) == (1, 2) and w.detail["copies"]
+    rotary = custom_model(n_layers=2, n_heads=3, positional="rotary", rotary_dim=6, dtype=torch.float32)
+    r = pcw.EigenvaluePlot(rotary)
+    assert r.wait(30) and r.qk_positivity == {} and "QK side not shown" in r.qk_note
+    np.testing.assert_allclose(decode_array(r.ov_positivity), eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import torch
@@ -46,7 +47,8 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
 
     # -- data --
     ov_positivity = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit."""
+    """float32 payload [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit; {} while
+    the runner computes it (models with more than ``EAGER_HEADS`` heads: ``wait()`` covers it)."""
     qk_positivity = traitlets.Dict().tag(sync=True)
     """float32 payload [L, H]: the same for each head's full QK circuit; {} where undefined (rotary)."""
     qk_note = traitlets.Unicode("").tag(sync=True)
@@ -76,29 +78,44 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         self.model = model
         self._strings = model.token_strings
         L, H = model.cfg.n_layers, model.cfg.n_heads
-        qk_note = ""
+        self._eigs = None  # {"OV": ..., "QK": ...} [L, H, d_head] complex, once computed (_spectra)
+        self._eigs_lock = threading.Lock()
+        lazy = L * H > self.EAGER_HEADS  # two vocab-sized products: several forwards' worth at GPT-2 shapes
         with torch.no_grad():
-            self._eigs = {"OV": eigenvalues(model, "OV")}
-            try:
-                self._eigs["QK"] = eigenvalues(model, "QK")
-            except ValueError as exc:  # rotary: the OV side stays well defined
-                qk_note = f"QK side not shown: {exc}"
-            if scores is None and L * H <= self.EAGER_HEADS:
+            if scores is None and not lazy:
                 scores = head_scores(model)
         if scores is None:  # names now, numbers on first use
             encoded = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
         else:
             encoded = {name: encode_array(_check_score(name, value, L, H), "float32") for name, value in scores.items()}
-        qk = {} if qk_note else encode_array(positivity(self._eigs["QK"]), "float32")
-        super().__init__(
-            ov_positivity=encode_array(positivity(self._eigs["OV"]), "float32"),
-            qk_positivity=qk, qk_note=qk_note, scores=encoded, ignores=direct_path_ignores(model.cfg),
-            _embedding_note=embedding_note(model), **kwargs,
-        )
+        super().__init__(scores=encoded, ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
+                         **({} if lazy else self._positivities()), **kwargs)
         self._runner = Runner(self)
-        self.recompute()
+        if lazy:  # the scatter fills in from the runner (the view shows it computing), then the detail
+            self._runner.submit("spectra", lambda: iter([self._positivities()]))
+            self._on_head(None)
+        else:
+            self.recompute()
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
         self._share_offline()
+
+    def _spectra(self) -> tuple[dict, str]:
+        """Every head's OV and QK spectrum (computed once) and why QK is missing ("" if it is not)."""
+        with self._eigs_lock, torch.no_grad():
+            if self._eigs is None:
+                eigs, note = {"OV": eigenvalues(self.model, "OV")}, ""
+                try:
+                    eigs["QK"] = eigenvalues(self.model, "QK")
+                except ValueError as exc:  # rotary: the OV side stays well defined
+                    note = f"QK side not shown: {exc}"
+                self._eigs, self._qk_note = eigs, note
+            return self._eigs, self._qk_note
+
+    def _positivities(self) -> dict:
+        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity`` ({} without QK), ``qk_note``."""
+        eigs, note = self._spectra()
+        qk = encode_array(positivity(eigs["QK"]), "float32") if "QK" in eigs else {}
+        return {"ov_positivity": encode_array(positivity(eigs["OV"]), "float32"), "qk_positivity": qk, "qk_note": note}
 
     @traitlets.validate("color_by")
     def _valid_color_by(self, proposal):
@@ -145,7 +162,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
 
     def _detail_steps(self, layer, head, n):
         detail = {"layer": layer, "head": head}
-        for kind, eigs in self._eigs.items():
+        for kind, eigs in self._spectra()[0].items():
             detail[f"{kind.lower()}_re"] = encode_array(eigs[layer, head].real, "float32")
             detail[f"{kind.lower()}_im"] = encode_array(eigs[layer, head].imag, "float32")
         yield {"detail": detail}  # the spectrum is cached: it shows at once

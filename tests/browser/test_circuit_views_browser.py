@@ -5,6 +5,7 @@ import pytest
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import circuit_query, composition_detail
+from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 from test_circuit_widgets import XSS, tiny_model
 
 pytestmark = pytest.mark.browser
@@ -143,6 +144,20 @@ def test_eigen_click_selects_head_and_shows_its_spectrum(show, m2):
     set_from_browser(view, w, "layer", 5)
     view.wait_until(lambda: view.page.get_by_test_id("error").count() == 1, what="error panel")
     assert w.layer == 0
+
+
+def test_eigen_scatter_waits_for_spectra_computed_in_the_background(show, m2, monkeypatch, manual_kernel_loop):
+    """A model over EAGER_HEADS heads under a kernel: the view first says it is computing (no
+    points, no "QK not defined" axis), then draws every head when the runner's result arrives."""
+    monkeypatch.setattr(pcw.EigenvaluePlot, "EAGER_HEADS", 4)
+    w = pcw.EigenvaluePlot(m2, scores={})
+    view = show(w)
+    assert view.page.get_by_test_id("scatter-pending").count() == 1
+    assert view.page.locator("g.head").count() == 0
+    assert "QK not defined" not in view.page.get_by_test_id("scatter").text_content()
+    assert w.wait(30)
+    view.wait_until(lambda: view.page.locator("g.head").count() == 8, what="every head drawn")
+    assert view.page.get_by_test_id("scatter-pending").count() == 0
 
 
 @pytest.mark.parametrize("make", ["table", "composition", "eigen"])
