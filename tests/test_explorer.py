@@ -39,7 +39,8 @@ def table_triples(table):
 
 
 def test_two_layer_model_gets_every_view_and_no_notice(explorer):
-    assert set(explorer.views()) == {"loss", "attention", "trigrams", "composition", "eigen"}
+    assert set(explorer.views()) == {"loss", "attention", "trigrams", "composition", "eigen",
+                                     "paths", "induction", "positional", "virtual", "bigrams"}
     assert explorer.notices == {}
     for view in explorer.views().values():
         assert view.model_id  # a real child widget, synced as IPY_MODEL_<id>
@@ -143,15 +144,17 @@ def test_bad_selection_from_browser_is_rejected_and_last_good_state_kept(explore
 def test_one_layer_model_explains_why_it_has_no_composition():
     e = CircuitExplorer(paper_model(n_layers=1, dtype=torch.float32), "t1 t2 t3")
     assert e.composition is None
-    assert "composition" in e.notices and "at least 2 layers" in e.notices["composition"]
-    assert set(e.views()) == {"loss", "attention", "trigrams", "eigen"}
+    assert set(e.notices) == {"composition", "induction", "virtual"}
+    assert all("at least 2 layers" in message for message in e.notices.values())
+    assert set(e.views()) == {"loss", "attention", "trigrams", "eigen", "paths", "positional", "bigrams"}
     assert not e.trigrams.approximate  # exact skip-trigrams for a one-layer attention-only model
 
 
-def test_zero_layer_model_shows_only_the_loss_view():
+def test_zero_layer_model_shows_the_loss_and_bigram_views():
     e = CircuitExplorer(paper_model(n_layers=0, dtype=torch.float32), "t1 t2 t3")
-    assert set(e.views()) == {"loss"}
-    assert set(e.notices) == {"attention", "trigrams", "composition", "eigen"}
+    assert set(e.views()) == {"loss", "bigrams"}
+    assert set(e.notices) == {"attention", "trigrams", "composition", "eigen", "paths", "induction", "positional",
+                              "virtual"}
     assert all("n_layers=0" in message for message in e.notices.values())
 
 
@@ -159,6 +162,9 @@ def test_rotary_model_refuses_token_by_token_qk_views_with_a_notice():
     model = custom_model(positional="rotary", dtype=torch.float32)
     e = CircuitExplorer(model, "t1 t2 t3")
     assert e.trigrams is None and "rotary" in e.notices["trigrams"]
+    assert e.induction is None and "rotary" in e.notices["induction"]
+    e.compute("positional")
+    assert e.wait() and "rotary rule" in e.positional.rule  # the rule, not a positional table
     assert e.eigen is not None and "rotary" in e.eigen.qk_note  # the OV side stays
     assert e.attention is not None and e.composition is not None
 
@@ -187,7 +193,7 @@ def test_standalone_page_registers_every_child_once_without_mounting_it(explorer
     page = render_html([explorer, explorer.loss])  # the loss view also shown on its own
     state = json.loads(re.search(r'id="pcw-state">(.*?)</script>', page, re.S).group(1))
     ids = [w["model_id"] for w in state["widgets"]]
-    assert len(ids) == len(set(ids)) == 6
+    assert len(ids) == len(set(ids)) == 1 + len(explorer.views())
     mounted = {w["model_id"] for w in state["widgets"] if w["el"]}
     assert mounted == {explorer.model_id, explorer.loss.model_id}
     children = {v.model_id for v in explorer.views().values()}

@@ -228,7 +228,7 @@ def test_export_mounts_every_pycircuits_view_and_registers_composite_children(ex
     explorer = mounted[-1]["state"]
     children = {v.removeprefix("IPY_MODEL_") for v in explorer.values() if str(v).startswith("IPY_MODEL_")}
     children &= {k for k, m in saved.items() if m["model_name"] == "AnyModel"}
-    assert len(children) == 5  # loss, attention, trigrams, composition, eigen
+    assert len(children) == 10  # loss, attention, trigrams, composition, eigen, paths, induction, positional, virtual, bigrams
     assert {e["model_id"] for e in entries if not e["el"]} == children
 
 

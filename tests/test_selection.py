@@ -223,6 +223,11 @@ KERNEL_ONLY = {
     "loss": ["values", "tokens", "first_position"],
     "eigen": ["scores", "detail", "ov_positivity"],
     "composition": ["scores", "detail", "baselines"],
+    "paths": ["terms", "ladder", "importance", "contributions", "tokens"],
+    "induction": ["pairs", "tables", "strings", "thresholds"],
+    "positional": ["positional", "measured", "rule", "n_tokens"],
+    "virtual": ["heads"],
+    "bigrams": ["vocab", "rows", "top_ids", "top_logits", "complete"],
 }
 
 
@@ -236,7 +241,8 @@ def test_browser_cannot_write_kernel_traits(m2, name):
         widget.set_state({trait: bogus})
         assert getattr(widget, trait) == before or getattr(widget, trait) is before, trait
         assert f"{trait} cannot be set from the browser" in widget.error, trait
-    assert ex.loss is not None and set(ex.views()) == {"loss", "attention", "trigrams", "composition", "eigen"}
+    assert ex.loss is not None and set(ex.views()) == {"loss", "attention", "trigrams", "composition", "eigen",
+                                                       "paths", "induction", "positional", "virtual", "bigrams"}
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -276,7 +282,7 @@ def test_a_failing_observer_rolls_the_selection_back_everywhere(m2, monkeypatch)
     ex.eigen.observe(fail_on_head_2, ["layer", "head", "n_copies"])
     ex.set_state({"head": 2})
     assert "no head 2 today" in ex.error
-    assert ex.head == 0 and all(v.head == 0 for n, v in ex.views().items() if n != "loss")
+    assert ex.head == 0 and all(v.head == 0 for n, v in ex.views().items() if n not in ("loss", "bigrams"))
     with pytest.raises(RuntimeError, match="no head 2 today"):
         ex.head = 2  # from Python: raises, and the old value stays
     assert ex.head == 0 and ex.eigen.head == 0

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.circuit_model import next_token_loss
+from .activations import RunResult
 from .circuits import TensorProductTerm
 
 
@@ -114,6 +115,9 @@ class PathExpansion:
 def path_expansion(model, text_or_tokens) -> PathExpansion:
     """Exact path expansion of ``model``'s logits on ``text_or_tokens`` (module docstring).
 
+    ``text_or_tokens``: text, token ids, or the ``RunResult`` of ``pcw.run(model, ...)``, whose
+    forward pass (logits and activation cache) is then reused instead of run again.
+
     Refuses models with MLPs. The number of terms is ``prod_l (1 + n_heads)`` (all head paths
     through increasing layers): 81 for a 2-layer model with 8 heads.
     """
@@ -123,8 +127,11 @@ def path_expansion(model, text_or_tokens) -> PathExpansion:
     biases = [b for b in ("b_V", "b_O", "b_U") if getattr(model, b, None) is not None]
     if biases:
         raise ValueError(f"path expansion here covers bias-free models; {cfg.name!r} has {biases}")
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(text_or_tokens)
+    if isinstance(text_or_tokens, RunResult):
+        logits, cache = text_or_tokens.logits, text_or_tokens.cache
+    else:
+        with torch.no_grad():
+            logits, cache = model.run_with_cache(text_or_tokens)
     tokens = cache.tokens
     inv = 1.0 / ln_scales(model, cache)  # [batch, L + 1, pos]
     eye = torch.eye(tokens.shape[-1], dtype=logits.dtype)

@@ -6,8 +6,9 @@ import torch
 import traitlets
 
 from ..analysis.bigrams import bigram_top
-from .base import CircuitWidget, check_range, reports_errors
+from .base import CircuitWidget, check_range
 from .payload import encode_array
+from .on_demand import OnDemand
 from .selection import TokenSelection
 
 EMBED_ALL_MAX_VOCAB = 8192
@@ -15,18 +16,22 @@ EMBED_ALL_MAX_VOCAB = 8192
 beyond it (GPT-2: 50257, a 2-minute table) rows are computed in the kernel as tokens are selected."""
 
 
-class BigramTable(TokenSelection, CircuitWidget):
+class BigramTable(OnDemand, TokenSelection, CircuitWidget):
     """Top next tokens of the direct path ``W_E W_U`` (``pcw.analysis.bigrams``): the whole model
     for a zero-layer transformer, the direct-path term for deeper ones. Search the vocabulary,
     click a token to select it (``token``) and see what the model predicts after it.
 
+    Rows are computed on the widget's runner (``on_demand``): every row up front for
+    vocabularies up to ``EMBED_ALL_MAX_VOCAB`` tokens, else each selected token's row.
+
     Args:
         model: any weight view (zero layers included).
         k: next tokens per row.
+        active: compute now (default) or when ``active`` is first set (``on_demand``).
     """
 
     _view = traitlets.Unicode("BigramTable").tag(sync=True)
-    _browser_writable = frozenset({"token"})
+    _browser_writable = frozenset({"token", "active"})
 
     # -- data --
     vocab = traitlets.List(traitlets.Unicode()).tag(sync=True)
@@ -47,23 +52,28 @@ class BigramTable(TokenSelection, CircuitWidget):
                             f"got {type(model).__name__} without {', '.join(missing)}")
         self.model = model
         self._k = check_range("k", k, 1, min(100, model.cfg.d_vocab))
-        V = model.cfg.d_vocab
-        complete = V <= EMBED_ALL_MAX_VOCAB
-        super().__init__(vocab=model.token_strings, complete=complete, **kwargs)
-        self._set_rows(list(range(V)) if complete else ([self.token] if self.token >= 0 else []))
+        self._computed: tuple[list[int], torch.Tensor, torch.Tensor] = (
+            [], torch.zeros(0, self._k), torch.zeros(0, self._k, dtype=torch.int32))  # rows, values, ids
+        super().__init__(vocab=model.token_strings, complete=model.cfg.d_vocab <= EMBED_ALL_MAX_VOCAB, **kwargs)
         self.observe(self._on_token, ["token"])
+        self._init_on_demand()
+
+    def _start(self) -> None:
+        wanted = list(range(self.model.cfg.d_vocab)) if self.complete else [self.token]
+        self._runner.submit("all rows" if self.complete else "rows", lambda: self._rows_steps(wanted))
 
     def _on_token(self, change):
-        if change["new"] >= 0 and change["new"] not in self.rows:
-            self._set_rows([*self.rows, change["new"]])
+        t = change["new"]
+        if self.active and not self.complete and t >= 0:
+            self._runner.submit("rows", lambda: self._rows_steps([t]))
 
-    @reports_errors
-    def _set_rows(self, rows: list[int]) -> None:
-        if rows:
-            values, ids = bigram_top(self.model, self._k, rows)
-        else:
-            values, ids = torch.zeros(0, self._k), torch.zeros(0, self._k, dtype=torch.int32)
-        with self.hold_sync():
-            self.top_ids = encode_array(ids, "int32")
-            self.top_logits = encode_array(values, "float32")
-            self.rows = rows
+    def _rows_steps(self, wanted: list[int]):
+        """Add the rows of ``wanted`` not computed yet (on the runner's thread, one job at a time)."""
+        rows, values, ids = self._computed
+        new = [t for t in dict.fromkeys(wanted) if t >= 0 and t not in rows]
+        if not new:
+            return
+        new_values, new_ids = bigram_top(self.model, self._k, new)
+        new_values, new_ids = new_values.float(), new_ids.to(torch.int32)
+        self._computed = rows, values, ids = (rows + new, torch.cat([values, new_values]), torch.cat([ids, new_ids]))
+        yield {"top_ids": encode_array(ids, "int32"), "top_logits": encode_array(values, "float32"), "rows": rows}

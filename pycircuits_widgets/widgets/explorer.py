@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import ipywidgets
+import numpy as np
 import traitlets
 from tqdm import tqdm
 
 from ..analysis.activations import run
 from .attention import AttentionPatterns
 from .base import CircuitWidget, check_text, rolls_back
+from .bigram_table import BigramTable
 from .colored_tokens import ColoredTokens
 from .composition_matrix import CompositionMatrix
 from .eigenvalue_plot import EigenvaluePlot
+from .induction_mechanism import EMBED_TABLES_MAX_VOCAB, InductionMechanism
+from .pair_selection import PairSelection
+from .path_expansion_view import PathExpansion
+from .payload import decode_array
+from .positional_qk import PositionalQK
 from .selection import HeadSelection, PositionSelection, TokenSelection, check_model
 from .skip_trigram_table import SkipTrigramTable
+from .virtual_heads_view import VirtualHeads
 
 TITLES = {
     "loss": "per-token loss",
@@ -21,6 +29,11 @@ TITLES = {
     "trigrams": "skip-trigrams",
     "composition": "composition scores",
     "eigen": "eigenvalues (copying)",
+    "paths": "path expansion",
+    "induction": "induction mechanism",
+    "positional": "positional attention",
+    "virtual": "virtual heads",
+    "bigrams": "bigram table",
 }
 """Child view name -> what it shows (used in notices)."""
 
@@ -28,44 +41,66 @@ FOLLOWS = {
     "loss": ("position",),
     "attention": ("layer", "head", "position"),
     "trigrams": ("layer", "head", "token"),
-    "composition": ("layer", "head"),
+    "composition": ("layer", "head", "selected_pair"),
     "eigen": ("layer", "head"),
+    "paths": ("layer", "head", "position", "selected_pair"),
+    "induction": ("layer", "head", "token", "selected_pair"),
+    "positional": ("layer", "head"),
+    "virtual": ("layer", "head", "selected_pair"),
+    "bigrams": ("token",),
 }
 """Child view name -> the selection traits it shows (and may change by a click). The same
 table drives the browser-side linking (js/src/lib/selection.js)."""
+
+ON_DEMAND = ("paths", "induction", "positional", "virtual")
+"""The paper views the explorer builds inactive (``on_demand``): nothing of theirs is computed
+until their section's "compute" button (or :meth:`CircuitExplorer.compute`) starts them, so
+building the explorer costs no more than before and their minutes of work at large shapes never
+delay the other views' clicks unasked. :meth:`CircuitExplorer.save_html` starts them for a small
+model (:data:`SMALL_HEADS` heads, :data:`EMBED_TABLES_MAX_VOCAB` tokens)."""
+SMALL_HEADS = 64
 
 
 def _child(cls):
     return traitlets.Instance(cls, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
 
 
-class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitWidget):
+class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSelection, CircuitWidget):
     """One model reading one text, seen through every circuit view at once, all following
-    one selection: a head ``(layer, head)``, a text ``position`` and a vocabulary ``token``.
+    one selection: a head ``(layer, head)``, a text ``position``, a vocabulary ``token`` and a
+    head pair ``selected_pair`` (earlier head -> later head).
 
     Views (each a full widget, also usable on its own): per-token loss of ``pcw.run(model,
     text)`` (``ColoredTokens``), ``AttentionPatterns``, ``SkipTrigramTable``,
-    ``CompositionMatrix``, ``EigenvaluePlot``. A click in any of them (a head thumbnail, a
-    composition cell, a point of the eigenvalue plot, a token) moves every view to it: in the
-    browser at once (so a saved page with no kernel stays coherent) and in the kernel, which
-    recomputes what depends on the selection (skip-trigrams of the head, its eigenvalues, a
-    token's query...). ``position`` and ``token`` stay consistent: a position selects its
-    token; a token selects its last position in the text (-1 if absent); no token, no position.
+    ``CompositionMatrix``, ``EigenvaluePlot``, and the paper's two-layer story:
+    ``PathExpansion``, ``InductionMechanism`` (of the selected pair), ``PositionalQK``,
+    ``VirtualHeads`` and the direct path's ``BigramTable``. A click in any of them (a head
+    thumbnail, a composition cell, a path term, a virtual head, a token) moves every view to
+    it: in the browser at once (so a saved page with no kernel stays coherent) and in the
+    kernel, which recomputes what depends on the selection (skip-trigrams of the head, its
+    eigenvalues, a token's query...). ``position`` and ``token`` stay consistent: a position
+    selects its token; a token selects its last position in the text (-1 if absent); no
+    token, no position. A pair selects its later head; selecting a head in layer >= 1 selects
+    the pair of its strongest K-composition writer (from the composition view's K scores,
+    once they are computed) and that head.
 
-    The model reads each text once (``pcw.run``); loss and attention views share that pass.
+    The model reads each text once (``pcw.run``); the loss, attention, path and positional
+    views share that pass. The paper views in ``ON_DEMAND`` are built inactive and computed
+    on first use (their section's "compute" button, or :meth:`compute`), on their own runner.
 
     A view the model cannot support honestly is not built: ``notices[name]`` says why
-    (no composition in a one-layer model, no token x token QK circuit under rotary
-    positions, no heads at all in a zero-layer model).
+    (no composition, induction or virtual heads in a one-layer model; no token x token QK
+    circuit under rotary positions; no path expansion with MLPs; only the bigram table in a
+    zero-layer model).
 
     Args:
         model: a weight view (``pcw.load_pretrained("attn-only-2l")``, ``pcw.from_hf(...)``).
         text: the text the model reads (editable in the attention view).
-        layer, head, position, token: the initial selection.
+        layer, head, position, token, selected_pair: the initial selection.
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "position", "token", "text"})
+    _browser_writable = frozenset({"layer", "head", "position", "token", "selected_pair", "text"})
 
     # -- views (child widgets; None where the model does not support the view) --
     loss = _child(ColoredTokens)
@@ -78,6 +113,16 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
     """CompositionMatrix | None: Q/K/V composition of head pairs (models with >= 2 layers)."""
     eigen = _child(EigenvaluePlot)
     """EigenvaluePlot | None: OV/QK eigenvalue positivity of every head, the selected head's spectrum."""
+    paths = _child(PathExpansion)
+    """PathExpansion | None: the logits on ``text`` as direct path + heads + virtual heads (attention-only models)."""
+    induction = _child(InductionMechanism)
+    """InductionMechanism | None: K-composition and copying of the selected pair (>= 2 layers, no rotary)."""
+    positional = _child(PositionalQK)
+    """PositionalQK | None: the selected head's positional score and attention by relative offset."""
+    virtual = _child(VirtualHeads)
+    """VirtualHeads | None: the strongest V-composition pairs (>= 2 layers)."""
+    bigrams = _child(BigramTable)
+    """BigramTable | None: the direct path ``W_E W_U``'s top next tokens for the selected token (every model)."""
     notices = traitlets.Dict().tag(sync=True)
     """{view name: str} (read-only): why a view is not shown for this model."""
 
@@ -112,10 +157,11 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
                              "(e.g. pcw.from_hf(hf_model, tokenizer))")
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
-        selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token") if k in kwargs}
+        selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token", "selected_pair")
+                     if k in kwargs}
         super().__init__(text=text, model_name=short_name(getattr(model.cfg, "name", "")), **kwargs)
         # a console bar, shown only when building takes over a second (large models)
-        with tqdm(total=1 + 4, desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
+        with tqdm(total=len(TITLES), desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
             progress.set_postfix_str("running the model", refresh=False)
             self._show_run()
             progress.update()
@@ -132,12 +178,20 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
             "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head),
             "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head),
             "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head),
+            "paths": lambda: PathExpansion(self.model, self.text, forward=self._forward, one_token=True, active=False,
+                                           layer=self.layer, head=self.head),
+            "induction": lambda: InductionMechanism(self.model, selected_pair=[], active=False,
+                                                    layer=self.layer, head=self.head),
+            "positional": lambda: PositionalQK(self.model, self.text, forward=self._forward, one_token=True, active=False,
+                                               layer=self.layer, head=self.head),
+            "virtual": lambda: VirtualHeads(self.model, active=False, layer=self.layer, head=self.head),
+            "bigrams": lambda: BigramTable(self.model),  # milliseconds: computed at once
         }
         notices = {}
         for name, build in builders.items():
             progress.set_postfix_str(TITLES[name], refresh=False)
             progress.update()
-            if no_heads:
+            if no_heads and name != "bigrams":  # the direct path exists without any head
                 notices[name] = f"No {TITLES[name]}: {no_heads}."
                 continue
             try:
@@ -148,9 +202,10 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
 
     def _forward(self, model, text: str):
         """``pcw.run(model, text)``, once per text (the views built here share it)."""
-        if self._ran is None or self._ran[0] != text:
-            self._ran = (text, run(model, text))
-        return self._ran[1]
+        ran = self._ran  # read once: the paper views' runners call this from their threads
+        if ran is None or ran[0] != text:
+            ran = self._ran = (text, run(model, text))
+        return ran[1]
 
     def _show_run(self) -> None:
         """Tokens and the loss view of the current text (positions of an old text are cleared)."""
@@ -171,6 +226,27 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
         """The views this model supports, by name (``loss``, ``attention``, ...)."""
         return {name: getattr(self, name) for name in TITLES if getattr(self, name) is not None}
 
+    def compute(self, *names: str) -> None:
+        """Start the on-demand paper views named (default: all of ``ON_DEMAND`` this model has);
+        ``wait()`` blocks until they are done."""
+        unknown = sorted(set(names) - set(ON_DEMAND))
+        if unknown:
+            raise ValueError(f"compute() takes names from {', '.join(ON_DEMAND)}; got {', '.join(unknown)}")
+        for name in names or ON_DEMAND:
+            view = getattr(self, name)
+            if view is not None:
+                view.active = True
+
+    def save_html(self, path, *, title: str | None = None, offline: bool = True):
+        """As ``CircuitWidget.save_html``; with ``offline``, a small model's paper views (at most
+        ``SMALL_HEADS`` heads and ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work) are computed
+        first, so the page shows them. A larger model's page shows the ones computed so far and,
+        for the others, that they need a kernel."""
+        cfg = self.model.cfg
+        if offline and cfg.n_layers * cfg.n_heads <= SMALL_HEADS and cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB:
+            self.compute()
+        return super().save_html(path, title=title, offline=offline)
+
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until every view's kernel-side recomputes are done and applied (True if all are
         idle). A result applied in one view can move the selection and start work in another,
@@ -190,14 +266,17 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
             view.observe(self._busy_from_views, ["busy"])
         if self.attention is not None:
             self.attention.observe(self._text_from_view, ["text"])
-        self.observe(self._to_views, ["layer", "head", "position", "token"])
+        self.observe(self._to_views, ["layer", "head", "position", "token", "selected_pair"])
 
     @rolls_back
     def _from_view(self, change):
         view, name = change["owner"], change["name"]
-        if name in ("layer", "head"):
-            with self.hold_trait_notifications():  # never (new layer, old head)
+        if name in ("layer", "head", "selected_pair"):
+            with self.hold_trait_notifications():  # never (new layer, old head), nor (new head, old pair)
                 self.layer, self.head = view.layer, view.head
+                pair = list(getattr(view, "selected_pair", []))
+                if pair and pair[2:] == [view.layer, view.head]:  # the view's pair came with its head
+                    self.selected_pair = pair
         else:
             setattr(self, name, change["new"])
 
@@ -213,6 +292,10 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
         name = change["name"]
         if name == "position" and self.position >= 0:
             self.token = self.token_ids[self.position]
+        elif name in ("layer", "head") and self.layer >= 1 and self.selected_pair[2:] != [self.layer, self.head]:
+            writer = self.strongest_writer(self.layer, self.head)
+            if writer is not None:  # a reading head brings the pair that explains what it reads
+                self.selected_pair = [*writer, self.layer, self.head]
         elif name == "token":
             t = self.token
             self.token_str = self._strings[t] if t >= 0 else ""
@@ -227,6 +310,19 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
                 with view.hold_trait_notifications():  # both set before its observers run
                     for k in keys:
                         setattr(view, k, getattr(self, k))
+
+    def strongest_writer(self, layer: int, head: int) -> tuple[int, int] | None:
+        """The earlier head ``(l1, h1)`` with the largest K-composition score into ``(layer, head)``,
+        read from the composition view's K table (None before it is computed, or without one).
+        The browser applies the same rule to the same table (js/src/lib/selection.js)."""
+        payload = (self.composition.scores.get("K", {}).get("correct") if self.composition is not None else None)
+        if not payload or layer < 1:
+            return None
+        scores = decode_array(payload)[:layer, :, layer, head].reshape(-1)  # [layer * n_heads]
+        if not np.isfinite(scores).any():
+            return None  # refused (rotary): no writer to name
+        best = int(np.nanargmax(scores))
+        return divmod(best, self.n_heads)
 
     def _n_positions(self) -> int:
         return len(self.token_ids)
@@ -248,8 +344,10 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, CircuitW
         if self.loss is None:  # still in __init__
             return
         self._show_run()
-        if self.attention is not None and self.attention.text != self.text:
-            self.attention.text = self.text
+        for name in ("attention", "paths", "positional"):
+            view = getattr(self, name)
+            if view is not None and view.text != self.text:
+                view.text = self.text
 
 
 def short_name(name: str) -> str:

@@ -6,14 +6,16 @@ import torch
 import traitlets
 
 from ..analysis.composition import composition_scores, random_baseline
+from ..analysis.circuits import refuse_rotary_qk
 from ..analysis.eigen import eigenvalue_positivity
 from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
                                   k_composition_positivity, k_composition_top)
 from . import offline
-from .base import CircuitWidget, check_range, reports_errors
+from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection, pair_key
 from .payload import encode_array
-from .selection import HeadSelection, Runner, TokenSelection, check_model
+from .on_demand import OnDemand
+from .selection import HeadSelection, TokenSelection, check_model
 
 
 N_TABLES = 16
@@ -22,7 +24,7 @@ EMBED_TABLES_MAX_VOCAB = 8192
 """Above this vocabulary size only the selected pair's table is computed up front."""
 
 
-class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWidget):
+class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection, CircuitWidget):
     """The induction mechanism of the selected pair ``selected_pair`` (earlier head h1 -> later
     head h2; ``pcw.analysis.induction``): the K-composition term's token x token QK circuit as a
     ranked table (which source tokens a destination token attends to through h1), its eigenvalue
@@ -31,18 +33,25 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
 
     The verdict of every pair is embedded; the ranked tables of the ``n_tables`` pairs with the
     largest K-composition score (and of every pair selected since) are too, so a page without a
-    kernel shows those and says "needs a kernel" for the rest. Clicking a token in the table
-    selects it (``token``). Refuses rotary models (no token x token QK circuit).
+    kernel shows those and, within ``offline.BUDGET``, the tables of the other pairs as kernel-less
+    answers (``offline_answers``); past it, it says "needs a kernel". Clicking a token in the
+    table selects it (``token``). Refuses rotary models (no token x token QK circuit).
+
+    Everything is computed on the widget's runner (``on_demand``; minutes at GPT-2-small shapes):
+    the verdicts first (kind ``"pairs"``), then one table per chunk; a newly selected pair's table
+    is its own kind (``"table"``). Nothing runs until ``active``.
 
     Args:
         model: a weight view with at least 2 layers.
-        selected_pair: ``[l1, h1, l2, h2]``; default the pair with the largest K-composition score.
+        selected_pair: ``[l1, h1, l2, h2]``; default (``None``) the pair with the largest
+            K-composition score, once the verdicts are in.
         k: rows of each ranked table. n_tables: tables embedded up front (default ``N_TABLES``, or 1
             above ``EMBED_TABLES_MAX_VOCAB`` tokens).
+        active: compute now (default) or when ``active`` is first set (``on_demand``).
     """
 
     _view = traitlets.Unicode("InductionMechanism").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "selected_pair", "token"})
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "token", "active"})
 
     # -- data --
     pairs = traitlets.Dict().tag(sync=True)
@@ -56,16 +65,56 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
 
-    def __init__(self, model, k: int = 12, n_tables: int | None = None, **kwargs):
+    def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, **kwargs):
         check_model(model, "InductionMechanism")
         if model.cfg.n_layers < 2:
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
+        refuse_rotary_qk(model, "the K-composition QK circuit")
         self.model = model
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
-        self._strings_all = model.token_strings
+        self._n_tables = n_tables
+        self._default_pair = selected_pair is None
+        self._pairs: dict = {}  # pair key -> verdict, and
+        self._tables: dict = {}  # pair key -> table: filled by the runner's jobs (one at a time)
+        self._strings: dict = {}
+        super().__init__(
+            selected_pair=selected_pair or [],
+            thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
+                        "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
+            **kwargs,
+        )
+        self.observe(self._on_pair, ["selected_pair"])
+        self._init_on_demand()
+
+    def _start(self) -> None:
+        pair = list(self.selected_pair)
+        self._runner.submit("pairs", lambda: self._pairs_steps(pair))
+        self._share_offline()  # after the pairs job: the runner runs one job at a time, in order
+
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: the ranked table of every pair not embedded, added to ``tables`` (and its
+        tokens to ``strings``) when the pair is selected."""
+        todo = [[int(x) for x in key.split(",")] for key in self._pairs if key not in self._tables]
+
+        def tables():
+            for pair in todo:
+                table, strings = self._table(pair)
+                yield (pair,), {"tables": {pair_key(pair): table}, "strings": strings}
+
+        answers.rule(["selected_pair"], tables(), base={"error": ""}, merge=("tables", "strings"),
+                     missing=offline.over_budget("This pair's ranked table"))
+
+    def _on_pair(self, change):
+        if change["new"] and self.active and pair_key(change["new"]) not in self._tables:
+            pair = list(change["new"])
+            self._runner.submit("table", lambda: self._tables_steps([pair]))
+
+    def _pairs_steps(self, pair):
+        """Every pair's verdict, then the tables of the strongest ``n_tables`` pairs and ``pair``."""
+        model = self.model
         with torch.no_grad():
             qk_pos = k_composition_positivity(model)
             ov_pos = eigenvalue_positivity(model, "OV")
@@ -81,53 +130,24 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
                         pairs[pair_key((l1, h1, l2, h2))] = {
                             "k_score": float(scores[l1, h1, l2, h2]), "qk_positivity": q, "ov_positivity": o,
                             "kind": kind, "sentence": sentence}
-        order = sorted(pairs, key=lambda key: -pairs[key]["k_score"])
-        if "selected_pair" not in kwargs:
-            kwargs["selected_pair"] = [int(x) for x in order[0].split(",")]
-        super().__init__(
-            pairs=pairs,
-            thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
-                        "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
-            **kwargs,
-        )
-        self._add_tables([[int(x) for x in key.split(",")] for key in order[:n_tables]] + [self.selected_pair])
-        self.observe(self._on_pair, ["selected_pair"])
-        self._runner = Runner(self)  # the kernel-less answers only: tables run in the kernel at once
-        self._share_offline()
+        self._pairs = pairs
+        order = [[int(x) for x in key.split(",")] for key in sorted(pairs, key=lambda key: -pairs[key]["k_score"])]
+        update = {"pairs": pairs}
+        if self._default_pair and not pair:  # the strongest pair, unless one was chosen meanwhile
+            pair = order[0]
+            update["selected_pair"] = pair
+        yield update
+        yield from self._tables_steps(([pair] if pair else []) + order[:self._n_tables])
 
-    def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the background work (the kernel-less answers) is done (True if idle)."""
-        return self._runner.wait(timeout)
-
-    def offline_answers(self, answers) -> None:
-        """Kernel-less: the ranked table of every pair not embedded, added to ``tables`` (and its
-        tokens to ``strings``) when the pair is selected."""
-        todo = [[int(x) for x in key.split(",")] for key in self.pairs if key not in self.tables]
-
-        def tables():
-            for pair in todo:
-                table, strings = self._table(pair)
-                yield (pair,), {"tables": {pair_key(pair): table}, "strings": strings}
-
-        answers.rule(["selected_pair"], tables(), base={"error": ""}, merge=("tables", "strings"),
-                     missing=offline.over_budget("This pair's ranked table"))
-
-    def _on_pair(self, change):
-        if change["new"]:
-            self._add_tables([change["new"]])
-
-    @reports_errors
-    def _add_tables(self, pairs) -> None:
-        """Compute (in the kernel, synchronously: one ``d_vocab``-blocked top-k per pair) the tables missing."""
-        tables, strings = dict(self.tables), dict(self.strings)
+    def _tables_steps(self, pairs):
+        """One chunk per missing table (``d_vocab``-blocked top-k): stale work stops between tables."""
         for pair in pairs:
             key = pair_key(pair)
-            if not pair or key in tables:
+            if key in self._tables:
                 continue
-            tables[key], new = self._table(pair)
-            strings.update(new)
-        with self.hold_sync():
-            self.strings, self.tables = strings, tables
+            self._tables[key], strings = self._table(pair)
+            self._strings.update(strings)
+            yield {"strings": dict(self._strings), "tables": dict(self._tables)}
 
     def _table(self, pair) -> tuple[dict, dict]:
         """One pair's ranked table entry and the display strings of its tokens."""
@@ -137,4 +157,5 @@ class InductionMechanism(HeadSelection, TokenSelection, PairSelection, CircuitWi
             diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2)
         table = {"values": encode_array(values, "float32"), "dest": dest.tolist(), "src": src.tolist(),
                  "diagonal_rank": diagonal_rank}
-        return table, {str(i): self._strings_all[i] for i in dest.tolist() + src.tolist()}
+        strings = self.model.token_strings
+        return table, {str(i): strings[i] for i in dest.tolist() + src.tolist()}

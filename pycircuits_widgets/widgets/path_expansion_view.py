@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.activations import next_token_loss
+from ..analysis.activations import run
 from ..analysis.path_expansion import path_expansion
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection
@@ -15,6 +15,10 @@ from .text_data import TextData, set_text
 
 LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
 """Rungs of the loss ladder, by path order (for a 2-layer model; deeper models add orders)."""
+
+
+MAX_TERMS = 2048
+"""Most path terms the view computes (``prod_l (1 + n_heads)``; each is a [pos, d_vocab] logit table)."""
 
 
 class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
@@ -27,13 +31,22 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     actually came next there. Everything is computed per text, so every interaction works without
     a kernel.
 
+    The terms are computed on the widget's runner (``on_demand``): at once in a script, in the
+    background under a kernel (``wait()`` blocks until they are in), and only once ``active``.
+
     Args:
-        model: an attention-only, bias-free weight view with at least one layer.
-        text: the text the model reads (also token ids).
+        model: an attention-only, bias-free weight view with at least one layer and at most
+            ``MAX_TERMS`` path terms.
+        text: the text the model reads.
+        forward: ``forward(model, text) -> RunResult`` (default ``pcw.run``); the explorer passes
+            its own, so one forward pass per text serves every view.
+        active: compute now (default) or when ``active`` is first set (``on_demand``).
+        one_token: accept a one-token text (nothing to predict: the view is cleared) instead of
+            refusing it; the explorer, which reads any text, passes True.
     """
 
     _view = traitlets.Unicode("PathExpansion").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "position", "selected_pair", "text"})
+    _browser_writable = frozenset({"layer", "head", "position", "selected_pair", "text", "active"})
 
     # -- data (per text) --
     text = traitlets.Unicode("").tag(sync=True)
@@ -57,41 +70,57 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     top_n = traitlets.Int(16).tag(sync=True)
     """int, default 16: how many terms the importance chart shows, most important first."""
 
-    def __init__(self, model, text, **kwargs):
+    def __init__(self, model, text, forward=None, one_token: bool = False, **kwargs):
         check_model(model, "PathExpansion")
+        cfg = model.cfg
+        if not cfg.attn_only:
+            raise ValueError(f"path expansion here covers attention-only models; {cfg.name!r} has MLPs")
+        n_terms = (1 + cfg.n_heads) ** cfg.n_layers
+        if n_terms > MAX_TERMS:
+            raise ValueError(f"{cfg.n_layers} layers of {cfg.n_heads} heads expand into {n_terms} path terms; "
+                             f"the view shows at most {MAX_TERMS}")
         self.model = model
+        self._forward = forward or run
+        self._one_token = one_token
         self._n_tokens = 0
         position = kwargs.pop("position", -1)  # validated against the text's length
         super().__init__(**kwargs)
         set_text(self, self._as_text(text))
         self.position = position
+        self._init_on_demand()
 
     def _as_text(self, text):
         if isinstance(text, str):
             return text
         raise TypeError(f"PathExpansion(model, text): text must be a str, got {type(text).__name__}")
 
-    def _before_apply(self, data):
-        self._n_tokens = len(data["tokens"])
+    def _check_text(self, text: str) -> None:
+        n = self.model.to_tokens(text).shape[-1]  # validates the text (unknown token, n_ctx)
+        if n < 2 and not self._one_token:
+            raise ValueError(f"the text has {n} token; the loss needs at least 2")
+        self._n_tokens = n
+
+    @traitlets.observe("text")
+    def _clip_position(self, change):
         if self.position >= self._n_tokens:
             self.position = -1
 
-    def _compute(self, text: str) -> dict:
-        tokens = self.model.to_tokens(text)[None]  # [1, pos]
-        if tokens.shape[-1] < 2:
-            raise ValueError(f"the text has {tokens.shape[-1]} token; the loss needs at least 2")
+    def _text_steps(self, text: str):
+        out = self._forward(self.model, text)
+        if out.tokens.shape[-1] < 2:  # nothing to predict
+            yield {"tokens": list(out.str_tokens[0]), "terms": [], "ladder": [], "importance": {}, "contributions": {}}
+            return
         with torch.no_grad():
-            pe = path_expansion(self.model, tokens)
+            pe = path_expansion(self.model, out)
             by_order = pe.loss_by_order().tolist()
-            full = float(next_token_loss(pe.logits, pe.tokens).mean())
             importance = pe.term_importance()
             contributions = pe.next_token_contributions()[:, 0]
         labels = list(LADDER[:len(by_order)]) if len(by_order) <= 3 else [f"paths of order ≤ {n}" for n in range(len(by_order))]
-        return {
-            "tokens": self.model.to_str_tokens(tokens[0]),
+        yield {
+            "tokens": list(out.str_tokens[0]),
             "terms": [{"name": t.name, "heads": [list(h) for h in t.heads], "order": t.order} for t in pe.terms],
             "ladder": [{"label": lab, "loss": loss} for lab, loss in zip(labels, by_order)]
-            + [{"label": LADDER[-1], "loss": full}],
+            + [{"label": LADDER[-1], "loss": float(out.loss)}],
             "importance": encode_array(importance, "float32"),
             "contributions": encode_array(contributions, "float32"),
         }

@@ -27,16 +27,21 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
     ``k`` (destination minus source position) from the positional term of its QK circuit (the
     pointer arithmetic of a previous-token head), next to its measured mean attention by offset
     on ``text`` (``pcw.analysis.positional``). Rotary models use the rotary rule, not a table.
-    Both curves of every head are embedded, so switching heads works without a kernel.
+    Both curves of every head are embedded, so switching heads works without a kernel. They are
+    computed on the widget's runner (``on_demand``), once ``active``.
 
     Args:
         model: a weight view with positional information (Shortformer, learned or rotary).
         text: the text whose attention is measured (and, for rotary models, whose mean query and key are used).
         max_offset: largest offset shown (clipped to the text's length - 1).
+        forward: ``forward(model, text) -> RunResult`` (default ``pcw.run``; the explorer passes its own).
+        active: compute now (default) or when ``active`` is first set (``on_demand``).
+        one_token: accept a one-token text (no offsets: the view is cleared) instead of refusing
+            it; the explorer, which reads any text, passes True.
     """
 
     _view = traitlets.Unicode("PositionalQK").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "text"})
+    _browser_writable = frozenset({"layer", "head", "text", "active"})
 
     # -- data --
     text = traitlets.Unicode("").tag(sync=True)
@@ -50,29 +55,39 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
     n_tokens = traitlets.Int(0).tag(sync=True)
     """int: tokens in ``text`` (the measured curve averages over them)."""
 
-    def __init__(self, model, text: str, max_offset: int = MAX_OFFSET, **kwargs):
+    def __init__(self, model, text: str, max_offset: int = MAX_OFFSET, forward=None, one_token: bool = False,
+                 **kwargs):
         check_model(model, "PositionalQK")
         if model.cfg.positional == "none":
             raise ValueError(f"model {model.cfg.name!r} has no positional information: no positional QK to show")
         if not isinstance(text, str):
             raise TypeError(f"PositionalQK(model, text): text must be a str, got {type(text).__name__}")
         self.model = model
+        self._forward = forward or run
+        self._one_token = one_token
         self._max_offset = int(max_offset)
         if self._max_offset < 1:
             raise ValueError(f"max_offset must be >= 1, got {max_offset}")
         super().__init__(**kwargs)
         set_text(self, text)
+        self._init_on_demand()
 
-    def _compute(self, text: str) -> dict:
-        out = run(self.model, text)
-        n = out.tokens.shape[-1]
-        if n < 2:
+    def _check_text(self, text: str) -> None:
+        n = self.model.to_tokens(text).shape[-1]  # validates the text (unknown token, n_ctx)
+        if n < 2 and not self._one_token:
             raise ValueError(f"the text has {n} token; offsets need at least 2")
+
+    def _text_steps(self, text: str):
+        out = self._forward(self.model, text)
+        n = out.tokens.shape[-1]
+        if n < 2:  # no offsets to show
+            yield {"positional": {}, "measured": {}, "n_tokens": n}
+            return
         k = min(self._max_offset, n - 1)
         with torch.no_grad():
             positional = positional_scores_by_offset(self.model, n, k, cache=out.cache)
             measured = attention_by_offset(out.patterns[0], k)
-        return {
+        yield {
             "positional": encode_array(positional, "float32"), "measured": encode_array(measured, "float32"),
             "rule": RULES["rotary" if self.model.cfg.positional == "rotary" else "table"], "n_tokens": n,
         }

@@ -1,39 +1,42 @@
-"""Views whose data is computed from a ``text`` trait: computed in its validator, applied at once.
+"""Views whose data is computed from a ``text`` trait, on the view's runner.
 
-A view defines ``_compute(text) -> {trait: value}`` and keeps ``text`` as a synced trait. A text the
-model refuses (too long, unknown token, ...) fails validation: from Python it raises, from the browser
-it shows in ``error`` (``CircuitWidget.set_state``), and either way the last good text and data stay.
+A view defines ``_check_text(text)`` (cheap: tokenise, lengths; raises ``ValueError``/``TypeError``)
+and ``_text_steps(text)`` (a :data:`~.selection.Steps` generator of trait updates: the heavy
+work, run on the widget's runner as the kind ``"text"``, the newest text winning). A text the
+model refuses fails validation: from Python it raises, from the browser it shows in ``error``
+(``CircuitWidget.set_state``), and either way the last good text and data stay. A text that
+passes the check but fails in the job shows in ``error`` and leaves the last good data.
 """
 
 from __future__ import annotations
 
 import traitlets
 
+from .on_demand import OnDemand
 
-class TextData(traitlets.HasTraits):
-    """Mixin: ``text`` whose data is recomputed (by ``self._compute``) before the text is accepted."""
 
-    _pending: dict | None = None
+class TextData(OnDemand):
+    """Mixin: ``text`` checked in its validator, its data recomputed on the runner when active."""
 
     @traitlets.validate("text")
     def _valid_text(self, proposal):
         try:
-            self._pending = self._compute(proposal["value"])
+            self._check_text(proposal["value"])
         except (ValueError, TypeError) as exc:
             raise traitlets.TraitError(f"text refused: {exc}") from None
         return proposal["value"]
 
     @traitlets.observe("text")
-    def _apply_text_data(self, change):
-        data, self._pending = self._pending, None
-        if data is not None:
-            with self.hold_sync():
-                self._before_apply(data)
-                for name, value in data.items():
-                    setattr(self, name, value)
+    def _text_changed(self, change):
+        if self._runner is not None and self.active:
+            self._submit_text()
 
-    def _before_apply(self, data: dict) -> None:
-        """Hook: adjust the selection to the new data (e.g. drop a position past the end)."""
+    def _submit_text(self) -> None:
+        text = self.text
+        self._runner.submit("text", lambda: self._text_steps(text))
+
+    def _start(self) -> None:
+        self._submit_text()
 
 
 def set_text(widget, text: str) -> None:

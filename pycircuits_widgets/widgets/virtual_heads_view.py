@@ -7,23 +7,26 @@ import traitlets
 from ..analysis.virtual_heads import top_virtual_heads
 from .base import CircuitWidget
 from .pair_selection import PairSelection
+from .on_demand import OnDemand
 from .selection import HeadSelection, check_model
 
 
-class VirtualHeads(HeadSelection, PairSelection, CircuitWidget):
+class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
     """The ``k`` strongest virtual heads ``h1 -> h2`` (earlier -> later; paper: V-composition) by
     ``||W_OV^{h1} W_OV^{h2}||_F``, each with the eigenvalue positivity of its full OV circuit
     ``W_E W_OV^{h1} W_OV^{h2} W_U`` (copying) and the tokens it copies most
     (``pcw.analysis.virtual_heads``). Clicking a row selects the pair (and its later head).
-    Everything is embedded: works without a kernel.
+    Everything is embedded: works without a kernel. Computed on the widget's runner
+    (``on_demand``; two minutes at GPT-2-small shapes), once ``active``.
 
     Args:
         model: a weight view with at least 2 layers.
         k: virtual heads listed. n_copies: copied tokens per virtual head.
+        active: compute now (default) or when ``active`` is first set (``on_demand``).
     """
 
     _view = traitlets.Unicode("VirtualHeads").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "selected_pair"})
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "active"})
 
     # -- data --
     heads = traitlets.List().tag(sync=True)
@@ -34,10 +37,19 @@ class VirtualHeads(HeadSelection, PairSelection, CircuitWidget):
         if model.cfg.n_layers < 2:
             raise ValueError(f"VirtualHeads needs at least 2 layers (a virtual head spans two), "
                              f"got n_layers={model.cfg.n_layers}")
+        if k < 1 or n_copies < 1:
+            raise ValueError(f"k and n_copies must be >= 1, got k={k}, n_copies={n_copies}")
         self.model = model
-        strings = model.token_strings
-        rows = [{
+        self._k, self._n_copies = k, n_copies
+        super().__init__(**kwargs)
+        self._init_on_demand()
+
+    def _start(self) -> None:
+        self._runner.submit("heads", self._heads_steps)
+
+    def _heads_steps(self):
+        strings = self.model.token_strings
+        yield {"heads": [{
             "pair": [*v.h1, *v.h2], "norm": v.norm, "positivity": v.positivity,
             "copies": [{"id": i, "str": strings[i], "score": s} for i, s in v.copies],
-        } for v in top_virtual_heads(model, k, n_copies)]
-        super().__init__(heads=rows, **kwargs)
+        } for v in top_virtual_heads(self.model, self._k, self._n_copies)]}

@@ -1,0 +1,53 @@
+"""Views whose data can take minutes at large shapes: computed on the widget's Runner, on first use.
+
+At GPT-2-small shapes the induction view's pair verdicts and tables took minutes and the
+virtual heads two, so these views never compute in a constructor or an observer: their work
+is a :class:`~.selection.Runner` job (per kind of result), started when the view is
+``active``. A view built alone is active (under a kernel it shows "computing…" and fills in
+when the job is done; in a script the job runs at once). The explorer builds its paper views
+inactive, so building it costs nothing more; a view starts when its section's "compute"
+button (or Python: ``view.active = True``) asks for it. ``wait()`` covers the jobs.
+"""
+
+from __future__ import annotations
+
+import traitlets
+
+from .selection import Runner
+
+
+class OnDemand(traitlets.HasTraits):
+    """Mixin: ``active`` starts the view's jobs (``_start()``) on its runner ``self._runner``.
+
+    A subclass calls ``self._init_on_demand()`` at the end of its constructor and implements
+    ``_start()`` (submit every job the current state needs)."""
+
+    # -- display --
+    active = traitlets.Bool(True).tag(sync=True)
+    """bool, default True: the view's data is wanted. False: nothing is computed until it is set
+    True (the view's "compute" button, or Python); it cannot be turned off again."""
+
+    _runner: Runner | None = None
+
+    def _init_on_demand(self) -> None:
+        self._runner = Runner(self)
+        self.observe(self._on_active, ["active"])
+        if self.active:
+            self._start()
+
+    @traitlets.validate("active")
+    def _valid_active(self, proposal):
+        if self._runner is not None and self.active and not proposal["value"]:
+            raise traitlets.TraitError("active cannot be turned off once the view is computing")
+        return proposal["value"]
+
+    def _on_active(self, change):
+        if change["new"] and not change["old"]:
+            self._start()
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = 30.0) -> bool:
+        """Wait until the view's jobs are done and applied (True if idle)."""
+        return self._runner.wait(timeout)
