@@ -58,6 +58,9 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
         self.observe(self._on_token, ["token"])
         self._init_on_demand()
 
+    def _ready(self) -> bool:
+        return bool(self.rows)
+
     def _start(self) -> None:
         wanted = list(range(self.model.cfg.d_vocab)) if self.complete else [self.token]
         self._runner.submit("all rows" if self.complete else "rows", lambda: self._rows_steps(wanted))

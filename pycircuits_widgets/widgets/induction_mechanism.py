@@ -89,6 +89,9 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         self.observe(self._on_pair, ["selected_pair"])
         self._init_on_demand()
 
+    def _ready(self) -> bool:
+        return bool(self.pairs) and bool(self.selected_pair)
+
     def _start(self) -> None:
         pair = list(self.selected_pair)
         self._runner.submit("pairs", lambda: self._pairs_steps(pair))

@@ -11,6 +11,8 @@ button (or Python: ``view.active = True``) asks for it. ``wait()`` covers the jo
 
 from __future__ import annotations
 
+import html
+
 import traitlets
 
 from .selection import Runner
@@ -20,7 +22,8 @@ class OnDemand(traitlets.HasTraits):
     """Mixin: ``active`` starts the view's jobs (``_start()``) on its runner ``self._runner``.
 
     A subclass calls ``self._init_on_demand()`` at the end of its constructor and implements
-    ``_start()`` (submit every job the current state needs)."""
+    ``_start()`` (submit every job the current state needs) and ``_ready()`` (whether there is
+    data to draw for the current selection)."""
 
     # -- display --
     active = traitlets.Bool(True).tag(sync=True)
@@ -47,6 +50,17 @@ class OnDemand(traitlets.HasTraits):
 
     def _start(self) -> None:
         raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _fallback_html(self) -> str:
+        """The static picture, or a line saying why there is none yet (nothing computed, or
+        nothing selected)."""
+        if self._ready():
+            return super()._fallback_html()
+        why = "not computed yet (it is computed in a kernel on first use)" if not self.active else "nothing to show yet"
+        return f"<p>{html.escape(type(self).__name__)}: {why}</p>"
 
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until the view's jobs are done and applied (True if idle)."""

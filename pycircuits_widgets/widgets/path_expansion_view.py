@@ -94,6 +94,9 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
             return text
         raise TypeError(f"PathExpansion(model, text): text must be a str, got {type(text).__name__}")
 
+    def _ready(self) -> bool:
+        return bool(self.terms)
+
     def _check_text(self, text: str) -> None:
         n = self.model.to_tokens(text).shape[-1]  # validates the text (unknown token, n_ctx)
         if n < 2 and not self._one_token:

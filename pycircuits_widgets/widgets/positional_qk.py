@@ -72,6 +72,9 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
         set_text(self, text)
         self._init_on_demand()
 
+    def _ready(self) -> bool:
+        return bool(self.positional)
+
     def _check_text(self, text: str) -> None:
         n = self.model.to_tokens(text).shape[-1]  # validates the text (unknown token, n_ctx)
         if n < 2 and not self._one_token:

@@ -44,6 +44,9 @@ class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
         super().__init__(**kwargs)
         self._init_on_demand()
 
+    def _ready(self) -> bool:
+        return bool(self.heads)
+
     def _start(self) -> None:
         self._runner.submit("heads", self._heads_steps)
 
