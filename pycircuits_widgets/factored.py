@@ -496,8 +496,12 @@ def _topk_all(A, B, k, largest, block_bytes):
             cand_v, cand_pos = _candidates(rows @ B, k, threshold)
         else:
             i, j = screen.candidates(torch.arange(start, stop), float(threshold))
-            if i.numel() * 32 > rows.shape[0] * n:  # barely pruned: one exact GEMM beats gathers
-                cand_v, cand_pos = _candidates(rows @ B, k, threshold)
+            if i.numel() * 32 > rows.shape[0] * n:  # barely pruned: exact GEMMs beat gathers
+                # in blocks of `step` rows: a screening block (screen.SCREEN_ROWS) can exceed block_bytes
+                subs = range(0, rows.shape[0], step)
+                found = [_candidates(rows[s:s + step] @ B, k, threshold) for s in subs]
+                cand_v = torch.cat([v for v, _ in found])
+                cand_pos = torch.cat([pos + s * n for (_, pos), s in zip(found, subs)])
             else:
                 cand_v = (rows[i] * B[:, j].T).sum(-1)
                 beats = cand_v > threshold

@@ -236,6 +236,20 @@ def test_topk_with_ties_equals_dense_exactly():
     assert torch.equal(M.gather(-1, row_cols), row_values)
 
 
+def test_topk_dense_blocks_stay_within_block_bytes(monkeypatch):
+    # massive ties defeat the screen, so its (large) screening blocks fall back to exact GEMMs:
+    # those must still come in blocks of at most block_bytes
+    sizes, candidates = [], factored._candidates
+    monkeypatch.setattr(factored, "_candidates",
+                        lambda block, k, t: sizes.append(block.numel() * block.element_size()) or candidates(block, k, t))
+    gen = torch.Generator().manual_seed(2)
+    A = torch.randint(-2, 3, (3000, 4), generator=gen).float()
+    B = torch.randint(-2, 3, (4, 3000), generator=gen).float()
+    values, _, _ = FactoredMatrix(A, B).topk(500, block_bytes=1 << 20)
+    assert torch.equal(values, torch.topk((A @ B).flatten(), 500).values)
+    assert len(sizes) > 3 and max(sizes) <= 1 << 20
+
+
 def test_topk_keeps_entries_that_bf16_screening_cannot_tell_apart():
     # the top entries differ by ~1e-6 relative: equal in bf16, distinct in float32; the rest
     # are small, so the screened path (not its exact-block fallback) must keep them all
