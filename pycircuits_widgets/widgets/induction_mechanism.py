@@ -99,10 +99,14 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: the ranked table of every pair not embedded, added to ``tables`` (and its
-        tokens to ``strings``) when the pair is selected."""
+        tokens to ``strings``) when the pair is selected; an embedded pair (and no pair) needs
+        nothing, so its answer only clears the error."""
+        embedded = [[]] + [[int(x) for x in key.split(",")] for key in self._pairs if key in self._tables]
         todo = [[int(x) for x in key.split(",")] for key in self._pairs if key not in self._tables]
 
         def tables():
+            for pair in embedded:
+                yield (pair,), {}
             for pair in todo:
                 table, strings = self._table(pair)
                 yield (pair,), {"tables": {pair_key(pair): table}, "strings": strings}

@@ -138,7 +138,7 @@ def click_through_three_heads(page, model, e):
         assert re_ == pytest.approx(float(want.real), rel=1e-3, abs=1e-3)
         assert abs(im_) == pytest.approx(abs(float(want.imag)), rel=1e-3, abs=1e-3)
         assert eigen.get_by_test_id("copies").locator(".copy").count() == e.eigen.n_copies
-    assert page.locator("[data-testid=error]").count() == 0
+    assert page.locator("[data-testid=error]").all_inner_texts() == []
 
 
 def test_saved_explorer_page_clicks_through_three_heads_offline(page, shipped_explorer_page):

@@ -124,3 +124,22 @@ export function createHost(widgetDef, hooks = {}) {
   };
   return host;
 }
+
+/**
+ * Resolve a child widget reference through a host's getModel, retrying while it is not
+ * found: JupyterLab can render a parent before a child model is registered (models restored
+ * from a kernel arrive one by one) and its own getModel gives up after 2 s.
+ * @param {{getModel: (ref: string) => Promise<any>}} host
+ * @param {string} ref
+ * @param {{tries?: number, delay?: number}} options  ms between tries (20 x 500 ms by default)
+ */
+export async function resolveModel(host, ref, { tries = 20, delay = 500 } = {}) {
+  for (let i = 1; ; i++) {
+    try {
+      return await host.getModel(ref);
+    } catch (err) {
+      if (i >= tries) throw err;
+      await new Promise((resolve) => setTimeout(resolve, delay));
+    }
+  }
+}
