@@ -100,9 +100,16 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     def offline_answers(self, answers) -> None:
         """Kernel-less: the ranked table of every pair not embedded, added to ``tables`` (and its
         tokens to ``strings``) when the pair is selected; an embedded pair (and no pair) needs
-        nothing, so its answer only clears the error."""
+        nothing, so its answer only clears the error. First the strongest K-composition writer
+        into each head (the pair a head click selects in the explorer), then by score, so what
+        fits the budget is what a reader reaches first."""
+        by_score = sorted(self._pairs, key=lambda key: -self._pairs[key]["k_score"])
+        writers = {}  # later head -> the key of its strongest writer's pair
+        for key in by_score:
+            writers.setdefault(key.split(",", 2)[2], key)
+        order = dict.fromkeys([*writers.values(), *by_score])
         embedded = [[]] + [[int(x) for x in key.split(",")] for key in self._pairs if key in self._tables]
-        todo = [[int(x) for x in key.split(",")] for key in self._pairs if key not in self._tables]
+        todo = [[int(x) for x in key.split(",")] for key in order if key not in self._tables]
 
         def tables():
             for pair in embedded:

@@ -122,6 +122,8 @@ def test_a_reading_head_brings_its_strongest_writer_and_a_layer0_head_keeps_the_
     assert js_state(page, explorer.induction, ["selected_pair"]) == [[*explorer.strongest_writer(1, 2), 1, 2]]
     expect(section(page, "composition").get_by_test_id("heatmap-correct")).to_have_attribute("data-head-row", "4")
     assert highlight(page)["row"] == [4] and highlight(page)["col"] == []
+    # the pairs a head click reaches have their ranked tables in the page: no view says "needs a kernel"
+    expect(page.get_by_test_id("error")).to_have_count(0)
 
 
 def test_a_virtual_head_or_a_virtual_term_selects_its_pair(offline):
