@@ -54,7 +54,7 @@ def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monk
         monkeypatch.setattr(mod, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k))
     e = pcw.CircuitExplorer(m2, TEXT)
     assert e.wait() and calls == []
-    assert [getattr(e, n).active for n in PAPER_VIEWS] == [False] * 4 and e.bigrams.active
+    assert [getattr(e, n).active for n in PAPER_VIEWS] == [False] * 4 and not e.bigrams.active
     assert e.paths.terms == [] and e.induction.pairs == {} and e.virtual.heads == [] and e.positional.positional == {}
     e.set_state({"text": "a b a b"})  # a new text reaches the inactive views without computing them
     assert e.wait() and e.paths.text == "a b a b" and calls == []

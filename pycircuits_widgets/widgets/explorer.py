@@ -52,8 +52,9 @@ FOLLOWS = {
 """Child view name -> the selection traits it shows (and may change by a click). The same
 table drives the browser-side linking (js/src/lib/selection.js)."""
 
-ON_DEMAND = ("paths", "induction", "positional", "virtual")
-"""The paper views the explorer builds inactive (``on_demand``): nothing of theirs is computed
+ON_DEMAND = ("paths", "induction", "positional", "virtual", "bigrams")
+"""The paper views the explorer builds inactive (``on_demand``; the bigram table only for models with
+heads: for a zero-layer model it is computed at once): nothing of theirs is computed
 until their section's "compute" button (or :meth:`CircuitExplorer.compute`) starts them, so
 building the explorer costs no more than before and their minutes of work at large shapes never
 delay the other views' clicks unasked. :meth:`CircuitExplorer.save_html` starts them for a small
@@ -185,7 +186,9 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
             "positional": lambda: PositionalQK(self.model, self.text, forward=self._forward, one_token=True, active=False,
                                                layer=self.layer, head=self.head),
             "virtual": lambda: VirtualHeads(self.model, active=False, layer=self.layer, head=self.head),
-            "bigrams": lambda: BigramTable(self.model),  # milliseconds: computed at once
+            # milliseconds, but every row is saved with the page: computed at once only where it is
+            # the model's one view (zero layers), else on first use like the others
+            "bigrams": lambda: BigramTable(self.model, active=no_heads != ""),
         }
         notices = {}
         for name, build in builders.items():
