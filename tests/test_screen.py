@@ -51,6 +51,17 @@ def test_bounds_hold_at_large_inner_dimension(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("r", [16, 24, 33])
+def test_bounds_hold_at_thin_inner_dimensions(backend, r):
+    # the shipped models' d_head is 16: the int8 factors are zero-padded to a multiple of 32
+    g = torch.Generator().manual_seed(r)
+    a, b = _spread(1100, r, 3.0, 0, g), _spread(r, 1300, 3.0, 1, g)
+    s, *_ = _check(a, b, backend)
+    if backend == "int8":
+        assert s._x.shape[1] % screen.INNER_MULTIPLE == 0 and s._x.shape[1] - r < screen.INNER_MULTIPLE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_near_ties_at_the_level_are_kept(backend):
     # many entries equal the level or sit one float32 ulp above it: all must be candidates
     g = torch.Generator().manual_seed(3)
