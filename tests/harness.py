@@ -85,6 +85,17 @@ def open_offline(page, path, *, console_errors: bool = False):
     return attempted, errors
 
 
+def explorer_section(page, name):
+    """The saved explorer page's section of child view ``name`` (``loss``, ``attention``, ...)."""
+    return page.locator(f".pcw-explorer section[data-view={name}]")
+
+
+def js_state(page, widget, names):
+    """The page host's values of traits ``names`` of ``widget`` (a saved page's model)."""
+    return page.evaluate("([id, names]) => names.map((n) => window.pcwHost.models.get(id).get(n))",
+                         [widget.model_id, names])
+
+
 class HarnessComm:
     """Stands in for a widget's comm: collects what ipywidgets sends to the front end."""
 

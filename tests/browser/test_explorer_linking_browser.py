@@ -7,6 +7,7 @@ import torch
 from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
+from harness import explorer_section as section, js_state, open_offline
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser
@@ -25,25 +26,13 @@ def saved_page(tmp_path_factory):
 @pytest.fixture
 def offline(browser, saved_page):
     explorer, path = saved_page
-    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(10000)
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-pcw-ready]")
+    _, errors = open_offline(page, path)
     yield page, explorer
     assert not errors
     context.close()
-
-
-def section(page, name):
-    return page.locator(f".pcw-explorer section[data-view={name}]")
-
-
-def js_state(page, widget, names):
-    return page.evaluate("([id, names]) => names.map((n) => window.pcwHost.models.get(id).get(n))",
-                         [widget.model_id, names])
 
 
 def expect_head_everywhere(page, explorer, layer, head):

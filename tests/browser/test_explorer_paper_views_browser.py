@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
-from harness import open_offline
+from harness import explorer_section as section, js_state, open_offline
 from pycircuits_widgets.analysis.bigrams import bigram_top
 
 pytestmark = pytest.mark.browser
@@ -34,15 +34,6 @@ def offline(browser, saved_page):
     yield page, explorer
     assert not errors
     context.close()
-
-
-def section(page, name):
-    return page.locator(f".pcw-explorer section[data-view={name}]")
-
-
-def js_state(page, widget, names):
-    return page.evaluate("([id, names]) => names.map((n) => window.pcwHost.models.get(id).get(n))",
-                         [widget.model_id, names])
 
 
 # the composition heatmap's highlighted row and column, read from its pixels: a band's edge is
