@@ -16,6 +16,7 @@ websocket, the harness carries the same ipywidgets messages through Playwright:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -83,6 +84,19 @@ def open_offline(page, path, *, console_errors: bool = False):
     page.goto(path.as_uri())
     page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
     return attempted, errors
+
+
+@contextlib.contextmanager
+def saved_page_open(browser, path):
+    """A fresh 1400 x 1000 page on the saved page file ``path``, network cut (``open_offline``),
+    10 s auto-waits; on leaving, asserts the page raised no error."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(10000)
+    _, errors = open_offline(page, path)
+    yield page
+    assert not errors
+    context.close()
 
 
 def explorer_section(page, name):

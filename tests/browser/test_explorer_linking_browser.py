@@ -7,7 +7,7 @@ import torch
 from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
-from harness import explorer_section as section, js_state, open_offline
+from harness import explorer_section as section, js_state, saved_page_open
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser
@@ -26,13 +26,8 @@ def saved_page(tmp_path_factory):
 @pytest.fixture
 def offline(browser, saved_page):
     explorer, path = saved_page
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(10000)
-    _, errors = open_offline(page, path)
-    yield page, explorer
-    assert not errors
-    context.close()
+    with saved_page_open(browser, path) as page:
+        yield page, explorer
 
 
 def expect_head_everywhere(page, explorer, layer, head):

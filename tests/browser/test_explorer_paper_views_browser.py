@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
-from harness import explorer_section as section, js_state, open_offline
+from harness import explorer_section as section, js_state, saved_page_open
 from pycircuits_widgets.analysis.bigrams import bigram_top
 
 pytestmark = pytest.mark.browser
@@ -27,13 +27,8 @@ def saved_page(tmp_path_factory):
 @pytest.fixture
 def offline(browser, saved_page):
     explorer, path = saved_page
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(10000)
-    _, errors = open_offline(page, path)
-    yield page, explorer
-    assert not errors
-    context.close()
+    with saved_page_open(browser, path) as page:
+        yield page, explorer
 
 
 # the composition heatmap's highlighted row and column, read from its pixels: a band's edge is
