@@ -72,6 +72,18 @@ def test_cache_matches_a_dense_recomputation_from_the_weights(model):
     torch.testing.assert_close(logits, final @ model.W_U, atol=1e-4, rtol=1e-4)
 
 
+def test_head_out_refuses_weights_changed_after_the_run():
+    """head_out is computed from z on first read: after an in-place edit of W_O it would describe
+    weights the run never used, so it refuses, naming the fix (a run after the edit works)."""
+    m = load_pretrained("attn-only-1l")
+    _, cache = m.run_with_cache(TEXT)
+    m.W_O[0, 0].mul_(2.0)
+    with pytest.raises(RuntimeError, match="W_O was modified in place after this run; run the model again"):
+        cache.head_out
+    _, fresh = m.run_with_cache(TEXT)
+    torch.testing.assert_close(fresh.head_out[0, 0, 0], fresh.z[0, 0, 0] @ m.W_O[0, 0])
+
+
 def test_residual_stream_carries_token_identity_alone(model):
     """Shortformer: positions enter only Q and K, so the stream is the same at every position
     holding the same token (before the first layer) and the embedding is W_E's row."""

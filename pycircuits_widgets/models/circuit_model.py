@@ -36,7 +36,8 @@ tokenizer exposing ``encode(str) -> list[int]`` and ``display_token(id) -> str``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -104,8 +105,11 @@ class ActivationCache:
     * ``embed [b, pos, d_model]``: ``W_E[tokens]`` (+ ``W_pos`` when positions are "learned")
     * ``resid [b, L + 1, pos, d_model]``: residual stream before each layer, then the final one
     * ``patterns [b, L, H, dest, src]``: attention probabilities
+    * ``z [b, L, H, pos, d_head]``: each head's ``pattern @ v``, what it reads before ``W_O``
     * ``head_out [b, L, H, pos, d_model]``: what each head writes to the residual stream
-      (``z @ W_O``, without ``b_O``)
+      (``z @ W_O``, without ``b_O``); computed from ``z`` on first access, because at real
+      sizes it is the largest tensor here (GPT-2-medium, 100 tokens: 157 MB) and most
+      analyses never read it
     * ``mlp_out [b, L, pos, d_model]`` or None (attention-only), ``b_out`` included
     * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read,
       aligned with ``resid``: layer ``l``'s attention reads ``resid[:, l] / ln_scale[:, l, :, None]``
@@ -124,10 +128,21 @@ class ActivationCache:
     embed: torch.Tensor
     resid: torch.Tensor
     patterns: torch.Tensor
-    head_out: torch.Tensor
+    z: torch.Tensor
     mlp_out: torch.Tensor | None
     ln_scale: torch.Tensor
     ln_scale_mlp: torch.Tensor | None
+    W_O: torch.Tensor = field(repr=False)  # the model's, to compute head_out from z
+
+    def __post_init__(self):
+        self._W_O_version = self.W_O._version
+
+    @cached_property
+    def head_out(self) -> torch.Tensor:
+        if self.W_O._version != self._W_O_version:  # head_out must be what this run's heads wrote
+            raise RuntimeError("ActivationCache.head_out: the model's W_O was modified in place after this run; "
+                               "run the model again to get head outputs for the new weights")
+        return torch.einsum("blhpe,lhed->blhpd", self.z, self.W_O)
 
 
 class CircuitModel:
@@ -313,13 +328,17 @@ class CircuitModel:
         return torch.cat([rot * cos + half * sin, rest], -1)
 
     def _attention(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One attention layer reading ``x [b, pos, d_model]``: (pattern, head_out, scale)."""
+        """One attention layer reading ``x [b, pos, d_model]``: (pattern ``[b, H, dest, src]``,
+        z ``[b, H, pos, d_head]``, the heads' summed output ``[b, pos, d_model]`` without ``b_O``,
+        scale ``[b, pos]``)."""
         pos = x.shape[1]
         xn, scale = self.read(x)
         qk_in = xn + self.W_pos[:pos] if self.cfg.positional == "shortformer" else xn
-        q = torch.einsum("bpd,hde->bhpe", qk_in, self.W_Q[layer])
-        k = torch.einsum("bpd,hde->bhpe", qk_in, self.W_K[layer])
-        v = torch.einsum("bpd,hde->bhpe", xn, self.W_V[layer])
+        # [b, 1, pos, d] @ [H, d, d_head]: a batched product reading each head's weight in place
+        # (an einsum here copies every weight into a [d, H * d_head] layout on each call)
+        q = qk_in[:, None] @ self.W_Q[layer]
+        k = qk_in[:, None] @ self.W_K[layer]
+        v = xn[:, None] @ self.W_V[layer]
         if self.b_Q is not None:
             q = q + self.b_Q[layer][:, None]
         if self.b_K is not None:
@@ -331,8 +350,11 @@ class CircuitModel:
         scores = q @ k.transpose(-1, -2) / self.cfg.attn_scale
         causal = torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril()
         pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-        head_out = torch.einsum("bhpe,hed->bhpd", pattern @ v, self.W_O[layer])
-        return pattern, head_out, scale
+        z = pattern @ v
+        b, H, _, dh = z.shape
+        # one product over all heads (not per head, then summed): what HF's output projection costs
+        out = z.transpose(1, 2).reshape(b, pos, H * dh) @ self.W_O[layer].reshape(H * dh, -1)
+        return pattern, z, out, scale
 
     def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xn, scale = self.read(x)
@@ -358,15 +380,15 @@ class CircuitModel:
         if self.cfg.positional == "learned":
             x = x + self.W_pos[:pos]
         embed = x
-        resid, patterns, head_outs, mlp_outs = [], [], [], []
+        resid, patterns, zs, mlp_outs = [], [], [], []
         scales: dict[str, list[torch.Tensor]] = {"attn": [], "mlp": []}
         for layer in range(self.cfg.n_layers):
             resid.append(x)
-            pattern, head_out, scale = self._attention(layer, x)
+            pattern, z, attn_out, scale = self._attention(layer, x)
             patterns.append(pattern)
-            head_outs.append(head_out)
+            zs.append(z)
             scales["attn"].append(scale)
-            x = x + head_out.sum(1) + (self.b_O[layer] if self.b_O is not None else 0)
+            x = x + attn_out + (self.b_O[layer] if self.b_O is not None else 0)
             if not self.cfg.attn_only:
                 # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
                 mlp_out, scale = self._mlp(layer, resid[-1] if self.cfg.parallel_attn_mlp else x)
@@ -387,10 +409,11 @@ class CircuitModel:
             embed=embed,
             resid=torch.stack(resid, 1),
             patterns=torch.stack(patterns, 1) if patterns else x.new_zeros(b, 0, self.cfg.n_heads, pos, pos),
-            head_out=torch.stack(head_outs, 1) if head_outs else x.new_zeros(b, 0, self.cfg.n_heads, pos, d),
+            z=torch.stack(zs, 1) if zs else x.new_zeros(b, 0, self.cfg.n_heads, pos, self.cfg.d_head),
             mlp_out=None if self.cfg.attn_only else (torch.stack(mlp_outs, 1) if mlp_outs else x.new_zeros(b, 0, pos, d)),
             ln_scale=ln_scale,
             ln_scale_mlp=ln_scale_mlp,
+            W_O=self.W_O,
         )
         return logits, cache
 
