@@ -224,7 +224,7 @@ def main():
         frac = ps[0]["fraction"]
         peer = statistics.median(p["cold"] / frac for p in ps)
         mark = "~" if frac != 1.0 else ""
-        pct = ", ".join(f"{100 * work / peaks[key] / cold:.0f}% {key}" for key in peak_keys if key in peaks) or "-"
+        pct = ", ".join(f"{100 * work / peaks[key] / cold:.0f}% {key}" for key in peak_keys or () if key in peaks) or "-"
         print(f"{label:<46} {cold:>7.2f} s {warm:>7} {statistics.median(o['mem_mb'] for o in os_):>5.0f} MB | "
               f"{peer_label:<38} {mark}{peer:>7.2f} s {statistics.median(p['mem_mb'] for p in ps):>5.0f} MB | "
               f"{mark}{peer / cold:>5.1f}x | {pct}")

@@ -9,7 +9,7 @@ from ipywidgets.widgets.widget import _remove_buffers
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.attention import OVERVIEW_MAX
-from pycircuits_widgets.widgets.payload import decode_array, pack_causal, unpack_causal
+from pycircuits_widgets.widgets.payload import decode_array, max_pool, pack_causal, unpack_causal
 from attention_data import causal_softmax, toks
 
 
@@ -61,6 +61,17 @@ def test_overview_is_block_max_of_the_quantised_pattern():
             for j in (0, 4, 99):
                 block = q[0, h, i * f:(i + 1) * f, j * f:(j + 1) * f]
                 assert ov[0, h, i, j] == block.max()
+
+
+@pytest.mark.parametrize("n, factor", [(12, 3), (13, 3), (14, 4), (5, 1), (7, 7), (9, 8)])
+def test_max_pool_takes_every_block_max_including_a_smaller_last_block(n, factor):
+    x = np.random.default_rng(n).random((2, 3, n, n), dtype=np.float32)
+    m = -(-n // factor)
+    expected = np.empty((2, 3, m, m), np.float32)
+    for i in range(m):  # the oracle: each block sliced out and reduced on its own
+        for j in range(m):
+            expected[..., i, j] = x[..., i * factor:(i + 1) * factor, j * factor:(j + 1) * factor].max(axis=(-2, -1))
+    np.testing.assert_array_equal(max_pool(x, factor), expected)
 
 
 def test_full_resolution_for_all_heads_within_budget_else_only_the_selected_head():

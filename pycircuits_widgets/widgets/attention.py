@@ -23,7 +23,7 @@ import numpy as np
 import traitlets
 
 from .base import CircuitWidget, check_range, check_text, rolls_back
-from .payload import encode_array, pack_causal, quantize_unit, to_numpy
+from .payload import encode_array, max_pool, pack_causal, quantize_unit, to_numpy
 from .selection import HeadSelection, PositionSelection
 
 OVERVIEW_MAX = 128
@@ -327,13 +327,3 @@ def _check_head(X: np.ndarray, where: list[int], causal: bool) -> None:
 
 def _first(mask) -> list[int]:
     return [int(i) for i in np.argwhere(mask)[0]]
-
-
-def max_pool(q: np.ndarray, factor: int) -> np.ndarray:
-    """``[..., n, n] -> [..., ceil(n/f), ceil(n/f)]``: max over f x f blocks (a last, smaller block
-    where f does not divide n, as zero padding gives for weights >= 0). No copy of the input."""
-    if factor == 1:
-        return q
-    starts = np.arange(0, q.shape[-1], factor)
-    # rows first: a reduction across whole contiguous rows is vectorised (and leaves [..., m, n])
-    return np.maximum.reduceat(np.maximum.reduceat(q, starts, axis=-2), starts, axis=-1)

@@ -75,6 +75,28 @@ def pack_causal(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def max_pool(q: np.ndarray, factor: int) -> np.ndarray:
+    """``[..., n, n] -> [..., ceil(n/f), ceil(n/f)]``: max over ``f x f`` blocks, a last, smaller
+    block where ``f`` does not divide ``n`` (what zero padding gives for weights >= 0). Rows are
+    pooled first, as a maximum over whole contiguous rows (``np.maximum.reduceat`` across rows
+    ran at ~0.1 G values/s: 1.7 s for 12 heads x 4096 tokens, against 0.1 s this way); no copy
+    of the input."""
+    if factor == 1:
+        return q
+    n, lead = q.shape[-1], q.shape[:-2]
+    whole, rest = divmod(n, factor)
+    m = whole + (rest > 0)
+    rows = np.empty((*lead, m, n), q.dtype)
+    np.max(q[..., : whole * factor, :].reshape(*lead, whole, factor, n), axis=-2, out=rows[..., :whole, :])
+    if rest:
+        np.max(q[..., whole * factor:, :], axis=-2, out=rows[..., whole, :])
+    out = np.empty((*lead, m, m), q.dtype)
+    np.max(rows[..., : whole * factor].reshape(*lead, m, whole, factor), axis=-1, out=out[..., :whole])
+    if rest:
+        np.max(rows[..., whole * factor:], axis=-1, out=out[..., whole])
+    return out
+
+
 def unpack_causal(packed: np.ndarray, n: int) -> np.ndarray:
     """Inverse of :func:`pack_causal`: ``[..., n, n]`` with zeros above the diagonal."""
     out = np.zeros(packed.shape[:-1] + (n, n), dtype=packed.dtype)

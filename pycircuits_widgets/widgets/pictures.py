@@ -16,7 +16,7 @@ import zlib
 
 import numpy as np
 
-from .payload import decode_array, decode_patterns
+from .payload import decode_array, decode_patterns, max_pool
 
 BUDGET = 48_000
 """Most bytes of one display's static fallback (the explorer's included)."""
@@ -70,17 +70,10 @@ def diverging(x: np.ndarray, limit: float) -> np.ndarray:
     return rgb
 
 
-def max_pool(a: np.ndarray, size: int) -> np.ndarray:
-    """Max-pool the last two axes of ``a`` so that neither exceeds ``size`` (as the
+def pool_to(a: np.ndarray, size: int) -> np.ndarray:
+    """Max-pool the last two axes of ``a`` (weights >= 0) so that neither exceeds ``size`` (as the
     attention overview does: a strong weight is never averaged away)."""
-    n = a.shape[-1]
-    f = -(-n // size)
-    if f == 1:
-        return a
-    m = -(-n // f)
-    padded = np.zeros((*a.shape[:-2], m * f, m * f), a.dtype)
-    padded[..., :n, :n] = a
-    return padded.reshape(*a.shape[:-2], m, f, m, f).max(axis=(-3, -1))
+    return max_pool(a, -(-a.shape[-1] // size))
 
 
 def _token(s: str) -> str:
@@ -97,13 +90,13 @@ def attention(w) -> str:
     """Every head's pattern as a thumbnail grid (layers x heads), then the selected head."""
     overview = decode_patterns(w.overview)  # [L, H, m, m]
     L, H, m, _ = overview.shape
-    thumbs = max_pool(overview, THUMB)
+    thumbs = pool_to(overview, THUMB)
     t = thumbs.shape[-1]
     grid = np.full((L * (t + 1) - 1, H * (t + 1) - 1), np.nan, np.float32)
     for layer in range(L):
         for head in range(H):
             grid[layer * (t + 1):layer * (t + 1) + t, head * (t + 1):head * (t + 1) + t] = thumbs[layer, head]
-    selected = max_pool(overview[w.layer, w.head], DETAIL)
+    selected = pool_to(overview[w.layer, w.head], DETAIL)
     return (_caption(f"Attention patterns: {L} layers × {H} heads; selected L{w.layer}.H{w.head}")
             + img(sequential(grid), scale=2, alt="attention pattern of every head", test_id="attention-grid") + " "
             + img(sequential(selected), scale=max(1, 192 // selected.shape[0]), alt=f"attention pattern of head "
