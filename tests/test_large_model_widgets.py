@@ -114,6 +114,23 @@ def test_notes_name_what_each_view_ignores(m2, rotary):
     assert learned.ignores == ["the layer norm's per-token scale"]
 
 
+def test_explorer_displays_while_its_views_still_compute(monkeypatch, manual_kernel_loop):
+    """Under a kernel a notebook displays the explorer as soon as it is built, before the runners'
+    results are applied: its static fallback (part of every display) names the views still
+    computing instead of failing, then draws them once they are in."""
+    from pycircuits_widgets.widgets.composition_matrix import CompositionMatrix
+    from pycircuits_widgets.widgets.eigenvalue_plot import EigenvaluePlot
+    monkeypatch.setattr(EigenvaluePlot, "EAGER_HEADS", 4)
+    monkeypatch.setattr(CompositionMatrix, "EAGER_HEADS", 4)
+    ex = pcw.CircuitExplorer(paper_model(n_layers=2, n_heads=4, d_model=32, d_head=8, dtype=torch.float32), "t1 t2 t3 t1 t2")
+    assert ex.eigen.ov_positivity == {} and ex.composition.scores == {}
+    page = ex._fallback_html()
+    assert "Eigenvalue positivity: not computed yet" in page and "K-composition scores: not computed yet" in page
+    assert ex.wait(30)
+    page = ex._fallback_html()
+    assert "not computed yet" not in page and 'data-pcw-figure="eigen-positivity"' in page
+
+
 @pytest.mark.parametrize("mode", ["script", "kernel"])
 def test_many_heads_eigenvalues_fill_in_from_the_runner_and_equal_the_analysis(monkeypatch, request, mode):
     """Over EAGER_HEADS heads the scatter's spectra (two vocab-sized products) are not part of the

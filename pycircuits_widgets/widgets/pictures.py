@@ -103,11 +103,16 @@ def attention(w) -> str:
                   f"L{w.layer}.H{w.head}", test_id="attention-head"))
 
 
+def _pending(what: str) -> str:
+    """The picture of a view whose data its runner is still computing (a display can come first)."""
+    return _caption(f"{what}: not computed yet")
+
+
 def composition(w) -> str:
     """The shown composition kind's score of every (earlier head, later head) pair."""
     tables = w.scores.get(w.kind, {})
     if "correct" not in tables:
-        return _caption(f"{w.kind}-composition scores: not computed yet")
+        return _pending(f"{w.kind}-composition scores")
     s = decode_array(tables["correct"])  # [L, H, L, H]
     if w.subtract_baseline:
         s = s - w.baselines["correct"]
@@ -125,6 +130,8 @@ def composition(w) -> str:
 def eigen(w) -> str:
     """Each head at (OV positivity, QK positivity), the selected head ringed, and the
     selected head's OV eigenvalues in the complex plane."""
+    if not w.ov_positivity:
+        return _pending("Eigenvalue positivity")
     ov = decode_array(w.ov_positivity)
     L, H = ov.shape
     # no QK positivity (e.g. rotary positions): the heads sit on the OV axis
@@ -163,7 +170,7 @@ def skip_trigrams(w) -> str:
     """The top rows of the skip-trigram table."""
     t = w.trigrams or {}
     if "src" not in t:
-        return _caption("Skip-trigrams: not computed yet")
+        return _pending("Skip-trigrams")
     strings = t["strings"]  # keys are ids (str once the state went through JSON)
 
     def name(i: int) -> str:
@@ -220,6 +227,8 @@ def _bars(test_id: str, labels: list[str], values: list[float], *, width: int = 
 
 def path_expansion(w) -> str:
     """The loss ladder by path order and the most important terms (loss increase when removed)."""
+    if not w.importance:
+        return _pending("Path expansion")
     importance = decode_array(w.importance).astype(np.float64)
     order = np.argsort(-np.nan_to_num(importance, nan=-np.inf))[:TABLE_ROWS]
     return (_caption("Path expansion: mean loss with paths up to each order")
@@ -230,6 +239,8 @@ def path_expansion(w) -> str:
 
 def positional(w) -> str:
     """The selected head's positional score and measured attention against the offset."""
+    if not w.positional:
+        return _pending("Attention by offset")
     pos = decode_array(w.positional)[w.layer, w.head].astype(np.float64)
     measured = decode_array(w.measured)[w.layer, w.head].astype(np.float64)
     size_x, size_y, pad = 240, 120, 8
@@ -282,6 +293,8 @@ def induction(w) -> str:
 
 def bigrams(w) -> str:
     """Top next tokens of the first embedded rows (the selected token's first)."""
+    if not w.top_ids:
+        return _pending("Direct path W_E W_U")
     ids, logits = decode_array(w.top_ids), decode_array(w.top_logits)
     order = sorted(range(len(w.rows)), key=lambda i: w.rows[i] != w.token)[:TABLE_ROWS]
     rows = [[f"<code>{_token(w.vocab[w.rows[i]])}</code>",

@@ -277,7 +277,7 @@ def run_all_cells(page):
         for (const cell of panel.content.widgets) {{
           if (cell.model.type !== "code") continue;
           for (const out of cell.model.outputs.toJSON())
-            if (out.output_type === "error") failed.push(out.ename + ": " + out.evalue);
+            if (out.output_type === "error") failed.push(out.ename + ": " + out.evalue + " | " + (out.traceback || []).join(" | "));
         }}
         return failed;
     }}"""
