@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from ..factored import gram
+from ..factored import eigvals, gram
 from .circuits import embedding, embedding_is_normalized, refuse_rotary_qk
 
 KINDS = ("OV", "QK")
@@ -72,7 +72,7 @@ def eigenvalues(model, kind: str) -> torch.Tensor:
     if not bool(torch.isfinite(small).all()):
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
         raise ValueError(f"the {kind} circuits are not finite: the model's weights hold NaN or inf")
-    return torch.linalg.eigvals(small.double())
+    return eigvals(small.double())
 
 
 def _head_circuits(model, kind: str, work: torch.dtype) -> torch.Tensor:
