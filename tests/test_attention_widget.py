@@ -1,6 +1,8 @@
 """AttentionPatterns: payloads, validation and trait sync (Python side; the view is tested in
 tests/browser/test_attention_browser.py)."""
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -37,8 +39,9 @@ def test_short_context_ships_every_head_once_as_uint8():
     assert np.abs(ov / 255.0 - A).max() <= 1 / 510 + 1e-7
     assert w.full == {} and w._detail == {}  # the overview already is full resolution
     state, paths, buffers = _remove_buffers(w.get_state())
-    attention_bytes = sum(len(bytes(b)) for b in buffers)
-    assert attention_bytes == 2 * 3 * 10 * 11 // 2  # one byte per value of the causal half, nothing twice
+    attention = [bytes(b) for p, b in zip(paths, buffers) if p[0] != "_offline"]
+    assert len(attention) == 1 and w.overview["encoding"] == "deflate"  # saved with the page: deflated
+    assert len(zlib.decompress(attention[0], -15)) == 2 * 3 * 10 * 11 // 2  # one byte per value of the causal half, nothing twice
 
 
 def test_causal_packing_is_the_lower_triangle_by_rows_and_round_trips():

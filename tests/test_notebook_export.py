@@ -1,6 +1,7 @@
 """Sharing: the static text/html fallback of every widget display, and the export of a
 notebook executed with saved widget state to one offline HTML page."""
 
+import ast
 import base64
 import html
 import json
@@ -24,6 +25,7 @@ from pycircuits_widgets.widgets.pictures import BUDGET
 from pycircuits_widgets.widgets.pictures import TOKENS as MAX_TOKENS
 from pycircuits_widgets.widgets.bundle import bundle_code, carrier_esm, stub_esm
 from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
+from pycircuits_widgets.widgets.standalone import render_html, widget_state
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 XSS = '<img src=x onerror="window.__pwned = 1">'
@@ -196,6 +198,36 @@ def exported(executed):
 def saved_state(page: str) -> list[dict]:
     found = re.search(r'<script type="application/json" id="pcw-state">(.*?)</script>', page, re.S)
     return json.loads(found.group(1))["widgets"]
+
+
+QUICK_START_BUDGET = 370_000
+"""Bytes of the quick start's explorer as a notebook saves it (its widget state written as
+nbformat writes it, indented, plus the bundle carrier once). The saved quick start notebook's
+target is 0.4 MB, of which its cells and outputs take about 27 KB. Its explorer took 0.29 MB at
+issue 11, about 0.6 MB once the five paper views joined it (JSON lists a line per item,
+float32 tables, kernel-less answers as JSON text), 0.33 MB with those as deflated buffers."""
+
+
+def test_quick_start_explorer_saved_with_every_view_computed_stays_under_its_budget():
+    """The quick start (notebooks/01_quickstart.ipynb: its text, its induction head) with every
+    paper view computed, as ``save_html`` computes them and the notebook saves them."""
+    quick = nbformat.read(str(REPO / "notebooks" / "01_quickstart.ipynb"), 4)
+    source = next(c.source for c in quick.cells if c.cell_type == "code" and c.source.startswith("TEXT = ("))
+    text = next(ast.literal_eval(node.value) for node in ast.parse(source).body
+                if isinstance(node, ast.Assign) and node.targets[0].id == "TEXT")
+    model = pcw.load_pretrained("attn-only-2l")
+    e = pcw.CircuitExplorer(model, text)
+    scores = pcw.head_scores(model)
+    e.layer, e.head = divmod(int(scores["induction"].argmax()), model.cfg.n_heads)
+    e.compute()
+    assert e.wait(None) and all(v.active and v._ready() for v in (e.paths, e.induction, e.positional, e.virtual, e.bigrams))
+    render_html([e])  # as a kernel fills them in the background: every view's kernel-less answers
+    state = widget_state([e])
+    assert sum(bool(m["state"].get("_offline")) for m in state.values()) >= 5
+    notebook = json.dumps({"metadata": {"widgets": {WIDGET_STATE: {"state": state}}}}, indent=1, ensure_ascii=False)
+    js, css = bundle_code()
+    size = len(notebook.encode()) + len(carrier_esm()) + len(css)
+    assert size <= QUICK_START_BUDGET, f"the quick start explorer saves as {size} bytes, over {QUICK_START_BUDGET}"
 
 
 def test_saved_notebook_holds_the_bundle_once_and_the_page_inlines_it_once(executed, exported):

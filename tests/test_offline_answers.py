@@ -5,6 +5,7 @@ yielding to clicks, and ``wait()`` covers it."""
 
 import json
 import threading
+import zlib
 
 import numpy as np
 import pytest
@@ -17,10 +18,16 @@ from pycircuits_widgets.widgets.payload import decode_array
 from random_models import paper_model
 
 
+def saved_rules(state: dict) -> list[dict]:
+    """The rules: raw-deflated UTF-8 JSON in a uint8 payload (read here with zlib, not offline.py)."""
+    assert state["rules"]["encoding"] == "deflate" and state["rules"]["dtype"] == "uint8"
+    return json.loads(zlib.decompress(bytes(state["rules"]["view"]), -15).decode("utf-8"))
+
+
 def answer(state: dict, rule: int, selection: str) -> dict:
     """The trait patch a kernel-less front end applies (rule base merged under the answer,
     packed arrays decoded): written here from the format's description, not from offline.py."""
-    rules = json.loads(state["rules"])
+    rules = saved_rules(state)
     data = bytes(state["data"])
 
     def unpack(v):
@@ -46,7 +53,7 @@ def test_each_heads_table_is_what_the_widget_computes_for_that_head():
     model = paper_model(n_layers=2, n_heads=3)
     table = pcw.SkipTrigramTable(model, k=offline.TABLE_K)
     state = offline.fill(table)
-    rules = json.loads(state["rules"])
+    rules = saved_rules(state)
     assert [r["on"] for r in rules] == [["layer", "head"]] and len(rules[0]["patches"]) == 6
     assert state["kernel"] == {"query": NEEDS_KERNEL["query"], "token": NEEDS_KERNEL["token"]}
     for layer, head in [(1, 2), (0, 1)]:
@@ -67,10 +74,10 @@ def test_answers_stop_at_the_budget_current_selection_first_and_say_the_rest_nee
     model = paper_model(n_layers=2, n_heads=3)
     eigen = pcw.EigenvaluePlot(model, scores={}, layer=1, head=1)
     full = offline.fill(eigen)
-    rule = json.loads(full["rules"])[0]
-    assert len(rule["patches"]) == 6 and len(full["data"]) + len(full["rules"]) <= BUDGET
+    rule = saved_rules(full)[0]
+    assert len(rule["patches"]) == 6 and len(full["data"]) + len(json.dumps(saved_rules(full), separators=(",", ":"))) <= BUDGET
     one = len(json.dumps(rule["patches"][key(1, 1)], separators=(",", ":"))) + len(full["data"]) // 6
-    small = json.loads(offline.fill(eigen, budget=len(json.dumps(rule["base"])) + 100 + 2 * one + one // 2)["rules"])[0]
+    small = saved_rules(offline.fill(eigen, budget=len(json.dumps(rule["base"])) + 100 + 2 * one + one // 2))[0]
     assert list(small["patches"]) == [key(1, 1), key(0, 0)]  # the selected head first
     assert "over its" in small["missing"] and "needs a running kernel" in small["missing"]
     got = answer(offline.fill(eigen), 0, key(0, 2))
@@ -103,7 +110,7 @@ def test_under_a_kernel_answers_fill_in_the_background_never_busy_and_wait_cover
     model = paper_model(n_layers=2, n_heads=3)
     table = pcw.SkipTrigramTable(model, k=5)
     assert table.wait()
-    assert len(json.loads(table._offline["rules"])[0]["patches"]) == 6
+    assert len(saved_rules(table._offline)[0]["patches"]) == 6
     eigen = pcw.EigenvaluePlot(model, scores={})
     assert eigen.wait()
     first = eigen._offline

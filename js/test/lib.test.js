@@ -1,5 +1,6 @@
+import { deflateRawSync } from "node:zlib";
 import { describe, expect, it } from "vitest";
-import { decodeArray, decodeBase64 } from "../src/lib/buffers.js";
+import { decodeArray, decodeBase64, decodeText } from "../src/lib/buffers.js";
 import { colorScale, luminance, textOn } from "../src/lib/color.js";
 import { endsLine, formatValue, visibleWhitespace } from "../src/lib/tokens.js";
 import { HostModel, restoreBuffers } from "../src/lib/host.js";
@@ -24,6 +25,25 @@ describe("decodeArray", () => {
     const view = new DataView(new ArrayBuffer(8));
     expect(() => decodeArray({ view, dtype: "float32", shape: [3] })).toThrow(/2 float32 values for shape \[3\]/);
     expect(() => decodeArray({ view, dtype: "complex64", shape: [1] })).toThrow(/unsupported dtype/);
+  });
+  it("inflates a deflate-encoded payload (raw deflate by node's zlib, as Python's zlib writes it)", () => {
+    const values = Uint16Array.from({ length: 3000 }, (_, i) => (i * 7) % 1024);
+    const packed = deflateRawSync(new Uint8Array(values.buffer));
+    expect(packed.length).toBeLessThan(values.byteLength / 2);
+    const view = new DataView(packed.buffer, packed.byteOffset, packed.length);
+    const { data, shape } = decodeArray({ view, dtype: "uint16", shape: [3, 1000], encoding: "deflate" });
+    expect(shape).toEqual([3, 1000]);
+    expect(Array.from(data)).toEqual(Array.from(values));
+    // float16 goes through the same inflation (0x3c00 = 1.0, 0xc000 = -2.0)
+    const half = deflateRawSync(new Uint8Array(Uint16Array.of(0x3c00, 0xc000).buffer));
+    expect(Array.from(decodeArray({ view: new DataView(half.buffer, half.byteOffset, half.length), dtype: "float16", shape: [2], encoding: "deflate" }).data)).toEqual([1, -2]);
+    expect(() => decodeArray({ view, dtype: "uint16", shape: [3000], encoding: "gzip" })).toThrow(/unsupported encoding "gzip"/);
+  });
+  it("reads the UTF-8 text of a deflated uint8 payload (JSON with non-ASCII token strings)", () => {
+    const bytes = new TextEncoder().encode(JSON.stringify(["·def", "↵··", "\u0000", "é"]));
+    const packed = deflateRawSync(bytes);
+    const view = new DataView(packed.buffer, packed.byteOffset, packed.length);
+    expect(JSON.parse(decodeText({ view, dtype: "uint8", shape: [bytes.length], encoding: "deflate" }))).toEqual(["·def", "↵··", "\u0000", "é"]);
   });
   it("decodes base64", () => {
     expect(Array.from(new Uint8Array(decodeBase64("AQID").buffer))).toEqual([1, 2, 3]);

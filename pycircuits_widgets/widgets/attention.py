@@ -159,8 +159,9 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
     def _data_traits(self, tokens, A, causal: bool) -> dict:
         L, H, n, _ = A.shape
         factor = -(-n // OVERVIEW_MAX)
-        # pooling commutes with the (monotone) quantisation: pool the floats, quantise m x m
-        overview = encode_patterns(max_pool(A, factor), causal)
+        # pooling commutes with the (monotone) quantisation: pool the floats, quantise m x m.
+        # The overview is saved with the page: deflated (mostly near-zero weights) it is ~1/5.
+        overview = encode_patterns(max_pool(A, factor), causal, compress=True)
         overview["factor"] = factor
         size = n * (n + 1) // 2 if causal else n * n
         full = encode_patterns(A, causal) if factor > 1 and L * H * size <= self._full_budget else {}
@@ -250,12 +251,12 @@ def _tokens_and_patterns(out):
     return list(tokens), out.patterns[0]
 
 
-def encode_patterns(A: np.ndarray, causal: bool) -> dict:
+def encode_patterns(A: np.ndarray, causal: bool, *, compress: bool = False) -> dict:
     """uint8 payload of patterns ``A [..., n, n]``: causal ones as their packed lower triangle
     (``shape [..., n (n + 1) / 2]``, ``layout "causal"``), others whole (``layout "dense"``);
-    ``n`` is the side of the square."""
+    ``n`` is the side of the square. ``compress``: deflated (``payload.encode_array``)."""
     n = A.shape[-1]
-    payload = encode_array(quantize_unit(pack_causal(A) if causal else A), "uint8")
+    payload = encode_array(quantize_unit(pack_causal(A) if causal else A), "uint8", compress=compress)
     payload.update(layout="causal" if causal else "dense", n=n)
     return payload
 

@@ -7,7 +7,7 @@ import traitlets
 
 from ..analysis.bigrams import bigram_top
 from .base import CircuitWidget, check_range
-from .payload import encode_array
+from .payload import JSON_BUFFER, encode_array
 from .on_demand import OnDemand
 from .selection import TokenSelection
 
@@ -34,14 +34,16 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
     _browser_writable = frozenset({"token", "active"})
 
     # -- data --
-    vocab = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    """[d_vocab] display strings, for the search."""
+    vocab = traitlets.List(traitlets.Unicode()).tag(sync=True, **JSON_BUFFER)
+    """[d_vocab] display strings, for the search (one deflated buffer in the page: ``JSON_BUFFER``)."""
     rows = traitlets.List(traitlets.Int()).tag(sync=True)
-    """Token ids whose rows are in ``top_ids``/``top_logits`` (all of them for small vocabularies)."""
+    """Token ids whose rows are in ``top_ids``/``top_logits``, in order; empty when ``complete``
+    (row i is token i: the list would cost a line per token in a saved notebook). See :meth:`row_tokens`."""
     top_ids = traitlets.Dict().tag(sync=True)
-    """int32 payload [len(rows), k]: next-token ids, best first."""
+    """uint16 payload [len(rows), k] (int32 for vocabularies over 65536), deflated: next-token ids, best first."""
     top_logits = traitlets.Dict().tag(sync=True)
-    """float32 payload [len(rows), k]: their W_E W_U logits."""
+    """float16 payload [len(rows), k], deflated: their W_E W_U logits (shown to 3 significant
+    digits; every row of a small vocabulary is saved with the page, so half the bytes)."""
     complete = traitlets.Bool(False).tag(sync=True)
     """bool: every row is embedded (search works fully without a kernel)."""
 
@@ -59,7 +61,11 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
         self._init_on_demand()
 
     def _ready(self) -> bool:
-        return bool(self.rows)
+        return bool(self.top_ids)
+
+    def row_tokens(self) -> list[int]:
+        """The token id of each row of ``top_ids``/``top_logits``."""
+        return list(range(self.top_ids.get("shape", [0])[0])) if self.complete else list(self.rows)
 
     def _start(self) -> None:
         wanted = list(range(self.model.cfg.d_vocab)) if self.complete else [self.token]
@@ -79,4 +85,6 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
         new_values, new_ids = bigram_top(self.model, self._k, new)
         new_values, new_ids = new_values.float(), new_ids.to(torch.int32)
         self._computed = rows, values, ids = (rows + new, torch.cat([values, new_values]), torch.cat([ids, new_ids]))
-        yield {"top_ids": encode_array(ids, "int32"), "top_logits": encode_array(values, "float32"), "rows": rows}
+        id_dtype = "uint16" if self.model.cfg.d_vocab <= 1 << 16 else "int32"
+        yield {"top_ids": encode_array(ids, id_dtype, compress=True),
+               "top_logits": encode_array(values, "float16", compress=True), "rows": [] if self.complete else rows}

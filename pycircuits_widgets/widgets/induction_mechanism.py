@@ -13,7 +13,7 @@ from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair
 from . import offline
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection, pair_key
-from .payload import encode_array
+from .payload import JSON_BUFFER, encode_array
 from .on_demand import OnDemand
 from .selection import HeadSelection, TokenSelection, check_model
 
@@ -54,7 +54,7 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     _browser_writable = frozenset({"layer", "head", "selected_pair", "token", "active"})
 
     # -- data --
-    pairs = traitlets.Dict().tag(sync=True)
+    pairs = traitlets.Dict().tag(sync=True, **JSON_BUFFER)
     """{"l1,h1,l2,h2": {"k_score", "qk_positivity", "ov_positivity", "kind", "sentence"}} for every pair."""
     tables = traitlets.Dict().tag(sync=True)
     """{"l1,h1,l2,h2": {"values": float32 payload [k], "dest": [k] ids, "src": [k] ids, "diagonal_rank"}}:

@@ -18,9 +18,10 @@ The protocol for a view: override ``CircuitWidget.offline_answers(answers)`` and
 with :meth:`Answers.rule`; see README "Adding a view".
 
 Encoding (compact, since it lands in every saved notebook): ``_offline`` is
-``{"rules": JSON text of [rule, ...], "kernel": {name: reason}, "data": memoryview}``; the
-rules travel as one JSON string because a notebook writes nested state indented, a line
-per key. Every array of every
+``{"rules": payload, "kernel": {name: reason}, "data": memoryview}``; the rules are one
+JSON text (a notebook writes nested state indented, a line per key), deflated into a uint8
+payload (``payload.encode_json``; the JSON of answers repeats keys and token strings, so
+it shrinks five to seven times; :func:`rules` reads it back). Every array of every
 answer is packed into the one binary ``data`` buffer (float16 for floats, uint16 for
 vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
 dtype, shape]}``; a rule's ``base`` holds what all its answers share (e.g. the token
@@ -37,7 +38,7 @@ import math
 
 import numpy as np
 
-from .payload import decode_array
+from .payload import decode_array, decode_json, encode_json
 
 BUDGET = 64_000
 """Most bytes of kernel-less answers one view carries (JSON plus packed arrays, before a
@@ -135,7 +136,8 @@ class Answers:
         """The ``_offline`` trait value ({} when the view has nothing to say offline)."""
         if not self.rules and not self.kernel:
             return {}
-        return {"rules": _json(self.rules), "kernel": self.kernel, "data": memoryview(bytes(self._data))}
+        return {"rules": encode_json(self.rules), "kernel": self.kernel,
+                "data": memoryview(bytes(self._data))}
 
     # -- encoding ------------------------------------------------------------------------
     def _pack(self, payload: dict) -> dict:
@@ -159,6 +161,11 @@ class Answers:
         if isinstance(value, float):
             return _short(value)
         return value
+
+
+def rules(state: dict) -> list[dict]:
+    """The rules of an ``_offline`` state (inverse of the deflated JSON of ``Answers.state``)."""
+    return decode_json(state["rules"])
 
 
 def _merged(base: dict, shared: dict) -> dict:

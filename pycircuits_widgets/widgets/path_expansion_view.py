@@ -9,7 +9,7 @@ from ..analysis.activations import run
 from ..analysis.path_expansion import path_expansion
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection
-from .payload import encode_array
+from .payload import JSON_BUFFER, encode_array
 from .selection import HeadSelection, check_model
 from .text_data import TextData, set_text
 
@@ -53,14 +53,14 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     """str: the text; setting it recomputes every term (a bad text is refused, the last good one stays)."""
     tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """[pos] display strings of the text's tokens."""
-    terms = traitlets.List().tag(sync=True)
+    terms = traitlets.List().tag(sync=True, **JSON_BUFFER)
     """[{"name": "L0.H4 → L1.H6", "heads": [[l, h], ...], "order": int}] in path-expansion order."""
     ladder = traitlets.List().tag(sync=True)
     """[{"label", "loss"}]: mean next-token loss with paths up to each order, then the full model's."""
     importance = traitlets.Dict().tag(sync=True)
     """float32 payload [n_terms]: loss increase (nats) when the term is removed from the full sum."""
     contributions = traitlets.Dict().tag(sync=True)
-    """float32 payload [n_terms, pos - 1]: each term's centred logit for the token at p + 1, from position p."""
+    """float16 payload [n_terms, pos - 1], deflated: each term's centred logit for the token at p + 1, from position p."""
 
     # -- selection (layer, head from HeadSelection, selected_pair from PairSelection) --
     position = traitlets.Int(-1).tag(sync=True)
@@ -125,7 +125,9 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
             "ladder": [{"label": lab, "loss": loss} for lab, loss in zip(labels, by_order)]
             + [{"label": LADDER[-1], "loss": float(out.loss)}],
             "importance": encode_array(importance, "float32"),
-            "contributions": encode_array(contributions, "float32"),
+            # [terms, positions] is the view's largest array and is saved with the page: float16
+            # (shown to 3 significant digits), deflated
+            "contributions": encode_array(contributions, "float16", compress=True),
         }
 
     @traitlets.validate("position")

@@ -3,14 +3,22 @@
 Arrays cross the wire as ``{"view": memoryview, "dtype": str, "shape": list}``; ipywidgets
 sends every memoryview found in a trait as a binary buffer (never as a JSON list), and
 ``js/src/lib/buffers.js`` ``decodeArray`` turns it back into a typed array.
+
+A payload saved with the page (a saved notebook stores every buffer as base64) may be
+``deflate``d: ``{"encoding": "deflate", ...}`` marks raw-deflate bytes, which the front end
+inflates synchronously (fflate) before viewing them. Attention weights (mostly near zero)
+shrink about five times; float16 tables by a tenth.
 """
 
 from __future__ import annotations
 
+import json
+import zlib
+
 import numpy as np
 import torch
 
-_DTYPES = {"float32", "float64", "uint8", "int8", "uint16", "int16", "int32", "uint32"}
+_DTYPES = {"float16", "float32", "float64", "uint8", "int8", "uint16", "int16", "int32", "uint32"}
 
 
 def to_numpy(x, *, name: str = "array") -> np.ndarray:
@@ -25,18 +33,57 @@ def to_numpy(x, *, name: str = "array") -> np.ndarray:
         raise TypeError(f"{name} must be a tensor, array or list of numbers, got {type(x).__name__}") from exc
 
 
-def encode_array(x, dtype: str = "float32") -> dict:
-    """Encode an array as a binary payload of the given dtype (C order)."""
+DEFLATE_FAST_OVER = 1 << 20
+"""Bytes over which :func:`deflate` uses its fastest level (10 MB of GPT-2-XL attention
+overviews: 0.6 s at level 6, 0.12 s at level 1, 20% larger)."""
+
+
+def deflate(data: bytes) -> bytes:
+    """Raw deflate (no zlib header), what ``fflate.inflateSync`` reads."""
+    packer = zlib.compressobj(6 if len(data) <= DEFLATE_FAST_OVER else 1, zlib.DEFLATED, -15)
+    return packer.compress(data) + packer.flush()
+
+
+def encode_array(x, dtype: str = "float32", *, compress: bool = False) -> dict:
+    """Encode an array as a binary payload of the given dtype (C order); ``compress``:
+    raw-deflated bytes, marked ``"encoding": "deflate"`` (for payloads saved with a page)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     arr = np.ascontiguousarray(to_numpy(x), dtype=dtype)
+    if compress:
+        return {"view": memoryview(deflate(arr.tobytes())), "dtype": dtype, "shape": list(arr.shape), "encoding": "deflate"}
     return {"view": memoryview(arr.tobytes()), "dtype": dtype, "shape": list(arr.shape)}
+
+
+def encode_json(value) -> dict:
+    """A JSON value (strict: no NaN) as a deflated uint8 payload of its UTF-8 text: one binary
+    buffer where a notebook would write a list a line per item (``decodeText`` in
+    ``js/src/lib/buffers.js`` reads the text back)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return encode_array(np.frombuffer(text.encode("utf-8"), np.uint8), "uint8", compress=True)
+
+
+def decode_json(payload: dict):
+    """Inverse of :func:`encode_json`."""
+    return json.loads(decode_array(payload).tobytes().decode("utf-8"))
+
+
+JSON_BUFFER = {
+    "to_json": lambda value, _widget: encode_json(value),
+    "from_json": lambda value, _widget: decode_json(value) if isinstance(value, dict) and "view" in value else value,
+}
+"""Trait metadata (``.tag(sync=True, **JSON_BUFFER)``) for a list or dict trait saved with the
+page: Python sees the value, the wire and the saved state carry :func:`encode_json`
+(``jsonOf`` in ``js/src/lib/buffers.js``). A notebook writes nested state a line per item:
+the paper views' term, pair and vocabulary lists were a third of the saved quick start."""
 
 
 def decode_array(payload: dict) -> np.ndarray:
     """Inverse of :func:`encode_array` (used by tests and by the kernel side of messages)."""
-    buf = payload["view"]
-    return np.frombuffer(bytes(buf), dtype=payload["dtype"]).reshape(payload["shape"])
+    buf = bytes(payload["view"])
+    if payload.get("encoding") == "deflate":
+        buf = zlib.decompress(buf, -15)
+    return np.frombuffer(buf, dtype=payload["dtype"]).reshape(payload["shape"])
 
 
 QUANTIZE_BLOCK = 1 << 20

@@ -295,9 +295,9 @@ def bigrams(w) -> str:
     """Top next tokens of the first embedded rows (the selected token's first)."""
     if not w.top_ids:
         return _pending("Direct path W_E W_U")
-    ids, logits = decode_array(w.top_ids), decode_array(w.top_logits)
-    order = sorted(range(len(w.rows)), key=lambda i: w.rows[i] != w.token)[:TABLE_ROWS]
-    rows = [[f"<code>{_token(w.vocab[w.rows[i]])}</code>",
+    ids, logits, tokens = decode_array(w.top_ids), decode_array(w.top_logits), w.row_tokens()
+    order = sorted(range(len(tokens)), key=lambda i: tokens[i] != w.token)[:TABLE_ROWS]
+    rows = [[f"<code>{_token(w.vocab[tokens[i]])}</code>",
              " ".join(f"<code>{_token(w.vocab[int(t)])}</code> {float(v):.3g}" for t, v in zip(ids[i][:5], logits[i][:5]))]
             for i in order]
     return _caption("Direct path W_E W_U: top next tokens") + _table("bigrams", ["token", "next tokens (logit)"], rows)

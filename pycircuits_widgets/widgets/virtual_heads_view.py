@@ -8,6 +8,7 @@ from ..analysis.virtual_heads import top_virtual_heads
 from .base import CircuitWidget
 from .pair_selection import PairSelection
 from .on_demand import OnDemand
+from .payload import JSON_BUFFER
 from .selection import HeadSelection, check_model
 
 
@@ -29,7 +30,7 @@ class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
     _browser_writable = frozenset({"layer", "head", "selected_pair", "active"})
 
     # -- data --
-    heads = traitlets.List().tag(sync=True)
+    heads = traitlets.List().tag(sync=True, **JSON_BUFFER)
     """[{"pair": [l1, h1, l2, h2], "norm", "positivity", "copies": [{"id", "str", "score"}]}], strongest first."""
 
     def __init__(self, model, k: int = 12, n_copies: int = 8, **kwargs):

@@ -163,7 +163,7 @@ def test_a_page_over_the_answers_budget_says_which_selections_need_a_kernel(page
     monkeypatch.setattr(offline, "BUDGET", 3000)  # room for the saved head's table and one more at most
     table = pcw.SkipTrigramTable(model, layer=1, head=6)
     path = table.save_html(tmp_path / "small.html")
-    kept = [tuple(json.loads(f"[{k}]")) for k in json.loads(table._offline["rules"])[0]["patches"]]
+    kept = [tuple(json.loads(f"[{k}]")) for k in offline.rules(table._offline)[0]["patches"]]
     assert kept[0] == (1, 6) and len(kept) < 16
     attempted, errors = open_offline(page, path)
     view = page.locator(".pcw-skip-trigrams")

@@ -1,5 +1,7 @@
 // Decoding of binary payloads sent by pycircuits_widgets.widgets.payload.encode_array:
-// {view: DataView, dtype: string, shape: number[]}.
+// {view: DataView, dtype: string, shape: number[], encoding?: "deflate"}.
+
+import { inflateSync } from "fflate";
 
 const TYPED = {
   uint8: Uint8Array,
@@ -19,6 +21,8 @@ const TYPED = {
  */
 export function decodeArray(payload) {
   if (!payload || payload.view == null) throw new Error("decodeArray: payload has no `view` buffer");
+  if (payload.encoding === "deflate") return decodeArray({ view: inflated(payload.view), dtype: payload.dtype, shape: payload.shape });
+  if (payload.encoding != null) throw new Error(`decodeArray: unsupported encoding "${payload.encoding}"`);
   if (payload.dtype === "float16") return decodeFloat16(payload);
   const Typed = TYPED[payload.dtype];
   if (!Typed) throw new Error(`decodeArray: unsupported dtype "${payload.dtype}"`);
@@ -33,6 +37,21 @@ export function decodeArray(payload) {
       ? new Typed(buffer, byteOffset, n)
       : new Typed(buffer.slice(byteOffset, byteOffset + byteLength));
   return { data, shape: payload.shape };
+}
+
+/** The UTF-8 text of a uint8 payload (payload.encode_json in Python: JSON text, deflated). */
+export function decodeText(payload) {
+  return new TextDecoder().decode(decodeArray(payload).data);
+}
+
+/**
+ * A list or dict trait Python sends as a JSON buffer (payload.JSON_BUFFER: the deflated UTF-8
+ * JSON text), or as plain JSON; `fallback` when absent. Views read it through `$derived`, so it
+ * is parsed once per change.
+ */
+export function jsonOf(value, fallback) {
+  if (value == null) return fallback;
+  return value.view != null ? JSON.parse(decodeText(value)) : value;
 }
 
 /** float16 (the compact saved answers, widgets/offline.py) widened to a Float32Array. */
@@ -50,6 +69,21 @@ function decodeFloat16(payload) {
       : sign * 2 ** (exp - 15) * (1 + frac / 1024);
   }
   return { data: out, shape: payload.shape };
+}
+
+// Inflated bytes per saved buffer: views decode the same payload on every redraw, and
+// synchronously (the browser's DecompressionStream is async only, hence fflate).
+const INFLATED = new WeakMap();
+
+/** The raw-deflate bytes of a `"deflate"` payload (payload.deflate in Python) inflated. */
+function inflated(view) {
+  let out = INFLATED.get(view);
+  if (!out) {
+    const { buffer, byteOffset, byteLength } = toBytes(view);
+    out = inflateSync(new Uint8Array(buffer, byteOffset, byteLength));
+    INFLATED.set(view, out);
+  }
+  return out;
 }
 
 function toBytes(view) {

@@ -5,6 +5,8 @@
 // precomputed patch is applied as the kernel would apply it; with a live kernel nothing
 // happens here (the kernel answers fresh). One mechanism for JupyterLab, export and save_html.
 
+import { decodeText } from "./buffers.js";
+
 export const NONFINITE = "__pcw_nonfinite__";
 
 /** JSON.parse of saved JSON whose non-finite numbers are tagged `{NONFINITE: "NaN"}`. */
@@ -28,6 +30,13 @@ export function isLive(...candidates) {
 /** The selection key Python builds (offline.key): each value as JSON, joined by ",". */
 export function selectionKey(model, names) {
   return names.map((name) => JSON.stringify(model.get(name))).join(",");
+}
+
+/** The rules of an `_offline` state: JSON text, or (as Python saves them) a deflated uint8 payload of it. */
+function savedRules(saved) {
+  if (typeof saved.rules === "string") return parseTagged(saved.rules);
+  if (saved.rules?.view != null) return parseTagged(decodeText(saved.rules));
+  return saved.rules;
 }
 
 /** Resolve `{packed: [offset, dtype, shape]}` references into array payloads over `data`. */
@@ -63,7 +72,7 @@ function merged(base, patch) {
 export function offlinePatch(model, changed) {
   const saved = model.get("_offline");
   if (!saved || !saved.rules) return {};
-  const rules = typeof saved.rules === "string" ? parseTagged(saved.rules) : saved.rules;
+  const rules = savedRules(saved);
   const data = saved.data ?? new DataView(new ArrayBuffer(0));
   let patch = {};
   for (const rule of rules) {
@@ -86,7 +95,7 @@ export function offlinePatch(model, changed) {
 function watched(model) {
   const saved = model.get("_offline");
   if (!saved || !saved.rules) return [];
-  const rules = typeof saved.rules === "string" ? parseTagged(saved.rules) : saved.rules;
+  const rules = savedRules(saved);
   return [...new Set([...rules.flatMap((r) => r.on), ...Object.keys(saved.kernel ?? {})])];
 }
 
