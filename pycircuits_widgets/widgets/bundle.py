@@ -12,7 +12,7 @@ awaits that slot and renders with the bundle. The carrier also carries the CSS, 
 anywidget puts in the document once at model creation.
 
 Pages written by :mod:`.standalone` and :mod:`.notebook_export` inline the bundle
-directly and never use the stub or the carrier.
+(gzipped too) and never use the stub or the carrier.
 """
 
 from __future__ import annotations
@@ -82,10 +82,16 @@ export default bundle.default;
 
 
 @functools.cache
+def bundle_packed() -> str:
+    """The bundle's javascript gzipped, as base64 (unpacked with the browser's
+    DecompressionStream): what the carrier and the pages written by :mod:`.standalone` hold."""
+    return base64.b64encode(gzip.compress(bundle_code()[0].encode("utf-8"), 9, mtime=0)).decode("ascii")
+
+
+@functools.cache
 def carrier_esm() -> str:
     """The carrier's ``_esm``: a loader holding the gzipped bundle."""
-    packed = base64.b64encode(gzip.compress(bundle_code()[0].encode("utf-8"), 9, mtime=0)).decode("ascii")
-    return _LOADER % {"packed": packed}
+    return _LOADER % {"packed": bundle_packed()}
 
 
 class BundleCarrier(anywidget.AnyWidget):

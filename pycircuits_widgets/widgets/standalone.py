@@ -31,7 +31,7 @@ import tempfile
 import ipywidgets
 from ipywidgets.embed import dependency_state
 
-from .bundle import bundle_code
+from .bundle import bundle_code, bundle_packed
 from .offline import NONFINITE, tag_nonfinite
 
 OURS = "pycircuits_widgets."
@@ -66,15 +66,18 @@ _PLACEHOLDER_CSS = """
 .pcw-placeholder > p { font-size: 12px; color: var(--jp-ui-font-color2, #666); margin: 2px 0; }
 """
 
-# Loads the inlined bundle the way anywidget does (an ES module from a Blob URL) and
+# Unpacks the inlined bundle (gzip, base64: a third of its size) and loads it the way
+# anywidget does (an ES module from a Blob URL), and
 # mounts every saved widget with its kernel-less host. `window.pcwBridge`, when a test
 # harness defines it, forwards changes to a live Python widget; a shared page has none
 # and runs without a kernel. A widget that fails to mount shows why; the others still
 # mount.
 _BOOT_JS = """
 const bridge = window.pcwBridge;
-const bundle = document.querySelector("script.pcw-bundle");
-const url = URL.createObjectURL(new Blob([bundle.textContent], { type: "text/javascript" }));
+const packed = document.querySelector("script.pcw-bundle").textContent;
+const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
+const code = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+const url = URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
 const mod = await import(url);
 const host = mod.createHost(mod.default, bridge ? bridge.hooks : {});
 const saved = mod.parseTagged(document.getElementById("pcw-state").textContent);
@@ -219,7 +222,7 @@ class Page:
             return ""
         return "\n".join([
             f'<script type="application/json" id="pcw-state">{strict_json({"widgets": self.entries})}</script>',
-            f'<script type="text/plain" class="pcw-bundle">{script_text(bundle_code()[0])}</script>',
+            f'<script type="text/plain" class="pcw-bundle">{bundle_packed()}</script>',
             f'<script type="module">{_BOOT_JS}</script>',
         ])
 
