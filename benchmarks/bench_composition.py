@@ -8,8 +8,8 @@ small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d
 (``ru_maxrss`` minus the RSS after the weights were built) is its own. Columns:
 
 * ours: ``pcw.composition_scores(model, kind, baseline=False)`` (the Gram route); its FLOPs
-  (``composition.gram_flops`` plus the per-head thin factors) and the fraction of this machine's
-  measured fp32 peak (187 GFLOP/s with 2 idle threads) they reach;
+  (``composition.gram_flops`` plus the per-head thin factors) and the fraction of the fp32 peak
+  they reach, measured in the same run (``peaks.py``);
 * direct: the route it replaced, one ``[H r, d_model] @ [d_model, later H r]`` GEMM per earlier
   layer on the same thin factors (``2 r^2 d_model`` per pair); XL only with ``--direct-xl``;
 * TL: TransformerLens 4.3 ``utilities.matrix.composition_scores`` on the same (centred) weights,
@@ -32,6 +32,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peaks import load_average, measure_peaks_apart  # noqa: E402
 
 SHAPES = {  # n_layers, n_heads, d_model, d_head
     "GPT-2-small": (12, 12, 768, 64),
@@ -39,7 +41,6 @@ SHAPES = {  # n_layers, n_heads, d_model, d_head
     "GPT-2-large": (36, 20, 1280, 64),
     "GPT-2-XL": (48, 25, 1600, 64),
 }
-FP32_PEAK_GFLOPS = 187.0  # measured on this machine, idle, 2 threads
 
 
 def heads(shape: str):
@@ -142,14 +143,15 @@ def main():
     import torch
     print(f"torch {torch.__version__}, transformer-lens 4.3.0, python {platform.python_version()}, "
           f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")
-    print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
+    peaks = measure_peaks_apart()
+    print("measured peaks: " + " | ".join(f"{k} {v:,.0f} GOP/s" for k, v in peaks.items()) + f"; {load_average()}")
     print(f"{'shape':<13} {'kind':<4} {'heads':>5} {'route':<8} | {'time':>9} {'peak+':>9} | {'GFLOP':>7} "
           f"{'GFLOP/s':>8} {'% fp32':>6} | vs ours")
     ours = {}
 
     def line(shape, kind, route, r, gflop=None):
         L, H = SHAPES[shape][:2]
-        rate = f"{gflop:>7.0f} {gflop / r['s']:>8.1f} {100 * gflop / r['s'] / FP32_PEAK_GFLOPS:>5.0f}%" if gflop else " " * 23
+        rate = f"{gflop:>7.0f} {gflop / r['s']:>8.1f} {100 * gflop / r['s'] / peaks['fp32']:>5.0f}%" if gflop else " " * 23
         ratio = f"{r['s'] / ours[shape, kind]:.1f}x slower" if route != "ours" else ""
         print(f"{shape:<13} {kind:<4} {L * H:>5} {route:<8} | {r['s']:>7.2f} s {r['mem_mb']:>6.0f} MB | {rate} | {ratio}",
               flush=True)
@@ -163,7 +165,7 @@ def main():
             line(shape, kind, "direct", measure("op_direct", shape, kind))
         if shape == "GPT-2-small" and not a.no_tl:
             line(shape, kind, "TL", measure("op_tl", shape, kind))
-    print("load average at end: %.2f %.2f %.2f" % os.getloadavg())
+    print(f"{load_average()} at the end")
 
 
 if __name__ == "__main__":

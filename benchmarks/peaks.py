@@ -15,7 +15,10 @@ same run, with the load average: on a shared machine both move together.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -52,6 +55,15 @@ def measure_peaks(size: int = 4096, repeats: int = 3) -> dict[str, float]:
     return peaks
 
 
+def measure_peaks_apart() -> dict[str, float]:
+    """:func:`measure_peaks` in a fresh process. A benchmark that times its cases in child
+    processes calls this: on Linux a child's ``ru_maxrss`` starts at its parent's peak, so the
+    4096² operands measured here would otherwise show up in every child's peak memory."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json"], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def thin_int8_peak(rows: int = 4096, cols: int = 1024, inner: int = 64, repeats: int = 3) -> float | None:
     """GOP/s of one int8 screening step (GEMM + row max) on a hot ``[rows, inner] @ [inner, cols]``
     tile; None where the int8 screen is unavailable (``screen.int8_available``)."""
@@ -74,10 +86,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--json", action="store_true", help="print only the peaks, as JSON")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     before = load_average()
     peaks = measure_peaks(a.size)
+    if a.json:
+        return print(json.dumps(peaks))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.size}^2 GEMMs; "
           f"{before} (before), {load_average()} (after)")
     print(" | ".join(f"{k} {v:,.0f} GOP/s" for k, v in peaks.items()))
