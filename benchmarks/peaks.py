@@ -8,7 +8,7 @@ the roofline of the skip-trigram screen: its own int8 step (``screen.ProductScre
 quantised GEMM with int8 output, inner dimension ``d_head`` = 64, then the row max) on one
 ``[4096, 1024]`` tile called over and over, the best that kernel does here; with only 64 products
 per output the per-output work (scaling, rounding, the store and the max) bounds it. The other
-benchmarks import ``measure_peaks`` and print these beside their own figures, measured in the
+benchmarks import ``measure_peaks_apart`` and print these beside their own figures, measured in the
 same run, with the load average: on a shared machine both move together.
 """
 
