@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import load_average, measure_peaks_apart  # noqa: E402
+from peaks import format_peaks, load_average, measure_peaks_apart  # noqa: E402
 
 SHAPES = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
 
@@ -199,7 +199,7 @@ def main():
     print(f"torch {torch.__version__}, transformer-lens {version('transformer-lens')}, python "
           f"{platform.python_version()}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}; {load_average()}")
     peaks = measure_peaks_apart()
-    print("measured peaks: " + " | ".join(f"{k} {v:,.0f} GOP/s" for k, v in peaks.items()) + f"; {load_average()}",
+    print(f"measured peaks: {format_peaks(peaks)}; {load_average()}",
           flush=True)
     rows = rows_to_run(a)
     results = {r[1]: ([], []) for r in rows}

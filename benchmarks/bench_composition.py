@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import load_average, measure_peaks_apart  # noqa: E402
+from peaks import format_peaks, load_average, measure_peaks_apart  # noqa: E402
 
 SHAPES = {  # n_layers, n_heads, d_model, d_head
     "GPT-2-small": (12, 12, 768, 64),
@@ -144,7 +144,7 @@ def main():
     print(f"torch {torch.__version__}, transformer-lens 4.3.0, python {platform.python_version()}, "
           f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")
     peaks = measure_peaks_apart()
-    print("measured peaks: " + " | ".join(f"{k} {v:,.0f} GOP/s" for k, v in peaks.items()) + f"; {load_average()}")
+    print(f"measured peaks: {format_peaks(peaks)}; {load_average()}")
     print(f"{'shape':<13} {'kind':<4} {'heads':>5} {'route':<8} | {'time':>9} {'peak+':>9} | {'GFLOP':>7} "
           f"{'GFLOP/s':>8} {'% fp32':>6} | vs ours")
     ours = {}
