@@ -156,6 +156,7 @@ class CircuitWidget(anywidget.AnyWidget):
         and eigenvalues, head pairs' composition detail, within ``widgets.offline.BUDGET``
         per view) are made current first: seconds of work for a 2-layer model in a script,
         already done in the background under a kernel."""
+        standalone.refuse_notebook_target(path)  # before any work
         self.wait(None)  # the page holds finished state, never busy
         return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline)
 

@@ -19,7 +19,7 @@ import copy
 import pathlib
 import warnings
 
-from .standalone import Page, write_atomic
+from .standalone import Page, refuse_notebook_target, write_atomic
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -118,9 +118,10 @@ def export_notebook(notebook, out=None, *, title: str | None = None) -> pathlib.
     if not notebook.is_file():
         raise FileNotFoundError(f"notebook {notebook} does not exist (expected a saved .ipynb file)")
     out = pathlib.Path(out) if out is not None else notebook.with_suffix(".html")
-    if out.suffix.lower() == ".ipynb":
-        raise ExportError(f"refusing to write the HTML page to {out}: it would replace a notebook; "
-                          "choose an output name ending in .html (-o PAGE.html)")
+    try:
+        refuse_notebook_target(out)
+    except ValueError as exc:
+        raise ExportError(f"{exc} (-o PAGE.html)") from None
     if out.resolve() == notebook.resolve() or (out.exists() and out.samefile(notebook)):
         raise ExportError(f"refusing to write the HTML page to {out}: it is the notebook being exported; "
                           "choose another output name (-o PAGE.html)")

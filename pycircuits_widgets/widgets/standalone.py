@@ -328,6 +328,16 @@ def write_atomic(path, text: str) -> pathlib.Path:
     return path
 
 
+def refuse_notebook_target(out) -> pathlib.Path:
+    """``out`` as a path, unless it names a notebook (``.ipynb``, any case): an HTML page
+    written there would replace the notebook (``ValueError``, nothing written)."""
+    out = pathlib.Path(out)
+    if out.suffix.lower() == ".ipynb":
+        raise ValueError(f"refusing to write the HTML page to {out}: it would replace a notebook; "
+                         "choose a name ending in .html")
+    return out
+
+
 def save_html(widgets, path, *, title: str = "pycircuits_widgets", offline: bool = True) -> pathlib.Path:
-    """Write :func:`render_html` to ``path`` atomically; returns the path."""
-    return write_atomic(path, render_html(widgets, title=title, offline=offline))
+    """Write :func:`render_html` to ``path`` atomically (never to a ``.ipynb``); returns the path."""
+    return write_atomic(refuse_notebook_target(path), render_html(widgets, title=title, offline=offline))
