@@ -2,8 +2,11 @@
 view, or make a view undisplayable, and browser writes are checked as Python writes are."""
 
 import pytest
+import torch
 
 import pycircuits_widgets as pcw
+from random_models import paper_model
+from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 from pycircuits_widgets.widgets import standalone
 
 
@@ -18,3 +21,39 @@ def test_save_html_refuses_to_replace_a_notebook(tmp_path):
             standalone.save_html([w], notebook)
         assert notebook.read_text(encoding="utf-8") == '{"cells": [], "nbformat": 4}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Analysis.IPYNB", "analysis.ipynb"]
+
+
+# -- #5: a KeyboardInterrupt/SystemExit inside a recompute ------------------------------------
+@pytest.fixture(scope="module")
+def m1():
+    return paper_model(n_layers=1, n_heads=2, dtype=torch.float32)
+
+
+def interrupted(exc):
+    def make():
+        yield None
+        raise exc
+    return make
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)], ids=["KeyboardInterrupt", "SystemExit"])
+def test_an_interrupted_recompute_on_the_worker_is_reported_and_the_view_keeps_working(m1, manual_kernel_loop, exc):
+    st = pcw.SkipTrigramTable(m1, k=5)
+    assert st.wait(30)
+    before = st.trigrams
+    st._runner.submit("table", interrupted(exc))
+    assert st.wait(30)  # the runner's completion signal: the worker did not die with the job
+    assert not st.busy and st.trigrams is before
+    assert st.error == f"table: {type(exc).__name__}" + (": 3" if isinstance(exc, SystemExit) else "")
+    st.head = 1  # later requests are served, and the next table clears the report
+    assert st.wait(30) and not st.busy
+    assert (st.trigrams["layer"], st.trigrams["head"]) == (0, 1) and st.error == ""
+
+
+def test_an_interrupted_recompute_in_a_script_stops_the_script_and_leaves_the_view_usable(m1):
+    st = pcw.SkipTrigramTable(m1, k=5)
+    with pytest.raises(KeyboardInterrupt):
+        st._runner.submit("table", interrupted(KeyboardInterrupt()))
+    assert st.error == "table: KeyboardInterrupt" and not st.busy
+    st.head = 1
+    assert (st.trigrams["layer"], st.trigrams["head"]) == (0, 1) and st.error == ""

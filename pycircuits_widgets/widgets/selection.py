@@ -235,6 +235,8 @@ class Runner:
                 for item in self._steps(job):
                     if item is not None:
                         self._apply(job, item)
+                    if isinstance(item, BaseException) and not isinstance(item, Exception):
+                        raise item  # Ctrl-C in a script still stops it, the view showing why
         finally:
             self._applying = False
 
@@ -249,20 +251,22 @@ class Runner:
                     return
                 kind = next((k for k, j in self._pending.items() if not j.background), next(iter(self._pending)))
                 job = self._running = self._pending.pop(kind)
-            if job.steps is None:
-                job.steps = self._steps(job)
-            for item in job.steps:
-                if item is not None:
-                    with self._lock:
-                        self._results.append((job, item))
-                        self._changed.notify_all()
-                    self._post()
-                if job.background and self._park(job):
-                    break
-            with self._lock:
-                self._running = None
-                self._changed.notify_all()
-            self._post()
+            try:
+                if job.steps is None:
+                    job.steps = self._steps(job)
+                for item in job.steps:
+                    if item is not None:
+                        with self._lock:
+                            self._results.append((job, item))
+                            self._changed.notify_all()
+                        self._post()
+                    if job.background and self._park(job):
+                        break
+            finally:  # whatever ends the job, the runner takes the next one (busy goes off)
+                with self._lock:
+                    self._running = None
+                    self._changed.notify_all()
+                self._post()
 
     def _park(self, job: _Job) -> bool:
         """A background job yields to waiting requests: back in the queue, resumed later
@@ -284,7 +288,10 @@ class Runner:
 
     def _steps(self, job: _Job):
         """The job's updates while it is current (stale: stop at the next chunk), None at
-        each chunk boundary; a failure is yielded as the exception."""
+        each chunk boundary; a failure is yielded as the exception. That includes a
+        ``KeyboardInterrupt``/``SystemExit`` raised by the job: on a worker it would otherwise
+        end the thread and leave ``busy`` on and every later request unserved (synchronously,
+        ``_run_sync`` raises it again once the view shows it)."""
         steps = None
         try:
             steps = job.make()
@@ -292,7 +299,9 @@ class Runner:
                 if not self.current(job):
                     return
                 yield update or None
-        except Exception as exc:  # shown in the view by _apply
+        except GeneratorExit:  # closed (stale, or a parked job dropped): nothing to report
+            raise
+        except BaseException as exc:  # shown in the view by _apply
             if self.current(job):
                 yield exc
         finally:
@@ -319,8 +328,8 @@ class Runner:
 
     def _apply(self, job: _Job, item) -> None:
         widget = self._widget
-        if isinstance(item, Exception):
-            message = f"{job.kind}: {type(item).__name__}: {item}"
+        if isinstance(item, BaseException):
+            message = f"{job.kind}: {type(item).__name__}" + (f": {item}" if str(item) else "")
             self._failed[job.kind] = message
             widget.error = message
             return
