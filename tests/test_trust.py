@@ -1,8 +1,11 @@
 """Issue 27, Python side: what a shared page is written from cannot destroy a notebook, wedge a
 view, or make a view undisplayable, and browser writes are checked as Python writes are."""
 
+import re
+
 import pytest
 import torch
+import traitlets
 
 import pycircuits_widgets as pcw
 from random_models import paper_model
@@ -57,3 +60,41 @@ def test_an_interrupted_recompute_in_a_script_stops_the_script_and_leaves_the_vi
     assert st.error == "table: KeyboardInterrupt" and not st.busy
     st.head = 1
     assert (st.trigrams["layer"], st.trigrams["head"]) == (0, 1) and st.error == ""
+
+
+# -- #9: browser writes checked as Python writes are -----------------------------------------
+@pytest.mark.parametrize("name, bad, message", [
+    ("page", True, "page must be an int, got True"),
+    ("page", -2, r"page must be in 0..9999, got -2"),
+    ("page", 10**100, r"page must be in 0..9999, got 1000000000"),
+    ("page_size", True, "page_size must be an int, got True"),
+    ("page_size", -2, r"page_size must be in 1..10000, got -2"),
+    ("page_size", 0, r"page_size must be in 1..10000, got 0"),
+    ("page_size", 10**100, r"page_size must be in 1..10000, got 1000000000"),
+    ("query", "x" * 200_000, "query must be at most 100000 characters, got 200000"),
+    ("query", "ab\ud800", "query must be valid Unicode: surrogates not allowed at character 2"),
+])
+def test_skip_trigram_browser_writes_are_refused_like_python_writes(m1, name, bad, message):
+    st = pcw.SkipTrigramTable(m1, k=5)
+    before = getattr(st, name)
+    with pytest.raises(traitlets.TraitError, match=message):
+        setattr(st, name, bad)
+    st.set_state({name: bad})  # what the browser sends
+    assert getattr(st, name) == before and re.search(message, st.error)
+    st.set_state({name: {"page": 1, "page_size": 5, "query": "t3"}[name]})
+    assert st.error == "" and getattr(st, name) == {"page": 1, "page_size": 5, "query": "t3"}[name]
+
+
+def test_the_browser_cannot_turn_off_an_on_demand_view(m1):
+    m = paper_model(n_layers=2, n_heads=2, dtype=torch.float32)
+    v = pcw.VirtualHeads(m, k=3, n_copies=2)
+    assert v.active and v.wait(30)
+    with pytest.raises(traitlets.TraitError, match="active cannot be turned off"):
+        v.active = False
+    v.set_state({"active": False})
+    assert v.active is True and "active cannot be turned off once the view is computing" in v.error
+    idle = pcw.VirtualHeads(m, k=3, n_copies=2, active=False)  # not started: the browser may start it
+    idle.set_state({"active": True})
+    assert idle.active and idle.wait(30) and idle.heads and idle.error == ""
+    idle.set_state({"active": False})
+    assert idle.active is True and "cannot be turned off" in idle.error

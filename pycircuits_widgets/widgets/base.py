@@ -169,17 +169,17 @@ MAX_TEXT = 100_000
 """Longest text (characters) a view accepts; the model's context is the real limit."""
 
 
-def check_text(text: str) -> str:
-    """``text`` if it is a non-empty, valid Unicode str of at most ``MAX_TEXT`` characters
-    (a browser can send a lone surrogate); else a ``TraitError`` saying which."""
-    if not text:
-        raise traitlets.TraitError("text must be a non-empty str, got ''")
+def check_text(text: str, *, name: str = "text", empty: bool = False) -> str:
+    """``text`` if it is a valid Unicode str (a browser can send a lone surrogate) of at most
+    ``MAX_TEXT`` characters, non-empty unless ``empty``; else a ``TraitError`` naming ``name``."""
+    if not text and not empty:
+        raise traitlets.TraitError(f"{name} must be a non-empty str, got ''")
     if len(text) > MAX_TEXT:
-        raise traitlets.TraitError(f"text must be at most {MAX_TEXT} characters, got {len(text)}")
+        raise traitlets.TraitError(f"{name} must be at most {MAX_TEXT} characters, got {len(text)}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise traitlets.TraitError(f"text must be valid Unicode: {exc.reason} at character {exc.start}") from exc
+        raise traitlets.TraitError(f"{name} must be valid Unicode: {exc.reason} at character {exc.start}") from exc
     return text
 
 

@@ -31,21 +31,27 @@ class OnDemand(traitlets.HasTraits):
     True (the view's "compute" button, or Python); it cannot be turned off again."""
 
     _runner: Runner | None = None
+    # Whether the view's jobs were started. The validator reads this, not ``self.active``:
+    # inside ``hold_trait_notifications`` (every browser write) traitlets validates after the
+    # new value is already set, so ``self.active`` would read False there.
+    _started = False
 
     def _init_on_demand(self) -> None:
         self._runner = Runner(self)
         self.observe(self._on_active, ["active"])
         if self.active:
+            self._started = True
             self._start()
 
     @traitlets.validate("active")
     def _valid_active(self, proposal):
-        if self._runner is not None and self.active and not proposal["value"]:
+        if self._started and not proposal["value"]:
             raise traitlets.TraitError("active cannot be turned off once the view is computing")
         return proposal["value"]
 
     def _on_active(self, change):
         if change["new"] and not change["old"]:
+            self._started = True
             self._start()
 
     def _start(self) -> None:

@@ -9,12 +9,13 @@ from ..analysis.circuits import embedding_note, refuse_rotary_qk
 from ..analysis.skip_trigrams import MODES, centred_factors, circuit_query, partial_skip_trigrams, top_skip_trigrams
 from ..models.tokenizer import visible_whitespace
 from . import offline
-from .base import CircuitWidget, check_range, rolls_back
+from .base import CircuitWidget, check_range, check_text, rolls_back
 from .notes import direct_path_ignores
 from .payload import encode_array
 from .selection import HeadSelection, Runner, TokenSelection, check_model
 
 MAX_MATCHES = 20
+MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
 TABLE_CACHE = 32  # exact tables kept per widget (a few KiB each)
 
 
@@ -99,7 +100,20 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     @traitlets.validate("k")
     def _valid_k(self, proposal):
-        return check_range("k", proposal["value"], 1, 10_000)
+        return check_range("k", proposal["value"], 1, MAX_K)
+
+    # The browser may write page, page_size and query: checked like any Python write.
+    @traitlets.validate("page")
+    def _valid_page(self, proposal):
+        return check_range("page", proposal["value"], 0, MAX_K - 1)
+
+    @traitlets.validate("page_size")
+    def _valid_page_size(self, proposal):
+        return check_range("page_size", proposal["value"], 1, MAX_K)
+
+    @traitlets.validate("query")
+    def _valid_query(self, proposal):
+        return check_text(proposal["value"], name="query", empty=True)
 
     @traitlets.validate("n_related")
     def _valid_n_related(self, proposal):
