@@ -10,7 +10,9 @@ import traitlets
 import pycircuits_widgets as pcw
 from random_models import paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
+from pycircuits_widgets.models.tokenizer import escape_invisible
 from pycircuits_widgets.widgets import standalone
+from pycircuits_widgets.widgets.payload import encode_json
 
 
 def test_save_html_refuses_to_replace_a_notebook(tmp_path):
@@ -98,3 +100,58 @@ def test_the_browser_cannot_turn_off_an_on_demand_view(m1):
     assert idle.active and idle.wait(30) and idle.heads and idle.error == ""
     idle.set_state({"active": False})
     assert idle.active is True and "cannot be turned off" in idle.error
+
+
+# -- #6, #7: text made displayable, invisible and bidi characters shown as escapes -----------
+HOSTILE = {"lone": "lo\ud800ne", "rlo": "\u202e", "zwsp": "a\u200bb", "bom": "\ufeff", "filler": "\u3164",
+           "nul": "x\x00", "astral": "\U000e0041", "separators": "\u00a0x\u2028"}
+SHOWN = {"lone": "lo\\ud800ne", "rlo": "\\u202e", "zwsp": "a\\u200bb", "bom": "\\ufeff", "filler": "\\u3164",
+         "nul": "x\\u0000", "astral": "\\U000e0041",
+         "separators": "\\u00a0x\\u2028"}  # as js/test/tokens.test.js
+
+
+def test_escape_invisible_shows_each_character_that_draws_nothing_or_reorders():
+    for name, text in HOSTILE.items():
+        assert escape_invisible(text) == SHOWN[name], name
+        assert escape_invisible(SHOWN[name]) == SHOWN[name]  # display strings stay as they are
+    for text in ["plain", " spaced\n\t\r", "日本語", "naïve", "∑x²", "🙂", "<b>&amp;"]:
+        assert escape_invisible(text) == text
+
+
+def test_colored_tokens_with_a_lone_surrogate_displays_and_its_picture_shows_escapes():
+    w = pcw.ColoredTokens(["ok", "lo\ud800ne", "\u202e", "a\u200bb", " sat"], [1.0, 2.0, 3.0, 4.0, 5.0])
+    data, _ = w._repr_mimebundle_()  # raised UnicodeEncodeError
+    data["text/html"].encode("utf-8")
+    shown = re.findall(r'<span title="[^"]*" style="[^"]*">([^<]*)</span>', data["text/html"])
+    assert shown == ["ok", "lo\\ud800ne", "\\u202e", "a\\u200bb", "·sat"]
+    assert "\u202e" not in data["text/html"] and "\u200b" not in data["text/html"]
+
+
+class HostileTokenizer:
+    """Token ``i`` displays as ``"t{i}"``, except a few hostile strings a tokenizer may hold."""
+
+    def encode(self, text):
+        return [int(t[1:]) for t in text.split()]
+
+    def display_token(self, token_id):
+        hostile = list(HOSTILE.values())
+        return hostile[token_id] if token_id < len(hostile) else f"t{token_id}"
+
+
+def test_skip_trigram_table_of_a_hostile_tokenizer_saves_a_page(tmp_path):
+    from pycircuits_widgets.models import AttnOnlyTransformer, attn_only_config, from_attn_only
+
+    cfg = attn_only_config(1, n_heads=2, d_model=16, d_head=4, d_vocab=len(HOSTILE) + 3, n_ctx=8)
+    model = from_attn_only(AttnOnlyTransformer(cfg, seed=1), HostileTokenizer()).to(torch.float32)
+    assert model.token_strings[: len(HOSTILE)] == list(SHOWN.values())
+    st = pcw.SkipTrigramTable(model, k=20)
+    page = st.save_html(tmp_path / "page.html").read_text(encoding="utf-8")  # raised from encode_json
+    assert "pcw-state" in page and "\u202e" not in page
+    assert set(st.trigrams["strings"].values()) <= set(model.token_strings)
+    st.search("\\u202e")
+    assert st.matches[0]["str"] == "\\u202e"
+
+
+def test_encode_json_names_a_lone_surrogate_instead_of_a_raw_unicode_error():
+    with pytest.raises(ValueError, match=r"cannot encode '\\ud800' \(not valid Unicode: a lone surrogate\)"):
+        encode_json({"strings": ["ok", "lo\ud800ne"]})

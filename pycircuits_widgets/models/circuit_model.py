@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from ..factored import FactoredMatrix
 from .config import ModelConfig
+from .tokenizer import escape_invisible
 
 _WEIGHTS = ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate",
             "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")
@@ -249,11 +250,12 @@ class CircuitModel:
     @property
     def token_strings(self) -> list[str]:
         """Display string of every vocab id, ``[d_vocab]`` (computed once); ``"<id N>"`` for a
-        model without a tokenizer, so ids-only models still label their tokens."""
+        model without a tokenizer, so ids-only models still label their tokens. Whatever the
+        tokenizer returns, invisible and bidi characters show as escapes (``escape_invisible``)."""
         if self._token_strings is None:
             tok = self.tokenizer
             show = (lambda i: f"<id {i}>") if tok is None else tok.display_token
-            self._token_strings = [show(i) for i in range(self.cfg.d_vocab)]
+            self._token_strings = [escape_invisible(show(i)) for i in range(self.cfg.d_vocab)]
         return self._token_strings
 
     def _as_tokens(self, tokens) -> torch.Tensor:

@@ -13,7 +13,11 @@ the whitespace mapping is defined:
     ===========  =======
 
 A token whose bytes are not valid UTF-8 on their own (part of a multi-byte character) shows
-the undecodable bytes as ``\\xNN``.
+the undecodable bytes as ``\\xNN``. Characters that draw nothing or reorder what follows
+(bidi controls such as U+202E, zero-width characters, other controls and separators, lone
+surrogates, Hangul fillers) show as their escape, ``\\u202e`` (``escape_invisible``): a
+token ``"\\u202e"`` cannot mirror the tokens after it, ``"a\\u200bb"`` does not look like ``"ab"``,
+and every display string is valid Unicode. ``js/src/lib/tokens.js`` shows tokens the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +38,27 @@ _VISIBLE_TABLE = str.maketrans(VISIBLE_WHITESPACE)
 def visible_whitespace(text: str) -> str:
     """Replace space, newline, tab and carriage return by their visible glyphs (table above)."""
     return text.translate(_VISIBLE_TABLE)
+
+
+# Letters (category Lo, so "printable") that draw nothing.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def escape_invisible(text: str) -> str:
+    """``text`` with every character that is not printable (``str.isprintable``: controls,
+    format characters such as bidi overrides and zero-width spaces, separators other than the
+    space, surrogates, unassigned code points) or draws nothing written as its escape
+    (``\\u202e``). Space, newline, tab and carriage return are kept (``visible_whitespace``
+    shows them). The result is always valid Unicode."""
+    if text.isprintable() and not _BLANK_LETTERS.intersection(text):
+        return text
+    return "".join(ch if (ch.isprintable() or ch in VISIBLE_WHITESPACE) and ch not in _BLANK_LETTERS
+                   else _escape(ch) for ch in text)
 
 
 @functools.lru_cache(maxsize=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
+from ..models.tokenizer import escape_invisible
 from .base import CircuitWidget
 from .payload import encode_array, to_numpy
 from .selection import PositionSelection
@@ -16,7 +17,8 @@ class ColoredTokens(PositionSelection, CircuitWidget):
     ``tokens[i]`` (the per-token loss starts at text position 1: nothing predicts token 0).
 
     Args:
-        tokens: ``list[str]`` of length ``n_tokens`` (shown as text, whitespace made visible).
+        tokens: ``list[str]`` of length ``n_tokens`` (shown as text, whitespace made visible;
+            invisible and bidi characters kept as escapes such as ``\\u202e``).
         values: ``[n_tokens]`` tensor, array or list of finite numbers.
         label: what the values are, shown in the legend (e.g. "loss").
         colormap: "auto" (diverging when values have both signs), "sequential" or "diverging".
@@ -66,9 +68,11 @@ class ColoredTokens(PositionSelection, CircuitWidget):
 
 
 def _check_tokens(tokens) -> list[str]:
+    """The tokens as shown: invisible, bidi and lone-surrogate characters as escapes (the view
+    and its picture show every character; the widget's state is valid Unicode)."""
     if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
         raise TypeError("tokens must be a list of strings (e.g. model.to_str_tokens(text))")
-    return list(tokens)
+    return [escape_invisible(t) for t in tokens]
 
 
 def _encode_values(values, n_tokens: int) -> dict:

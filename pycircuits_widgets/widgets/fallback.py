@@ -21,6 +21,7 @@ import json
 import anywidget
 import numpy as np
 
+from ..models.tokenizer import escape_invisible
 from .payload import decode_array
 from .pictures import BUDGET, FIGURES
 
@@ -43,7 +44,7 @@ def _is_payload(value) -> bool:
 
 def _text(value: str) -> str:
     short = value if len(value) <= MAX_TEXT else value[:MAX_TEXT] + "…"
-    return html.escape(short)
+    return html.escape(escape_invisible(short))
 
 
 def _number(x) -> str:

@@ -60,7 +60,13 @@ def encode_json(value) -> dict:
     buffer where a notebook would write a list a line per item (``decodeText`` in
     ``js/src/lib/buffers.js`` reads the text back)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return encode_array(np.frombuffer(text.encode("utf-8"), np.uint8), "uint8", compress=True)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: the page could not carry it
+        near = text[max(exc.start - 20, 0):exc.end + 20]
+        raise ValueError(f"cannot encode {exc.object[exc.start:exc.end]!r} (not valid Unicode: a lone surrogate) "
+                         f"in {near!r}; display strings go through models.tokenizer.escape_invisible") from None
+    return encode_array(np.frombuffer(data, np.uint8), "uint8", compress=True)
 
 
 def decode_json(payload: dict):

@@ -16,6 +16,7 @@ import zlib
 
 import numpy as np
 
+from ..models.tokenizer import escape_invisible, visible_whitespace
 from .payload import decode_array, decode_patterns, max_pool
 
 BUDGET = 48_000
@@ -77,7 +78,7 @@ def pool_to(a: np.ndarray, size: int) -> np.ndarray:
 
 
 def _token(s: str) -> str:
-    s = s.replace(" ", "·").replace("\n", "↵")
+    s = escape_invisible(visible_whitespace(s))
     return html.escape(s if len(s) <= _TEXT else s[:_TEXT] + "…")
 
 

@@ -1,12 +1,22 @@
 // Token display. Tokens are always rendered as text (Svelte escapes `{text}`), never as
-// HTML; here we only make whitespace visible, with the same mapping as the Python side
-// (pycircuits_widgets.models.tokenizer): space "·", newline "↵", tab "→".
+// HTML; here we make whitespace visible, with the same mapping as the Python side
+// (pycircuits_widgets.models.tokenizer): space "·", newline "↵", tab "→"; and, as its
+// `escape_invisible`, every character that draws nothing or reorders the text after it
+// (bidi controls, zero-width and other format characters, controls, separators, lone
+// surrogates, Hangul fillers) as its escape "\u202e".
 
 const VISIBLE = { " ": "·", "\n": "↵", "\t": "→", "\r": "␍" };
+// Python's "not str.isprintable()" (categories C* and Z*), plus letters that draw nothing.
+const INVISIBLE = /[\p{C}\p{Z}\u115F\u1160\u3164\uFFA0]/gu;
 
-/** @param {string} token */
+function escapeCode(c) {
+  const code = c.codePointAt(0);
+  return code <= 0xffff ? `\\u${code.toString(16).padStart(4, "0")}` : `\\U${code.toString(16).padStart(8, "0")}`;
+}
+
+/** A token as shown: visible whitespace, invisible characters as escapes. @param {string} token */
 export function visibleWhitespace(token) {
-  return String(token).replace(/[ \n\t\r]/g, (c) => VISIBLE[c]);
+  return String(token).replace(/[ \n\t\r]/g, (c) => VISIBLE[c]).replace(INVISIBLE, escapeCode);
 }
 
 /** Does the token end a line (so the view should break after it)? */
