@@ -5,16 +5,47 @@
 // widget.
 import { decodeBase64 } from "./buffers.js";
 
+/** Most keys in one buffer path (ours are 2 to 5 deep). */
+export const MAX_BUFFER_PATH = 16;
+// Keys that would reach an object's prototype instead of its own data.
+const FORBIDDEN_KEYS = new Set(["__proto__", "constructor", "prototype"]);
+
+function checkedPath(path) {
+  const ok =
+    Array.isArray(path) &&
+    path.length >= 1 &&
+    path.length <= MAX_BUFFER_PATH &&
+    path.every((k) => (typeof k === "string" && !FORBIDDEN_KEYS.has(k)) || (Number.isSafeInteger(k) && k >= 0));
+  if (!ok) {
+    throw new Error(
+      `pycircuits_widgets: saved buffer path ${JSON.stringify(path)?.slice(0, 200)} refused: expected 1 to ` +
+        `${MAX_BUFFER_PATH} keys (strings other than __proto__, constructor, prototype, or indices)`,
+    );
+  }
+  return path;
+}
+
 /**
  * Put binary buffers back into a state object at their paths (ipywidgets' buffer_paths).
+ * A saved page's paths are data from whoever wrote the notebook: each is checked
+ * (`checkedPath`) and followed only through the state's own objects and arrays, so no path
+ * reaches a prototype (`["__proto__", "polluted"]` used to set `({}).polluted`).
  * @param {Record<string, any>} state  JSON state (mutated)
  * @param {Array<Array<string|number>>} paths
  * @param {DataView[]} buffers
  */
 export function restoreBuffers(state, paths, buffers) {
+  if (!Array.isArray(paths) || !Array.isArray(buffers) || paths.length !== buffers.length) {
+    throw new Error(`pycircuits_widgets: saved state has ${paths?.length} buffer paths for ${buffers?.length} buffers`);
+  }
   paths.forEach((path, i) => {
     let obj = state;
-    for (const key of path.slice(0, -1)) obj = obj[key];
+    for (const key of checkedPath(path).slice(0, -1)) {
+      obj = Object.hasOwn(obj, key) ? obj[key] : undefined;
+      if (obj === null || typeof obj !== "object") {
+        throw new Error(`pycircuits_widgets: saved buffer path ${JSON.stringify(path)} leads nowhere in the state`);
+      }
+    }
     obj[path[path.length - 1]] = buffers[i];
   });
   return state;
