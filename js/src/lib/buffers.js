@@ -1,7 +1,7 @@
 // Decoding of binary payloads sent by pycircuits_widgets.widgets.payload.encode_array:
 // {view: DataView, dtype: string, shape: number[], encoding?: "deflate"}.
 
-import { inflateSync } from "fflate";
+import { Inflate } from "fflate";
 
 const TYPED = {
   uint8: Uint8Array,
@@ -21,7 +21,10 @@ const TYPED = {
  */
 export function decodeArray(payload) {
   if (!payload || payload.view == null) throw new Error("decodeArray: payload has no `view` buffer");
-  if (payload.encoding === "deflate") return decodeArray({ view: inflated(payload.view), dtype: payload.dtype, shape: payload.shape });
+  if (payload.encoding === "deflate") {
+    const size = declaredBytes(payload);
+    return decodeArray({ view: inflated(payload.view, size), dtype: payload.dtype, shape: payload.shape });
+  }
   if (payload.encoding != null) throw new Error(`decodeArray: unsupported encoding "${payload.encoding}"`);
   if (payload.dtype === "float16") return decodeFloat16(payload);
   const Typed = TYPED[payload.dtype];
@@ -71,16 +74,62 @@ function decodeFloat16(payload) {
   return { data: out, shape: payload.shape };
 }
 
+/**
+ * Most bytes one deflated payload may inflate to (64 MiB; GPT-2-XL's attention overview is
+ * 10 MB). A saved page's payloads are data from whoever wrote it: a 1 MB page could
+ * otherwise inflate to gigabytes.
+ */
+export const MAX_INFLATED = 64 << 20;
+// Deflated bytes inflated per step: one step writes at most ~1032 times as many (deflate's
+// largest ratio), so a payload that inflates past its declared size is stopped within 8 MiB.
+const INFLATE_STEP = 8 << 10;
+const BYTES = { float16: 2, ...Object.fromEntries(Object.entries(TYPED).map(([k, T]) => [k, T.BYTES_PER_ELEMENT])) };
+
+/** The bytes a payload's dtype and shape declare, checked against MAX_INFLATED before anything is allocated. */
+function declaredBytes(payload) {
+  const { dtype, shape } = payload;
+  if (!BYTES[dtype]) throw new Error(`decodeArray: unsupported dtype "${dtype}"`);
+  if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
+    throw new Error(`decodeArray: shape ${JSON.stringify(shape)?.slice(0, 100)} is not a list of sizes`);
+  }
+  const size = shape.reduce((a, b) => a * b, BYTES[dtype]);
+  if (!(size <= MAX_INFLATED)) {
+    throw new Error(`decodeArray: a deflated ${dtype} payload of shape [${shape}] would inflate to ${size} bytes, ` +
+      `over the limit of ${MAX_INFLATED} bytes; not inflated`);
+  }
+  return size;
+}
+
 // Inflated bytes per saved buffer: views decode the same payload on every redraw, and
 // synchronously (the browser's DecompressionStream is async only, hence fflate).
 const INFLATED = new WeakMap();
 
-/** The raw-deflate bytes of a `"deflate"` payload (payload.deflate in Python) inflated. */
-function inflated(view) {
+/**
+ * The raw-deflate bytes of a `"deflate"` payload (payload.deflate in Python) inflated into
+ * exactly `size` bytes (what its dtype and shape declare), step by step: inflating stops
+ * as soon as the data would go past `size`.
+ */
+function inflated(view, size) {
   let out = INFLATED.get(view);
   if (!out) {
     const { buffer, byteOffset, byteLength } = toBytes(view);
-    out = inflateSync(new Uint8Array(buffer, byteOffset, byteLength));
+    const input = new Uint8Array(buffer, byteOffset, byteLength);
+    const result = new Uint8Array(size);
+    let filled = 0;
+    const stream = new Inflate((chunk) => {
+      if (filled + chunk.length > size) {
+        throw new Error(`decodeArray: a deflated payload inflates past the ${size} bytes its shape declares; not inflated`);
+      }
+      result.set(chunk, filled);
+      filled += chunk.length;
+    });
+    let at = 0;
+    do {
+      stream.push(input.subarray(at, at + INFLATE_STEP), at + INFLATE_STEP >= input.length);
+      at += INFLATE_STEP;
+    } while (at < input.length);
+    if (filled !== size) throw new Error(`decodeArray: a deflated payload inflates to ${filled} bytes, its shape declares ${size}`);
+    out = result;
     INFLATED.set(view, out);
   }
   return out;

@@ -32,6 +32,11 @@ export function selectionKey(model, names) {
   return names.map((name) => JSON.stringify(model.get(name))).join(",");
 }
 
+/** The view's error line for saved answers that cannot be read (malformed, or over decodeArray's size limit). */
+function unreadable(err) {
+  return `This page's saved answers for other selections cannot be read (${err.message}); they need a running kernel.`;
+}
+
 /** The rules of an `_offline` state: JSON text, or (as Python saves them) a deflated uint8 payload of it. */
 function savedRules(saved) {
   if (typeof saved.rules === "string") return parseTagged(saved.rules);
@@ -55,6 +60,7 @@ function unpack(value, data) {
 function merged(base, patch) {
   const out = { ...base };
   for (const [k, v] of Object.entries(patch)) {
+    if (k === "__proto__") continue; // an own key of parsed JSON; assigning it would swap out's prototype
     const b = out[k];
     const plain = (x) => x !== null && typeof x === "object" && !Array.isArray(x) && !(x instanceof DataView);
     out[k] = plain(v) && plain(b) ? merged(b, v) : v;
@@ -72,7 +78,12 @@ function merged(base, patch) {
 export function offlinePatch(model, changed) {
   const saved = model.get("_offline");
   if (!saved || !saved.rules) return {};
-  const rules = savedRules(saved);
+  let rules;
+  try {
+    rules = savedRules(saved);
+  } catch (err) {
+    return { error: unreadable(err) }; // a bad or oversized saved payload: said in the view
+  }
   const data = saved.data ?? new DataView(new ArrayBuffer(0));
   let patch = {};
   for (const rule of rules) {
@@ -108,7 +119,13 @@ function watched(model) {
  * @param {{get: Function, set: Function, on: Function, off: Function, comm_live?: boolean}} model
  */
 export function answerOffline(model) {
-  const names = watched(model);
+  let names;
+  try {
+    names = watched(model);
+  } catch (err) {
+    model.set("error", unreadable(err)); // the view still shows its saved state
+    return () => {};
+  }
   let changed = new Set();
   let scheduled = false;
   let applying = false; // the answer's own sets are not selection changes
