@@ -1,6 +1,7 @@
 """Issue 27, Python side: what a shared page is written from cannot destroy a notebook, wedge a
 view, or make a view undisplayable, and browser writes are checked as Python writes are."""
 
+import json
 import re
 
 import pytest
@@ -8,10 +9,12 @@ import torch
 import traitlets
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets.__main__ import main as cli_main
 from random_models import paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 from pycircuits_widgets.models.tokenizer import escape_invisible
 from pycircuits_widgets.widgets import standalone
+from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW
 from pycircuits_widgets.widgets.payload import encode_json
 
 
@@ -155,3 +158,83 @@ def test_skip_trigram_table_of_a_hostile_tokenizer_saves_a_page(tmp_path):
 def test_encode_json_names_a_lone_surrogate_instead_of_a_raw_unicode_error():
     with pytest.raises(ValueError, match=r"cannot encode '\\ud800' \(not valid Unicode: a lone surrogate\)"):
         encode_json({"strings": ["ok", "lo\ud800ne"]})
+
+
+# -- #8: every malformed notebook is a one-line error, exit 2 ---------------------------------
+def _good_notebook() -> dict:
+    w = pcw.ColoredTokens(["a", " b"], [1.0, 2.0])
+    data, _ = w._repr_mimebundle_()
+    state = standalone.widget_state([w])
+    ours = next(k for k, m in state.items() if m.get("buffers"))
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"widgets": {WIDGET_STATE: {"state": state}}},
+          "cells": [{"cell_type": "code", "id": "c1", "source": "w", "metadata": {}, "execution_count": 1,
+                     "outputs": [{"output_type": "display_data", "metadata": {}, "data": data}]}]}
+    return nb, ours
+
+
+def _deep(n) -> str:
+    """JSON text of objects nested ``n`` deep (Python's json cannot write it)."""
+    return '{"a":' * n + "{}" + "}" * n
+
+
+def _malform(nb, ours, shape):
+    saved = nb["metadata"]["widgets"][WIDGET_STATE]["state"]
+    if shape == "buffer without path":
+        del saved[ours]["buffers"][0]["path"]
+    elif shape == "buffer path a string":
+        saved[ours]["buffers"][0]["path"] = "values"
+    elif shape == "buffer data a number":
+        saved[ours]["buffers"][0]["data"] = 5
+    elif shape == "buffers a dict":
+        saved[ours]["buffers"] = {"path": ["values", "view"]}
+    elif shape == "model entry a string":
+        saved[ours] = "IPY_MODEL_x"
+    elif shape == "model state a list":
+        saved[ours]["state"] = [1, 2]
+    elif shape == "state a list":
+        nb["metadata"]["widgets"][WIDGET_STATE]["state"] = list(saved.values())
+    elif shape == "widget state a string":
+        nb["metadata"]["widgets"][WIDGET_STATE] = "state"
+    elif shape == "metadata.widgets a list":
+        nb["metadata"]["widgets"] = [1]
+    elif shape == "notebook a JSON array":
+        return [nb]
+    elif shape == "state 5000 deep":
+        saved[ours]["state"]["deep"] = "DEEP-5000"
+    elif shape == "outputs 300 deep":
+        nb["cells"][0]["outputs"][0]["data"]["application/json"] = "DEEP-300"
+    elif shape == "widget output without model_id":
+        del nb["cells"][0]["outputs"][0]["data"][WIDGET_VIEW]["model_id"]
+    elif shape == "cells a dict":
+        nb["cells"] = {"0": nb["cells"][0]}
+    elif shape == "a cell a string":
+        nb["cells"] = ["w"]
+    return nb
+
+
+MALFORMED = ["buffer without path", "buffer path a string", "buffer data a number", "buffers a dict",
+             "model entry a string", "model state a list", "state a list", "widget state a string",
+             "metadata.widgets a list", "notebook a JSON array", "state 5000 deep", "outputs 300 deep",
+             "widget output without model_id", "cells a dict", "a cell a string"]
+
+
+@pytest.mark.parametrize("shape", MALFORMED)
+def test_export_of_a_malformed_notebook_is_a_one_line_error_with_exit_2(tmp_path, capsys, shape):
+    nb, ours = _good_notebook()
+    src = tmp_path / "bad.ipynb"
+    text = re.sub(r'"DEEP-(\d+)"', lambda m: _deep(int(m.group(1))), json.dumps(_malform(nb, ours, shape)))
+    src.write_text(text, encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["export", str(src)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert str(src) in err
+    assert not src.with_suffix(".html").exists()
+
+
+def test_the_malformed_shapes_are_each_one_change_from_a_notebook_that_exports(tmp_path):
+    nb, _ = _good_notebook()
+    src = tmp_path / "good.ipynb"
+    src.write_text(json.dumps(nb), encoding="utf-8")
+    assert cli_main(["export", str(src)]) == 0 and "pcw-state" in src.with_suffix(".html").read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ Other widgets (sliders, third-party anywidgets) show as a placeholder with their
 
 from __future__ import annotations
 
-import copy
+import json
 import pathlib
 import warnings
 
@@ -55,15 +55,94 @@ _HOW_TO_SAVE_STATE = (
 )
 
 
+MAX_DEPTH = 200
+"""Deepest nesting of objects and lists a notebook may have (a saved widget state is under 10
+levels; deeper input would exhaust Python's recursion limit while it is read or copied)."""
+
+
+def _check_depth(value, where) -> None:
+    """ExportError if ``value`` nests deeper than MAX_DEPTH (measured without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ExportError(f"{where} nests objects or lists more than {MAX_DEPTH} levels deep; "
+                              "it is not a notebook this package saved")
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
 def _load(notebook):
     import nbformat
 
     if isinstance(notebook, (str, pathlib.Path)):
+        where = notebook
         try:
-            return nbformat.read(str(notebook), as_version=4), pathlib.Path(notebook).stem
-        except (ValueError, nbformat.ValidationError) as exc:
-            raise ExportError(f"{notebook} is not a Jupyter notebook (.ipynb, nbformat 4): {exc}") from exc
-    return nbformat.from_dict(copy.deepcopy(dict(notebook))), "notebook"
+            raw = json.loads(pathlib.Path(notebook).read_text(encoding="utf-8"))
+        except RecursionError:  # json's decoder recurses per level
+            raise ExportError(f"{where} nests objects or lists more than {MAX_DEPTH} levels deep; "
+                              "it is not a notebook this package saved") from None
+        except ValueError as exc:
+            raise ExportError(f"{where} is not a Jupyter notebook (.ipynb, nbformat 4): {exc}") from None
+        name = pathlib.Path(notebook).stem
+    else:
+        where, raw, name = "the notebook", notebook, "notebook"
+    if not isinstance(raw, dict):
+        raise ExportError(f"{where} is not a Jupyter notebook: its JSON is a {type(raw).__name__}, expected an object")
+    _check_depth(raw, where)
+    try:
+        nb = nbformat.reads(json.dumps(raw), as_version=4)
+    except (ValueError, TypeError, AttributeError, KeyError, nbformat.ValidationError) as exc:
+        raise ExportError(f"{where} is not a Jupyter notebook (.ipynb, nbformat 4): {type(exc).__name__}: {exc}") from None
+    return nb, name, where
+
+
+def _expect(ok: bool, what: str, value, expected: str) -> None:
+    if not ok:
+        kind = "missing" if value is None else "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+        raise ExportError(f"{what} is {kind}, expected {expected}; the notebook's saved widget state is malformed")
+
+
+def _saved_state(nb, where) -> dict:
+    """The notebook's saved widget state (model id -> model), its shape checked: each model an
+    object whose ``state`` is an object and whose ``buffers`` are ``{"path": [keys], "data":
+    base64 str}``. Removed from the metadata (the page carries it its own way)."""
+    widgets = nb.metadata.pop("widgets", {})
+    _expect(isinstance(widgets, dict), f"{where}: metadata.widgets", widgets, f"an object ({WIDGET_STATE!r} -> state)")
+    doc = widgets.get(WIDGET_STATE, {})
+    _expect(isinstance(doc, dict), f"{where}: metadata.widgets[{WIDGET_STATE!r}]", doc, 'an object with "state"')
+    saved = doc.get("state", {})
+    _expect(isinstance(saved, dict), f"{where}: the saved widget state", saved, "an object (model id -> model)")
+    for model_id, model in saved.items():
+        what = f"{where}: saved widget {model_id!r}"
+        _expect(isinstance(model, dict), what, model, "an object with model_name, model_module, state")
+        _expect(isinstance(model.get("state", {}), dict), f"{what}: state", model.get("state"), "an object")
+        buffers = model.get("buffers", [])
+        _expect(isinstance(buffers, list), f"{what}: buffers", buffers, "a list")
+        for i, b in enumerate(buffers):
+            _expect(isinstance(b, dict), f"{what}: buffer {i}", b, 'an object with "path" and "data"')
+            path, data = b.get("path"), b.get("data")
+            _expect(isinstance(path, list) and path and all(isinstance(k, (str, int)) and not isinstance(k, bool)
+                                                           for k in path),
+                    f"{what}: buffer {i}'s path", path, "a non-empty list of keys")
+            _expect(isinstance(data, str), f"{what}: buffer {i}'s data", data, "a base64 str")
+            if b.get("encoding", "base64") != "base64":
+                raise ExportError(f"{what}: buffer {i} at {path} has encoding {b['encoding']!r}, expected 'base64'")
+    return saved
+
+
+def _widget_outputs(nb, where) -> list:
+    """Every output showing a widget (its ``model_id`` checked to be a str)."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            view = output.get("data", {}).get(WIDGET_VIEW) if isinstance(output.get("data"), dict) else None
+            if view is None:
+                continue
+            _expect(isinstance(view, dict) and isinstance(view.get("model_id"), str),
+                    f"{where}: cell {i}'s widget output", view, 'an object with a "model_id" str')
+            found.append(output)
+    return found
 
 
 def render_notebook_html(notebook, *, title: str | None = None) -> str:
@@ -80,10 +159,9 @@ def render_notebook_html(notebook, *, title: str | None = None) -> str:
             "notebook export renders cells with nbconvert: `pip install nbconvert` "
             "(or `pip install pycircuits_widgets[share]`)"
         ) from exc
-    nb, name = _load(notebook)
-    saved = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    outputs = [o for cell in nb.cells for o in cell.get("outputs", []) if WIDGET_VIEW in o.get("data", {})]
-    where = notebook if isinstance(notebook, (str, pathlib.Path)) else "the notebook"
+    nb, name, where = _load(notebook)
+    saved = _saved_state(nb, where)
+    outputs = _widget_outputs(nb, where)
     if outputs and not saved:
         raise ExportError(f"{where} shows {len(outputs)} widget(s) but was saved without widget state, "
                           f"so a page would show none of them. {_HOW_TO_SAVE_STATE}")
