@@ -84,11 +84,25 @@ page: Python sees the value, the wire and the saved state carry :func:`encode_js
 the paper views' term, pair and vocabulary lists were a third of the saved quick start."""
 
 
+MAX_INFLATED = 64 << 20
+"""Most bytes one deflated payload may inflate to (as ``MAX_INFLATED`` in js/src/lib/buffers.js)."""
+
+
 def decode_array(payload: dict) -> np.ndarray:
-    """Inverse of :func:`encode_array` (used by tests and by the kernel side of messages)."""
+    """Inverse of :func:`encode_array` (used by tests, the kernel side of messages and the
+    pictures of a saved page). A deflated payload inflates to exactly the bytes its dtype and
+    shape declare, at most MAX_INFLATED: checked before, and while, it is inflated."""
     buf = bytes(payload["view"])
     if payload.get("encoding") == "deflate":
-        buf = zlib.decompress(buf, -15)
+        size = np.dtype(payload["dtype"]).itemsize * int(np.prod(payload["shape"], dtype=object))
+        if size > MAX_INFLATED:
+            raise ValueError(f"a deflated {payload['dtype']} payload of shape {payload['shape']} would inflate to "
+                             f"{size} bytes, over the limit of {MAX_INFLATED}; not inflated")
+        inflater = zlib.decompressobj(-15)
+        buf = inflater.decompress(buf, size + 1)
+        if len(buf) != size:
+            raise ValueError(f"a deflated payload inflates to {'more than ' if len(buf) > size else ''}"
+                             f"{min(len(buf), size)} bytes, its dtype and shape declare {size}")
     return np.frombuffer(buf, dtype=payload["dtype"]).reshape(payload["shape"])
 
 

@@ -1,0 +1,153 @@
+"""Issue 27 in headless Chromium, network cut: no saved buffer path reaches a prototype, no
+saved payload inflates past its bound, tokens show every character."""
+
+import base64
+import json
+import re
+import zlib
+
+import nbformat
+import pytest
+import torch
+from harness import open_offline
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, export_notebook
+from pycircuits_widgets.widgets.payload import MAX_INFLATED
+from pycircuits_widgets.widgets.standalone import widget_state
+from random_models import paper_model
+
+pytestmark = pytest.mark.browser
+
+PAGE_STATE = re.compile(r'(<script type="application/json" id="pcw-state">)(.*?)(</script>)', re.S)
+
+
+def notebook_of(widgets, extra_cells=()) -> nbformat.NotebookNode:
+    """One cell per widget (its display data as a notebook saves it), then ``extra_cells``,
+    saved with widget state."""
+    nb = nbformat.v4.new_notebook()
+    for w in widgets:
+        data, _ = w._repr_mimebundle_()
+        nb.cells.append(nbformat.v4.new_code_cell("w", outputs=[nbformat.v4.new_output("display_data", data=data)]))
+    nb.cells += list(extra_cells)
+    nb.metadata["widgets"] = {WIDGET_STATE: {"version_major": 2, "version_minor": 0, "state": widget_state(widgets)}}
+    return nb
+
+
+def edit_page(path, edit) -> None:
+    """Rewrite the saved page's state JSON (``edit(entries)``), as an attacker editing the file would."""
+    text = path.read_text(encoding="utf-8")
+    found = PAGE_STATE.search(text)
+    state = json.loads(found.group(2))
+    edit(state["widgets"])
+    body = json.dumps(state).replace("<", "\\u003c")
+    path.write_text(text[: found.start(2)] + body + text[found.end(2):], encoding="utf-8")
+
+
+def entry_of(entries, widget):
+    return next(e for e in entries if e["model_id"] == widget.model_id)
+
+
+# -- #2: no saved buffer path reaches a prototype -------------------------------------------
+@pytest.mark.parametrize("path", [["__proto__", "polluted"], ["__proto__", "encoding"],
+                                  ["constructor", "prototype", "polluted"]])
+def test_a_saved_buffer_path_through_a_prototype_breaks_only_its_own_view(page, tmp_path, path):
+    bad, good = pcw.ColoredTokens(["bad"], [1.0]), pcw.ColoredTokens(["good", " one"], [1.0, 2.0])
+    src = tmp_path / "proto.ipynb"
+    nb = notebook_of([bad, good])
+    nb.metadata.widgets[WIDGET_STATE]["state"][bad.model_id]["buffers"].append({"path": path, "data": "AAAA"})
+    nbformat.write(nb, str(src))
+    attempted, errors = open_offline(page, export_notebook(src))
+    assert page.evaluate("[({}).polluted, ({}).encoding, Object.prototype.hasOwnProperty('polluted')]") == [None, None,
+                                                                                                           False]
+    assert page.locator(".pcw-colored-tokens .token").all_inner_texts() == ["good", "·one"]  # the other view works
+    shown = page.locator("#pcw-0").inner_text()
+    assert f"saved buffer path {json.dumps(path, separators=(',', ':'))} refused" in shown
+    assert attempted == [] and len(errors) == 1 and "refused" in errors[0]
+
+
+# -- #3: no saved payload inflates past its bound -------------------------------------------
+LARGEST = """
+window.__largest = 0;
+const Real = Uint8Array;
+window.Uint8Array = new Proxy(Real, { construct(target, args, newTarget) {
+  const made = Reflect.construct(target, args, newTarget);
+  window.__largest = Math.max(window.__largest, made.byteLength);
+  return made;
+} });
+"""
+
+
+def bomb(gib: int = 1) -> bytes:
+    """Raw deflate of ``gib`` GiB of spaces in about 1 MB (one 1 MiB block, repeated)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = packer.compress(b" " * (1 << 20)) + packer.flush(zlib.Z_FULL_FLUSH)
+    return block * (gib << 10) + b"\x03\x00"  # an empty final block
+
+
+@pytest.fixture(scope="module")
+def m1():
+    return paper_model(n_layers=1, n_heads=2, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("declared", ["honest", "small"])
+def test_a_page_whose_saved_answers_inflate_to_a_gibibyte_does_not_balloon(page, tmp_path, m1, declared):
+    st = pcw.SkipTrigramTable(m1, k=5)
+    path = st.save_html(tmp_path / "bomb.html")
+    payload = bomb()
+    assert zlib.decompressobj(-15).decompress(payload, 1 << 16) == b" " * (1 << 16)
+
+    def plant(entries):
+        entry = entry_of(entries, st)
+        i = entry["buffer_paths"].index(["_offline", "rules", "view"])
+        entry["buffers"][i] = base64.b64encode(payload).decode("ascii")
+        entry["state"]["_offline"]["rules"]["shape"] = [1 << 30] if declared == "honest" else [4096]
+
+    edit_page(path, plant)
+    assert path.stat().st_size < 2_000_000
+    page.add_init_script(LARGEST)
+    attempted, errors = open_offline(page, path)
+    view = page.locator(".pcw-skip-trigrams")
+    assert view.locator("tr.trigram").count() == 5  # the saved table still shows
+    error = view.get_by_test_id("error").inner_text()
+    assert error.startswith("This page's saved answers for other selections cannot be read (decodeArray: ")
+    assert ("over the limit of 67108864 bytes; not inflated" if declared == "honest"
+            else "inflates past the 4096 bytes its shape declares") in error
+    largest = page.evaluate("window.__largest")
+    assert 0 < largest <= 16 << 20 < MAX_INFLATED  # ballooned to 3.6 GB before
+    assert attempted == [] and errors == []
+
+
+def test_a_table_payload_that_inflates_past_its_shape_shows_an_error_instead_of_a_table(page, tmp_path, m1):
+    st = pcw.SkipTrigramTable(m1, k=5)
+    path = st.save_html(tmp_path / "bomb.html")
+
+    def plant(entries):
+        entry = entry_of(entries, st)
+        i = entry["buffer_paths"].index(["trigrams", "src", "view"])
+        entry["buffers"][i] = base64.b64encode(bomb()).decode("ascii")
+        entry["state"]["trigrams"]["src"]["encoding"] = "deflate"
+
+    edit_page(path, plant)
+    page.add_init_script(LARGEST)
+    attempted, errors = open_offline(page, path)
+    assert "inflates past the 20 bytes its shape declares" in page.locator("#pcw-0").inner_text()
+    assert page.evaluate("window.__largest") <= 16 << 20
+    assert attempted == [] and len(errors) == 1 and "inflates past" in errors[0]
+
+
+# -- #7: every character visible in the views -------------------------------------------------
+def test_bidi_and_invisible_characters_in_saved_tokens_show_as_escapes(page, tmp_path):
+    w = pcw.ColoredTokens(["x", "y", "z", " end"], [1.0, 2.0, 3.0, 4.0])
+    path = w.save_html(tmp_path / "bidi.html")
+
+    def plant(entries):  # a page written by something else than this package's Python
+        entry_of(entries, w)["state"]["tokens"] = ["\u202e", "a\u200bb", "\u2066x", " end"]
+
+    edit_page(path, plant)
+    attempted, errors = open_offline(page, path)
+    tokens = page.locator(".pcw-colored-tokens .token")
+    assert tokens.all_inner_texts() == ["\\u202e", "a\\u200bb", "\\u2066x", "·end"]
+    boxes = [tokens.nth(i).bounding_box()["x"] for i in range(4)]
+    assert boxes == sorted(boxes)  # left to right: nothing mirrored
+    assert attempted == [] and errors == []
