@@ -11,6 +11,13 @@ referenced as ``"IPY_MODEL_<id>"``) are registered for their parent to show.
 
 Other widgets (sliders, third-party anywidgets) show as a placeholder with their
 ``text/plain``; boxes (``VBox``/``HBox``) are laid out and their children shown the same way.
+
+Trust boundary: a shared notebook is untrusted input (JupyterLab runs none of an untrusted
+notebook's script, and neither does its page). Outputs keep only the types that cannot run
+code (text, images, LaTeX source, and HTML and Markdown made inert by :func:`inert_html`);
+``application/javascript`` and every other type are dropped; Markdown and raw cells are
+rendered, then made inert. The page's Content-Security-Policy (``standalone.content_policy``)
+lets the browser run no script but this package's bundle even if something got through.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import json
 import pathlib
 import warnings
 
-from .standalone import Page, refuse_notebook_target, write_atomic
+from .standalone import Page, content_policy, refuse_notebook_target, write_atomic
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -41,6 +48,54 @@ _TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- endif -%}
 {%- endblock data_html -%}
 """
+
+
+# Output types that cannot run code in the page (HTML and Markdown once made inert): every other
+# type is dropped, as application/javascript, which nbconvert would paste into a <script>.
+_KEPT_OUTPUTS = {"text/plain", "text/html", "text/markdown", "text/latex", "image/png", "image/jpeg", "image/gif",
+                 "image/svg+xml"}
+_MARKUP_OUTPUTS = {"text/html"}  # text/markdown is made inert after it is rendered (_InertExporter)
+# Inline styles a notebook's HTML keeps: how text and tables look, nothing that places an element
+# over the page (position, z-index, ...).
+_STYLES = {"background", "background-color", "border", "border-collapse", "border-color", "border-style",
+           "border-width", "color", "display", "font", "font-family", "font-size", "font-style", "font-weight",
+           "height", "image-rendering", "line-height", "margin", "margin-bottom", "margin-left", "margin-right",
+           "margin-top", "max-width", "padding", "text-align", "text-decoration", "vertical-align", "white-space",
+           "width", "gap", "flex-direction", "flex-wrap"}
+
+
+def inert_html(text) -> str:
+    """A notebook's HTML made inert by ``nh3`` (the Ammonia sanitiser): no script, event handler,
+    ``javascript:`` URL, frame, form or style sheet; the formatting tags, tables, images
+    (``data:`` URLs included), ``title``/``data-*`` attributes and the inline styles in
+    ``_STYLES`` are kept."""
+    import nh3
+
+    if isinstance(text, list):  # nbformat allows multiline strings as lists
+        text = "".join(text)
+    attributes = {tag: set(names) for tag, names in nh3.ALLOWED_ATTRIBUTES.items()}
+    attributes["*"] = attributes.get("*", set()) | {"style", "title"}
+    return nh3.clean(str(text), attributes=attributes, generic_attribute_prefixes={"data-"},
+                     url_schemes=nh3.ALLOWED_URL_SCHEMES | {"data"}, filter_style_properties=_STYLES)
+
+
+def _make_inert(nb) -> None:
+    """Every output of ``nb`` (widget outputs excepted: the page shows those), and every raw
+    cell, reduced to what cannot run code (see the module doc)."""
+    for cell in nb.cells:
+        if cell.cell_type == "raw":
+            cell.source = inert_html(cell.source)
+        for output in cell.get("outputs", []):
+            data = output.get("data")
+            if not isinstance(data, dict) or WIDGET_VIEW in data:
+                continue
+            output["data"] = {mime: inert_html(value) if mime in _MARKUP_OUTPUTS else value
+                              for mime, value in data.items() if mime in _KEPT_OUTPUTS}
+            # nbconvert writes an image's width/height metadata into its tag: numbers only
+            output["metadata"] = {mime: {k: v for k, v in meta.items()
+                                         if k in ("width", "height") and isinstance(v, (int, float))
+                                         and not isinstance(v, bool)}
+                                  for mime, meta in output.get("metadata", {}).items() if isinstance(meta, dict)}
 
 
 class ExportError(ValueError):
@@ -152,12 +207,13 @@ def render_notebook_html(notebook, *, title: str | None = None) -> str:
     Raises :class:`ExportError` when the notebook shows widgets but saved no widget
     state (the page would show none of them); warns when only some outputs lack it."""
     try:
-        from jinja2 import DictLoader
+        import nh3  # noqa: F401 (inert_html's; checked here, before any work)
+        from jinja2 import DictLoader, pass_context
         from nbconvert import HTMLExporter
     except ImportError as exc:
         raise ImportError(
-            "notebook export renders cells with nbconvert: `pip install nbconvert` "
-            "(or `pip install pycircuits_widgets[share]`)"
+            "notebook export renders cells with nbconvert and makes them inert with nh3: "
+            "`pip install nbconvert nh3` (or `pip install pycircuits_widgets[share]`)"
         ) from exc
     nb, name, where = _load(notebook)
     saved = _saved_state(nb, where)
@@ -165,15 +221,24 @@ def render_notebook_html(notebook, *, title: str | None = None) -> str:
     if outputs and not saved:
         raise ExportError(f"{where} shows {len(outputs)} widget(s) but was saved without widget state, "
                           f"so a page would show none of them. {_HOW_TO_SAVE_STATE}")
+    _make_inert(nb)
     page = Page(saved)
     for output in outputs:
-        output["data"] = {"text/html": page.view_html(output["data"][WIDGET_VIEW]["model_id"], output["data"])}
+        data = {**output["data"], "text/html": inert_html(output["data"].get("text/html", ""))}
+        output["data"] = {"text/html": page.view_html(data[WIDGET_VIEW]["model_id"], data)}
         output["metadata"] = {"pcw_export": True}
     page.add_children()  # each view's saved state carries its kernel-less answers (_offline)
     if page.unsaved:
         warnings.warn(f"{where}: {page.unsaved} widget output(s) have no saved widget state (widgets closed or "
                       f"re-created after they were shown) and show a placeholder. {_HOW_TO_SAVE_STATE}", stacklevel=2)
-    exporter = HTMLExporter(
+    class InertExporter(HTMLExporter):
+        """Markdown (cells and outputs) rendered as nbconvert renders it, then made inert."""
+
+        @pass_context
+        def markdown2html(self, context, source):
+            return inert_html(super().markdown2html(context, source))
+
+    exporter = InertExporter(
         template_name="lab",
         extra_loaders=[DictLoader({"pcw_notebook.html.j2": _TEMPLATE})],
         template_file="pcw_notebook.html.j2",
@@ -183,7 +248,9 @@ def render_notebook_html(notebook, *, title: str | None = None) -> str:
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": name}})
     head, _, rest = body.partition("</head>")
     main, _, tail = rest.rpartition("</body>")
-    return f"{head}{page.styles(theme=False)}\n</head>{main}{page.scripts()}\n</body>{tail}"
+    before, tag, head = head.partition("<head>")
+    policy = content_policy(bool(page.entries))
+    return f"{before}{tag}\n{policy}{head}{page.styles(theme=False)}\n</head>{main}{page.scripts()}\n</body>{tail}"
 
 
 def export_notebook(notebook, out=None, *, title: str | None = None) -> pathlib.Path:

@@ -7,7 +7,9 @@ state, buffers}``). For live widgets that state comes from ipywidgets' public
 ``ipywidgets.embed.dependency_state`` (the widgets and every widget they reference);
 for a notebook, from its saved metadata. :class:`Page` turns it into page entries:
 
-* Trust boundary: the page inlines only this package's own bundle, once. A saved
+* Trust boundary: the page inlines only this package's own bundle, once, and its
+  Content-Security-Policy (:func:`content_policy`) lets the browser run nothing else: no
+  other inline script, event handler or ``javascript:`` URL, no network. A saved
   ``_esm``/``_css`` is ignored (a notebook's state can say anything); models of other
   widget libraries are shown as a placeholder with their text, never run.
 * Non-finite floats (NaN, +-inf) travel as ``{"__pcw_nonfinite__": "NaN"}`` and the page's
@@ -21,6 +23,8 @@ object with anywidget's front-end API, so all interactions that need no kernel w
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import math
@@ -107,6 +111,18 @@ if (failures.length) throw failures[0];
 """
 
 
+def content_policy(scripts: bool) -> str:
+    """The page's Content-Security-Policy ``<meta>`` (first in ``<head>``): the boot script
+    (by its hash) and the bundle it imports (a ``blob:`` URL) are the only scripts that can
+    run, with ``scripts``; none without. Nothing is fetched: images and fonts only from
+    ``data:``/``blob:``, no connections, frames, objects or forms."""
+    boot = base64.b64encode(hashlib.sha256(_BOOT_JS.encode("utf-8")).digest()).decode("ascii")
+    script = f"'sha256-{boot}' blob:" if scripts else "'none'"
+    policy = (f"default-src 'none'; script-src {script}; style-src 'unsafe-inline'; img-src data: blob:; "
+              "font-src data:; base-uri 'none'; form-action 'none'")
+    return f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+
+
 def script_text(text: str) -> str:
     """Make text safe inside <script>/<style>: no `</` and no `<!--` can end or confuse it.
     The replacements are JavaScript-neutral escapes."""
@@ -146,7 +162,8 @@ def references(value) -> list[str]:
 
 
 def _note_with(data: dict, note: str) -> str:
-    """A placeholder: the output's own HTML (our static fallback) or its text, then a note."""
+    """A placeholder: the output's own HTML (our static fallback; a notebook's is made inert by
+    the exporter first) or its text, then a note."""
     shown = data.get("text/html") or f"<pre>{html.escape(str(data.get('text/plain', '')))}</pre>"
     if isinstance(shown, list):  # nbformat allows multiline strings as lists
         shown = "".join(shown)
@@ -162,8 +179,8 @@ class Page:
         self.unsaved = 0
 
     def view_html(self, model_id: str, fallback: dict) -> str:
-        """HTML standing in for one widget view (``fallback``: the output's other data,
-        shown for a widget that cannot be mounted)."""
+        """HTML standing in for one widget view (``fallback``: the output's other data, its
+        ``text/html`` inert, shown for a widget that cannot be mounted)."""
         model = self.saved.get(model_id)
         if model is None:
             self.unsaved += 1
@@ -262,7 +279,8 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
     for w in widgets:
         if not isinstance(w, ipywidgets.Widget):
             raise TypeError(f"expected widgets, got {type(w).__name__}")
-    for w in _live_widgets(widgets).values() if offline else []:
+    live = _live_widgets(widgets)
+    for w in live.values() if offline else []:
         if hasattr(w, "_offline_ready"):
             w._offline_ready()
     page = Page(widget_state(widgets))
@@ -272,6 +290,7 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
 <html lang="en">
 <head>
 <meta charset="utf-8">
+{content_policy(bool(page.entries))}
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
 {page.styles()}

@@ -1,5 +1,6 @@
-"""Issue 27 in headless Chromium, network cut: no saved buffer path reaches a prototype, no
-saved payload inflates past its bound, tokens show every character."""
+"""Issue 27 in headless Chromium, network cut: a shared page runs no script of the notebook's,
+no saved buffer path reaches a prototype, no saved payload inflates past its bound, tokens show
+every character."""
 
 import base64
 import json
@@ -46,6 +47,73 @@ def edit_page(path, edit) -> None:
 
 def entry_of(entries, widget):
     return next(e for e in entries if e["model_id"] == widget.model_id)
+
+
+# -- #1: the export runs no script of the notebook's ---------------------------------------
+PWN = "window.__pwned = (window.__pwned || []).concat"
+
+
+def hostile_outputs():
+    html = (f'<b>bold survives</b><script>{PWN}("html-script")</script>'
+            f'<img src="x" onerror="{PWN}(\'img-onerror\')"><a href="javascript:{PWN}(\'href\')">link</a>'
+            f'<iframe srcdoc="<script>parent.{PWN}(\'iframe\')</script>"></iframe>')
+    svg = f'<svg xmlns="http://www.w3.org/2000/svg"><script>{PWN}("svg")</script><rect width="4" height="4"/></svg>'
+    return [
+        nbformat.v4.new_output("display_data", data={"text/html": html, "text/plain": "html"}),
+        nbformat.v4.new_output("display_data", data={"application/javascript": f'{PWN}("javascript")',
+                                                     "text/plain": "js"}),
+        nbformat.v4.new_output("display_data", data={"text/markdown": f'md <img src=x onerror="{PWN}(\'md-out\')">'}),
+        nbformat.v4.new_output("display_data", data={"image/svg+xml": svg}),
+        nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo="},
+                               metadata={"image/png": {"width": f'1 onerror="{PWN}(\'width\')"'}}),
+    ]
+
+
+def test_an_exported_notebook_runs_no_script_of_its_own(page, tmp_path):
+    ours = pcw.ColoredTokens(["safe", " view"], [1.0, 2.0])
+    gone = pcw.ColoredTokens(["gone"], [1.0])  # shown, then its state not saved
+    data, _ = gone._repr_mimebundle_()
+    data["text/html"] = f'<p>old picture</p><script>{PWN}("unsaved-widget")</script><img src=x onerror="{PWN}(\'u\')">'
+    nb = notebook_of([ours], [
+        nbformat.v4.new_code_cell("evil", outputs=hostile_outputs()),
+        nbformat.v4.new_markdown_cell(f'# Title\n\nraw <img src=x onerror="{PWN}(\'markdown\')"> '
+                                      f'<script>{PWN}("markdown-script")</script> *kept*'),
+        nbformat.v4.new_raw_cell(f'<script>{PWN}("raw")</script>', metadata={"raw_mimetype": "text/html"}),
+        nbformat.v4.new_code_cell("gone", outputs=[nbformat.v4.new_output("display_data", data=data)]),
+    ])
+    src = tmp_path / "hostile.ipynb"
+    nbformat.write(nb, str(src))
+    with pytest.warns(UserWarning, match="1 widget output"):
+        out = export_notebook(src)
+    html = out.read_text(encoding="utf-8")
+    assert "onerror" not in html and "javascript:" not in html and "<iframe" not in html  # made inert, not only blocked
+    assert len(re.findall(r"<script\b", html)) == 3  # the state (JSON), the bundle (text), the boot module
+
+    attempted, errors = open_offline(page, out)
+    assert page.evaluate("window.__pwned") is None
+    scripts = page.evaluate("[...document.scripts].map((s) => s.type || s.className)")
+    assert scripts == ["application/json", "text/plain", "module"]
+    handlers = page.evaluate("[...document.querySelectorAll('*')].flatMap((e) => [...e.attributes])"
+                             ".filter((a) => a.name.startsWith('on')).length")
+    assert handlers == 0
+    assert page.locator("b", has_text="bold survives").is_visible() and page.locator("em", has_text="kept").is_visible()
+    assert "old picture" in page.locator(".pcw-placeholder").inner_text()
+    assert page.locator(".pcw-colored-tokens .token").all_inner_texts() == ["safe", "·view"]
+    assert attempted == [] and errors == []
+
+
+def test_the_page_policy_blocks_a_script_that_got_past_the_sanitiser(page, tmp_path):
+    """The Content-Security-Policy is the second wall: a page edited to hold a script and an
+    event handler (after export) still runs neither, and its own views still mount."""
+    w = pcw.ColoredTokens(["a", " b"], [1.0, 2.0])
+    path = w.save_html(tmp_path / "page.html")
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("<body>", f'<body><script>{PWN}("inline")</script>'
+                                 f'<img src="x" onerror="{PWN}(\'handler\')">'), encoding="utf-8")
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-pcw-ready]", timeout=15000)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator(".pcw-colored-tokens .token").all_inner_texts() == ["a", "·b"]
 
 
 # -- #2: no saved buffer path reaches a prototype -------------------------------------------
