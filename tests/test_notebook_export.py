@@ -241,7 +241,9 @@ def test_saved_notebook_holds_the_bundle_once_and_the_page_inlines_it_once(execu
     assert not any("_css" in v for v in views)
     assert exported.count('class="pcw-bundle"') == 1  # the page inlines it once
     assert exported.count(bundle_packed()) == 1 and js[:200].replace("</", "<\\/") not in exported  # gzipped
-    assert re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=", exported) == []
+    # nothing loaded from outside the page: the only sources are the static pictures' data: URLs
+    assert re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=(?!\"data:image/png;base64,)", exported) == []
+    assert len(re.findall(r"<img\b[^>]*\bsrc=", exported)) >= 3
     assert "require.js" not in exported and "mathjax" not in exported.lower()
 
 

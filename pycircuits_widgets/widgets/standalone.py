@@ -12,6 +12,8 @@ for a notebook, from its saved metadata. :class:`Page` turns it into page entrie
   other inline script, event handler or ``javascript:`` URL, no network. A saved
   ``_esm``/``_css`` is ignored (a notebook's state can say anything); models of other
   widget libraries are shown as a placeholder with their text, never run.
+* Without JavaScript each view shows (``<noscript>``) its Python-drawn picture
+  (:mod:`.pictures`) of the state the page holds.
 * Non-finite floats (NaN, +-inf) travel as ``{"__pcw_nonfinite__": "NaN"}`` and the page's
   JSON reader turns them back into numbers: the page JSON is strict (no bare ``NaN``,
   which would make the whole page fail to parse).
@@ -24,6 +26,7 @@ object with anywidget's front-end API, so all interactions that need no kernel w
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import html
 import json
@@ -37,6 +40,7 @@ from ipywidgets.embed import dependency_state
 
 from .bundle import bundle_code, bundle_packed
 from .offline import NONFINITE, tag_nonfinite
+from .payload import JSON_BUFFER, decode_json
 
 OURS = "pycircuits_widgets."
 """Prefix of ``_anywidget_id`` (module path of the class) of this package's widgets."""
@@ -171,16 +175,21 @@ def _note_with(data: dict, note: str) -> str:
 
 
 class Page:
-    """The views of one page, from saved widget state (model id -> saved model)."""
+    """The views of one page, from saved widget state (model id -> saved model).
 
-    def __init__(self, saved: dict):
+    ``picture(model_id)``: the static HTML a reader without JavaScript sees in a view's place
+    (its ``<noscript>``); default: drawn from the saved state (:func:`saved_picture`)."""
+
+    def __init__(self, saved: dict, picture=None):
         self.saved = saved
+        self.picture = picture or (lambda model_id: saved_picture(saved, model_id))
         self.entries: list[dict] = []
         self.unsaved = 0
 
     def view_html(self, model_id: str, fallback: dict) -> str:
         """HTML standing in for one widget view (``fallback``: the output's other data, its
-        ``text/html`` inert, shown for a widget that cannot be mounted)."""
+        ``text/html`` inert, shown for a widget that cannot be mounted, and without
+        JavaScript for one whose picture cannot be drawn)."""
         model = self.saved.get(model_id)
         if model is None:
             self.unsaved += 1
@@ -188,7 +197,10 @@ class Page:
         if is_ours(model):
             el = f"pcw-{len(self.entries)}"
             self.entries.append({**self._entry(model_id, model), "el": el})
-            return f'<div class="pcw-cell" id="{el}"></div>'
+            static = self.picture(model_id) or fallback.get("text/html", "")
+            if "</noscript" in static.lower():  # escaped text never holds it; anything else is not shown
+                static = ""
+            return f'<div class="pcw-cell" id="{el}"></div><noscript>{static}</noscript>'
         direction = _BOX_DIRECTION.get(model.get("model_name"))
         if direction is not None:
             children = "".join(self.view_html(ref, {}) for ref in references(model.get("state", {}).get("children", [])))
@@ -241,6 +253,71 @@ class Page:
         ])
 
 
+def _widget_class(model: dict):
+    """This package's widget class a saved model names (``_anywidget_id``), or None: looked up
+    among the classes already defined, never imported from the name."""
+    from .base import CircuitWidget
+
+    name = str(model.get("state", {}).get("_anywidget_id", ""))
+    stack, classes = [CircuitWidget], {}
+    while stack:
+        cls = stack.pop()
+        classes[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        stack += cls.__subclasses__()
+    return classes.get(name)
+
+
+class _SavedView:
+    """A saved model's state read as the widget's traits (buffers restored, JSON-buffer traits
+    decoded, ``IPY_MODEL_`` references as saved views), for :mod:`.pictures`."""
+
+    def __init__(self, saved: dict, model_id: str, cls, depth: int = 0):
+        model = saved[model_id]
+        state = copy.deepcopy(model.get("state", {}))
+        for b in model.get("buffers", []):
+            *keys, last = b["path"]
+            target = state
+            for key in keys:
+                target = target[key]
+            target[last] = memoryview(base64.b64decode(b["data"], validate=True))
+        for name, trait in cls.class_traits(sync=True).items():
+            if trait.metadata.get("to_json") is JSON_BUFFER["to_json"] and isinstance(state.get(name), dict):
+                state[name] = decode_json(state[name])
+        self._saved, self._state, self._depth = saved, state, depth
+
+    def __getattr__(self, name):
+        try:
+            value = self.__dict__["_state"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+        ref = value.removeprefix("IPY_MODEL_") if isinstance(value, str) and value.startswith("IPY_MODEL_") else None
+        child = self._saved.get(ref) if ref is not None else None
+        if isinstance(child, dict) and self._depth < 4 and (cls := _widget_class(child)) is not None:
+            return _saved_view(self._saved, ref, cls, self._depth + 1)
+        return value
+
+
+def _saved_view(saved: dict, model_id: str, cls, depth: int = 0) -> _SavedView:
+    # named as the widget's class: the picture's frame says which view it is
+    return type(cls.__name__, (_SavedView,), {})(saved, model_id, cls, depth)
+
+
+def saved_picture(saved: dict, model_id: str) -> str | None:
+    """The Python-drawn picture (``fallback.fallback_html``) of a saved model's state, or None
+    when it is not one of our views or its state cannot be drawn (a picture reads the widget
+    directly, a state may be malformed: then the caller shows the output's own HTML)."""
+    from .fallback import fallback_html
+
+    model = saved.get(model_id)
+    cls = _widget_class(model) if isinstance(model, dict) else None
+    if cls is None:
+        return None
+    try:
+        return fallback_html(_saved_view(saved, model_id, cls))
+    except Exception:  # noqa: BLE001 -- whatever a saved state holds, the page is still written
+        return None
+
+
 def widget_state(widgets) -> dict:
     """Saved widget state (model id -> model) of ``widgets`` and every widget they
     reference, through ipywidgets' public embedding API."""
@@ -283,7 +360,7 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
     for w in live.values() if offline else []:
         if hasattr(w, "_offline_ready"):
             w._offline_ready()
-    page = Page(widget_state(widgets))
+    page = Page(widget_state(widgets), picture=lambda model_id: live[model_id]._fallback_html())
     cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
     page.add_children()
     return f"""<!DOCTYPE html>

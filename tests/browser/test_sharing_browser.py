@@ -193,3 +193,23 @@ def test_offline_token_search_and_text_box_say_they_need_a_kernel(page, shipped_
 def visible(s: str) -> str:
     """A token as the views print it (spaces as "·", newlines as "↵")."""
     return s.replace(" ", "·").replace("\n", "↵")
+
+
+def test_the_demo_s_explorer_page_and_its_export_show_its_picture_without_javascript(browser, tmp_path,
+                                                                                    shipped_explorer_page):
+    """The demo page is ``CircuitExplorer.save_html`` (pycircuits_widgets.demo): with JavaScript
+    off, it and the notebook export show the explorer's Python-drawn picture of its saved head."""
+    _, e, path = shipped_explorer_page
+    src = tmp_path / "saved.ipynb"
+    nbformat.write(notebook_of([e]), str(src))
+    context = browser.new_context(java_script_enabled=False)
+    page = context.new_page()
+    page.route(re.compile(r"^(?!file:|data:|blob:)"), lambda route: route.abort())
+    for shown in [path, export_notebook(src)]:
+        page.goto(shown.as_uri())
+        picture = page.locator(".pcw-fallback").first
+        assert picture.is_visible()
+        assert f"Circuit explorer: attn-only-2l, head L{e.layer}.H{e.head}" in picture.inner_text()
+        for figure in ["tokens", "attention-grid", "skip-trigrams"]:
+            assert picture.locator(f"[data-pcw-figure={figure}]").first.is_visible(), figure
+    context.close()

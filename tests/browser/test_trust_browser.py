@@ -1,6 +1,6 @@
 """Issue 27 in headless Chromium, network cut: a shared page runs no script of the notebook's,
 no saved buffer path reaches a prototype, no saved payload inflates past its bound, tokens show
-every character."""
+every character, and with JavaScript off every view shows its picture of the saved state."""
 
 import base64
 import json
@@ -219,3 +219,41 @@ def test_bidi_and_invisible_characters_in_saved_tokens_show_as_escapes(page, tmp
     boxes = [tokens.nth(i).bounding_box()["x"] for i in range(4)]
     assert boxes == sorted(boxes)  # left to right: nothing mirrored
     assert attempted == [] and errors == []
+
+
+# -- #10: the picture where JavaScript does not run -------------------------------------------
+@pytest.fixture
+def no_js_page(browser):
+    context = browser.new_context(java_script_enabled=False, viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(10000)
+    yield page
+    context.close()
+
+
+def caption_without_js(page, path) -> list[str]:
+    page.route(re.compile(r"^(?!file:|data:|blob:)"), lambda route: route.abort())
+    page.goto(path.as_uri())
+    return page.locator("[data-pcw-figure=skip-trigrams]").evaluate_all(
+        "(tables) => tables.map((t) => t.previousElementSibling.textContent)")
+
+
+def test_save_html_and_export_show_the_saved_state_s_picture_without_javascript(no_js_page, page, tmp_path, m1):
+    st = pcw.SkipTrigramTable(m1, k=5)
+    nb = notebook_of([st])  # displayed at head 0: the output's own picture shows L0.H0
+    assert "Top skip-trigrams of head L0.H0" in nb.cells[0].outputs[0].data["text/html"]
+    st.head = 1  # then a reader picks head 1, and the page is saved
+    saved = st.save_html(tmp_path / "page.html")
+    assert caption_without_js(no_js_page, saved) == ["Top skip-trigrams of head L0.H1"]
+    rows = no_js_page.locator("[data-pcw-figure=skip-trigrams] tr").count()
+    assert rows == 6  # header and the table's 5 rows
+
+    nb.metadata.widgets[WIDGET_STATE]["state"] = widget_state([st])  # the notebook saved now
+    src = tmp_path / "nb.ipynb"
+    nbformat.write(nb, str(src))
+    exported = export_notebook(src)
+    assert caption_without_js(no_js_page, exported) == ["Top skip-trigrams of head L0.H1"]
+
+    open_offline(page, exported)  # with JavaScript, the live view instead of the picture
+    assert page.locator("[data-pcw-figure]").count() == 0 or not page.locator("[data-pcw-figure]").first.is_visible()
+    assert page.locator(".pcw-skip-trigrams tr.trigram").count() == 5
