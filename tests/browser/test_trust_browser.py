@@ -103,8 +103,9 @@ def test_an_exported_notebook_runs_no_script_of_its_own(page, tmp_path):
 
 
 def test_the_page_policy_blocks_a_script_that_got_past_the_sanitiser(page, tmp_path):
-    """The Content-Security-Policy is the second wall: a page edited to hold a script and an
-    event handler (after export) still runs neither, and its own views still mount."""
+    """The Content-Security-Policy is the second wall: a script and an event handler put in
+    the page (standing in for any that got past the sanitiser) do not run, and its own views
+    still mount."""
     w = pcw.ColoredTokens(["a", " b"], [1.0, 2.0])
     path = w.save_html(tmp_path / "page.html")
     text = path.read_text(encoding="utf-8")
