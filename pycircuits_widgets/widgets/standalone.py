@@ -84,7 +84,17 @@ _BOOT_JS = """
 const bridge = window.pcwBridge;
 const packed = document.querySelector("script.pcw-bundle").textContent;
 const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
-const code = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+// inflated chunk by chunk and stopped past 16 MiB (the bundle is about 0.3 MB): never a gzip bomb
+const inflating = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip")).getReader();
+const chunks = [];
+for (let size = 0; ; ) {
+  const { done, value } = await inflating.read();
+  if (done) break;
+  size += value.length;
+  if (size > 16 << 20) throw new Error("pycircuits_widgets: the page's bundle inflates past 16 MiB; not loaded");
+  chunks.push(value);
+}
+const code = await new Blob(chunks).text();
 const url = URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
 const mod = await import(url);
 const host = mod.createHost(mod.default, bridge ? bridge.hooks : {});

@@ -258,3 +258,17 @@ def test_save_html_and_export_show_the_saved_state_s_picture_without_javascript(
     open_offline(page, exported)  # with JavaScript, the live view instead of the picture
     assert page.locator("[data-pcw-figure]").count() == 0 or not page.locator("[data-pcw-figure]").first.is_visible()
     assert page.locator(".pcw-skip-trigrams tr.trigram").count() == 5
+
+
+def test_a_page_whose_bundle_is_a_gzip_bomb_stops_inflating_it(page, tmp_path):
+    w = pcw.ColoredTokens(["a"], [1.0])
+    path = w.save_html(tmp_path / "page.html")
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip
+    bomb_gz = b"".join(packer.compress(b" " * (1 << 20)) for _ in range(1 << 10)) + packer.flush()  # 1 GiB
+    text = path.read_text(encoding="utf-8")
+    packed = re.search(r'(<script type="text/plain" class="pcw-bundle">)(.*?)(</script>)', text, re.S)
+    path.write_text(text[: packed.start(2)] + base64.b64encode(bomb_gz).decode("ascii") + text[packed.end(2):],
+                    encoding="utf-8")
+    with page.expect_event("pageerror", timeout=30000) as error:
+        page.goto(path.as_uri())
+    assert str(error.value) == "pycircuits_widgets: the page's bundle inflates past 16 MiB; not loaded"
