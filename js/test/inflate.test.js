@@ -43,7 +43,8 @@ describe("deflated payloads are bounded before they are inflated", () => {
     );
   });
   it("an _offline state whose rules are a bomb gives the view an error, not a frozen page", () => {
-    const state = { layer: 0, error: "", _offline: { rules: { view: huge, dtype: "uint8", shape: [64], encoding: "deflate" } } };
+    const rules = { view: huge, dtype: "uint8", shape: [64], encoding: "deflate" };
+    const state = { layer: 0, error: "", _offline: { rules } };
     const model = {
       comm_live: false,
       get: (n) => state[n],
@@ -51,7 +52,9 @@ describe("deflated payloads are bounded before they are inflated", () => {
       on() {},
       off() {},
     };
-    expect(offlinePatch(model, ["layer"]).error).toMatch(/saved answers for other selections cannot be read \(decodeArray: a deflated payload inflates past/);
+    expect(offlinePatch(model, ["layer"]).error).toMatch(
+      /saved answers for other selections cannot be read \(decodeArray: a deflated payload inflates past/,
+    );
     answerOffline(model);
     expect(state.error).toMatch(/cannot be read/);
   });

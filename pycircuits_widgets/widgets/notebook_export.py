@@ -148,7 +148,8 @@ def _load(notebook):
     try:
         nb = nbformat.reads(json.dumps(raw), as_version=4)
     except (ValueError, TypeError, AttributeError, KeyError, nbformat.ValidationError) as exc:
-        raise ExportError(f"{where} is not a Jupyter notebook (.ipynb, nbformat 4): {type(exc).__name__}: {exc}") from None
+        raise ExportError(f"{where} is not a Jupyter notebook (.ipynb, nbformat 4): "
+                          f"{type(exc).__name__}: {exc}") from None
     return nb, name, where
 
 

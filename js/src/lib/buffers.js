@@ -118,7 +118,9 @@ function inflated(view, size) {
     let filled = 0;
     const stream = new Inflate((chunk) => {
       if (filled + chunk.length > size) {
-        throw new Error(`decodeArray: a deflated payload inflates past the ${size} bytes its shape declares; not inflated`);
+        throw new Error(
+          `decodeArray: a deflated payload inflates past the ${size} bytes its shape declares; not inflated`,
+        );
       }
       result.set(chunk, filled);
       filled += chunk.length;
@@ -128,7 +130,9 @@ function inflated(view, size) {
       stream.push(input.subarray(at, at + INFLATE_STEP), at + INFLATE_STEP >= input.length);
       at += INFLATE_STEP;
     } while (at < input.length);
-    if (filled !== size) throw new Error(`decodeArray: a deflated payload inflates to ${filled} bytes, its shape declares ${size}`);
+    if (filled !== size) {
+      throw new Error(`decodeArray: a deflated payload inflates to ${filled} bytes, its shape declares ${size}`);
+    }
     out = result;
     INFLATED.set(view, out);
   }
