@@ -84,14 +84,26 @@ _BOOT_JS = """
 const bridge = window.pcwBridge;
 const packed = document.querySelector("script.pcw-bundle").textContent;
 const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
-// inflated chunk by chunk and stopped past 16 MiB (the bundle is about 0.3 MB): never a gzip bomb
-const inflating = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip")).getReader();
+// Inflated 16 KiB of input at a time, each step only when the last one's output was read
+// (a stream's transform inflates a whole input chunk at once), and stopped past 16 MiB (the
+// bundle is about 0.3 MB): never a gzip bomb.
+const gunzip = new DecompressionStream("gzip");
+const feed = (async () => {
+  const writer = gunzip.writable.getWriter();
+  for (let at = 0; at < bytes.length; at += 1 << 14) await writer.write(bytes.subarray(at, at + (1 << 14)));
+  await writer.close();
+})();
+feed.catch(() => {}); // a refused bundle stops the feed; the reader reports why
+const inflating = gunzip.readable.getReader();
 const chunks = [];
 for (let size = 0; ; ) {
   const { done, value } = await inflating.read();
   if (done) break;
   size += value.length;
-  if (size > 16 << 20) throw new Error("pycircuits_widgets: the page's bundle inflates past 16 MiB; not loaded");
+  if (size > 16 << 20) {
+    inflating.cancel();
+    throw new Error("pycircuits_widgets: the page's bundle inflates past 16 MiB; not loaded");
+  }
   chunks.push(value);
 }
 const code = await new Blob(chunks).text();
