@@ -23,9 +23,9 @@ column), so the circuits stay factored. Nothing ``d_vocab x d_vocab`` is ever fo
 Exact top-k at GPT-2 scale (``d_vocab`` 50257) in bounded memory: a triple from source ``s``
 scores at most ``maxQK(s) * maxOV(s)``. Sources are visited in order of the norm bound
 ``||k_s|| max_d ||q_d|| * ||v_s|| max_o ||u_o||`` (stopping once it falls below the running k-th
-score), their row maxima are first estimated with a low-precision GEMM (int8 where torch has
-an int8 matmul, else bfloat16) plus a rigorous error margin
-(an upper bound), and only sources whose upper bound beats the k-th score are recomputed in
+score), their row maxima are first estimated with a low-precision GEMM (``screen.ProductScreen``
+on the route its per-machine probe found exact: int8, int8 with 7-bit weights on AVX2-only CPUs,
+bfloat16 or float32) plus a rigorous error margin (an upper bound), and only sources whose upper bound beats the k-th score are recomputed in
 full precision. Row blocks keep memory at ``block_bytes`` per block.
 
 For deeper models only the direct-path (one-layer) terms of a head are read this way: it
