@@ -91,3 +91,17 @@ def test_virtual_head_norms_refuse_overflow():
 
 def test_non_finite_error_is_a_value_error():
     assert issubclass(NonFiniteError, ValueError)  # callers catching bad-input ValueErrors still do
+
+
+def test_top_k_tables_of_overflowing_products_are_refused():
+    # no normalization: W_E * 1e25 (and W_U * 1e20) give finite factors whose products overflow float32
+    from pycircuits_widgets.analysis.bigrams import bigram_top
+    from pycircuits_widgets.analysis.induction import k_composition_top
+
+    model = scaled(custom_model(normalization=None, positional="none", dtype=torch.float32), "W_E", 1e25)
+    with pytest.raises(NonFiniteError, match=r"K-composition token circuit's entries are not finite.*overflows torch.float32"):
+        k_composition_top(model, (0, 0), (1, 1), k=3)
+    assert bool(torch.isfinite(bigram_top(model, k=3)[0]).all())  # linear in W_E: ~1e25 fits
+    scaled(model, "W_U", 1e20)
+    with pytest.raises(NonFiniteError, match=r"bigram logits.*overflows torch.float32.*W_E [\d.]+e\+(24|25), W_U [\d.]+e\+(19|20)"):
+        bigram_top(model, k=3)

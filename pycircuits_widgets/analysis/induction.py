@@ -102,7 +102,10 @@ def k_composition_top(model, h1: Head, h2: Head, k: int = 20):
     circuit = k_composition_circuit(model, h1, h2)
     key = circuit.B.float()  # [d_head, d_vocab]
     centred = type(circuit)(circuit.A.float(), key - key.mean(1, keepdim=True))
-    return centred.topk(k)
+    values, dest, src = centred.topk(k)
+    # an overflowing (inf) or NaN entry ranks first, so checking the top-k covers the circuit
+    require_finite(values, "the K-composition token circuit's entries", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"))
+    return values, dest, src
 
 
 def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 4096) -> float:
