@@ -326,7 +326,7 @@ class FactoredMatrix:
 
     # ------------------------------------------------------------- algebra
     def __matmul__(self, other):
-        """``M @ other``: dense ``[..., n, p]`` or FactoredMatrix -> FactoredMatrix; vector ``[n]`` -> dense ``[..., m]``."""
+        """``M @ other``: dense ``[..., n, p]`` or FactoredMatrix -> FactoredMatrix; vector ``[n]`` -> ``[..., m]``."""
         if isinstance(other, FactoredMatrix):
             return _from_chain([self._A, self._B, other._A, other._B], self, other)
         other = _operand(other, self)

@@ -336,7 +336,8 @@ def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
         out[l1, :, l1 + 1 :] = Z.square().sum((-2, -1)).sqrt().reshape(H, later, H)
     n1 = torch.linalg.matrix_norm(B1 @ A1)
     n2 = torch.linalg.matrix_norm(D2 @ C2)
-    if not all(bool(torch.isfinite(t).all()) for t in (n1, n2, out[_defined(L, H, out.device)])):  # (0 / 0 of a zero head is not this)
+    # (checked before the division: a zero head's 0 / 0 is the layout's NaN, not an overflow)
+    if not all(bool(torch.isfinite(t).all()) for t in (n1, n2, out[_defined(L, H, out.device)])):
         raise NonFiniteError(f"the erratum products overflow {A1.dtype}")
     return out / (n1[:, :, None, None] * n2[None, None])
 
