@@ -511,8 +511,8 @@ class FactoredMatrix:
         int row/column out of range; tensor (advanced) indices into both rows and columns (torch
         would pair them entry by entry: use ``entry``), or into a matrix dim together with
         leading dims; a multi-dim tensor index into rows or columns, or a mask spanning a leading
-        and a matrix dim; more indices than dims. TypeError: a bool index (torch reads it as a new
-        axis, TransformerLens as 0 or 1).
+        and a matrix dim; more indices than dims. TypeError: a bool index (torch, and TransformerLens
+        at a leading dim, read it as a new axis; TransformerLens at a row/column as row 0 or 1).
         """
         items = [_index_item(i) for i in (idx if isinstance(idx, tuple) else (idx,))]
         if sum(i is Ellipsis for i in items) > 1:
@@ -700,7 +700,7 @@ def _index_item(item):
         return int(item) if item.ndim == 0 else item
     if isinstance(item, bool):
         raise TypeError(f"FactoredMatrix index entries must be ints, not bool ({item!r}): torch reads a bool "
-                        "as a new axis, TransformerLens as 0 or 1")
+                        "as a new axis, TransformerLens at a row/column as 0 or 1; pass None or an int")
     try:
         return operator.index(item)
     except TypeError:
