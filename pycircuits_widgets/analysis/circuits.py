@@ -119,7 +119,8 @@ def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tens
     ``W_E[t] / sigma(W_E[t])`` (centred first for layer norm; the same ``eps``): the per-token
     scale the paper applies. Elsewhere the raw ``W_E`` (module docstring). Returned in ``dtype``
     (default: ``W_E``'s); the division of 16-bit weights runs in float32 (``linalg_dtype``).
-    Refuses a division that overflows (``finite.NonFiniteError``): ``x / inf`` reads as a zero row.
+    Refuses a division that overflows (``finite.NonFiniteError``): ``x / inf`` reads as a zero row
+    (NaN/inf in ``W_E`` itself passes through, for the caller's check to name the circuit).
     """
     if not 0 <= layer <= model.cfg.n_layers:
         raise ValueError(f"layer must be in 0..{model.cfg.n_layers} (n_layers: the unembedding), got {layer}")
@@ -127,7 +128,7 @@ def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tens
     if not embedding_is_normalized(model, layer):
         return model.W_E.to(dtype)
     normed, scale = model.read(model.W_E.to(linalg_dtype(model.W_E.dtype)))
-    if not bool(torch.isfinite(scale).all()):
+    if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(model.W_E).all()):
         raise NonFiniteError(
             f"the normalised embedding is not finite: the norm of W_E's rows overflows {scale.dtype} "
             f"(largest |W_E| entry {float(model.W_E.abs().max()):.3g}; squares above "
