@@ -209,6 +209,11 @@ def test_products_match_transformer_lens_and_keep_the_same_inner_dim():
         assert isinstance(got, FactoredMatrix) and got.mdim == tl.mdim
         torch.testing.assert_close(got.AB, dense)
         torch.testing.assert_close(got.AB, tl.AB)
+    batched = randn(3, 1, 7, 5, seed=26)  # leading dims broadcast against the factors' [2]
+    got, tl = ours @ batched, theirs @ batched
+    assert got.shape == tl.shape == (3, 2, 9, 5) and got.mdim == tl.mdim
+    torch.testing.assert_close(got.AB, M @ batched)
+    torch.testing.assert_close(got.AB, tl.AB)
     v, w = randn(7, seed=21), randn(9, seed=22)
     torch.testing.assert_close(ours @ v, theirs @ v)
     torch.testing.assert_close(ours @ v, M @ v)
