@@ -410,11 +410,12 @@ class CircuitModel:
         act = _ACTIVATIONS[self.cfg.act_fn]
         if not self.cfg.gated_mlp:
             hidden = act(xn @ self.W_in[layer] + b_in)
-        elif self.cfg.b_in_outside_gate:  # TransformerLens 2.x GatedMLP
-            hidden = act(xn @ self.W_gate[layer]) * (xn @ self.W_in[layer]) + b_in
         else:
-            gate = xn @ self.W_gate[layer] + (self.b_gate[layer] if self.b_gate is not None else 0)
-            hidden = act(gate) * (xn @ self.W_in[layer] + b_in)
+            gate = act(xn @ self.W_gate[layer] + (self.b_gate[layer] if self.b_gate is not None else 0))
+            if self.cfg.b_in_outside_gate:  # TransformerLens 2.x GatedMLP
+                hidden = gate * (xn @ self.W_in[layer]) + b_in
+            else:
+                hidden = gate * (xn @ self.W_in[layer] + b_in)
         out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
         return out, scale
 

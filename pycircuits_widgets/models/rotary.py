@@ -48,10 +48,11 @@ def rotary_frequencies(cfg: ModelConfig, layer: int, n_pos: int | None = None,
     kind, base, dim = p["rope_type"], float(p["rope_theta"]), cfg.rotary_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
     scaling = 1.0
-    if kind == "dynamic":
-        seq = max(n_pos or cfg.n_ctx, cfg.n_ctx)
+    if kind == "dynamic":  # ``max_position_embeddings``: the trained length the rule scales from
+        trained = p.get("max_position_embeddings", cfg.n_ctx)
+        seq = max(n_pos or trained, trained)
         factor = p["factor"]
-        base = base * ((factor * seq / cfg.n_ctx) - (factor - 1)) ** (dim / (dim - 2))
+        base = base * ((factor * seq / trained) - (factor - 1)) ** (dim / (dim - 2))
     inv = 1.0 / (base ** exponents)
     if kind == "linear":
         inv = inv / p["factor"]

@@ -34,7 +34,7 @@ NORM_KEYS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "lnf_w", "lnf_b")
 # activation names in Hugging Face and TransformerLens -> ModelConfig.act_fn (the tanh
 # approximations of GELU are one formula)
 _ACT_FNS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new",
-            "relu": "relu", "silu": "silu", "swish": "silu"}
+            "relu": "relu", "silu": "silu", "swish": "silu", "relu2": "relu2"}
 
 
 def act_fn(name: str) -> str:
@@ -77,8 +77,9 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
 
     Readers: ``ln1`` -> ``W_Q, W_K, W_V`` (+ biases), ``ln2`` -> ``W_in, W_gate`` (+ ``b_in``),
     ``lnf`` -> ``W_U`` (+ ``b_U``). Writers centered (layer norm only): ``W_E``, ``W_pos``,
-    ``W_O``, ``b_O``, ``W_out``, ``b_out``; readers centred too (``folding.center_readers``). Refuses a norm bias in front of a gated MLP (the weight
-    view has no gate bias to fold it into)."""
+    ``W_O``, ``b_O``, ``W_out``, ``b_out``; readers centred too (``folding.center_readers``). A norm
+    bias in front of a gated MLP becomes ``b_gate`` as well as ``b_in``. Other keys (QK-norm and
+    post-norm weights) pass through unchanged."""
     out = {k: v for k, v in raw.items() if k not in NORM_KEYS and v is not None}
     if cfg.normalization is None:
         return out
@@ -101,7 +102,7 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
         return (t.shape[0], 1)
 
     fold("ln1_w", "ln1_b", ("W_Q", "W_K", "W_V"), ("b_Q", "b_K", "b_V"), per_head)
-    fold("ln2_w", "ln2_b", ("W_in", "W_gate"), ("b_in", None), lambda t: (t.shape[0],))
+    fold("ln2_w", "ln2_b", ("W_in", "W_gate"), ("b_in", "b_gate"), lambda t: (t.shape[0],))
     fold("lnf_w", "lnf_b", ("W_U",), ("b_U",), lambda t: ())
     if cfg.normalization == "layernorm":
         for writer in ("W_E", "W_pos", "W_O", "b_O", "W_out", "b_out"):
@@ -117,6 +118,12 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
     for name, value in raw.items():
         if value is not None:
             check_weight(name, value, where=f"{source}")
+    present = {name: value for name, value in raw.items() if value is not None}
+    kinds = {(value.dtype, value.device) for value in present.values()}
+    if len(kinds) > 1:
+        listed = ", ".join(f"{n} {str(v.dtype).removeprefix('torch.')} on {v.device}" for n, v in present.items())
+        raise ValueError(f"{source}: the source's weights mix dtypes or devices ({listed}); expected one floating "
+                         "dtype on one device (e.g. model.to(torch.float32) or model.to('cuda') first)")
     weights = {k: v.detach().clone() for k, v in fold_norms(raw, cfg).items()}
     model = CircuitModel(cfg, tokenizer=tokenizer, **weights)
     notes = []
@@ -127,5 +134,15 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
                      "query heads; W_K/W_V repeat the shared heads")
     if cfg.positional == "rotary":
         notes.append("rotary positions: QK is the position-free part; scores depend on relative position")
+    if cfg.qk_norm:
+        notes.append("QK-norm: queries and keys are normalised before the scores; QK is the circuit before "
+                     "the query/key norm")
+    if cfg.post_norms:
+        notes.append("post-norms: each layer's attention and MLP output is normalised before it joins the "
+                     "residual stream; OV is the map before that norm")
+    if cfg.attn_softcap or cfg.final_softcap:
+        notes.append("soft-capping: scores and/or logits pass through cap * tanh(x / cap)")
+    if cfg.alibi_slopes is not None:
+        notes.append("ALiBi: a per-head linear bias in the relative position is added to the scores")
     model.metadata = {"source": source, "notes": notes}
     return model
