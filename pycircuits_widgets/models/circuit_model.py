@@ -80,16 +80,21 @@ def check_weight(name: str, value, where: str = "CircuitModel") -> None:
                          f"index {tuple(bad)}; weights must be finite")
 
 
-def _normalize(x: torch.Tensor, kind: str | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x_normed, scale)``: layernorm centres then divides by ``sqrt(mean(x^2) + eps)``, rmsnorm
-    only divides; None is the identity. Statistics in float32 for half-precision ``x``."""
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _normalize(x: torch.Tensor, kind: str | None, eps: float, dtype: torch.dtype | None = None):
+    """``(x_normed, scale)`` in ``dtype`` (default ``x``'s): layernorm centres then divides by
+    ``sqrt(mean(x^2) + eps)``, rmsnorm only divides; None is the identity. Statistics in float32
+    for half-precision ``x``."""
+    dtype = dtype or x.dtype
     if kind is None:
-        return x, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
-    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return x.to(dtype), torch.ones(x.shape[:-1], dtype=dtype, device=x.device)
+    xf = x.float() if x.dtype in HALF else x
     if kind == "layernorm":
         xf = xf - xf.mean(-1, keepdim=True)
     scale = torch.sqrt(xf.pow(2).mean(-1) + eps)
-    return (xf / scale[..., None]).to(x.dtype), scale.to(x.dtype)
+    return (xf / scale[..., None]).to(dtype), scale.to(dtype)
 
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -324,8 +329,9 @@ class CircuitModel:
         """Normalise ``x [..., d_model]`` as a layer reading the residual stream does (centering for
         layernorm, then division by the norm; the learned scale is folded into the reader):
         ``(x_normed [..., d_model], scale [...])``. Identity and ones when normalization is None.
-        Half-precision streams are normalised in float32 (as Hugging Face's norms compute)."""
-        return _normalize(x, self.cfg.normalization, self.cfg.eps)
+        Half-precision streams are normalised in float32 (as Hugging Face's norms compute); the
+        result is in the model's dtype (the forward keeps a half-precision model's stream in float32)."""
+        return _normalize(x, self.cfg.normalization, self.cfg.eps, self.dtype)
 
     def _rotary_tables(self, layer: int, pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin) [pos, rotary_dim]`` of layer ``layer``'s rotary angles (``rotary.rotary_frequencies``,
@@ -370,7 +376,7 @@ class CircuitModel:
         scale ``[b, pos]``)."""
         cfg = self.cfg
         pos = x.shape[1]
-        xn, scale = self.read(x) if cfg.pre_norm else (x, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device))
+        xn, scale = self.read(x) if cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
         qk_in = xn + self.W_pos[:pos] if cfg.positional == "shortformer" else xn
         # [b, 1, pos, d] @ [H, d, d_head]: a batched product reading each head's weight in place
         # (an einsum here copies every weight into a [d, H * d_head] layout on each call)
@@ -405,7 +411,7 @@ class CircuitModel:
         return pattern, z, out, scale
 
     def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xn, scale = self.read(x) if self.cfg.pre_norm else (x, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device))
+        xn, scale = self.read(x) if self.cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
         b_in = self.b_in[layer] if self.b_in is not None else 0
         act = _ACTIVATIONS[self.cfg.act_fn]
         if not self.cfg.gated_mlp:
@@ -430,7 +436,9 @@ class CircuitModel:
         if tokens.ndim == 1:
             tokens = tokens[None]
         pos = tokens.shape[1]
-        x = self.W_E[tokens]
+        # a half-precision model's residual stream is summed in float32 (each layer reads it in the
+        # model's dtype): more accurate than the source's half-precision sums, never less
+        x = self.W_E[tokens].to(torch.float32 if self.dtype in HALF else self.dtype)
         if self.cfg.positional == "learned":
             x = x + self.W_pos[:pos]
         embed = x
@@ -459,6 +467,7 @@ class CircuitModel:
             logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
 
         b, d = tokens.shape[0], self.cfg.d_model
+        x, embed, resid = x.to(self.dtype), embed.to(self.dtype), [r.to(self.dtype) for r in resid]
         ln_scale = torch.stack(scales["attn"] + [final_scale], 1)
         ln_scale_mlp = None
         if not self.cfg.attn_only:

@@ -22,10 +22,18 @@ from .weight_view import act_fn, adjacent_pairs_to_halves, build, expand_kv_head
 FOLDED = ("embed_scale", "residual_scale", "logit_scale")
 
 
+def _unwrap(module):
+    """The Hugging Face module itself: a TransformerLens bridge replaces the modules of the model it
+    wraps by components holding the original as ``_original_component``."""
+    inner = getattr(module, "_original_component", None)
+    return module if inner is None else _unwrap(inner)
+
+
 def _module(root, path: str):
-    """``root.a.b`` for ``path`` ``"a.b"`` (``""``: root itself)."""
+    """``root.a.b`` for ``path`` ``"a.b"`` (``""``: root itself), through bridge components."""
+    root = _unwrap(root)
     for part in filter(None, path.split(".")):
-        root = getattr(root, part)
+        root = _unwrap(getattr(root, part))
     return root
 
 
@@ -62,7 +70,7 @@ def _rope(config, d_head: int) -> tuple[dict, int]:
     rope_type = params.get("rope_type", params.get("type")) or "default"
     partial = params.get("partial_rotary_factor",
                          get(config, "partial_rotary_factor", "rotary_pct", default=1.0))
-    base = params.get("rope_theta", get(config, "rope_theta", "rotary_emb_base", default=10000.0))
+    base = params.get("rope_theta") or get(config, "rope_theta", "rotary_emb_base", default=10000.0)
     fields = {"rotary_base": float(base)}
     if rope_type == "linear":
         fields["rotary_scale"] = float(params["factor"])
@@ -84,7 +92,7 @@ def read_config(model, family: Family) -> tuple[ModelConfig, dict]:
     body = _module(model, family.body)
     layer0 = _module(body, family.layers)[0]
     mlp = _module(layer0, family.mlp)
-    down = getattr(mlp, family.mlp_names[-1])
+    down = _module(mlp, family.mlp_names[-1])
     alibi = features.get("alibi_slopes") is not None
     positional = "learned" if family.pos_embed else "none" if alibi else "rotary"
     rotary, rotary_dim = _rope(c, d_head) if positional == "rotary" else ({}, None)
@@ -121,8 +129,8 @@ def _qkv(attn, family: Family, cfg: ModelConfig) -> list[tuple[torch.Tensor, tor
     H, n_kv, dh, d = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads, cfg.d_head, cfg.d_model
     layout = family.qkv_layout
     if layout == "separate":
-        return [_linear(getattr(attn, name)) for name in family.qkv]
-    W, b = _linear(getattr(attn, family.qkv[0]))
+        return [_linear(_module(attn, name)) for name in family.qkv]
+    W, b = _linear(_module(attn, family.qkv[0]))
     W = W.T  # [out, in]: the fused output features are split below
     sizes = [H * dh, n_kv * dh, n_kv * dh]
     if layout in ("concat", "conv1d") or (layout == "falcon" and n_kv == 1):
@@ -141,7 +149,7 @@ def _qk_norm_weights(attn, family: Family, cfg: ModelConfig) -> dict:
     """``w_qnorm/b_qnorm/w_knorm/b_knorm [H, d_head]`` (K expanded per query head)."""
     out = {}
     for which, name, n in (("q", family.q_norm, cfg.n_heads), ("k", family.k_norm, cfg.n_kv_heads or cfg.n_heads)):
-        w, b = _norm(getattr(attn, name), family.norm_offset)
+        w, b = _norm(_module(attn, name), family.norm_offset)
         for key, t in ((f"w_{which}norm", w), (f"b_{which}norm", b)):
             if t is not None:
                 t = t.reshape(-1, cfg.d_head)  # [d_head] shared, [n, d_head] per head, or [n * d_head] flat
@@ -164,11 +172,11 @@ def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
         for key, (W, b), n in zip("QKV", _qkv(attn, family, cfg), (H, cfg.n_kv_heads or H, cfg.n_kv_heads or H)):
             rows[f"W_{key}"].append(expand_kv_heads(_heads(W, n)[None], H)[0])
             rows[f"b_{key}"].append(None if b is None else expand_kv_heads(_heads(b, n)[None], H)[0])
-        W_O, b_O = _linear(getattr(attn, family.o_proj))
+        W_O, b_O = _linear(_module(attn, family.o_proj))
         rows["W_O"].append(W_O.reshape(H, cfg.d_head, -1))
         rows["b_O"].append(b_O)
         mlp = _module(layer, family.mlp)
-        mods = [getattr(mlp, name) for name in family.mlp_names]
+        mods = [_module(mlp, name) for name in family.mlp_names]
         if family.mlp_layout == "gate_up":
             W, b = _linear(mods[0])
             gate, up = W.chunk(2, dim=1)
@@ -191,7 +199,7 @@ def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
             rows[f"{name}_w"].append(w)
             rows[f"{name}_b"].append(b)
         for key, name in (("w_post_attn", family.post_attn_norm), ("w_post_mlp", family.post_mlp_norm)):
-            rows[key].append(_norm(getattr(layer, name), family.norm_offset)[0] if name else None)
+            rows[key].append(_norm(_module(layer, name), family.norm_offset)[0] if name else None)
         norms = _qk_norm_weights(attn, family, cfg) if cfg.qk_norm else {}
         for key in ("w_qnorm", "b_qnorm", "w_knorm", "b_knorm"):
             rows[key].append(norms.get(key))
@@ -207,7 +215,7 @@ def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
     if family.pos_embed:
         raw["W_pos"] = _module(body, family.pos_embed).weight[family.pos_offset:family.pos_offset + cfg.n_ctx]
     raw["lnf_w"], raw["lnf_b"] = _norm(_module(body, family.final_norm), family.norm_offset)
-    output = model.get_output_embeddings()
+    output = _unwrap(model.get_output_embeddings())
     raw["W_U"], raw["b_U"] = output.weight.T, getattr(output, "bias", None)  # the embedding itself when tied
     for key, factor in (("residual_scale", ("W_O", "b_O", "W_out", "b_out")), ("logit_scale", ("W_U", "b_U"))):
         if key in folds:

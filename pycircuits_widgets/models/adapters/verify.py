@@ -20,16 +20,20 @@ from __future__ import annotations
 import torch
 
 PROBE_TOKENS = 16
-_LOGIT_RTOL = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
-_PATTERN_ATOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+# float64 is held to float32's bounds: sources compute parts in float32 whatever their dtype (GPT-Neo's
+# attention). Half precision compares logits only: two half-precision forwards of the same model
+# differ by a few percent in the logits, and their rounding flips near-tied attention (patterns
+# 0.2 apart on random tiny models), so a pattern bound there would refuse correct translations.
+_LOGIT_RTOL = {torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
+_PATTERN_ATOL = {torch.float64: 1e-3, torch.float32: 1e-3, torch.float16: None, torch.bfloat16: None}
 
 
 class TranslationError(ValueError):
     """The translated model disagrees with its source (a config/shape contradiction or the probe)."""
 
 
-def tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(logit error / max|logit|, pattern error) a translation may have in ``dtype``."""
+def tolerance(dtype: torch.dtype) -> tuple[float, float | None]:
+    """(logit error / max|logit|, pattern error or None: not compared) a translation may have in ``dtype``."""
     return _LOGIT_RTOL[dtype], _PATTERN_ATOL[dtype]
 
 
@@ -124,6 +128,8 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
     with torch.no_grad():
         ours, cache = model.run_with_cache(tokens)
     logit_tol, pattern_tol = tolerance(model.dtype)
+    if pattern_tol is None:
+        patterns = None
     scale = float(logits.float().abs().max()) or 1.0
     err = float((ours.float() - logits.float()).abs().max())
     layer_errors = []
@@ -141,7 +147,7 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
     elif patterns is not None:
         where = f"attention patterns agree; likely feature: {'; '.join(output_features(model))}"
     else:
-        where = ("the source gave no attention patterns (non-eager attention); likely feature, attention: "
+        where = ("attention patterns not compared (non-eager attention or half precision); likely feature, attention: "
                  f"{'; '.join(attention_features(model.cfg, 0))}; after attention: {'; '.join(output_features(model))}")
     raise TranslationError(
         f"{source}: the {family} translation disagrees with the source model's own forward on a "

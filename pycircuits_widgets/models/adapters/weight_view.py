@@ -102,7 +102,10 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
         return (t.shape[0], 1)
 
     fold("ln1_w", "ln1_b", ("W_Q", "W_K", "W_V"), ("b_Q", "b_K", "b_V"), per_head)
-    fold("ln2_w", "ln2_b", ("W_in", "W_gate"), ("b_in", "b_gate"), lambda t: (t.shape[0],))
+    # a norm bias before a gated MLP folds into both of its products' biases, unless b_in is added
+    # after the product (TransformerLens 2.x GatedMLP), where it has no exact place
+    mlp_biases = (None, None) if cfg.b_in_outside_gate else ("b_in", "b_gate")
+    fold("ln2_w", "ln2_b", ("W_in", "W_gate"), mlp_biases, lambda t: (t.shape[0],))
     fold("lnf_w", "lnf_b", ("W_U",), ("b_U",), lambda t: ())
     if cfg.normalization == "layernorm":
         for writer in ("W_E", "W_pos", "W_O", "b_O", "W_out", "b_out"):
@@ -124,7 +127,10 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
         listed = ", ".join(f"{n} {str(v.dtype).removeprefix('torch.')} on {v.device}" for n, v in present.items())
         raise ValueError(f"{source}: the source's weights mix dtypes or devices ({listed}); expected one floating "
                          "dtype on one device (e.g. model.to(torch.float32) or model.to('cuda') first)")
-    weights = {k: v.detach().clone() for k, v in fold_norms(raw, cfg).items()}
+    dtype = next(iter(present.values())).dtype
+    if dtype in (torch.float16, torch.bfloat16):  # fold in float32: one rounding of each folded weight
+        raw = {k: None if v is None else v.float() for k, v in raw.items()}
+    weights = {k: v.detach().to(dtype, copy=True) for k, v in fold_norms(raw, cfg).items()}
     model = CircuitModel(cfg, tokenizer=tokenizer, **weights)
     notes = []
     if any(weights.get(b) is not None for b in ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")):
