@@ -77,7 +77,7 @@ def test_rotary_frequencies_are_hugging_faces(name):
 
 
 @pytest.mark.parametrize("name, change, message", [
-    ("mixtral", {}, r"mixture-of-experts MLP \(4 experts, top 2\)"),
+    ("mixtral", {}, r"mixture-of-experts MLP \(4 experts, top 2; the weight view has one MLP per layer\)"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("opt", {"do_layer_norm_before": False}, r"do_layer_norm_before=False \(post-norm OPT\)"),
     ("falcon", {"alibi": True}, "alibi"),

@@ -185,7 +185,7 @@ FAMILIES: dict[str, Family] = {
         body="model", mlp_layout="plain", mlp_names=("c_fc", "c_proj"), norm="layernorm", features=sliding),
     "mixtral": Family(body="model",
                       refuse=lambda c: f"mixture-of-experts MLP ({c.num_local_experts} experts, top "
-                                       f"{c.num_experts_per_tok}): the weight view has one MLP per layer"),
+                                       f"{c.num_experts_per_tok}; the weight view has one MLP per layer)"),
     "qwen3": Family(body="model", q_norm="q_norm", k_norm="k_norm",
                     features=lambda c: {"qk_norm": "rmsnorm", **sliding(c)}),
     "gemma": Family(body="model", norm_offset=True,
