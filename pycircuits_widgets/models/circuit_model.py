@@ -23,7 +23,12 @@ attribute      shape                                meaning
 ``b_*``        ``b_Q/b_K/b_V [L, H, d_head]``,      optional biases (None in the paper's models)
                ``b_O [L, d_model]``, ``b_in [L,
                d_mlp]``, ``b_out [L, d_model]``,
-               ``b_U [d_vocab]``
+               ``b_U [d_vocab]``, ``b_gate [L,
+               d_mlp]``
+``w_qnorm``,   ``[L, H, d_head]`` (``b_qnorm``,     QK-norm scale (and bias) per query / key
+``w_knorm``    ``b_knorm`` optional)                head, ``cfg.qk_norm`` only
+``w_post_*``   ``w_post_attn/w_post_mlp [L,         post-norm scales, ``cfg.post_norms`` only
+               d_model]``
 ``OV``         FactoredMatrix ``[L, H]`` of         ``W_V @ W_O`` (paper: ``W_O W_V``)
                ``d_model x d_model``
 ``QK``         FactoredMatrix ``[L, H]`` of         ``W_Q @ W_K^T`` (paper: ``W_Q^T W_K``);
@@ -143,7 +148,8 @@ class ActivationCache:
       sizes it is the largest tensor here (GPT-2-medium, 100 tokens: 157 MB) and most
       analyses never read it
     * ``mlp_out [b, L, pos, d_model]`` or None (attention-only), ``b_out`` included
-    * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read,
+    * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read (ones for
+      the layers of a model without pre-norms, ``cfg.pre_norm`` False),
       aligned with ``resid``: layer ``l``'s attention reads ``resid[:, l] / ln_scale[:, l, :, None]``
       (after centering for layernorm) and the unembedding reads
       ``resid[:, L] / ln_scale[:, L, :, None]``. All ones when normalization is None.
@@ -151,8 +157,10 @@ class ActivationCache:
       ``(resid[:, l] + attention output of layer l) / ln_scale_mlp[:, l, :, None]``, or
       ``resid[:, l] / ln_scale_mlp[:, l, :, None]`` when ``cfg.parallel_attn_mlp`` (GPT-NeoX).
 
-    Identity (exact up to float rounding): ``resid[:, L] = embed + head_out.sum((1, 2))
-    (+ b_O.sum(0)) (+ mlp_out.sum(1))``. With ``patterns`` and ``ln_scale`` frozen, the logits
+    Identity (exact up to float rounding), without post-norms (``cfg.post_norms`` False):
+    ``resid[:, L] = embed + head_out.sum((1, 2)) (+ b_O.sum(0)) (+ mlp_out.sum(1))``; with them,
+    each layer adds ``norm(attention output) * w_post_attn`` instead (``mlp_out`` is already the
+    post-normed MLP output). With ``patterns`` and ``ln_scale`` frozen, the logits
     are linear in ``embed``, each ``head_out`` and each ``mlp_out``.
     """
 
