@@ -225,3 +225,12 @@ def test_transformer_lens_route_refuses_a_disagreement(monkeypatch):
     monkeypatch.setattr(CircuitModel, "_qk_norm", lambda self, layer, x, which: x)
     with pytest.raises(TranslationError, match=r"from_transformer_lens: the qwen3 translation disagrees.*QK-norm"):
         pcw.from_transformer_lens(_bridge(tiny_model("qwen3")))
+
+
+def test_a_model_loaded_with_sdpa_is_probed_with_eager_attention_and_given_back():
+    model_type, kwargs = CONFIGS["mistral"]
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **kwargs)).eval()
+    assert hf.config._attn_implementation == "sdpa"
+    model = pcw.from_hf(hf)
+    assert model.metadata["verified"]["patterns_checked"] and model.metadata["verified"]["max_pattern_error"] < 1e-5
+    assert hf.config._attn_implementation == "sdpa"

@@ -157,10 +157,20 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
 
 
 def probe_hf(source, model, family: str) -> dict:
-    """``compare`` against a Hugging Face model's own forward (patterns when its attention returns them)."""
+    """``compare`` against a Hugging Face model's own forward. Patterns need eager attention: a model
+    loaded with another implementation (``sdpa``, the default) is switched to eager for the probe
+    and back, where transformers allows it; otherwise only the logits are compared."""
     tokens = probe_tokens(model.cfg, model.device)
-    with torch.no_grad():
-        out = source(tokens.to(source.device), output_attentions=True)
+    loaded = getattr(source.config, "_attn_implementation", "eager")
+    switch = loaded != "eager" and hasattr(source, "set_attn_implementation")
+    try:
+        if switch:
+            source.set_attn_implementation("eager")
+        with torch.no_grad():
+            out = source(tokens.to(source.device), output_attentions=True)
+    finally:
+        if switch:
+            source.set_attn_implementation(loaded)
     attentions = getattr(out, "attentions", None)
     patterns = None
     if attentions and all(isinstance(a, torch.Tensor) for a in attentions):
