@@ -171,6 +171,8 @@ def test_a_saved_folder_loads_by_name(tmp_path):
     logits, patterns = reference(hf, probe_tokens())
     torch.testing.assert_close(model(probe_tokens()), logits, atol=1e-4, rtol=1e-4)
     assert model.to_str_tokens("w3 w5") == ["w3", "w5"]
+    with pytest.raises(TypeError, match="dtype applies when loading by name or folder"):
+        pcw.from_hf(hf, dtype=torch.bfloat16)
 
 
 def _word_tokenizer():
@@ -203,7 +205,7 @@ def _bridge(hf):
     return build_bridge_from_module(hf, type(hf).__name__, hf_config=hf.config)
 
 
-@pytest.mark.parametrize("name", ["gpt_neo", "qwen3", "granite", "smollm3"])
+@pytest.mark.parametrize("name", ["gpt_neo", "gpt_neox", "mistral", "qwen3", "starcoder2", "granite", "smollm3", "glm"])
 def test_transformer_lens_bridges_the_issue_found_wrong_are_exact(name):
     """TransformerLens 4.3's stacked weights lose these families' features (logits off by 3-6);
     from_transformer_lens translates the Hugging Face model under the bridge and verifies it

@@ -245,6 +245,9 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
         from transformers import AutoModelForCausalLM, AutoTokenizer
         source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")
         return from_hf(source.eval(), tokenizer or AutoTokenizer.from_pretrained(model), verify=verify)
+    if dtype is not None:
+        raise TypeError("from_hf: dtype applies when loading by name or folder; cast a loaded model itself "
+                        f"(model.to({dtype}))")
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in FAMILIES:
         raise ValueError(f"from_hf: unsupported model {type(model).__name__} (config.model_type={model_type!r}); "
