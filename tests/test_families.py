@@ -236,3 +236,8 @@ def test_a_model_loaded_with_sdpa_is_probed_with_eager_attention_and_given_back(
     model = pcw.from_hf(hf)
     assert model.metadata["verified"]["patterns_checked"] and model.metadata["verified"]["max_pattern_error"] < 1e-5
     assert hf.config._attn_implementation == "sdpa"
+
+
+def test_a_bridge_around_a_refused_family_is_refused_naming_the_feature():
+    with pytest.raises(ValueError, match="mixtral with mixture-of-experts MLP"):
+        pcw.from_transformer_lens(_bridge(tiny_model("mixtral")))

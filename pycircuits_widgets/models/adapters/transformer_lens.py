@@ -208,7 +208,13 @@ def from_transformer_lens(model, tokenizer=None, *, verify: bool = True) -> Circ
             cfg = _config(model, native)
             adjacent_pairs = native is not None or getattr(model.cfg, "rotary_adjacent_pairs", False)
             adjacent = cfg.positional == "rotary" and adjacent_pairs
-            raw = _raw_weights(model, cfg, adjacent)
+            try:
+                raw = _raw_weights(model, cfg, adjacent)
+            except AttributeError as err:  # a bridge whose components lack the stacked weights or norms
+                inner = getattr(getattr(getattr(model, "original_model", None), "config", None), "model_type", None)
+                raise ValueError(f"from_transformer_lens: cannot read the weights of this {type(model).__name__} "
+                                 f"({err}); its model (model_type {inner!r}) is not a family from_hf knows: "
+                                 f"{sorted(FAMILIES)}") from err
             circuit = build(cfg, raw, as_tokenizer(tok), f"transformer_lens:{type(model).__name__}")
         family = f"TransformerLens {type(model).__name__} ({cfg.name})"
     if verify:
