@@ -241,3 +241,10 @@ def test_a_model_loaded_with_sdpa_is_probed_with_eager_attention_and_given_back(
 def test_a_bridge_around_a_refused_family_is_refused_naming_the_feature():
     with pytest.raises(ValueError, match="mixtral with mixture-of-experts MLP"):
         pcw.from_transformer_lens(_bridge(tiny_model("mixtral")))
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "llama_longrope", "bloom", "olmo2"])
+def test_configs_with_features_round_trip_through_json(name):
+    import json
+    cfg = pcw.from_hf(tiny_model(name), verify=False).cfg
+    assert pcw.models.ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
