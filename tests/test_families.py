@@ -248,3 +248,10 @@ def test_configs_with_features_round_trip_through_json(name):
     import json
     cfg = pcw.from_hf(tiny_model(name), verify=False).cfg
     assert pcw.models.ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_a_family_entry_with_an_unknown_layout_is_refused_when_written():
+    with pytest.raises(ValueError, match=r"Family.qkv_layout must be one of \('separate', 'concat'"):
+        families_module.Family(body="model", qkv_layout="fused")
+    with pytest.raises(ValueError, match="do not fit the layouts 'concat' / 'gated'"):
+        families_module.Family(body="model", qkv_layout="concat")

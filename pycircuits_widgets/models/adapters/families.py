@@ -22,6 +22,7 @@ from typing import Callable
 #   (GPT-NeoX, BLOOM); "conv1d": GPT-2's Conv1D [in, 3 * d]; "codegen": CodeGen's 4 model-parallel
 #   shards of [q | v | k]; "falcon": [head groups, (queries..., k, v), d_head].
 QKV_LAYOUTS = ("separate", "concat", "per_head", "conv1d", "codegen", "falcon")
+MLP_LAYOUTS = {"gated": 3, "gate_up": 2, "plain": 2}  # layout -> number of module names
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class Family:
     q_norm: str | None = None                   # QK-norm modules under ``attn``
     k_norm: str | None = None
     mlp: str = "mlp"
-    mlp_layout: str = "gated"                   # "gated" (gate, up, down), "gate_up" (fused [gate | up], down),
-    mlp_names: tuple = ("gate_proj", "up_proj", "down_proj")  # "plain" (in, out)
+    mlp_layout: str = "gated"                   # MLP_LAYOUTS: "gated" (gate, up, down), "gate_up" (fused
+    mlp_names: tuple = ("gate_proj", "up_proj", "down_proj")  # [gate | up], down), "plain" (in, out)
     ln1: str | None = "input_layernorm"
     ln2: str | None = "post_attention_layernorm"  # None with a parallel block that reuses ln1
     post_attn_norm: str | None = None
@@ -51,6 +52,16 @@ class Family:
     interleaved_rotary: bool = False            # GPT-J layout (dims 2i, 2i+1 rotate together)
     features: Callable = field(default=lambda c: {})
     refuse: Callable = field(default=lambda c: None)
+
+    def __post_init__(self):
+        if self.qkv_layout not in QKV_LAYOUTS:
+            raise ValueError(f"Family.qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
+        if self.mlp_layout not in MLP_LAYOUTS:
+            raise ValueError(f"Family.mlp_layout must be one of {MLP_LAYOUTS}, got {self.mlp_layout!r}")
+        expected = {"separate": 3}.get(self.qkv_layout, 1)
+        if len(self.qkv) != expected or len(self.mlp_names) != MLP_LAYOUTS[self.mlp_layout]:
+            raise ValueError(f"Family: qkv {self.qkv} / mlp_names {self.mlp_names} do not fit the layouts "
+                             f"{self.qkv_layout!r} / {self.mlp_layout!r}")
 
 
 def get(config, *names, default=None):
