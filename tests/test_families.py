@@ -81,7 +81,6 @@ def test_rotary_frequencies_are_hugging_faces(name):
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("opt", {"do_layer_norm_before": False}, r"do_layer_norm_before=False \(post-norm OPT\)"),
     ("falcon", {"alibi": True}, "alibi"),
-    ("falcon", {"new_decoder_architecture": True}, "new_decoder_architecture"),
     ("olmo", {"clip_qkv": 4.0}, r"clip_qkv \(clamped q/k/v\)"),
     ("bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
     ("gpt_bigcode", {"multi_query": False}, "multi_query=False"),

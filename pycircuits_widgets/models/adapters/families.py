@@ -43,8 +43,8 @@ class Family:
     mlp: str = "mlp"
     mlp_layout: str = "gated"                   # MLP_LAYOUTS: "gated" (gate, up, down), "gate_up" (fused
     mlp_names: tuple = ("gate_proj", "up_proj", "down_proj")  # [gate | up], down), "plain" (in, out)
-    ln1: str | None = "input_layernorm"
-    ln2: str | None = "post_attention_layernorm"  # None with a parallel block that reuses ln1
+    ln1: str | tuple | None = "input_layernorm"  # a tuple: alternatives, the first the layer has
+    ln2: str | tuple | None = "post_attention_layernorm"  # absent: a parallel block reusing ln1
     post_attn_norm: str | None = None
     post_mlp_norm: str | None = None
     norm: str = "rmsnorm"
@@ -181,13 +181,14 @@ FAMILIES: dict[str, Family] = {
     "falcon": Family(
         body="transformer", layers="h", embed="word_embeddings", final_norm="ln_f", attn="self_attention",
         qkv_layout="falcon", qkv=("query_key_value",), o_proj="dense", mlp_layout="plain",
-        mlp_names=("dense_h_to_4h", "dense_4h_to_h"), ln2=None, norm="layernorm",
-        features=lambda c: {"parallel_attn_mlp": True, "act_fn": get(c, "activation", default="gelu"),
-                            "n_kv_heads": 1 if c.multi_query else None},
-        refuse=lambda c: _refuse_if(**{
-            "alibi (Falcon rounds its ALiBi to bfloat16)": c.alibi,
-            "new_decoder_architecture (grouped fused QKV, two norms)": c.new_decoder_architecture,
-            "parallel_attn=False": not c.parallel_attn}),
+        mlp_names=("dense_h_to_4h", "dense_4h_to_h"), ln1=("ln_attn", "input_layernorm"),
+        ln2=("ln_mlp", "post_attention_layernorm"), norm="layernorm",
+        # the new decoder architecture (Falcon 40B/180B) groups its fused QKV per key/value head and is
+        # always parallel, with one or two norms
+        features=lambda c: {"parallel_attn_mlp": bool(c.new_decoder_architecture or c.parallel_attn),
+                            "act_fn": get(c, "activation", default="gelu"),
+                            "n_kv_heads": 1 if c.multi_query and not c.new_decoder_architecture else None},
+        refuse=lambda c: _refuse_if(**{"alibi (Falcon rounds its ALiBi to bfloat16)": c.alibi}),
     ),
     "llama": Family(body="model"),
     "mistral": Family(body="model", features=sliding),

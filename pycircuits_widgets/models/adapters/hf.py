@@ -37,6 +37,15 @@ def _module(root, path: str):
     return root
 
 
+def _first(root, names):
+    """The first of ``names`` (one name, or a tuple of alternatives) that ``root`` has (None if none)."""
+    for name in (names,) if isinstance(names, str) else names or ():
+        module = _module(root, name) if hasattr(_unwrap(root), name) else None
+        if module is not None:
+            return module
+    return None
+
+
 def _linear(module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``nn.Linear`` (or GPT-2's ``Conv1D``, stored ``[in, out]``) -> (weight in the row convention
     ``[in, out]``, bias or None)."""
@@ -133,10 +142,15 @@ def _qkv(attn, family: Family, cfg: ModelConfig) -> list[tuple[torch.Tensor, tor
     W, b = _linear(_module(attn, family.qkv[0]))
     W = W.T  # [out, in]: the fused output features are split below
     sizes = [H * dh, n_kv * dh, n_kv * dh]
-    if layout in ("concat", "conv1d") or (layout == "falcon" and n_kv == 1):
+    if layout in ("concat", "conv1d"):
         return [(w.T, None if b is None else bb) for w, bb in zip(W.split(sizes), b.split(sizes) if b is not None
                                                                   else [None] * 3)]
-    if layout in ("per_head", "falcon"):  # output features [head, (q, k, v), d_head]
+    if layout == "falcon":  # [kv group, (its g queries, k, v), d_head]: multi-query is one group of n_heads
+        g = H // n_kv
+        Wg, bg = W.reshape(n_kv, g + 2, dh, d), None if b is None else b.reshape(n_kv, g + 2, dh)
+        parts = (slice(0, g), slice(g, g + 1), slice(g + 1, g + 2))
+        return [(Wg[:, p].reshape(-1, d).T, None if bg is None else bg[:, p].reshape(-1)) for p in parts]
+    if layout == "per_head":  # output features [head, (q, k, v), d_head]
         Wh, bh = W.reshape(H, 3, dh, d), None if b is None else b.reshape(H, 3, dh)
         return [(Wh[:, i].reshape(H * dh, d).T, None if bh is None else bh[:, i].reshape(-1)) for i in range(3)]
     if layout == "codegen":  # 4 shards, each [q | v | k] of d_model / 4 features
@@ -192,8 +206,8 @@ def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
         mlp_rows.update(W_out=Wo, b_out=bo)
         for k, v in mlp_rows.items():
             rows[k].append(v)
-        ln1 = _norm(_module(layer, family.ln1) if family.ln1 else None, family.norm_offset)
-        ln2_module = _module(layer, family.ln2) if family.ln2 else None
+        ln1 = _norm(_first(layer, family.ln1), family.norm_offset)
+        ln2_module = _first(layer, family.ln2)
         ln2 = ln1 if ln2_module is None else _norm(ln2_module, family.norm_offset)  # parallel blocks: one norm
         for name, (w, b) in (("ln1", ln1), ("ln2", ln2)):
             rows[f"{name}_w"].append(w)
