@@ -81,7 +81,6 @@ def test_rotary_frequencies_are_hugging_faces(name):
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("opt", {"do_layer_norm_before": False}, r"do_layer_norm_before=False \(post-norm OPT\)"),
     ("falcon", {"alibi": True}, "alibi"),
-    ("olmo", {"clip_qkv": 4.0}, r"clip_qkv \(clamped q/k/v\)"),
     ("bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
     ("gpt_bigcode", {"multi_query": False}, "multi_query=False"),
 ])
@@ -93,10 +92,11 @@ def test_missing_features_are_refused_by_name(name, change, message):
         pcw.from_hf(hf)
 
 
-def test_mpt_clip_qkv_is_refused():
+def test_mpt_qk_ln_is_refused():
+    """transformers' MPT ignores ``qk_ln``: its forward, the probe's oracle, is not the checkpoint's."""
     hf = tiny_model("mpt")
-    hf.config.attn_config.clip_qkv = 4.0
-    with pytest.raises(ValueError, match=r"mpt with attn_config.clip_qkv \(clamped q/k/v\) is not supported"):
+    hf.config.attn_config.qk_ln = True
+    with pytest.raises(ValueError, match=r"mpt with attn_config.qk_ln \(which transformers' MPT does not apply\)"):
         pcw.from_hf(hf)
 
 
@@ -254,3 +254,15 @@ def test_a_family_entry_with_an_unknown_layout_is_refused_when_written():
         families_module.Family(body="model", qkv_layout="fused")
     with pytest.raises(ValueError, match="do not fit the layouts 'concat' / 'gated'"):
         families_module.Family(body="model", qkv_layout="concat")
+
+
+@pytest.mark.parametrize("name, field", [("olmo", "clip_qkv"), ("mpt", "clip_qkv"), ("gemma2", "attn_softcap"),
+                                         ("mistral", "window"), ("smollm3", "rotary_layers")])
+def test_each_feature_tested_changes_the_logits_here(name, field):
+    """The exactness tests can fail: the same weights without the feature give other logits."""
+    hf = tiny_model(name)
+    model = pcw.from_hf(hf, verify=False)
+    without = CircuitModel(dataclasses.replace(model.cfg, **{field: None}),
+                           **{k: getattr(model, k) for k in pcw.models.circuit_model._WEIGHTS})
+    logits, _ = reference(hf, probe_tokens())
+    assert float((without(probe_tokens()) - logits).abs().max()) > 1e-2 * float(logits.abs().max())

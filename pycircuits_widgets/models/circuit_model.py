@@ -401,6 +401,8 @@ class CircuitModel:
             k = k + self.b_K[layer][:, None]
         if self.b_V is not None:
             v = v + self.b_V[layer][:, None]
+        if cfg.clip_qkv is not None:
+            q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
         if cfg.qk_norm is not None:
             q, k = self._qk_norm(layer, q, "q"), self._qk_norm(layer, k, "k")
         q, k = self._rotate(q, layer), self._rotate(k, layer)

@@ -62,6 +62,7 @@ class ModelConfig:
       the logits (Gemma 2).
     * ``alibi_slopes`` (one float per head): ALiBi, ``slope_h * (j - i)`` added to the score of
       key ``j`` from query ``i`` (BLOOM, MPT).
+    * ``clip_qkv``: queries, keys and values are clamped to ``[-clip_qkv, clip_qkv]`` (OLMo, MPT).
     Multipliers, norm offsets and embedding scales fold into the weights at load (no field).
     """
 
@@ -98,6 +99,7 @@ class ModelConfig:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     alibi_slopes: list | None = None
+    clip_qkv: float | None = None
 
     def __post_init__(self):
         for field in _INT_FIELDS:  # bool is an int subclass: True would pass for 1
@@ -119,7 +121,7 @@ class ModelConfig:
         _positive_finite("rotary_base", self.rotary_base)
         if self.attn_scale is not None:
             _positive_finite("attn_scale", self.attn_scale)
-        for field in ("attn_softcap", "final_softcap"):
+        for field in ("attn_softcap", "final_softcap", "clip_qkv"):
             if getattr(self, field) is not None:
                 _positive_finite(field, getattr(self, field))
         if self.qk_norm not in QK_NORMS:
@@ -183,7 +185,8 @@ class ModelConfig:
         patterns and the norms' divisions frozen), beyond what every transformer has: ``"qk_norm"``
         (QK circuits are before the query/key norm), ``"post_norms"`` (a head's write is divided by
         a norm of the whole layer's output), ``"attn_softcap"``, ``"final_softcap"`` (logits are
-        ``cap * tanh(. / cap)`` of the linear readout). ALiBi and sliding windows are positional
+        ``cap * tanh(. / cap)`` of the linear readout), ``"clip_qkv"`` (OV and QK hold where no query,
+        key or value coordinate reaches the clamp). ALiBi and sliding windows are positional
         terms (the QK circuit is unchanged; only which keys, and a per-offset bias, differ)."""
         names = []
         if self.qk_norm is not None:
@@ -194,6 +197,8 @@ class ModelConfig:
             names.append("attn_softcap")
         if self.final_softcap is not None:
             names.append("final_softcap")
+        if self.clip_qkv is not None:
+            names.append("clip_qkv")
         return tuple(names)
 
     def to_dict(self) -> dict:

@@ -173,10 +173,12 @@ FAMILIES: dict[str, Family] = {
         features=lambda c: {
             "alibi_slopes": alibi_slopes(c.n_heads, c.attn_config.alibi_bias_max, interleave_extra=True),
             "attn_scale": 1 / c.attn_config.softmax_scale if c.attn_config.softmax_scale else None,
+            "clip_qkv": c.attn_config.clip_qkv or None,
             "act_fn": "gelu", "n_ctx": c.max_seq_len},
-        refuse=lambda c: _refuse_if(**{"attn_config.clip_qkv (clamped q/k/v)": bool(c.attn_config.clip_qkv),
-                                       "attn_config.qk_ln": bool(c.attn_config.qk_ln),
-                                       "attn_config.alibi=False": not c.attn_config.alibi}),
+        refuse=lambda c: _refuse_if(**{
+            # transformers' MPT ignores qk_ln: its forward is not the checkpoint's
+            "attn_config.qk_ln (which transformers' MPT does not apply)": bool(c.attn_config.qk_ln),
+            "attn_config.alibi=False": not c.attn_config.alibi}),
     ),
     "falcon": Family(
         body="transformer", layers="h", embed="word_embeddings", final_norm="ln_f", attn="self_attention",
@@ -223,8 +225,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "phi3": Family(body="model", qkv_layout="concat", qkv=("qkv_proj",), mlp_layout="gate_up",
                    mlp_names=("gate_up_proj", "down_proj"), features=sliding),
-    "olmo": Family(body="model", norm="layernorm",
-                   refuse=lambda c: _refuse_if(**{"clip_qkv (clamped q/k/v)": c.clip_qkv is not None})),
+    "olmo": Family(body="model", norm="layernorm", features=lambda c: {"clip_qkv": c.clip_qkv}),
     "olmo2": Family(body="model", ln1=None, ln2=None, post_attn_norm="post_attention_layernorm",
                     post_mlp_norm="post_feedforward_layernorm", q_norm="q_norm", k_norm="k_norm",
                     features=lambda c: {"pre_norm": False, "post_norms": True, "qk_norm": "rmsnorm",
