@@ -266,3 +266,14 @@ def test_each_feature_tested_changes_the_logits_here(name, field):
                            **{k: getattr(model, k) for k in pcw.models.circuit_model._WEIGHTS})
     logits, _ = reference(hf, probe_tokens())
     assert float((without(probe_tokens()) - logits).abs().max()) > 1e-2 * float(logits.abs().max())
+
+
+@pytest.mark.parametrize("n_heads", [4, 6, 12, 20])
+def test_alibi_slopes_are_bloom_and_mpt_slopes_for_any_head_count(n_heads):
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+    bloom = build_alibi_tensor(torch.ones(1, 2), n_heads, torch.float32)[:, 0, 1]
+    mpt = -build_mpt_alibi_tensor(n_heads, 2)[:, 0, 0]
+    torch.testing.assert_close(torch.tensor(families_module.alibi_slopes(n_heads), dtype=torch.float32), bloom)
+    torch.testing.assert_close(torch.tensor(families_module.alibi_slopes(n_heads, 8.0, interleave_extra=True),
+                                            dtype=torch.float32), mpt)

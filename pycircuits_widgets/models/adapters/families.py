@@ -4,7 +4,8 @@ A ``Family`` says where the weights are (module names under the causal LM), how 
 and value projections are laid out, which norms a layer has, and which config fields switch
 ``CircuitModel`` features (``features(config) -> dict``: ``ModelConfig`` fields plus the factors
 ``hf.py`` folds into the weights). ``refuse(config)`` names a feature the weight view does not
-have. Adding a family is one entry here and one config in ``tests/test_families.py``.
+have. Adding a family is one entry here and one config in ``tests/family_configs.py`` (which
+``tests/test_families.py`` checks against the family's own forward).
 
 The reference for every entry is the family's forward in
 ``transformers/models/<family>/modeling_<family>.py`` (transformers 5.x).
@@ -16,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-# how the query/key/value projections are stored (hf.py ``qkv_weights`` reads each):
+# how the query/key/value projections are stored (``hf._qkv`` reads each):
 #   "separate": three nn.Linear (``qkv`` names them); "concat": one nn.Linear with output blocks
 #   [q | k | v] (n_heads, n_kv, n_kv heads); "per_head": output features [head, (q, k, v), d_head]
 #   (GPT-NeoX, BLOOM); "conv1d": GPT-2's Conv1D [in, 3 * d]; "codegen": CodeGen's 4 model-parallel
@@ -73,9 +74,9 @@ def get(config, *names, default=None):
     return default
 
 
-def sliding(config, window_field: str = "sliding_window") -> dict:
+def sliding(config) -> dict:
     """Per-layer windows from ``config.layer_types`` (transformers 5.x) or one window for every layer."""
-    window = getattr(config, window_field, None)
+    window = getattr(config, "sliding_window", None)
     if window is None or getattr(config, "use_sliding_window", True) is False:
         return {}
     types = getattr(config, "layer_types", None)
@@ -100,9 +101,9 @@ def alibi_slopes(n_heads: int, max_bias: float = 8.0, interleave_extra: bool = F
     closest = 2 ** math.floor(math.log2(n_heads))  # BLOOM _get_alibi_slopes (float32 there)
     base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
     slopes = [base ** (i + 1) for i in range(closest)]
-    if closest != n_heads:
+    if closest != n_heads:  # odd powers of the next power of two's base
         extra = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
-        slopes += [extra ** (i + 1) for i in range(1, 2 * (n_heads - closest), 2)]
+        slopes += [extra ** i for i in range(1, 1 + 2 * min(closest, n_heads - closest), 2)]
     return slopes
 
 
