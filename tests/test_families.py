@@ -42,7 +42,9 @@ def test_logits_and_patterns_match_hugging_face(name):
 def test_the_features_are_read_from_the_config():
     """Each feature the families switch on reaches the config (so the tests above exercise it)."""
     cfg = {name: pcw.from_hf(tiny_model(name), verify=False).cfg for name in
-           ("gemma2", "gemma3_text", "olmo2", "smollm3", "gpt_neo", "bloom", "llama_llama3", "phi", "exaone4")}
+           ("gemma2", "gemma3_text", "olmo2", "smollm3", "gpt_neo", "bloom", "llama_llama3", "phi", "exaone4",
+            "mixtral")}
+    assert (cfg["mixtral"].n_experts, cfg["mixtral"].experts_per_token, cfg["mixtral"].d_mlp) == (4, 2, 4 * 96)
     assert (cfg["gemma2"].attn_softcap, cfg["gemma2"].final_softcap, cfg["gemma2"].window) == (5.0, 3.0, [5, None])
     assert cfg["gemma2"].attn_scale == 24 ** 0.5 and cfg["gemma2"].post_norms
     assert [r["rope_theta"] for r in cfg["gemma3_text"].layer_rope] == [1e4, 1e6]
@@ -77,7 +79,6 @@ def test_rotary_frequencies_are_hugging_faces(name):
 
 
 @pytest.mark.parametrize("name, change, message", [
-    ("mixtral", {}, r"mixture-of-experts MLP \(4 experts, top 2; the weight view has one MLP per layer\)"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("opt", {"do_layer_norm_before": False}, r"do_layer_norm_before=False \(post-norm OPT\)"),
     ("falcon", {"alibi": True}, "alibi"),
@@ -237,9 +238,12 @@ def test_a_model_loaded_with_sdpa_is_probed_with_eager_attention_and_given_back(
     assert hf.config._attn_implementation == "sdpa"
 
 
-def test_a_bridge_around_a_refused_family_is_refused_naming_the_feature():
-    with pytest.raises(ValueError, match="mixtral with mixture-of-experts MLP"):
-        pcw.from_transformer_lens(_bridge(tiny_model("mixtral")))
+def test_a_bridge_around_a_refused_configuration_is_refused_naming_the_feature():
+    hf = tiny_model("gpt2")
+    bridge = _bridge(hf)
+    hf.config.scale_attn_by_inverse_layer_idx = True
+    with pytest.raises(ValueError, match="gpt2 with scale_attn_by_inverse_layer_idx is not supported"):
+        pcw.from_transformer_lens(bridge)
 
 
 @pytest.mark.parametrize("name", ["gemma3_text", "llama_longrope", "bloom", "olmo2"])
@@ -256,13 +260,15 @@ def test_a_family_entry_with_an_unknown_layout_is_refused_when_written():
         families_module.Family(body="model", qkv_layout="concat")
 
 
-@pytest.mark.parametrize("name, field", [("olmo", "clip_qkv"), ("mpt", "clip_qkv"), ("gemma2", "attn_softcap"),
-                                         ("mistral", "window"), ("smollm3", "rotary_layers")])
-def test_each_feature_tested_changes_the_logits_here(name, field):
-    """The exactness tests can fail: the same weights without the feature give other logits."""
+@pytest.mark.parametrize("name, field, value", [
+    ("olmo", "clip_qkv", None), ("mpt", "clip_qkv", None), ("gemma2", "attn_softcap", None),
+    ("mixtral", "experts_per_token", 4), ("mistral", "window", None), ("smollm3", "rotary_layers", None)])
+def test_each_feature_tested_changes_the_logits_here(name, field, value):
+    """The exactness tests can fail: the same weights without the feature (or, for the mixture of
+    experts, with every expert chosen) give other logits."""
     hf = tiny_model(name)
     model = pcw.from_hf(hf, verify=False)
-    without = CircuitModel(dataclasses.replace(model.cfg, **{field: None}),
+    without = CircuitModel(dataclasses.replace(model.cfg, **{field: value}),
                            **{k: getattr(model, k) for k in pcw.models.circuit_model._WEIGHTS})
     logits, _ = reference(hf, probe_tokens())
     assert float((without(probe_tokens()) - logits).abs().max()) > 1e-2 * float(logits.abs().max())

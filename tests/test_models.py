@@ -269,6 +269,9 @@ def test_weights_made_non_finite_after_loading_never_give_numbers(weight):
     (dict(positional="rotary", rotary_dim=3), "ModelConfig.rotary_dim must be even and in 2..d_head=4, got 3"),
     (dict(positional="rotary", rope={"rope_type": "ntk"}), "rope_type 'ntk' is not supported"),
     (dict(qk_norm="l2"), r"ModelConfig.qk_norm must be one of \('rmsnorm', 'layernorm', None\), got 'l2'"),
+    (dict(attn_only=False, d_mlp=30, act_fn="silu", n_experts=4, experts_per_token=2),
+     r"a mixture of n_experts=4 needs MLPs, d_mlp=30 a multiple of it"),
+    (dict(attn_only=False, d_mlp=32, act_fn="silu", n_experts=4, experts_per_token=5), r"got 5\)"),
 ])
 def test_config_values_that_cannot_work_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):

@@ -29,6 +29,7 @@ attribute      shape                                meaning
 ``w_knorm``    ``b_knorm`` optional)                head, ``cfg.qk_norm`` only
 ``w_post_*``   ``w_post_attn/w_post_mlp [L,         post-norm scales, ``cfg.post_norms`` only
                d_model]``
+``W_router``   ``[L, d_model, n_experts]``          mixture of experts only (``cfg.n_experts``)
 ``OV``         FactoredMatrix ``[L, H]`` of         ``W_V @ W_O`` (paper: ``W_O W_V``)
                ``d_model x d_model``
 ``QK``         FactoredMatrix ``[L, H]`` of         ``W_Q @ W_K^T`` (paper: ``W_Q^T W_K``);
@@ -54,7 +55,7 @@ from .rotary import is_rotary_layer, rotary_frequencies
 
 _WEIGHTS = ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate",
             "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U", "b_gate",
-            "w_qnorm", "b_qnorm", "w_knorm", "b_knorm", "w_post_attn", "w_post_mlp")
+            "w_qnorm", "b_qnorm", "w_knorm", "b_knorm", "w_post_attn", "w_post_mlp", "W_router")
 _ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -131,6 +132,7 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...] | None]:
         **{name: (L, H, dh) if cfg.qk_norm else None for name in ("w_qnorm", "b_qnorm", "w_knorm", "b_knorm")},
         "w_post_attn": (L, d) if cfg.post_norms else None,
         "w_post_mlp": (L, d) if cfg.post_norms and mlp else None,
+        "W_router": (L, d, cfg.n_experts) if cfg.n_experts else None,
     }
 
 
@@ -214,6 +216,8 @@ class CircuitModel:
             required |= {"w_qnorm", "w_knorm"}
         if c.post_norms:
             required |= {"w_post_attn"} | (set() if c.attn_only else {"w_post_mlp"})
+        if c.n_experts:
+            required.add("W_router")
         for name, shape in weight_shapes(c).items():
             value = getattr(self, name)
             if value is None:
@@ -436,8 +440,20 @@ class CircuitModel:
                 hidden = gate * (xn @ self.W_in[layer]) + b_in
             else:
                 hidden = gate * (xn @ self.W_in[layer] + b_in)
+        if self.cfg.n_experts:
+            hidden = hidden * self._expert_weights(layer, xn).to(hidden.dtype)
         out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
         return out, scale
+
+    def _expert_weights(self, layer: int, xn: torch.Tensor) -> torch.Tensor:
+        """Mixture of experts: each neuron's routing weight ``[..., d_mlp]`` for the normalised input
+        ``xn [..., d_model]`` (softmax over experts in float32, top ``experts_per_token`` kept and
+        renormalised, as Mixtral's router; zero for the experts not chosen)."""
+        c = self.cfg
+        probs = (xn @ self.W_router[layer]).float().softmax(-1)
+        top, chosen = probs.topk(c.experts_per_token, dim=-1)
+        weights = torch.zeros_like(probs).scatter(-1, chosen, top / top.sum(-1, keepdim=True))
+        return weights.repeat_interleave(c.d_mlp // c.n_experts, dim=-1)
 
     def _post_norm(self, out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """A post-norm (``cfg.post_norms``): ``norm(out) * w`` before ``out`` joins the stream."""

@@ -11,7 +11,8 @@ NORMALIZATION = ("layernorm", "rmsnorm", None)
 ACT_FNS = ("gelu", "gelu_new", "relu", "silu", "relu2")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 QK_NORMS = ("rmsnorm", "layernorm", None)
-_INT_FIELDS = ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_ctx", "n_kv_heads", "d_mlp", "rotary_dim")
+_INT_FIELDS = ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_ctx", "n_kv_heads", "d_mlp", "rotary_dim",
+               "n_experts", "experts_per_token")
 
 
 @dataclass
@@ -63,6 +64,11 @@ class ModelConfig:
     * ``alibi_slopes`` (one float per head): ALiBi, ``slope_h * (j - i)`` added to the score of
       key ``j`` from query ``i`` (BLOOM, MPT).
     * ``clip_qkv``: queries, keys and values are clamped to ``[-clip_qkv, clip_qkv]`` (OLMo, MPT).
+    * ``n_experts`` / ``experts_per_token``: a mixture-of-experts MLP (Mixtral). ``W_in``, ``W_gate``
+      and ``W_out`` hold the experts side by side (``d_mlp = n_experts * d_expert``, expert ``e``'s
+      neurons at ``e * d_expert ...``); the router ``W_router [L, d_model, n_experts]`` picks the top
+      ``experts_per_token`` experts of each token (softmax, renormalised over those chosen), and each
+      expert's neurons are multiplied by its weight (zero for experts not chosen).
     Multipliers, norm offsets and embedding scales fold into the weights at load (no field).
     """
 
@@ -100,6 +106,8 @@ class ModelConfig:
     final_softcap: float | None = None
     alibi_slopes: list | None = None
     clip_qkv: float | None = None
+    n_experts: int | None = None
+    experts_per_token: int | None = None
 
     def __post_init__(self):
         for field in _INT_FIELDS:  # bool is an int subclass: True would pass for 1
@@ -144,6 +152,11 @@ class ModelConfig:
                                                                                           isinstance(v, bool))))]
             if bad or (kind is int and any(v is not None and v < 1 for v in value)):
                 raise ValueError(f"ModelConfig.{field} entries must be {kind.__name__} (or None), got {value!r}")
+        if self.n_experts is not None:
+            k = self.experts_per_token
+            if self.attn_only or self.d_mlp % self.n_experts or k is None or not 1 <= k <= self.n_experts:
+                raise ValueError(f"ModelConfig: a mixture of n_experts={self.n_experts} needs MLPs, d_mlp={self.d_mlp} "
+                                 f"a multiple of it and 1 <= experts_per_token <= n_experts (got {k!r})")
         if self.alibi_slopes is not None:
             if len(self.alibi_slopes) != self.n_heads:
                 raise ValueError(f"ModelConfig.alibi_slopes needs one slope per head ({self.n_heads}), "
@@ -186,7 +199,8 @@ class ModelConfig:
         (QK circuits are before the query/key norm), ``"post_norms"`` (a head's write is divided by
         a norm of the whole layer's output), ``"attn_softcap"``, ``"final_softcap"`` (logits are
         ``cap * tanh(. / cap)`` of the linear readout), ``"clip_qkv"`` (OV and QK hold where no query,
-        key or value coordinate reaches the clamp). ALiBi and sliding windows are positional
+        key or value coordinate reaches the clamp), ``"moe"`` (an MLP neuron's activation is scaled by
+        its expert's routing weight for the token, zero when the expert is not chosen). ALiBi and sliding windows are positional
         terms (the QK circuit is unchanged; only which keys, and a per-offset bias, differ)."""
         names = []
         if self.qk_norm is not None:
@@ -199,6 +213,8 @@ class ModelConfig:
             names.append("final_softcap")
         if self.clip_qkv is not None:
             names.append("clip_qkv")
+        if self.n_experts is not None:
+            names.append("moe")
         return tuple(names)
 
     def to_dict(self) -> dict:

@@ -23,7 +23,7 @@ from typing import Callable
 #   (GPT-NeoX, BLOOM); "conv1d": GPT-2's Conv1D [in, 3 * d]; "codegen": CodeGen's 4 model-parallel
 #   shards of [q | v | k]; "falcon": [head groups, (queries..., k, v), d_head].
 QKV_LAYOUTS = ("separate", "concat", "per_head", "conv1d", "codegen", "falcon")
-MLP_LAYOUTS = {"gated": 3, "gate_up": 2, "plain": 2}  # layout -> number of module names
+MLP_LAYOUTS = {"gated": 3, "gate_up": 2, "plain": 2, "moe": 2}  # layout -> number of module names
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class Family:
     k_norm: str | None = None
     mlp: str = "mlp"
     mlp_layout: str = "gated"                   # MLP_LAYOUTS: "gated" (gate, up, down), "gate_up" (fused
-    mlp_names: tuple = ("gate_proj", "up_proj", "down_proj")  # [gate | up], down), "plain" (in, out)
+    mlp_names: tuple = ("gate_proj", "up_proj", "down_proj")  # [gate | up], down), "plain" (in, out),
+                                                # "moe" (router, experts)
     ln1: str | tuple | None = "input_layernorm"  # a tuple: alternatives, the first the layer has
     ln2: str | tuple | None = "post_attention_layernorm"  # absent: a parallel block reusing ln1
     post_attn_norm: str | None = None
@@ -198,9 +199,9 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(body="model", features=sliding),
     "starcoder2": Family(
         body="model", mlp_layout="plain", mlp_names=("c_fc", "c_proj"), norm="layernorm", features=sliding),
-    "mixtral": Family(body="model",
-                      refuse=lambda c: f"mixture-of-experts MLP ({c.num_local_experts} experts, top "
-                                       f"{c.num_experts_per_tok}; the weight view has one MLP per layer)"),
+    "mixtral": Family(body="model", mlp_layout="moe", mlp_names=("gate", "experts"),
+                      features=lambda c: {"n_experts": c.num_local_experts,
+                                          "experts_per_token": c.num_experts_per_tok}),
     "qwen3": Family(body="model", q_norm="q_norm", k_norm="k_norm",
                     features=lambda c: {"qk_norm": "rmsnorm", **sliding(c)}),
     "gemma": Family(body="model", norm_offset=True,

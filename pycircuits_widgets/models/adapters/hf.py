@@ -100,8 +100,7 @@ def read_config(model, family: Family) -> tuple[ModelConfig, dict]:
     n_kv = features.pop("n_kv_heads", None) or get(c, "num_key_value_heads", "num_kv_heads", default=H)
     body = _module(model, family.body)
     layer0 = _module(body, family.layers)[0]
-    mlp = _module(layer0, family.mlp)
-    down = _module(mlp, family.mlp_names[-1])
+    mlp = _mlp_weights(_module(layer0, family.mlp), family)
     alibi = features.get("alibi_slopes") is not None
     positional = "learned" if family.pos_embed else "none" if alibi else "rotary"
     rotary, rotary_dim = _rope(c, d_head) if positional == "rotary" else ({}, None)
@@ -115,7 +114,7 @@ def read_config(model, family: Family) -> tuple[ModelConfig, dict]:
         d_head=d_head, d_vocab=c.vocab_size,
         n_ctx=get(c, "max_position_embeddings", "n_positions", "max_seq_len", default=2048),
         n_kv_heads=n_kv if n_kv < H else None, positional=positional, normalization=family.norm,
-        attn_only=False, d_mlp=_linear(down)[0].shape[0],
+        attn_only=False, d_mlp=mlp["W_out"].shape[0],
         act_fn=get(c, "hidden_act", "activation_function", "hidden_activation", default="gelu"),
         gated_mlp=family.mlp_layout != "plain",
         eps=float(get(c, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps",
@@ -173,12 +172,40 @@ def _qk_norm_weights(attn, family: Family, cfg: ModelConfig) -> dict:
     return out
 
 
+def _mlp_weights(mlp, family: Family) -> dict:
+    """``W_in, b_in, W_gate, b_gate, W_out, b_out`` (and ``W_router``) of one layer's MLP, row convention.
+    A mixture of experts (``"moe"``: router, experts with fused ``gate_up_proj [E, 2 d_e, d]`` and
+    ``down_proj [E, d, d_e]``) lays its experts side by side: neuron ``e * d_e + j`` is expert ``e``'s ``j``."""
+    mods = [_module(mlp, name) for name in family.mlp_names]
+    if family.mlp_layout == "moe":
+        router, experts = mods
+        n, two_d, d = experts.gate_up_proj.shape
+        gate, up = experts.gate_up_proj.split(two_d // 2, dim=1)
+        side_by_side = lambda W: W.permute(2, 0, 1).reshape(d, -1)  # noqa: E731  [E, d_e, d] -> [d, E d_e]
+        return {"W_gate": side_by_side(gate), "W_in": side_by_side(up), "b_gate": None, "b_in": None,
+                "W_out": experts.down_proj.transpose(1, 2).reshape(-1, d), "b_out": None,
+                "W_router": router.weight.T}
+    if family.mlp_layout == "gate_up":
+        W, b = _linear(mods[0])
+        gate, up = W.chunk(2, dim=1)
+        rows = {"W_gate": gate, "W_in": up, "b_gate": None if b is None else b.chunk(2)[0],
+                "b_in": None if b is None else b.chunk(2)[1]}
+    elif family.mlp_layout == "gated":
+        (Wg, bg), (Wi, bi) = _linear(mods[0]), _linear(mods[1])
+        rows = {"W_gate": Wg, "b_gate": bg, "W_in": Wi, "b_in": bi}
+    else:
+        Wi, bi = _linear(mods[0])
+        rows = {"W_in": Wi, "b_in": bi, "W_gate": None, "b_gate": None}
+    Wo, bo = _linear(mods[-1])
+    return {**rows, "W_out": Wo, "b_out": bo, "W_router": None}
+
+
 def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
     """The unfolded weights (``weight_view`` table) of every layer, multipliers folded."""
     body = _module(model, family.body)
     H = cfg.n_heads
     keys = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in", "b_in", "W_gate", "b_gate", "W_out",
-            "b_out", "ln1_w", "ln1_b", "ln2_w", "ln2_b", "w_post_attn", "w_post_mlp",
+            "b_out", "W_router", "ln1_w", "ln1_b", "ln2_w", "ln2_b", "w_post_attn", "w_post_mlp",
             "w_qnorm", "b_qnorm", "w_knorm", "b_knorm")
     rows: dict[str, list] = {k: [] for k in keys}
     for layer in _module(body, family.layers):
@@ -189,21 +216,7 @@ def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
         W_O, b_O = _linear(_module(attn, family.o_proj))
         rows["W_O"].append(W_O.reshape(H, cfg.d_head, -1))
         rows["b_O"].append(b_O)
-        mlp = _module(layer, family.mlp)
-        mods = [_module(mlp, name) for name in family.mlp_names]
-        if family.mlp_layout == "gate_up":
-            W, b = _linear(mods[0])
-            gate, up = W.chunk(2, dim=1)
-            mlp_rows = {"W_gate": gate, "W_in": up, "b_gate": None if b is None else b.chunk(2)[0],
-                        "b_in": None if b is None else b.chunk(2)[1]}
-        elif family.mlp_layout == "gated":
-            (Wg, bg), (Wi, bi) = _linear(mods[0]), _linear(mods[1])
-            mlp_rows = {"W_gate": Wg, "b_gate": bg, "W_in": Wi, "b_in": bi}
-        else:
-            Wi, bi = _linear(mods[0])
-            mlp_rows = {"W_in": Wi, "b_in": bi, "W_gate": None, "b_gate": None}
-        Wo, bo = _linear(mods[-1])
-        mlp_rows.update(W_out=Wo, b_out=bo)
+        mlp_rows = _mlp_weights(_module(layer, family.mlp), family)
         for k, v in mlp_rows.items():
             rows[k].append(v)
         ln1 = _norm(_first(layer, family.ln1), family.norm_offset)

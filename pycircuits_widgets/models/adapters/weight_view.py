@@ -75,7 +75,7 @@ def adjacent_pairs_to_halves(W: torch.Tensor | None, rotary_dim: int) -> torch.T
 def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unfolded weights (table above) -> the folded weights ``CircuitModel`` takes.
 
-    Readers: ``ln1`` -> ``W_Q, W_K, W_V`` (+ biases), ``ln2`` -> ``W_in, W_gate`` (+ ``b_in``),
+    Readers: ``ln1`` -> ``W_Q, W_K, W_V`` (+ biases), ``ln2`` -> ``W_in, W_gate, W_router`` (+ ``b_in``),
     ``lnf`` -> ``W_U`` (+ ``b_U``). Writers centered (layer norm only): ``W_E``, ``W_pos``,
     ``W_O``, ``b_O``, ``W_out``, ``b_out``; readers centred too (``folding.center_readers``). A norm
     bias in front of a gated MLP becomes ``b_gate`` as well as ``b_in``. Other keys (QK-norm and
@@ -105,7 +105,7 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
     # a norm bias before a gated MLP folds into both of its products' biases, unless b_in is added
     # after the product (TransformerLens 2.x GatedMLP), where it has no exact place
     mlp_biases = (None, None) if cfg.b_in_outside_gate else ("b_in", "b_gate")
-    fold("ln2_w", "ln2_b", ("W_in", "W_gate"), mlp_biases, lambda t: (t.shape[0],))
+    fold("ln2_w", "ln2_b", ("W_in", "W_gate", "W_router"), mlp_biases + (None,), lambda t: (t.shape[0],))
     fold("lnf_w", "lnf_b", ("W_U",), ("b_U",), lambda t: ())
     if cfg.normalization == "layernorm":
         for writer in ("W_E", "W_pos", "W_O", "b_O", "W_out", "b_out"):
