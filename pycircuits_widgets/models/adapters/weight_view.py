@@ -150,5 +150,10 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
         notes.append("soft-capping: scores and/or logits pass through cap * tanh(x / cap)")
     if cfg.alibi_slopes is not None:
         notes.append("ALiBi: a per-head linear bias in the relative position is added to the scores")
+    if cfg.n_experts:
+        notes.append(f"mixture of experts: {cfg.n_experts} experts side by side in W_in/W_gate/W_out "
+                     f"({cfg.d_mlp // cfg.n_experts} neurons each), {cfg.experts_per_token} chosen per token by W_router")
+    if cfg.clip_qkv is not None:
+        notes.append(f"queries, keys and values are clamped to +-{cfg.clip_qkv:g}")
     model.metadata = {"source": source, "notes": notes}
     return model
