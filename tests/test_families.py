@@ -233,6 +233,14 @@ def test_a_model_loaded_with_sdpa_is_probed_with_eager_attention_and_given_back(
     model_type, kwargs = CONFIGS["mistral"]
     hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **kwargs)).eval()
     assert hf.config._attn_implementation == "sdpa"
+
+
+def test_a_model_in_training_mode_is_probed_without_dropout_and_left_training():
+    model_type, kwargs = CONFIGS["gpt2"]
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **kwargs))
+    assert hf.training and hf.config.attn_pdrop > 0
+    pcw.from_hf(hf)
+    assert hf.training
     model = pcw.from_hf(hf)
     assert model.metadata["verified"]["patterns_checked"] and model.metadata["verified"]["max_pattern_error"] < 1e-5
     assert hf.config._attn_implementation == "sdpa"

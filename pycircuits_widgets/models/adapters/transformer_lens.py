@@ -174,8 +174,13 @@ def _hf_model(model):
 def probe_transformer_lens(model, circuit, family: str) -> dict:
     """``verify.compare`` against the TransformerLens model's own forward and ``hook_pattern``s."""
     tokens = probe_tokens(circuit.cfg, circuit.device)
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(tokens)
+    training = getattr(model, "training", False)
+    try:
+        model.eval()
+        with torch.no_grad():
+            logits, cache = model.run_with_cache(tokens)
+    finally:
+        model.train(training)
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(circuit.cfg.n_layers)]
     patterns = torch.stack([cache[n] for n in names], 1) if all(n in cache for n in names) else None
     return compare(circuit, logits.to(circuit.device), None if patterns is None else patterns.to(circuit.device),

@@ -157,13 +157,16 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
 
 
 def probe_hf(source, model, family: str) -> dict:
-    """``compare`` against a Hugging Face model's own forward. Patterns need eager attention: a model
-    loaded with another implementation (``sdpa``, the default) is switched to eager for the probe
-    and back, where transformers allows it; otherwise only the logits are compared."""
+    """``compare`` against a Hugging Face model's own forward, in eval mode (no dropout). Patterns need
+    eager attention: a model loaded with another implementation (``sdpa``, the default) is switched
+    to eager for the probe and back, where transformers allows it; otherwise only the logits are
+    compared. The model's training mode is restored."""
     tokens = probe_tokens(model.cfg, model.device)
     loaded = getattr(source.config, "_attn_implementation", "eager")
     switch = loaded != "eager" and hasattr(source, "set_attn_implementation")
+    training = source.training  # a model built with from_config is in training mode: dropout on
     try:
+        source.eval()
         if switch:
             source.set_attn_implementation("eager")
         with torch.no_grad():
@@ -171,6 +174,7 @@ def probe_hf(source, model, family: str) -> dict:
     finally:
         if switch:
             source.set_attn_implementation(loaded)
+        source.train(training)
     attentions = getattr(out, "attentions", None)
     patterns = None
     if attentions and all(isinstance(a, torch.Tensor) for a in attentions):
