@@ -48,7 +48,9 @@ def check_module_heads(model, family, cfg) -> None:
     from .hf import _module, _qkv  # the translation's own reading of the weights
     body = _module(model, family.body)
     n_kv = cfg.n_kv_heads or cfg.n_heads
-    config_field = {"n_heads": "num_attention_heads", "d_head": "head_dim", "n_kv_heads": "num_key_value_heads"}
+    heads_field = getattr(model.config, "attribute_map", {}).get("num_attention_heads", "num_attention_heads")
+    source = {"n_heads": f"config.{heads_field}", "d_head": "config.head_dim (or hidden size / heads)",
+              "n_kv_heads": "config.num_key_value_heads (or the family's multi-query flag)"}
     for index, layer in enumerate(_module(body, family.layers)):
         attn = _module(layer, family.attn)
         for attr, ours in _HEAD_ATTRIBUTES.items():
@@ -56,9 +58,9 @@ def check_module_heads(model, family, cfg) -> None:
             expected = n_kv if ours == "n_kv_heads" else getattr(cfg, ours)
             if isinstance(value, int) and not isinstance(value, bool) and value != expected:
                 raise TranslationError(
-                    f"from_hf: {cfg.name!r}: config.{model.config.attribute_map.get(config_field[ours], config_field[ours])}"
-                    f" gives {ours}={expected}, but layer {index}'s attention module has {attr}={value}; the config "
-                    "contradicts the weights it describes (was it edited after the model was built?)")
+                    f"from_hf: {cfg.name!r}: {source[ours]} gives {ours}={expected}, but layer {index}'s attention "
+                    f"module has {attr}={value}; the config contradicts the weights it describes (was it edited "
+                    "after the model was built?)")
         try:
             shapes = [tuple(W.shape) for W, _ in _qkv(attn, family, cfg)]
         except RuntimeError as err:
