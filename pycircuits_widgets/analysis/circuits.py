@@ -127,7 +127,8 @@ def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tens
     dtype = dtype or model.W_E.dtype
     if not embedding_is_normalized(model, layer):
         return model.W_E.to(dtype)
-    normed, scale = model.read(model.W_E.to(linalg_dtype(model.W_E.dtype)))
+    work = linalg_dtype(model.W_E.dtype)
+    normed, scale = model.read(model.W_E.to(work), work)
     if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(model.W_E).all()):
         raise NonFiniteError(
             f"the normalised embedding is not finite: the norm of W_E's rows overflows {scale.dtype} "

@@ -341,13 +341,14 @@ class CircuitModel:
         return tokens.long().to(self.device)
 
     # --- forward --------------------------------------------------------------------------
-    def read(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalise ``x [..., d_model]`` as a layer reading the residual stream does (centering for
         layernorm, then division by the norm; the learned scale is folded into the reader):
         ``(x_normed [..., d_model], scale [...])``. Identity and ones when normalization is None.
         Half-precision streams are normalised in float32 (as Hugging Face's norms compute); the
-        result is in the model's dtype (the forward keeps a half-precision model's stream in float32)."""
-        return _normalize(x, self.cfg.normalization, self.cfg.eps, self.dtype)
+        result is in ``dtype``, default the model's (the forward keeps a half-precision model's stream
+        in float32; an analysis widening 16-bit weights asks for its working dtype)."""
+        return _normalize(x, self.cfg.normalization, self.cfg.eps, dtype or self.dtype)
 
     def _rotary_tables(self, layer: int, pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin) [pos, rotary_dim]`` of layer ``layer``'s rotary angles (``rotary.rotary_frequencies``,
