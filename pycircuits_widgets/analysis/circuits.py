@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..factored import FactoredMatrix, chain_matmul
+from .rotary import offset_window, rotations
 
 Head = tuple[int, int]
 
@@ -82,6 +83,20 @@ def refuse_rotary_qk(model, what: str) -> None:
             f"{what} is not defined for rotary models: the query-key product depends on the "
             "relative position of the tokens, so there is no single token x token QK circuit"
         )
+
+
+def query_rotation(model, offset, what: str) -> torch.Tensor | None:
+    """What a rotary QK circuit's query side is multiplied by, ``[d_head, d_head]`` (None when the model
+    is not rotary): ``R(offset)`` for an int, the mean of ``R`` over a window (the circuit averaged over
+    those offsets; default ``rotary.DEFAULT_OFFSETS``), in the weights' dtype."""
+    offsets = offset_window(model, offset, what)
+    if offsets is None:
+        return None
+    return rotations(model.cfg, offsets).mean(0).to(dtype=model.W_Q.dtype, device=model.W_Q.device)
+
+
+def _rotated(query: torch.Tensor, R: torch.Tensor | None) -> torch.Tensor:
+    return query if R is None else query @ R
 
 
 def _head_slice(W: torch.Tensor, layer, head) -> torch.Tensor:
@@ -168,41 +183,44 @@ def full_ov_circuit(model, layer: int | None = None, head: int | None = None) ->
     return FactoredMatrix(_embed(model, model.W_V, layer, head), W_O @ model.W_U)
 
 
-def full_qk_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
+def full_qk_circuit(model, layer: int | None = None, head: int | None = None, offset=None) -> FactoredMatrix:
     """Full QK circuit ``W_E W_Q W_K^T W_E^T`` ``[..., dest token, src token]``, split at d_head.
 
     Paper: ``W_E^T W_QK^h W_E``. The token-token part of the attention score (before the
     ``1/attn_scale``); positional terms are separate (``positional_qk_circuit``). ``W_E`` is
-    ``embedding(model, layer)`` on both sides. Refuses rotary models.
+    ``embedding(model, layer)`` on both sides. Rotary models: ``W_E W_Q R W_K^T W_E^T`` with ``R``
+    from ``query_rotation`` (``offset``: an int, or a window averaged; default ``rotary.DEFAULT_OFFSETS``).
     """
-    refuse_rotary_qk(model, "the full QK circuit")
-    return FactoredMatrix(_embed(model, model.W_Q, layer, head), _embed(model, model.W_K, layer, head).mT)
+    R = query_rotation(model, offset, "the full QK circuit")
+    return FactoredMatrix(_rotated(_embed(model, model.W_Q, layer, head), R), _embed(model, model.W_K, layer, head).mT)
 
 
-def k_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
+def k_composition_circuit(model, h1: Head, h2: Head, offset=None) -> FactoredMatrix:
     """QK term of ``h2`` whose key side reads ``h1``'s output: ``[dest token, token h1 moved]``.
 
     ``W_E W_Q^{h2} W_K^{h2 T} (W_E W_V^{h1} W_O^{h1})^T`` (paper: ``W_E^T W_QK^{h2} W_OV^{h1} W_E``
     with the key side through ``h1``). Entry ``[t, s]``: score from a query on token ``t`` to a
     key position whose ``h1`` attended to a token ``s``. With ``h1`` a previous-token head this
     is the induction mechanism, and a large positive diagonal (dest token == previous token of
-    the key) means "attend to the token after an earlier copy of me". Refuses rotary models.
+    the key) means "attend to the token after an earlier copy of me". Rotary models: ``h2``'s query
+    side times ``query_rotation(model, offset)`` (the offset between ``h2``'s query and key).
     """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    refuse_rotary_qk(model, "the K-composition QK circuit")
-    query = model.W_E @ model.W_Q[l2, i2]
+    R = query_rotation(model, offset, "the K-composition QK circuit")
+    query = _rotated(model.W_E @ model.W_Q[l2, i2], R)
     key = chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_K[l2, i2])
     return FactoredMatrix(query, key.mT)
 
 
-def q_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
+def q_composition_circuit(model, h1: Head, h2: Head, offset=None) -> FactoredMatrix:
     """QK term of ``h2`` whose query side reads ``h1``'s output: ``[token h1 moved, src token]``.
 
-    ``(W_E W_V^{h1} W_O^{h1}) W_Q^{h2} W_K^{h2 T} W_E^T``. Refuses rotary models.
+    ``(W_E W_V^{h1} W_O^{h1}) W_Q^{h2} W_K^{h2 T} W_E^T``. Rotary models: ``h2``'s query side times
+    ``query_rotation(model, offset)``.
     """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    refuse_rotary_qk(model, "the Q-composition QK circuit")
-    query = chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_Q[l2, i2])
+    R = query_rotation(model, offset, "the Q-composition QK circuit")
+    query = _rotated(chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_Q[l2, i2]), R)
     return FactoredMatrix(query, (model.W_E @ model.W_K[l2, i2]).mT)
 
 
