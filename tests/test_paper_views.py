@@ -14,6 +14,7 @@ from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
+from pycircuits_widgets.widgets.pair_selection import pair_key
 from pycircuits_widgets.widgets.payload import decode_array
 
 TEXT = "t1 t5 t9 t2 t1 t5 t9 t2 t7 t3"
@@ -98,8 +99,14 @@ def test_induction_view_embeds_every_verdict_and_the_tables_it_names(m2):
     assert "selected_pair must be" in w.error and w.selected_pair == [int(x) for x in missing.split(",")]
     with pytest.raises(ValueError, match="at least 2 layers"):
         pcw.InductionMechanism(paper_model(n_layers=1))
-    with pytest.raises(ValueError, match="rotary"):
-        pcw.InductionMechanism(custom_model(positional="rotary"))
+    # rotary: each pair at the offset of its largest K-composition QK positivity, named in its verdict
+    rot = pcw.InductionMechanism(custom_model(positional="rotary", normalization="rmsnorm"), offsets=range(0, 4), n_tables=1)
+    assert rot.wait(30) and not rot.error and "at the strongest of query - key offsets 0..3" in rot.offset_note
+    key = pair_key(rot.selected_pair)
+    ref = induction_pair(rot.model, tuple(rot.selected_pair[:2]), tuple(rot.selected_pair[2:]), k=12, offset=range(0, 4))
+    assert rot.pairs[key]["offset"] == ref.offset and rot.pairs[key]["sentence"].startswith(f"At query - key offset {ref.offset}")
+    assert rot.pairs[key]["qk_positivity"] == pytest.approx(ref.qk_positivity, abs=1e-5)
+    np.testing.assert_allclose(decode_array(rot.tables[key]["values"]), ref.top_values.numpy(), rtol=1e-4, atol=1e-6)
 
 
 # -- PositionalQK ---------------------------------------------------------------------------

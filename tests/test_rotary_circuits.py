@@ -179,7 +179,7 @@ def test_composition_detail_defaults_to_a_stated_window_and_matches_the_scores(l
     by_offset = scores[:, 0, 1, 1, 3].double()
     torch.testing.assert_close(detail.scores_by_offset, by_offset, rtol=1e-6, atol=1e-9)
     assert detail.offset == int(by_offset.argmax()) and detail.score == pytest.approx(float(by_offset.max()), rel=1e-6)
-    assert detail.offset_note == f"at query - key offset {detail.offset} (max over query - key offsets 0..32)"
+    assert detail.offset_note == f"at query - key offset {detail.offset} (the largest score of offsets 0..32)"
     assert composition_detail(model, "Q", (0, 1), (1, 3), offset=4).offset == 4
     assert composition_detail(model, "V", (0, 1), (1, 3)).offset is None  # V-composition has no offset
 
@@ -191,7 +191,9 @@ def test_full_qk_circuit_at_an_offset_and_offsets_refused_where_positions_are_no
     dense = _dense_qk(hf, 0, 3, 5, x, x)
     # HF keeps its rotary frequencies in float32: its angles carry ~1e-7 relative error
     torch.testing.assert_close(full_qk_circuit(model, 0, 3, offset=5).AB, dense, rtol=1e-4, atol=1e-6)
-    assert describe([5]) == "at query - key offset 5" and describe(list(range(0, 8))) == "max over query - key offsets 0..7"
+    assert describe([5]) == "at query - key offset 5"
+    assert describe(list(range(0, 8))) == "at the strongest of query - key offsets 0..7"
+    assert describe([1, 4], "mean") == "averaged over query - key offsets 1, 4"
     gpt2 = pcw.from_hf(transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=V, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval())
     for call in (lambda: pcw.skip_trigrams(gpt2, 0, 0, approximate=True, offset=1),

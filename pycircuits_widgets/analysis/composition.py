@@ -57,7 +57,7 @@ from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of
 from ..models.folding import center_reading_weights, center_writing_weights
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
-from .rotary import describe, offset_window, rotation
+from .rotary import offset_window, rotation, span
 
 KINDS = ("Q", "K", "V")
 NORMS = ("correct", "erratum_left", "erratum_right")
@@ -449,10 +449,11 @@ class CompositionDetail:
 
     @property
     def offset_note(self) -> str:
-        """How the offset was chosen ("" without one): ``"at query - key offset 3 (max over ... 0..32)"``."""
+        """How the offset was chosen ("" without one): ``"at query - key offset 3 (the largest score of
+        offsets 0..32)"``."""
         if self.offset is None:
             return ""
-        window = "" if len(self.offsets) == 1 else f" ({describe(self.offsets)})"
+        window = "" if len(self.offsets) == 1 else f" (the largest score of offsets {span(self.offsets)})"
         return f"at query - key offset {self.offset}{window}"
 
 

@@ -85,13 +85,20 @@ def reduce_offsets(values: torch.Tensor, offsets: list[int], reduce: str) -> tup
     return reduced, torch.as_tensor(offsets, device=best.device)[best]
 
 
+def span(offsets: list[int]) -> str:
+    """``"0..32"`` for a contiguous window, else the offsets listed."""
+    contiguous = offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+    return f"{offsets[0]}..{offsets[-1]}" if contiguous and len(offsets) > 1 else ", ".join(map(str, offsets))
+
+
 def describe(offsets: list[int] | None, reduce: str = "max") -> str:
-    """How a rotary QK number was read, for notes and reprs: ``"at offset 1"``,
-    ``"max over offsets 0..32"``; "" when the model is not rotary (``offsets`` None)."""
+    """How a rotary QK number was read, for notes: ``"at query - key offset 1"``, ``"at the strongest
+    of query - key offsets 0..32"`` (max) or ``"averaged over query - key offsets 0..32"`` (mean);
+    "" when the model is not rotary (``offsets`` None)."""
     if offsets is None:
         return ""
     if len(offsets) == 1:
         return f"at query - key offset {offsets[0]}"
-    contiguous = offsets == list(range(offsets[0], offsets[0] + len(offsets)))
-    span = f"{offsets[0]}..{offsets[-1]}" if contiguous else ", ".join(map(str, offsets))
-    return f"{'max' if reduce == 'max' else 'mean'} over query - key offsets {span}"
+    if check_reduce(reduce) == "max":
+        return f"at the strongest of query - key offsets {span(offsets)}"
+    return f"averaged over query - key offsets {span(offsets)}"

@@ -10,6 +10,7 @@ import traitlets
 
 from ..analysis.circuits import embedding_note
 from ..analysis.eigen import eigenvalues, positivity
+from ..analysis.rotary import describe, offset_window, reduce_offsets
 from ..analysis.head_scores import head_scores, target_masks
 from ..analysis.skip_trigrams import copied_tokens
 from . import offline
@@ -26,9 +27,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     eigenvalues (drawn in the complex plane, optionally log-scaled magnitude) and the tokens
     it copies most.
 
-    Rotary models: the OV side is shown (OV positivity on the x axis, heads spread by layer
-    on the y axis, OV spectrum and copied tokens); the QK side is not defined there (the
-    query-key product depends on relative position) and ``qk_note`` says so.
+    Rotary models: the QK circuit depends on the query - key offset (``W_Q R(offset) W_K^T``); each
+    head's QK positivity is its largest over ``offsets`` and its QK spectrum is at that offset
+    (``offset_note`` says so in the view, the detail names the offset).
 
     Args:
         model: a weight view.
@@ -37,6 +38,8 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             ``color_by`` asks for one) for models with more than ``EAGER_HEADS`` heads;
             ``{}`` for none.
         n_copies: how many most-copied tokens the detail lists.
+        offsets: rotary models: the window of query - key offsets the QK side is read over
+            (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer passes its text's offsets).
     """
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
@@ -50,9 +53,10 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     """float32 payload [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit; {} while
     the runner computes it (models with more than ``EAGER_HEADS`` heads: ``wait()`` covers it)."""
     qk_positivity = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H]: the same for each head's full QK circuit; {} where undefined (rotary)."""
-    qk_note = traitlets.Unicode("").tag(sync=True)
-    """str: why the QK side is not shown ("" when it is)."""
+    """float32 payload [L, H]: the same for each head's full QK circuit (rotary: its largest over the
+    offsets, ``offset_note``); {} while computed."""
+    offset_note = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): rotary models: which query - key offsets the QK side is read at ("" otherwise)."""
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     scores = traitlets.Dict().tag(sync=True)
@@ -70,13 +74,14 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     n_copies = traitlets.Int(12).tag(sync=True)
     """int, default 12: number of most-copied tokens in the detail."""
 
-    def __init__(self, model, scores=None, **kwargs):
+    def __init__(self, model, scores=None, offsets=None, **kwargs):
         check_model(model, "EigenvaluePlot")
         if scores is not None and not isinstance(scores, Mapping):
             raise TypeError("scores must be a dict {name: [n_layers, n_heads] array} (e.g. pcw.head_scores(model)) "
                             f"or None, got {type(scores).__name__}")
         self.model = model
         self._strings = model.token_strings
+        self._offsets = offset_window(model, offsets, "the QK spectrum")
         L, H = model.cfg.n_layers, model.cfg.n_heads
         self._eigs = None  # {"OV": ..., "QK": ...} [L, H, d_head] complex, once computed (_spectra)
         self._eigs_lock = threading.Lock()
@@ -88,7 +93,11 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             encoded = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
         else:
             encoded = {name: encode_array(_check_score(name, value, L, H), "float32") for name, value in scores.items()}
+        note = "" if self._offsets is None else (
+            f"Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {describe(self._offsets)}; each "
+            "head's QK positivity is its largest over them and its QK spectrum is at that offset.")
         super().__init__(scores=encoded, ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
+                         offset_note=note,
                          **({} if lazy else self._positivities()), **kwargs)
         self._runner = Runner(self)
         if lazy:  # the scatter fills in from the runner (the view shows it computing), then the detail
@@ -99,23 +108,26 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
         self._share_offline()
 
-    def _spectra(self) -> tuple[dict, str]:
-        """Every head's OV and QK spectrum (computed once) and why QK is missing ("" if it is not)."""
+    def _spectra(self) -> tuple[dict, torch.Tensor | None]:
+        """Every head's OV and QK spectrum ``[L, H, d_head]`` (computed once) and, for a rotary model,
+        the offset ``[L, H]`` each head's QK spectrum is at (its most positive in the window)."""
         with self._eigs_lock, torch.no_grad():
             if self._eigs is None:
-                eigs, note = {"OV": eigenvalues(self.model, "OV")}, ""
-                try:
-                    eigs["QK"] = eigenvalues(self.model, "QK")
-                except ValueError as exc:  # rotary: the OV side stays well defined
-                    note = f"QK side not shown: {exc}"
-                self._eigs, self._qk_note = eigs, note
-            return self._eigs, self._qk_note
+                eigs, at = {"OV": eigenvalues(self.model, "OV")}, None
+                qk = eigenvalues(self.model, "QK", self._offsets)
+                if self._offsets is not None:  # [n_offsets, L, H, d_head]: each head at its best offset
+                    _, at = reduce_offsets(positivity(qk), self._offsets, "max")
+                    index = torch.as_tensor([self._offsets.index(int(o)) for o in at.flatten()]).view(at.shape)
+                    qk = qk.gather(0, index[None, ..., None].expand(1, *qk.shape[1:]))[0]
+                eigs["QK"] = qk
+                self._eigs, self._qk_offset = eigs, at
+            return self._eigs, self._qk_offset
 
     def _positivities(self) -> dict:
-        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity`` ({} without QK), ``qk_note``."""
-        eigs, note = self._spectra()
-        qk = encode_array(positivity(eigs["QK"]), "float32") if "QK" in eigs else {}
-        return {"ov_positivity": encode_array(positivity(eigs["OV"]), "float32"), "qk_positivity": qk, "qk_note": note}
+        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity``."""
+        eigs, _ = self._spectra()
+        return {name: encode_array(positivity(eigs[kind]), "float32")
+                for name, kind in (("ov_positivity", "OV"), ("qk_positivity", "QK"))}
 
     @traitlets.validate("color_by")
     def _valid_color_by(self, proposal):
@@ -161,8 +173,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         yield {"scores": {name: encode_array(v, "float32") for name, v in computed.items()}}
 
     def _detail_steps(self, layer, head, n):
-        detail = {"layer": layer, "head": head}
-        for kind, eigs in self._spectra()[0].items():
+        spectra, at = self._spectra()
+        detail = {"layer": layer, "head": head, **({} if at is None else {"qk_offset": int(at[layer, head])})}
+        for kind, eigs in spectra.items():
             detail[f"{kind.lower()}_re"] = encode_array(eigs[layer, head].real, "float32")
             detail[f"{kind.lower()}_im"] = encode_array(eigs[layer, head].imag, "float32")
         yield {"detail": detail}  # the spectrum is cached: it shows at once

@@ -90,9 +90,10 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     on first use (their section's "compute" button, or :meth:`compute`), on their own runner.
 
     A view the model cannot support honestly is not built: ``notices[name]`` says why
-    (no composition, induction or virtual heads in a one-layer model; no token x token QK
-    circuit under rotary positions; no path expansion with MLPs; only the bigram table in a
-    zero-layer model).
+    (no composition, induction or virtual heads in a one-layer model; only the bigram table in
+    a zero-layer model). Rotary models: the QK circuits (skip-trigrams, QK eigenvalues,
+    Q/K-composition, the induction mechanism) are read over the query - key offsets of the text
+    (0 to its length - 1), each view stating how.
 
     Args:
         model: a weight view (``pcw.load_pretrained("attn-only-2l")``, ``pcw.from_hf(...)``).
@@ -173,16 +174,18 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
 
     # -- building ---------------------------------------------------------------------------
     def _build_views(self, no_heads: str, progress) -> None:
+        # rotary QK circuits are read over the query - key offsets this text has (each view says so)
+        rotary = {"offsets": range(0, len(self.token_ids))} if self.model.cfg.positional == "rotary" else {}
         builders = {
             "attention": lambda: AttentionPatterns(self.model, self.text, forward=self._forward,
                                                    layer=self.layer, head=self.head),
-            "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head),
-            "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head),
-            "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head),
+            "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head, **rotary),
+            "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head, **rotary),
+            "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head, **rotary),
             "paths": lambda: PathExpansion(self.model, self.text, forward=self._forward, one_token=True, active=False,
                                            layer=self.layer, head=self.head),
             "induction": lambda: InductionMechanism(self.model, selected_pair=[], active=False,
-                                                    layer=self.layer, head=self.head),
+                                                    layer=self.layer, head=self.head, **rotary),
             "positional": lambda: PositionalQK(self.model, self.text, forward=self._forward, one_token=True, active=False,
                                                layer=self.layer, head=self.head),
             "virtual": lambda: VirtualHeads(self.model, active=False, layer=self.layer, head=self.head),
@@ -323,7 +326,7 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
             return None
         scores = decode_array(payload)[:layer, :, layer, head].reshape(-1)  # [layer * n_heads]
         if not np.isfinite(scores).any():
-            return None  # refused (rotary): no writer to name
+            return None  # no defined score: no writer to name
         best = int(np.nanargmax(scores))
         return divmod(best, self.n_heads)
 

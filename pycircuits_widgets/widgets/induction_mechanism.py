@@ -6,10 +6,10 @@ import torch
 import traitlets
 
 from ..analysis.composition import composition_scores, random_baseline
-from ..analysis.circuits import refuse_rotary_qk
 from ..analysis.eigen import eigenvalue_positivity
 from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
-                                  k_composition_positivity, k_composition_top)
+                                  k_composition_positivity_offsets, k_composition_top)
+from ..analysis.rotary import describe, offset_window
 from . import offline
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection, pair_key
@@ -35,7 +35,9 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     largest K-composition score (and of every pair selected since) are too, so a page without a
     kernel shows those and, within ``offline.BUDGET``, the tables of the other pairs as kernel-less
     answers (``offline_answers``); past it, it says "needs a kernel". Clicking a token in the
-    table selects it (``token``). Refuses rotary models (no token x token QK circuit).
+    table selects it (``token``). Rotary models: each pair is read at one query - key offset of h2,
+    the one in ``offsets`` where its K-composition QK positivity is largest (``pairs[key]["offset"]``;
+    ``offset_note`` says so in the view).
 
     Everything is computed on the widget's runner (``on_demand``; minutes at GPT-2-small shapes):
     the verdicts first (kind ``"pairs"``), then one table per chunk; a newly selected pair's table
@@ -48,6 +50,8 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         k: rows of each ranked table. n_tables: tables embedded up front (default ``N_TABLES``, or 1
             above ``EMBED_TABLES_MAX_VOCAB`` tokens).
         active: compute now (default) or when ``active`` is first set (``on_demand``).
+        offsets: rotary models: the window of query - key offsets (default
+            ``analysis.rotary.DEFAULT_OFFSETS``; the explorer passes its text's offsets).
     """
 
     _view = traitlets.Unicode("InductionMechanism").tag(sync=True)
@@ -55,7 +59,8 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
 
     # -- data --
     pairs = traitlets.Dict().tag(sync=True, **JSON_BUFFER)
-    """{"l1,h1,l2,h2": {"k_score", "qk_positivity", "ov_positivity", "kind", "sentence"}} for every pair."""
+    """{"l1,h1,l2,h2": {"k_score", "qk_positivity", "ov_positivity", "kind", "sentence"}} for every pair
+    (rotary models add "offset": the query - key offset the pair's numbers and table are read at)."""
     tables = traitlets.Dict().tag(sync=True)
     """{"l1,h1,l2,h2": {"values": float32 payload [k], "dest": [k] ids, "src": [k] ids, "diagonal_rank"}}:
     ranked K-composition entries (row-centred) and ``k_composition_diagonal_rank`` (chance 0.5), for the
@@ -64,14 +69,16 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     """{token id (str): display string} for every token in ``tables``."""
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
+    offset_note = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): rotary models: which query - key offsets the K-composition term is read at ("" otherwise)."""
 
-    def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, **kwargs):
+    def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, offsets=None, **kwargs):
         check_model(model, "InductionMechanism")
         if model.cfg.n_layers < 2:
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
-        refuse_rotary_qk(model, "the K-composition QK circuit")
         self.model = model
+        self._offsets = offset_window(model, offsets, "the K-composition QK circuit")
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
@@ -84,6 +91,9 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
             selected_pair=selected_pair or [],
             thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
                         "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
+            offset_note="" if self._offsets is None else (
+                f"Rotary positions: h2's QK circuit W_Q R(offset) W_K^T is read {describe(self._offsets)}; each pair "
+                "is shown at the offset where its K-composition QK positivity is largest (named with the pair)."),
             **kwargs,
         )
         self.observe(self._on_pair, ["selected_pair"])
@@ -130,9 +140,12 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         """Every pair's verdict, then the tables of the strongest ``n_tables`` pairs and ``pair``."""
         model = self.model
         with torch.no_grad():
-            qk_pos = k_composition_positivity(model)
+            qk_pos, at = k_composition_positivity_offsets(model, self._offsets)
             ov_pos = eigenvalue_positivity(model, "OV")
-            scores = composition_scores(model, "K", baseline=False)
+            scores = composition_scores(model, "K", baseline=False, offsets=self._offsets)
+        if at is not None:  # each pair's score at the offset its positivity is read at
+            index = torch.as_tensor([self._offsets.index(o) if o >= 0 else 0 for o in at.flatten().tolist()])
+            scores = scores.gather(0, index.view(1, *at.shape).to(scores.device))[0]
         L, H = model.cfg.n_layers, model.cfg.n_heads
         pairs = {}
         for l1 in range(L - 1):
@@ -141,9 +154,12 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
                     for h2 in range(H):
                         q, o = float(qk_pos[l1, h1, l2, h2]), float(ov_pos[l2, h2])
                         kind, sentence = classify_pair((l1, h1), (l2, h2), q, o)
+                        if at is not None:
+                            offset = int(at[l1, h1, l2, h2])
+                            sentence = f"At query - key offset {offset}: {sentence}"
                         pairs[pair_key((l1, h1, l2, h2))] = {
                             "k_score": float(scores[l1, h1, l2, h2]), "qk_positivity": q, "ov_positivity": o,
-                            "kind": kind, "sentence": sentence}
+                            "kind": kind, "sentence": sentence, **({} if at is None else {"offset": offset})}
         self._pairs = pairs
         order = [[int(x) for x in key.split(",")] for key in sorted(pairs, key=lambda key: -pairs[key]["k_score"])]
         update = {"pairs": pairs}
@@ -167,8 +183,9 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         """One pair's ranked table entry and the display strings of its tokens."""
         with torch.no_grad():
             h1, h2 = tuple(pair[:2]), tuple(pair[2:])
-            values, dest, src = k_composition_top(self.model, h1, h2, self._k)
-            diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2)
+            offset = self._pairs.get(pair_key(pair), {}).get("offset")
+            values, dest, src = k_composition_top(self.model, h1, h2, self._k, offset)
+            diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2, offset=offset)
         table = {"values": encode_array(values, "float32"), "dest": dest.tolist(), "src": src.tolist(),
                  "diagonal_rank": diagonal_rank}
         strings = self.model.token_strings

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.circuits import embedding_note, refuse_rotary_qk
-from ..analysis.skip_trigrams import MODES, centred_factors, circuit_query, partial_skip_trigrams, top_skip_trigrams
+from ..analysis.circuits import embedding_note
+from ..analysis.rotary import describe, offset_window, rotations
+from ..analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, qk_entries,
+                                      top_over_offsets, top_skip_trigrams)
 from ..models.tokenizer import visible_whitespace
 from . import offline
 from .base import CircuitWidget, check_range, rolls_back
@@ -30,6 +32,9 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         layer, head: the head shown; changing either (trait or picker) recomputes.
         k: number of trigrams in the table (exact top-k by ``qk * ov``).
         n_related: rows per list in a token query.
+        offsets: rotary models: the window of query - key offsets the QK circuit is read over, each
+            triple at its strongest offset (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer
+            passes its text's offsets). ``offset_note`` states it in the view.
 
     ``recompute()`` and ``search(text)`` / ``query_token(id)`` run synchronously and return
     the new state; trait changes run them on the widget's runner, where the head's table, the
@@ -48,7 +53,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     # -- data --
     trigrams = traitlets.Dict().tag(sync=True)
     """{"layer", "head", "src"/"dest"/"out": int32 payload [n] (vocab ids), "qk"/"ov"/"score":
-    float32 payload [n], "strings": {id: display string}, "exact": bool, "progress": float}."""
+    float32 payload [n], "strings": {id: display string}, "exact": bool, "progress": float}; rotary
+    models add "offset": int32 payload [n], the query - key offset of each triple's ``qk``."""
     matches = traitlets.List().tag(sync=True)
     """list of {"id", "str"}: vocabulary tokens matching ``query`` (exact matches first)."""
     related = traitlets.Dict().tag(sync=True)
@@ -57,6 +63,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     """bool (read-only): True for models deeper than one layer (direct-path circuits only)."""
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
+    offset_note = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): rotary models: which query - key offsets the QK circuit is read at ("" otherwise)."""
 
     # -- input --
     query = traitlets.Unicode("").tag(sync=True)
@@ -74,15 +82,21 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     page_size = traitlets.Int(20).tag(sync=True)
     """int, default 20: rows per page."""
 
-    def __init__(self, model, **kwargs):
+    def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
-        refuse_rotary_qk(model, "a skip-trigram table")
         self.model = model
+        self._offsets = offset_window(model, offsets, "a skip-trigram table")
+        self._R = None if self._offsets is None else rotations(model.cfg, self._offsets, torch.float32, model.device)
+        note = "" if self._offsets is None else (
+            f"Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {describe(self._offsets)}; "
+            "each skip-trigram is scored at its strongest offset (column \"offset\"), and a token's query "
+            "takes each entry's largest value over them.")
         self._strings = model.token_strings
         self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
-                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
+                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), offset_note=note,
+                         **kwargs)
         self._runner = Runner(self)
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
@@ -196,23 +210,24 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         n_vocab = kk.shape[0]
         if n_vocab > self.partial_above:
             with torch.no_grad():
-                score, idx = partial_skip_trigrams(q, kk, v, u, k, self.partial_sources)
-            yield {"trigrams": self._encode_table(layer, head, score, idx, self.partial_sources / n_vocab)}
+                found = top_over_offsets(lambda qr: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources), q, self._R)
+            yield {"trigrams": self._encode_table(layer, head, *found, self.partial_sources / n_vocab)}
         with torch.no_grad():
-            score, idx = top_skip_trigrams(q, kk, v, u, k)
-        table = self._encode_table(layer, head, score, idx, 1.0)
+            found = top_over_offsets(lambda qr: top_skip_trigrams(qr, kk, v, u, k), q, self._R)
+        table = self._encode_table(layer, head, *found, 1.0)
         self._tables[(layer, head, k)] = table
         while len(self._tables) > TABLE_CACHE:
             del self._tables[next(iter(self._tables))]
         yield {"trigrams": table}
 
-    def _encode_table(self, layer, head, score, idx, progress):
+    def _encode_table(self, layer, head, score, idx, at, progress):
         q, kk, v, u = self._centred(layer, head)
         src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
-        qk = (q[dest] * kk[src]).sum(1)  # entries QKc[dest, src] of the factored circuit
+        qk = qk_entries(q, kk, idx, self._R, at)  # entries QKc[dest, src] of the factored circuit
         ov = (v[src] * u.T[out]).sum(1)  # entries OVc[src, out]
         ids = sorted(set(idx.reshape(-1).tolist()))
-        return {
+        offsets = {} if at is None else {"offset": encode_array(torch.tensor(self._offsets)[at], "int32")}
+        return {**offsets,
             "layer": layer, "head": head,
             "src": encode_array(src, "int32"), "dest": encode_array(dest, "int32"),
             "out": encode_array(out, "int32"), "qk": encode_array(qk, "float32"),
@@ -235,7 +250,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         result = {"token": token, "str": self._strings[token], "layer": layer, "head": head}
         for mode in MODES:
             yield None  # a chunk boundary: a newer token stops this one here
-            rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, factors=factors)
+            rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, factors=factors,
+                                 offset=self._offsets)
             result[mode] = [{"id": i, "str": s, "score": v} for i, s, v in rows]
         yield {"related": result}
 
