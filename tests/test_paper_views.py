@@ -69,8 +69,13 @@ def test_path_expansion_selection_and_bad_text_keep_the_last_good_state(m2):
         assert w.error and w.position == -1 and w.selected_pair == [0, 2, 1, 1] and w.layer == 1
     with pytest.raises(TypeError, match="unexpected keyword"):
         pcw.PathExpansion(m2, TEXT, postion=2)
-    with pytest.raises(ValueError, match="attention-only"):
-        pcw.PathExpansion(custom_model(attn_only=False, d_mlp=8, act_fn="relu"), TEXT)
+    # with MLPs: each MLP's output is a source; the terms still sum to the logits
+    mlp_model = custom_model(attn_only=False, d_mlp=8, act_fn="relu")
+    pm = pcw.PathExpansion(mlp_model, TEXT)
+    assert pm.wait(30) and not pm.error and "MLP" in pm.expansion_note
+    ref = path_expansion(mlp_model, mlp_model.to_tokens(TEXT))
+    assert [t["name"] for t in pm.terms] == [t.name for t in ref.terms] and "MLP0 → L1.H2" in [t.name for t in ref.terms]
+    np.testing.assert_allclose(decode_array(pm.importance), ref.term_importance().numpy(), rtol=1e-5, atol=1e-7)
 
 
 # -- InductionMechanism ---------------------------------------------------------------------
