@@ -89,3 +89,32 @@ def test_mlp_terms_are_what_the_hf_mlp_wrote(adapted):
     # ablation importance of an MLP term: the loss without it
     imp = pe.term_importance()
     assert imp.shape == (len(pe.terms),) and torch.isfinite(imp).all()
+
+
+def test_mlp_path_terms_equal_dense_products_of_the_hf_weights(adapted):
+    """W_E W_in (token -> neuron), W_E W_OV W_in per head, W_out W_U (neuron -> logits): the folded
+    circuits against the raw HF weights with the norm scales applied by hand (float64)."""
+    kind, hf, model = adapted
+    circuits = pcw.analysis
+    if kind == "gpt2":
+        E, block, final = hf.transformer.wte.weight, hf.transformer.h[1], hf.transformer.ln_f
+        W_in = block.ln_2.weight[:, None] * block.mlp.c_fc.weight  # Conv1D: [d_model, d_mlp]
+        W_out, readers = block.mlp.c_proj.weight, {"in": W_in}
+    else:
+        E, block, final = hf.model.embed_tokens.weight, hf.model.layers[1], hf.model.norm
+        g = block.post_attention_layernorm.weight[:, None]
+        readers = {"in": g * block.mlp.up_proj.weight.T, "gate": g * block.mlp.gate_proj.weight.T}
+        W_out = block.mlp.down_proj.weight.T
+    E_c = E - E.mean(-1, keepdim=True) if kind == "gpt2" else E  # layer norm reads the centred stream
+    for which, W in readers.items():
+        gate = which == "gate"
+        torch.testing.assert_close(circuits.mlp_in_circuit(model, 1, gate=gate).AB, E_c @ W, rtol=1e-9, atol=1e-9)
+    unembed = final.weight[:, None] * hf.lm_head.weight.T
+    W_out_c = W_out - W_out.mean(-1, keepdim=True) if kind == "gpt2" else W_out
+    torch.testing.assert_close(circuits.mlp_out_circuit(model, 1).AB, W_out_c @ unembed, rtol=1e-9, atol=1e-9)
+    # head L0.H2's OV into MLP 1: its W_O writes what the MLP's W_in reads
+    ov = model.W_V[0, 2] @ model.W_O[0, 2]
+    torch.testing.assert_close(circuits.head_mlp_circuit(model, (0, 2), 1).AB, model.W_E @ ov @ model.W_in[1])
+    if kind == "gpt2":
+        with pytest.raises(ValueError, match="no gated MLP"):
+            circuits.mlp_in_circuit(model, 1, gate=True)

@@ -248,19 +248,31 @@ def _require_mlp(model, layer: int) -> None:
     check_index(layer, "mlp layer", cfg.n_layers)
 
 
-def mlp_in_circuit(model, layer: int) -> FactoredMatrix:
-    """Token -> neuron pre-activation ``W_E W_in`` ``[token, neuron]`` (paper appendix)."""
+def _mlp_reader(model, layer: int, gate: bool) -> torch.Tensor:
+    """``W_in[layer]`` or, with ``gate``, ``W_gate[layer]`` ``[d_model, d_mlp]`` (gated MLPs read the
+    stream twice: ``act(x W_gate) * (x W_in)``)."""
+    if not gate:
+        return model.W_in[layer]
+    if model.W_gate is None:
+        raise ValueError(f"model {model.cfg.name!r} has no gated MLP: there is no W_gate (use gate=False)")
+    return model.W_gate[layer]
+
+
+def mlp_in_circuit(model, layer: int, gate: bool = False) -> FactoredMatrix:
+    """Token -> neuron pre-activation ``W_E W_in`` ``[token, neuron]`` (paper appendix; ``gate``: the
+    gate's ``W_E W_gate`` of a gated MLP)."""
     _require_mlp(model, layer)
-    return FactoredMatrix(model.W_E, model.W_in[layer])
+    return FactoredMatrix(model.W_E, _mlp_reader(model, layer, gate))
 
 
-def head_mlp_circuit(model, head: Head, mlp_layer: int) -> FactoredMatrix:
-    """Token -> neuron through a head's OV: ``W_E W_V W_O W_in`` ``[src token, neuron]``."""
+def head_mlp_circuit(model, head: Head, mlp_layer: int, gate: bool = False) -> FactoredMatrix:
+    """Token -> neuron through a head's OV: ``W_E W_V W_O W_in`` ``[src token, neuron]`` (``gate``: into
+    ``W_gate``)."""
     layer, h = check_head(model, head)
     _require_mlp(model, mlp_layer)
     if mlp_layer < layer:
         raise ValueError(f"MLP layer {mlp_layer} reads before head {head} writes; need mlp_layer >= {layer}")
-    return FactoredMatrix(model.W_E @ model.W_V[layer, h], model.W_O[layer, h] @ model.W_in[mlp_layer])
+    return FactoredMatrix(model.W_E @ model.W_V[layer, h], model.W_O[layer, h] @ _mlp_reader(model, mlp_layer, gate))
 
 
 def mlp_out_circuit(model, layer: int) -> FactoredMatrix:
