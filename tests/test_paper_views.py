@@ -162,3 +162,12 @@ def test_bigram_table_embeds_every_row_for_small_vocabularies_and_computes_other
     np.testing.assert_array_equal(decode_array(w.top_ids), ids[[17, 300]].numpy())
     w.set_state({"token": m0.cfg.d_vocab})
     assert "token must be" in w.error and w.token == 300
+    # as the explorer builds it (inactive): a selected token's row still comes from the kernel
+    idle = pcw.BigramTable(m0, k=4, active=False)
+    idle.set_state({"token": 300})
+    assert idle.wait(10) and not idle.active and idle.rows == [300]
+    np.testing.assert_array_equal(decode_array(idle.top_ids), ids[[300]].numpy())
+    monkeypatch.setattr(bigram_table, "EMBED_ALL_MAX_VOCAB", m0.cfg.d_vocab)  # small: the click starts the table
+    small = pcw.BigramTable(m0, k=4, active=False)
+    small.set_state({"token": 5})
+    assert small.wait(10) and small.active and small.complete and small.row_tokens() == list(range(m0.cfg.d_vocab))
