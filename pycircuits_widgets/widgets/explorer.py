@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import ipywidgets
 import numpy as np
 import traitlets
@@ -97,7 +99,11 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
 
     Args:
         model: a weight view (``pcw.load_pretrained("attn-only-2l")``, ``pcw.from_hf(...)``).
-        text: the text the model reads (editable in the attention view).
+        text: the text the model reads (editable in the attention view), or token ids (a list,
+            tensor or numpy array, ``[pos]`` or ``[1, pos]``), which a model without a tokenizer
+            needs: the views then show each id as its token (``<id N>`` without a tokenizer) and
+            the editable text is the ids separated by spaces. A tokenizer whose vocabulary does
+            not fit the model's is refused (``check_tokenizer``).
         layer, head, position, token, selected_pair: the initial selection.
     """
 
@@ -145,18 +151,22 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
 
-    def __init__(self, model, text: str, **kwargs):
-        if not isinstance(text, str) or not text:
-            raise TypeError(f"CircuitExplorer(model, text): text must be a non-empty str, got {text!r}")
-        self.model = model
+    def __init__(self, model, text, **kwargs):
         try:
             check_model(model, "CircuitExplorer")
             no_heads = ""
         except ValueError as exc:  # a zero-layer model: only the loss view applies
             no_heads = str(exc)
-        if getattr(model, "tokenizer", None) is None:
-            raise ValueError("CircuitExplorer reads text and shows tokens: the model needs a tokenizer "
-                             "(e.g. pcw.from_hf(hf_model, tokenizer))")
+        check_tokenizer(model)
+        if isinstance(text, str):
+            if not text:
+                raise TypeError("CircuitExplorer(model, text): text must be a non-empty str or token ids, got ''")
+            if getattr(model, "tokenizer", None) is None:
+                raise ValueError("CircuitExplorer: this model has no tokenizer, and reading text needs a tokenizer "
+                                 "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
+        else:
+            model, text = reading_ids(model, text)
+        self.model = model
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token", "selected_pair")
@@ -361,3 +371,69 @@ def short_name(name: str) -> str:
     (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``)."""
     name = str(name).rstrip("/\\")
     return name.replace("\\", "/").rsplit("/", 1)[-1] or name
+
+
+class IdsText:
+    """Token ids written as text, ``"464 3290 318"``: the tokenizer of an explorer given ids, so its
+    text views read (and a reader edits) ids; each id displays as ``tokenizer``'s token, or
+    ``<id N>`` without one."""
+
+    def __init__(self, tokenizer=None):
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        pieces = text.split()
+        bad = [p for p in pieces if not p.isdigit()]
+        if bad or not pieces:
+            raise ValueError(f"this explorer reads token ids separated by spaces (e.g. '464 3290 318'); "
+                             f"{bad[0]!r} is not an id" if bad else "no token ids given")
+        return [int(p) for p in pieces]
+
+    def display_token(self, token_id: int) -> str:
+        return f"<id {token_id}>" if self._tokenizer is None else self._tokenizer.display_token(token_id)
+
+
+def reading_ids(model, ids):
+    """``(model, text)`` for an explorer given token ids: a shallow copy of ``model`` (same weight
+    tensors) whose tokenizer is ``IdsText``, and the ids as its text. Refuses ids that are not one
+    sequence of valid ids (``[pos]`` or ``[1, pos]``)."""
+    tokens = model._as_tokens(ids)
+    if tokens.ndim == 2:
+        if tokens.shape[0] != 1:
+            raise ValueError(f"CircuitExplorer reads one sequence: token ids of shape {tuple(tokens.shape)} given; "
+                             "pass [pos] or [1, pos]")
+        tokens = tokens[0]
+    strings = model.token_strings
+    view = copy.copy(model)
+    view.tokenizer = IdsText(model.tokenizer)
+    view._token_strings = strings
+    return view, " ".join(str(i) for i in tokens.tolist())
+
+
+PADDED_MULTIPLE = 64
+"""Models pad their embedding to a multiple of this (Pythia, Qwen, Phi): such a vocabulary may be
+larger than the tokenizer's."""
+
+
+def tokenizer_size(tokenizer) -> int | None:
+    """How many ids ``tokenizer`` knows (None when it does not say)."""
+    if tokenizer is None:
+        return None
+    hf = getattr(tokenizer, "hf_tokenizer", None)
+    if hf is not None:
+        return len(hf)
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def check_tokenizer(model) -> None:
+    """Refuse a tokenizer whose vocabulary does not fit ``model``'s, naming both sizes: more ids than
+    the model has rows, or fewer without the model's vocabulary being padded (a multiple of
+    ``PADDED_MULTIPLE``), which means another model's tokenizer."""
+    size, d_vocab = tokenizer_size(getattr(model, "tokenizer", None)), model.cfg.d_vocab
+    if size is None or size == d_vocab or (size < d_vocab and d_vocab % PADDED_MULTIPLE == 0):
+        return
+    raise ValueError(f"the tokenizer has {size} tokens but the model's vocabulary has {d_vocab} (d_vocab): "
+                     "it is not this model's tokenizer" + (
+                         "; its ids past the model's would not exist" if size > d_vocab else
+                         f" (a larger model vocabulary is accepted only when padded to a multiple of {PADDED_MULTIPLE})"))
