@@ -68,3 +68,14 @@ def test_a_tokenizer_that_does_not_fit_the_vocabulary_is_refused_with_both_sizes
                                                                   n_head=2)).eval()
     # an embedding padded to a multiple of 64 (as Pythia's, Qwen's) fits a smaller tokenizer
     assert pcw.CircuitExplorer(pcw.from_hf(padded, _hf_tokenizer(50)), "t4 t5").token_ids == [4, 5]
+
+
+def test_notices_and_the_header_name_the_model_as_its_user_does():
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2,
+                                                              n_head=2)).eval()
+    hf.config._name_or_path = "/usr/lib/python3/site-packages/somepkg/models/tiny-gpt2/"
+    model = pcw.from_hf(hf)
+    assert pcw.CircuitExplorer(model, [1, 2, 3]).model_name == "tiny-gpt2"
+    with pytest.raises(ValueError) as refusal:
+        pcw.skip_trigrams(model, 0, 0)
+    assert "'tiny-gpt2' has 2 layers and MLPs" in str(refusal.value) and "site-packages" not in str(refusal.value)

@@ -14,7 +14,8 @@ from pycircuits_widgets.analysis import composition_scores
 from pycircuits_widgets.analysis.composition import random_baseline
 from pycircuits_widgets.analysis.eigen import eigenvalue_positivity, eigenvalues
 from pycircuits_widgets.analysis.head_scores import head_scores
-from pycircuits_widgets.widgets.explorer import TITLES, short_name
+from pycircuits_widgets.analysis.circuits import short_name
+from pycircuits_widgets.widgets.explorer import TITLES
 from pycircuits_widgets.widgets.payload import decode_array
 from random_models import custom_model, paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)

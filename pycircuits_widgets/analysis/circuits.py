@@ -40,6 +40,18 @@ from .rotary import offset_window, rotations
 Head = tuple[int, int]
 
 
+def short_name(name: str) -> str:
+    """A model's name as its user calls it: the last part of a path or hub id
+    (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``; a site-packages path -> its folder's name)."""
+    name = str(name).rstrip("/\\")
+    return name.replace("\\", "/").rsplit("/", 1)[-1] or name
+
+
+def model_name(model) -> str:
+    """How notices and errors name ``model``: ``short_name`` of its config name, else its class."""
+    return short_name(getattr(getattr(model, "cfg", None), "name", "")) or type(model).__name__
+
+
 def check_index(value, name: str, size: int) -> int:
     """``value`` as an int in ``0..size-1``; refuses floats, strings and bools (``True`` is not
     layer 1) with a message naming ``name`` and the valid range."""
@@ -60,7 +72,7 @@ def check_head(model, head: Head, name: str = "head") -> tuple[int, int]:
     if isinstance(head, (str, bytes)) or not hasattr(head, "__len__") or len(head) != 2:
         raise TypeError(f"{name} must be a (layer, head) pair of ints, got {head!r}")
     if cfg.n_layers == 0:
-        raise ValueError(f"{name}: model {cfg.name!r} has no layers, so no heads")
+        raise ValueError(f"{name}: model {model_name(model)!r} has no layers, so no heads")
     prefix = "" if name == "head" else f"{name} "
     return (check_index(head[0], f"{prefix}layer", cfg.n_layers),
             check_index(head[1], f"{prefix}head", cfg.n_heads))
@@ -244,7 +256,7 @@ def full_virtual_ov_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
 def _require_mlp(model, layer: int) -> None:
     cfg = model.cfg
     if cfg.attn_only or getattr(model, "W_in", None) is None:
-        raise ValueError(f"model {cfg.name!r} is attention-only: it has no MLP paths")
+        raise ValueError(f"model {model_name(model)!r} is attention-only: it has no MLP paths")
     check_index(layer, "mlp layer", cfg.n_layers)
 
 
@@ -254,7 +266,7 @@ def _mlp_reader(model, layer: int, gate: bool) -> torch.Tensor:
     if not gate:
         return model.W_in[layer]
     if model.W_gate is None:
-        raise ValueError(f"model {model.cfg.name!r} has no gated MLP: there is no W_gate (use gate=False)")
+        raise ValueError(f"model {model_name(model)!r} has no gated MLP: there is no W_gate (use gate=False)")
     return model.W_gate[layer]
 
 
@@ -290,7 +302,7 @@ def positional_qk_circuit(model, layer: int | None = None, head: int | None = No
     """
     refuse_rotary_qk(model, "the positional QK circuit")
     if getattr(model, "W_pos", None) is None:
-        raise ValueError(f"model {model.cfg.name!r} has no positional table W_pos (positional={model.cfg.positional!r})")
+        raise ValueError(f"model {model_name(model)!r} has no positional table W_pos (positional={model.cfg.positional!r})")
     W_Q, W_K = _head_slice(model.W_Q, layer, head), _head_slice(model.W_K, layer, head)
     return FactoredMatrix(model.W_pos @ W_Q, (model.W_pos @ W_K).mT)
 

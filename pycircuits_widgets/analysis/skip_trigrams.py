@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from ..screen import ProductScreen
-from .circuits import check_head, check_index, embedding
+from .circuits import check_head, check_index, embedding, model_name
 from .rotary import check_reduce, offset_window, rotations
 
 BLOCK_BYTES = 8 << 20
@@ -82,7 +82,7 @@ def _check_exact(model, layer: int, head: int, approximate: bool) -> None:
     exact = cfg.n_layers == 1 and cfg.attn_only
     if not exact and not approximate:
         raise ValueError(
-            f"skip-trigrams are exact only for one-layer attention-only models; {cfg.name!r} has "
+            f"skip-trigrams are exact only for one-layer attention-only models; {model_name(model)!r} has "
             f"{cfg.n_layers} layers{'' if cfg.attn_only else ' and MLPs'}. Pass approximate=True "
             "to read this head's direct-path circuits (W_E ... W_U), which ignore composition"
         )

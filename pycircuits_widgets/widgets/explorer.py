@@ -10,6 +10,7 @@ import traitlets
 from tqdm import tqdm
 
 from ..analysis.activations import run
+from ..analysis.circuits import model_name as name_of_model
 from .attention import AttentionPatterns
 from .base import CircuitWidget, check_text, rolls_back
 from .bigram_table import BigramTable
@@ -171,7 +172,7 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token", "selected_pair")
                      if k in kwargs}
-        super().__init__(text=text, model_name=short_name(getattr(model.cfg, "name", "")), **kwargs)
+        super().__init__(text=text, model_name=name_of_model(model), **kwargs)
         # a console bar, shown only when building takes over a second (large models)
         with tqdm(total=len(TITLES), desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
             progress.set_postfix_str("running the model", refresh=False)
@@ -364,13 +365,6 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
             view = getattr(self, name)
             if view is not None and view.text != self.text:
                 view.text = self.text
-
-
-def short_name(name: str) -> str:
-    """A model's name for a header: the last part of a path or hub id
-    (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``)."""
-    name = str(name).rstrip("/\\")
-    return name.replace("\\", "/").rsplit("/", 1)[-1] or name
 
 
 class IdsText:
