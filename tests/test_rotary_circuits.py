@@ -204,3 +204,27 @@ def test_full_qk_circuit_at_an_offset_and_offsets_refused_where_positions_are_no
         pcw.skip_trigrams(model, 0, 0, approximate=True, offset=-1)
     with pytest.raises(ValueError, match="reduce must be one of"):
         pcw.eigenvalue_positivity(model, "QK", reduce="median")
+
+
+@torch.no_grad()
+def test_skip_trigram_view_offset_control_recomputes_the_table_for_the_new_window(llama):
+    from pycircuits_widgets.widgets.payload import decode_array
+    _, model = llama
+    w = pcw.SkipTrigramTable(model, layer=0, head=2, k=6, offsets=range(0, 4))
+    assert w.offsets == [0, 1, 2, 3] and "offsets 0..3" in w.offset_note
+
+    def shown():
+        t = w.trigrams
+        return list(zip(*(decode_array(t[c]).tolist() for c in ("src", "dest", "out", "offset"))))
+
+    expected = [(r.source, r.destination, r.out, r.offset)
+                for r in pcw.skip_trigrams(model, 0, 2, k=6, approximate=True, offset=range(0, 4))]
+    assert shown() == expected
+    w.set_state({"offsets": [5, 6, 7]})  # the view's control
+    assert w.wait(30) and not w.error and "offsets 5..7" in w.offset_note
+    expected = [(r.source, r.destination, r.out, r.offset)
+                for r in pcw.skip_trigrams(model, 0, 2, k=6, approximate=True, offset=[5, 6, 7])]
+    assert shown() == expected
+    for bad in ([], [-1], [0, 64]):  # n_ctx is 64
+        w.set_state({"offsets": bad})
+        assert "offsets must be" in w.error and w.offsets == [5, 6, 7]

@@ -50,6 +50,7 @@ NEEDS_KERNEL = {
     "query": "Token search reads the whole vocabulary: it needs a running kernel.",
     "token": "A token's query reads the whole vocabulary: it needs a running kernel.",
     "text": "New text needs the model: it needs a running kernel.",
+    "offsets": "Other query - key offsets need the model's QK circuits: they need a running kernel.",
 }
 
 

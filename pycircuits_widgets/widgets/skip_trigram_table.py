@@ -17,6 +17,7 @@ from .payload import encode_array
 from .selection import HeadSelection, Runner, TokenSelection, check_model
 
 MAX_MATCHES = 20
+MAX_OFFSETS = 256  # offsets in a window: one exact table per offset
 TABLE_CACHE = 32  # exact tables kept per widget (a few KiB each)
 
 
@@ -44,7 +45,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
     _embedding_note = traitlets.Unicode("").tag(sync=True)
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
-    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size"})
+    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size", "offsets"})
     # Above ``partial_above`` vocabulary entries, a first table over the ``partial_sources``
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
     partial_sources = 64
@@ -67,6 +68,9 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     """str (read-only): rotary models: which query - key offsets the QK circuit is read at ("" otherwise)."""
 
     # -- input --
+    offsets = traitlets.List(traitlets.Int()).tag(sync=True)
+    """list[int]: rotary models: the window of query - key offsets (each triple at its strongest);
+    setting it recomputes (the view's offset control). [] for other models."""
     query = traitlets.Unicode("").tag(sync=True)
     """str: token search text (typed as text; "·" or a space both mean a space)."""
     k = traitlets.Int(100).tag(sync=True)
@@ -85,18 +89,13 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
         self.model = model
-        self._offsets = offset_window(model, offsets, "a skip-trigram table")
-        self._R = None if self._offsets is None else rotations(model.cfg, self._offsets, torch.float32, model.device)
-        note = "" if self._offsets is None else (
-            f"Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {describe(self._offsets)}; "
-            "each skip-trigram is scored at its strongest offset (column \"offset\"), and a token's query "
-            "takes each entry's largest value over them.")
+        self._set_window(offset_window(model, offsets, "a skip-trigram table"))
         self._strings = model.token_strings
         self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
-                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), offset_note=note,
-                         **kwargs)
+                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
+                         offsets=self._offsets or [], offset_note=self._window_note(), **kwargs)
         self._runner = Runner(self)
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
@@ -107,9 +106,44 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         elif self.token >= 0:
             self.query_token(self.token)
         self.observe(self._on_head, ["layer", "head", "k"])
+        self.observe(self._on_offsets, ["offsets"])
         self.observe(self._on_query, ["query"])
         self.observe(self._on_token, ["token", "n_related"])
         self._share_offline()
+
+    def _set_window(self, offsets) -> None:
+        """The window tables are read over and its rotations, as one tuple (None: not rotary): a job
+        reads both at once, so a window changed meanwhile never mixes into its table."""
+        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device)
+        self._window = (offsets, R)
+
+    @property
+    def _offsets(self):
+        return self._window[0]
+
+    def _window_note(self) -> str:
+        return "" if self._offsets is None else (
+            f"Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {describe(self._offsets)}; "
+            "each skip-trigram is scored at its strongest offset (column \"offset\"), and a token's query "
+            "takes each entry's largest value over them.")
+
+    @traitlets.validate("offsets")
+    def _valid_offsets(self, proposal):
+        value = list(proposal["value"])
+        if self.model.cfg.positional != "rotary":
+            if value:
+                raise traitlets.TraitError("offsets only apply to rotary models; this model's QK circuit has no offset")
+            return []
+        if not value or len(value) > MAX_OFFSETS or min(value) < 0 or max(value) >= self.model.cfg.n_ctx:
+            raise traitlets.TraitError(f"offsets must be 1..{MAX_OFFSETS} query - key offsets in "
+                                       f"0..{self.model.cfg.n_ctx - 1} (the model's context), got {value}")
+        return value
+
+    @rolls_back
+    def _on_offsets(self, change):
+        self._set_window(list(change["new"]))
+        self.offset_note = self._window_note()
+        self._on_head(change)
 
     @traitlets.validate("k")
     def _valid_k(self, proposal):
@@ -147,7 +181,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's table (top ``offline.TABLE_K``; the token strings of all
         tables once, in the rule's base); token search and token queries need a kernel."""
-        answers.needs_kernel("query", "token")
+        answers.needs_kernel("query", "token", *(["offsets"] if self._offsets is not None else []))
         if self.model.cfg.d_vocab > self.partial_above:  # seconds per head: minutes for every head
             answers.rule(["layer", "head"], [], missing="Skip-trigram tables of other heads need a running "
                                                         "kernel (large vocabulary).")
@@ -202,7 +236,9 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     def _table_steps(self, layer, head, k):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
-        table = self._tables.get((layer, head, k))
+        window = self._window
+        cache_key = (layer, head, k, tuple(window[0] or ()))
+        table = self._tables.get(cache_key)
         if table is not None:  # a revisited head answers at once
             yield {"trigrams": table}
             return
@@ -210,23 +246,24 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         n_vocab = kk.shape[0]
         if n_vocab > self.partial_above:
             with torch.no_grad():
-                found = top_over_offsets(lambda qr: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources), q, self._R)
-            yield {"trigrams": self._encode_table(layer, head, *found, self.partial_sources / n_vocab)}
+                found = top_over_offsets(lambda qr: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources), q,
+                                         window[1])
+            yield {"trigrams": self._encode_table(layer, head, window, *found, self.partial_sources / n_vocab)}
         with torch.no_grad():
-            found = top_over_offsets(lambda qr: top_skip_trigrams(qr, kk, v, u, k), q, self._R)
-        table = self._encode_table(layer, head, *found, 1.0)
-        self._tables[(layer, head, k)] = table
+            found = top_over_offsets(lambda qr: top_skip_trigrams(qr, kk, v, u, k), q, window[1])
+        table = self._encode_table(layer, head, window, *found, 1.0)
+        self._tables[cache_key] = table
         while len(self._tables) > TABLE_CACHE:
             del self._tables[next(iter(self._tables))]
         yield {"trigrams": table}
 
-    def _encode_table(self, layer, head, score, idx, at, progress):
+    def _encode_table(self, layer, head, window, score, idx, at, progress):
         q, kk, v, u = self._centred(layer, head)
         src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
-        qk = qk_entries(q, kk, idx, self._R, at)  # entries QKc[dest, src] of the factored circuit
+        qk = qk_entries(q, kk, idx, window[1], at)  # entries QKc[dest, src] of the factored circuit
         ov = (v[src] * u.T[out]).sum(1)  # entries OVc[src, out]
         ids = sorted(set(idx.reshape(-1).tolist()))
-        offsets = {} if at is None else {"offset": encode_array(torch.tensor(self._offsets)[at], "int32")}
+        offsets = {} if at is None else {"offset": encode_array(torch.tensor(window[0])[at], "int32")}
         return {**offsets,
             "layer": layer, "head": head,
             "src": encode_array(src, "int32"), "dest": encode_array(dest, "int32"),
@@ -246,12 +283,12 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     def _related_steps(self, token, layer, head, n):
         """The three whole-vocabulary queries of one token (``pcw.analysis.circuit_query``)."""
-        factors = self._centred(layer, head)
+        factors, offsets = self._centred(layer, head), self._offsets
         result = {"token": token, "str": self._strings[token], "layer": layer, "head": head}
         for mode in MODES:
             yield None  # a chunk boundary: a newer token stops this one here
             rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, factors=factors,
-                                 offset=self._offsets)
+                                 offset=offsets)
             result[mode] = [{"id": i, "str": s, "score": v} for i, s, v in rows]
         yield {"related": result}
 

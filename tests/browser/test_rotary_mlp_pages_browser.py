@@ -84,6 +84,9 @@ def test_every_section_is_in_the_saved_page_without_a_notice(browser, saved):
         shown = section(page, "trigrams").locator("td[data-col=offset]").all_inner_texts()[:5]
         assert [int(s) for s in shown] == [r.offset for r in rows]
         assert section(page, "trigrams").locator(".pcw-tok").first.inner_text().startswith("<id")  # ids as tokens
+        control = section(page, "trigrams").get_by_test_id("offset-from")  # other windows need the kernel
+        expect(control).to_be_disabled()
+        assert "running kernel" in section(page, "trigrams").get_by_test_id("offset-control").get_attribute("title")
 
 
 def test_a_notebook_holding_the_explorer_exports_and_opens(browser, saved, tmp_path):
@@ -102,3 +105,16 @@ def test_a_notebook_holding_the_explorer_exports_and_opens(browser, saved, tmp_p
         detail = explorer.composition.detail
         if kind == "llama" and detail:
             expect(section(page, "composition").get_by_test_id("detail-offset")).to_contain_text(detail["offset_note"])
+
+
+def test_the_offset_control_reaches_the_kernel_and_the_table_follows(show):
+    w = pcw.SkipTrigramTable(llama(), layer=0, head=1, k=8, offsets=range(0, 4))
+    view = show(w)
+    page = view.page
+    page.get_by_test_id("offset-to").fill("9")
+    page.get_by_test_id("offset-to").dispatch_event("change")
+    view.wait_until(lambda: w.offsets == list(range(0, 10)), what="the window in Python")
+    w.wait()
+    expected = [str(r.offset) for r in pcw.skip_trigrams(w.model, 0, 1, k=8, approximate=True, offset=range(0, 10))]
+    view.wait_until(lambda: page.locator("td[data-col=offset]").all_inner_texts() == expected, what="the new table")
+    expect(page.get_by_test_id("offset-note")).to_contain_text("query - key offsets 0..9")
