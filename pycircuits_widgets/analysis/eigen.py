@@ -35,6 +35,7 @@ import torch
 
 from ..factored import eigvals, gram
 from .circuits import embedding, embedding_is_normalized
+from .finite import non_finite_error
 from .rotary import offset_window, reduce_offsets, rotations
 
 KINDS = ("OV", "QK")
@@ -60,7 +61,7 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     contraction runs in float32 (float64 weights: float64); see the module docstring for its error.
     """
     work = _compute_dtype(model)
-    W_E = (model.W_E if layer is None else embedding(model, layer)).to(work)
+    W_E = model.W_E.to(work) if layer is None else embedding(model, layer, work)
     G = model.W_U.to(work) @ W_E if _check_kind(kind) == "OV" else gram(W_E)
     return G.to(dtype)
 
@@ -79,10 +80,11 @@ def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
     small = _head_circuits(model, kind, _compute_dtype(model))
     if not bool(torch.isfinite(small).all()):
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
-        raise ValueError(f"the {kind} circuits are not finite: the model's weights hold NaN or inf")
+        weights = ("W_E", "W_V", "W_O", "W_U") if kind == "OV" else ("W_E", "W_Q", "W_K")
+        raise non_finite_error(f"the {kind} circuits", model, weights, small.dtype)
     if offsets is None:
         return eigvals(small.double())
-    R = rotations(model.cfg, offsets)[:, None, None]  # [n, 1, 1, d_head, d_head]
+    R = rotations(model.cfg, offsets, device=small.device)[:, None, None]  # [n, 1, 1, d_head, d_head]
     eigs = eigvals(small.double()[None] @ R)
     return eigs if hasattr(offset, "__iter__") or offset is None else eigs[0]
 

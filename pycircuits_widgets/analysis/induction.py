@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..factored import eigenvalues_of_product
+from ..factored import eigenvalues_of_product, linalg_dtype
 from .circuits import Head, check_earlier, k_composition_circuit
 from .composition import composition_detail
 from .eigen import eigenvalue_positivity, positivity, token_gram
+from .finite import require_finite
 from .rotary import offset_window, reduce_offsets, rotations
 
 MATCH_THRESHOLD = 0.5
@@ -111,7 +112,10 @@ def k_composition_top(model, h1: Head, h2: Head, k: int = 20, offset=None):
     circuit = k_composition_circuit(model, h1, h2, offset)
     key = circuit.B.float()  # [d_head, d_vocab]
     centred = type(circuit)(circuit.A.float(), key - key.mean(1, keepdim=True))
-    return centred.topk(k)
+    values, dest, src = centred.topk(k)
+    # an overflowing (inf) or NaN entry ranks first, so checking the top-k covers the circuit
+    require_finite(values, "the K-composition token circuit's entries", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"))
+    return values, dest, src
 
 
 def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 4096, offset=None) -> float:
@@ -128,7 +132,7 @@ def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 409
     with torch.no_grad():
         for start in range(0, V, block_rows):
             block = A[start:start + block_rows] @ B  # [rows, V]
-            rows = torch.arange(start, start + block.shape[0])
+            rows = torch.arange(start, start + block.shape[0], device=block.device)
             diagonal = block[rows - start, rows]
             below += float((block < diagonal[:, None]).sum(1).double().sum())
     return below / (V * (V - 1))
@@ -154,8 +158,8 @@ def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     offsets = offset_window(model, offset, "the K-composition QK circuit")
-    R = [None] if offsets is None else rotations(cfg, offsets)
-    out = torch.full((len(R), L, H, L, H), float("nan"))
+    R = [None] if offsets is None else rotations(cfg, offsets, device=model.W_Q.device)
+    out = torch.full((len(R), L, H, L, H), float("nan"), device=model.W_Q.device)
     with torch.no_grad():
         G = token_gram(model, "QK")
         W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
@@ -166,10 +170,10 @@ def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
                     # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
                     eigs = eigenvalues_of_product(query[None], W_K[l2].mT[None], W_O[l1].mT[:, None],
                                                   W_V[l1].mT[:, None], G)
+                    require_finite(eigs, "the K-composition token circuits' eigenvalues", model,
+                                   ("W_E", "W_Q", "W_K", "W_V", "W_O"), linalg_dtype(model.W_E.dtype))  # G's
                     out[i, l1, :, l2] = positivity(eigs).float()
-    if offsets is None:
-        return out[0], None
-    if not hasattr(offset, "__iter__") and offset is not None:
+    if offsets is None or (offset is not None and not hasattr(offset, "__iter__")):
         return out[0], None
     values, at = reduce_offsets(out, offsets, reduce)
     return values, None if at is None else at.masked_fill(values.isnan(), -1)
