@@ -11,6 +11,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -228,3 +229,29 @@ def test_skip_trigram_view_offset_control_recomputes_the_table_for_the_new_windo
     for bad in ([], [-1], [0, 64]):  # n_ctx is 64
         w.set_state({"offsets": bad})
         assert "offsets must be" in w.error and w.offsets == [5, 6, 7]
+
+
+@torch.no_grad()
+def test_composition_eigenvalue_and_induction_views_recompute_for_a_new_window(llama):
+    from pycircuits_widgets.widgets.payload import decode_array
+    _, model = llama
+    comp = pcw.CompositionMatrix(model, offsets=range(0, 3), selected_pair=[0, 1, 1, 3])
+    eig = pcw.EigenvaluePlot(model, offsets=range(0, 3), scores={})
+    ind = pcw.InductionMechanism(model, offsets=range(0, 3), n_tables=1)
+    for view in (comp, eig, ind):
+        assert view.wait(60) and not view.error
+        view.set_state({"offsets": [4, 5, 6, 7]})  # the views' offset control
+        assert view.wait(60) and not view.error and "offsets 4..7" in view.offset_note
+    window = [4, 5, 6, 7]
+    np.testing.assert_allclose(decode_array(comp.scores["K"]["correct"]),
+                               composition_scores(model, "K", baseline=False, offsets=window).amax(0).numpy(),
+                               rtol=1e-5, equal_nan=True)
+    assert comp.detail["offset"] in window
+    by_offset = torch.stack([pcw.eigenvalue_positivity(model, "QK", offset=o) for o in window])
+    np.testing.assert_allclose(decode_array(eig.qk_positivity), by_offset.amax(0).numpy(), rtol=1e-5)
+    positivity = k_composition_positivity(model, offset=window)
+    for key, info in ind.pairs.items():
+        l1, h1, l2, h2 = map(int, key.split(","))
+        assert info["offset"] in window
+        assert info["qk_positivity"] == pytest.approx(float(positivity[l1, h1, l2, h2]), abs=1e-5)
+    assert set(ind.tables) <= set(ind.pairs) and ind.tables

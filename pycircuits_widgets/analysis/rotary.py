@@ -18,7 +18,7 @@ import torch
 
 DEFAULT_OFFSETS = range(0, 33)
 """The window a rotary QK circuit is read over when no offset is given: query - key offsets 0..32
-(the key on the query's own position up to 32 tokens back)."""
+(the key on the query's own position up to 32 tokens back), cut at the model's context ``n_ctx``."""
 REDUCES = ("max", "mean")
 
 
@@ -47,24 +47,25 @@ def rotation(cfg, offset: int, dtype=torch.float64, device=None) -> torch.Tensor
 
 def offset_window(model, offset, what: str) -> list[int] | None:
     """The query - key offsets ``what`` is read at: None for a model whose positions are not rotary
-    (one QK circuit; ``offset`` must then be None), else a list of ints >= 0: ``[offset]`` for an
-    int, the window for an iterable, ``DEFAULT_OFFSETS`` for None."""
+    (one QK circuit; ``offset`` must then be None), else a list of ints in ``0..n_ctx - 1``: ``[offset]``
+    for an int, the window for an iterable, ``DEFAULT_OFFSETS`` (within ``n_ctx``) for None."""
     if model.cfg.positional != "rotary":
         if offset is not None:
             raise ValueError(f"offset only applies to rotary models; {what} of this model "
                              f"(positions {model.cfg.positional!r}) has no query - key offset")
         return None
+    n_ctx = model.cfg.n_ctx
     if offset is None:
-        return list(DEFAULT_OFFSETS)
+        return [o for o in DEFAULT_OFFSETS if o < n_ctx]
     if isinstance(offset, bool):
         raise TypeError(f"offset must be an int or an iterable of ints >= 0, got {offset!r}")
     try:
         offsets = [int(offset)] if not hasattr(offset, "__iter__") else [int(o) for o in offset]
     except (TypeError, ValueError) as exc:
         raise TypeError(f"offset must be an int or an iterable of ints >= 0, got {offset!r}") from exc
-    if not offsets or min(offsets) < 0:
+    if not offsets or min(offsets) < 0 or max(offsets) >= n_ctx:
         raise ValueError(f"offset must be an int >= 0 or a non-empty window of offsets >= 0 (causal: the key is "
-                         f"at or before the query), got {offset!r}")
+                         f"at or before the query) and below the model's context n_ctx={n_ctx}, got {offset!r}")
     return offsets
 
 

@@ -117,16 +117,18 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
 
 
 class _TopTriples:
-    """Running exact top-k of ``(score, src, dest, out)``; ``threshold`` is the k-th score."""
+    """Running exact top-k of ``(score, src, dest, out)``; ``threshold`` is the k-th score, or
+    ``floor`` (scores at or below it are not wanted) while that is higher."""
 
-    def __init__(self, k: int, device: torch.device):
+    def __init__(self, k: int, device: torch.device, floor: float = 0.0):
         self.k = k
+        self.floor = floor
         self.score = torch.empty(0, device=device)
         self.idx = torch.empty(0, 3, dtype=torch.long, device=device)
 
     @property
     def threshold(self) -> float:
-        return float(self.score.min()) if self.score.numel() >= self.k else 0.0
+        return max(self.floor, float(self.score.min()) if self.score.numel() >= self.k else 0.0)
 
     def add(self, score: torch.Tensor, idx: torch.Tensor) -> None:
         self.score = torch.cat([self.score, score])
@@ -181,14 +183,15 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     top.add(best[ok], idx)
 
 
-def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
-    """Exact top-``n`` of ``(q_d . k_s) * (v_s . u_o)`` over positive factors.
+def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, floor: float = 0.0):
+    """Exact top-``n`` of ``(q_d . k_s) * (v_s . u_o)`` over positive factors, among scores above
+    ``floor`` (default 0: every positive one; ``top_over_offsets`` raises it to prune).
 
     Returns ``(score [n'], idx [n', 3] = (src, dest, out))`` sorted by score, ``n' <= n``
     (fewer if fewer triples have both factors positive). See module docstring for the method.
     """
     V = k.shape[0]
-    top = _TopTriples(n, k.device)
+    top = _TopTriples(n, k.device, floor)
     q_max, u_max = q.norm(dim=1).max(), u.norm(dim=0).max()
     k_norm, v_norm = k.norm(dim=1), v.norm(dim=1)
     norm_bound = k_norm * q_max * v_norm * u_max
@@ -246,7 +249,8 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
         q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
         R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device)
         try:
-            score, idx, at = top_over_offsets(lambda qr: top_skip_trigrams(qr, kk, v, u, k, block_bytes), q, R, reduce)
+            score, idx, at = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, block_bytes, floor),
+                                              q, R, reduce, n=k)
         except NonFiniteError as err:  # name the weights behind the overflow
             raise non_finite_error(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype) from err
         qk = qk_entries(q, kk, idx, R, at)
@@ -262,27 +266,32 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     return out
 
 
-def top_over_offsets(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max"):
-    """``search(q') -> (score [n'], idx [n', 3])`` (an exact top-n, e.g. ``top_skip_trigrams``) run on
-    the query factor ``q [V, d_head]`` as the rotary circuit reads it (module docstring).
+def top_over_offsets(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max", n: int | None = None):
+    """``search(q', floor) -> (score [n'], idx [n', 3])`` (an exact top-n of the scores above ``floor``,
+    e.g. ``top_skip_trigrams``) run on the query factor ``q [V, d_head]`` as the rotary circuit reads
+    it (module docstring).
 
-    ``R``: None (not rotary: ``search(q)``), or ``[n_offsets, d_head, d_head]`` rotations of a window:
+    ``R``: None (not rotary: ``search(q, 0)``), or ``[n_offsets, d_head, d_head]`` rotations of a window:
     "mean" searches ``q R.mean(0)`` once; "max" searches each ``q R[i]`` and keeps each triple at its
-    best offset, then the top n. Returns ``(score, idx, at)``, ``at [n']`` the index into ``R`` of each
-    triple's offset (None unless "max" over ``R``)."""
+    best offset, then the top ``n`` (the search's n). Each search after the first only needs scores
+    above the ``n``-th best so far: a triple in the final top n scores at least that at the offset where
+    it peaks. Returns ``(score, idx, at)``, ``at [n']`` the index into ``R`` of each triple's offset
+    (None unless "max" over ``R``)."""
     if R is None:
-        return (*search(q), None)
+        return (*search(q, 0.0), None)
     if check_reduce(reduce) == "mean":
-        return (*search(q @ R.mean(0)), None)
+        return (*search(q @ R.mean(0), 0.0), None)
     best: dict = {}
-    n = 0
+    floor = 0.0
     for i in range(R.shape[0]):
-        score, idx = search(q @ R[i])
-        n = max(n, score.numel())
+        score, idx = search(q @ R[i], floor)
+        n = score.numel() if n is None else n
         for value, key in zip(score.tolist(), map(tuple, idx.tolist())):
             if key not in best or value > best[key][0]:
                 best[key] = (value, i)
-    ranked = sorted(best.items(), key=lambda item: -item[1][0])[:n]
+        if n and len(best) >= n:
+            floor = sorted((v for v, _ in best.values()), reverse=True)[n - 1]
+    ranked = sorted(best.items(), key=lambda item: -item[1][0])[:n or 0]
     idx = torch.tensor([key for key, _ in ranked], dtype=torch.long).reshape(-1, 3)
     return (torch.tensor([v for _, (v, _) in ranked], dtype=q.dtype),
             idx, torch.tensor([i for _, (_, i) in ranked], dtype=torch.long))
@@ -343,14 +352,14 @@ def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 
     return [(i, strings[i], val) for i, val in zip(ids.tolist(), values.tolist())]
 
 
-def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int):
+def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, floor: float = 0.0):
     """A quick first answer for a large vocabulary: the exact top-``n`` skip-trigrams among the
     ``n_sources`` sources with the largest factor norms ``|k[s]| |v[s]|`` (an upper bound on
     every score of source ``s`` up to the query and out factors), which are likely strong.
     Same inputs and output as :func:`top_skip_trigrams` (source ids are vocabulary ids).
     """
     src = torch.argsort(k.norm(dim=1) * v.norm(dim=1), descending=True)[:n_sources]
-    score, idx = top_skip_trigrams(q, k[src], v[src], u, n)
+    score, idx = top_skip_trigrams(q, k[src], v[src], u, n, floor=floor)
     idx = idx.clone()
     idx[:, 0] = src[idx[:, 0]]  # subset-local source -> vocab id
     return score, idx

@@ -6,10 +6,11 @@ import torch
 import traitlets
 
 from ..analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
-from ..analysis.rotary import describe, offset_window, reduce_offsets
+from ..analysis.rotary import reduce_offsets
 from . import offline
 from .base import CircuitWidget, rolls_back
 from .notes import direct_path_ignores
+from .offset_window import OffsetWindow
 from .payload import encode_array
 from .selection import HeadSelection, Runner, check_model
 
@@ -20,7 +21,7 @@ NORMS = {"correct": "correct", "erratum": ERRATUM}
 """Panel -> the ``norm`` of ``composition_scores`` it shows."""
 
 
-class CompositionMatrix(HeadSelection, CircuitWidget):
+class CompositionMatrix(OffsetWindow, HeadSelection, CircuitWidget):
     """Heatmap of ``kind``-composition scores (``pcw.composition_scores``) for every pair
     ``h1 -> h2`` with ``h1`` in an earlier layer (rows: writing head h1, columns: reading
     head h2). Toggles: Q/K/V, baseline-subtracted or raw, and the published erratum
@@ -51,7 +52,11 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("CompositionMatrix").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "selected_pair", "kind", "subtract_baseline", "show_erratum"})
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "kind", "subtract_baseline", "show_erratum",
+                                   "offsets"})
+    _window_text = ("Rotary positions: Q- and K-composition read h2's QK circuit W_Q R(offset) W_K^T {how}; each cell "
+                    "shows the pair's largest score and its detail is at the offset where that is reached. "
+                    "V-composition does not depend on position.")
     EAGER_HEADS = 64
 
     # -- data --
@@ -60,8 +65,6 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     tables computed so far (kind in Q/K/V, panel "correct" or "erratum", see ``NORMS``)."""
     baselines = traitlets.Dict().tag(sync=True)
     """{panel: float}: random-matrix score subtracted when ``subtract_baseline`` (panels computed so far)."""
-    offset_note = traitlets.Unicode("").tag(sync=True)
-    """str (read-only): rotary models: which query - key offsets Q/K-composition is read at ("" otherwise)."""
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     detail = traitlets.Dict().tag(sync=True)
@@ -85,12 +88,8 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
             raise ValueError(f"CompositionMatrix needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
         self.model = model
-        self._offsets = offset_window(model, offsets, "Q/K-composition")
-        note = "" if self._offsets is None else (
-            f"Rotary positions: Q- and K-composition read h2's QK circuit W_Q R(offset) W_K^T "
-            f"{describe(self._offsets)}; each cell shows the pair's largest score and its detail is at the offset "
-            "where that is reached. V-composition does not depend on position.")
-        super().__init__(ignores=direct_path_ignores(model.cfg, composition=False), offset_note=note, **kwargs)
+        window = self._init_window(offsets, "Q/K-composition")
+        super().__init__(ignores=direct_path_ignores(model.cfg, composition=False), **window, **kwargs)
         if lazy is None:
             lazy = model.cfg.n_layers * model.cfg.n_heads > self.EAGER_HEADS
         self._kinds_at_once = not lazy
@@ -114,14 +113,17 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     def _tables(self, wanted) -> dict:
         """Trait updates holding every table computed so far, the ``wanted`` (kind, norm) ones
         added (built from ``_computed``, not the traits: a result still waiting to be applied
-        is never lost). Rotary Q/K: each pair's largest score over the offsets."""
+        is never lost). Rotary Q/K: each pair's largest score over the offsets (a table of a window
+        changed meanwhile is not kept)."""
+        window = self._offsets
         with torch.no_grad():
             for kind, panel in wanted:
-                offsets = self._offsets if kind in "QK" else None
+                offsets = window if kind in "QK" else None
                 table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel], offsets=offsets)
                 if offsets is not None:
                     table = reduce_offsets(table, offsets, "max")[0]
-                self._computed[(kind, panel)] = encode_array(table, "float32")
+                if offsets is None or window == self._offsets:
+                    self._computed[(kind, panel)] = encode_array(table, "float32")
         scores, baselines = {}, {}
         for (kind, panel), payload in self._computed.items():
             scores.setdefault(kind, {})[panel] = payload
@@ -176,10 +178,15 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
         self._runner.submit("tables", lambda: self._table_steps(kind, erratum))
         self._runner.submit("detail", lambda: self._detail_steps(pair, kind))
 
+    def _on_window(self) -> None:
+        self._computed = {key: table for key, table in self._computed.items() if key[0] == "V"}
+        self._on_pair({"name": "kind"})
+
     _offline_inputs = ("kind",)
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: the detail of every head pair for the composition kind shown."""
+        answers.needs_kernel(*self._window_needs_kernel())
         cfg, kind = self.model.cfg, self.kind
         pairs = [[l1, h1, l2, h2] for l1 in range(cfg.n_layers) for h1 in range(cfg.n_heads)
                  for l2 in range(l1 + 1, cfg.n_layers) for h2 in range(cfg.n_heads)]

@@ -10,17 +10,18 @@ import traitlets
 
 from ..analysis.circuits import embedding_note
 from ..analysis.eigen import eigenvalues, positivity
-from ..analysis.rotary import describe, offset_window, reduce_offsets
+from ..analysis.rotary import reduce_offsets
 from ..analysis.head_scores import head_scores, target_masks
 from ..analysis.skip_trigrams import copied_tokens
 from . import offline
 from .base import CircuitWidget, check_range, rolls_back
 from .notes import direct_path_ignores
+from .offset_window import OffsetWindow
 from .payload import encode_array, to_numpy
 from .selection import HeadSelection, Runner, check_model
 
 
-class EigenvaluePlot(HeadSelection, CircuitWidget):
+class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     """Scatter of all heads at (OV positivity, QK positivity) (``pcw.eigenvalue_positivity``),
     labelled ``L1.H6`` and coloured by layer or by a head score (e.g. induction). Clicking a
     head sets ``layer``/``head``; the kernel answers with ``detail``: that head's OV and QK
@@ -43,7 +44,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     """
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "color_by", "log_scale"})
+    _browser_writable = frozenset({"layer", "head", "color_by", "log_scale", "offsets"})
+    _window_text = ("Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {how}; each head's QK "
+                    "positivity is its largest over them and its QK spectrum is at that offset.")
     EAGER_HEADS = 64
     _embedding_note = traitlets.Unicode("").tag(sync=True)
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
@@ -55,8 +58,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     qk_positivity = traitlets.Dict().tag(sync=True)
     """float32 payload [L, H]: the same for each head's full QK circuit (rotary: its largest over the
     offsets, ``offset_note``); {} while computed."""
-    offset_note = traitlets.Unicode("").tag(sync=True)
-    """str (read-only): rotary models: which query - key offsets the QK side is read at ("" otherwise)."""
+
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     scores = traitlets.Dict().tag(sync=True)
@@ -81,9 +83,8 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
                             f"or None, got {type(scores).__name__}")
         self.model = model
         self._strings = model.token_strings
-        self._offsets = offset_window(model, offsets, "the QK spectrum")
         L, H = model.cfg.n_layers, model.cfg.n_heads
-        self._eigs = None  # {"OV": ..., "QK": ...} [L, H, d_head] complex, once computed (_spectra)
+        self._eigs = None  # (offsets, {"OV", "QK": [L, H, d_head] complex}, QK offset [L, H]), once computed (_spectra)
         self._eigs_lock = threading.Lock()
         lazy = L * H > self.EAGER_HEADS  # two vocab-sized products: several forwards' worth at GPT-2 shapes
         with torch.no_grad():
@@ -93,11 +94,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             encoded = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
         else:
             encoded = {name: encode_array(_check_score(name, value, L, H), "float32") for name, value in scores.items()}
-        note = "" if self._offsets is None else (
-            f"Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {describe(self._offsets)}; each "
-            "head's QK positivity is its largest over them and its QK spectrum is at that offset.")
+        window = self._init_window(offsets, "the QK spectrum")
         super().__init__(scores=encoded, ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
-                         offset_note=note,
+                         **window,
                          **({} if lazy else self._positivities()), **kwargs)
         self._runner = Runner(self)
         if lazy:  # the scatter fills in from the runner (the view shows it computing), then the detail
@@ -112,16 +111,17 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         """Every head's OV and QK spectrum ``[L, H, d_head]`` (computed once) and, for a rotary model,
         the offset ``[L, H]`` each head's QK spectrum is at (its most positive in the window)."""
         with self._eigs_lock, torch.no_grad():
-            if self._eigs is None:
-                eigs, at = {"OV": eigenvalues(self.model, "OV")}, None
-                qk = eigenvalues(self.model, "QK", self._offsets)
-                if self._offsets is not None:  # [n_offsets, L, H, d_head]: each head at its best offset
-                    _, at = reduce_offsets(positivity(qk), self._offsets, "max")
-                    index = torch.as_tensor([self._offsets.index(int(o)) for o in at.flatten()]).view(at.shape)
+            offsets = self._offsets
+            if self._eigs is None or self._eigs[0] != offsets:  # (a new window: the QK side again)
+                eigs, at = {"OV": self._eigs[1]["OV"] if self._eigs else eigenvalues(self.model, "OV")}, None
+                qk = eigenvalues(self.model, "QK", offsets)
+                if offsets is not None:  # [n_offsets, L, H, d_head]: each head at its best offset
+                    _, at = reduce_offsets(positivity(qk), offsets, "max")
+                    index = torch.as_tensor([offsets.index(int(o)) for o in at.flatten()]).view(at.shape)
                     qk = qk.gather(0, index[None, ..., None].expand(1, *qk.shape[1:]))[0]
                 eigs["QK"] = qk
-                self._eigs, self._qk_offset = eigs, at
-            return self._eigs, self._qk_offset
+                self._eigs = (offsets, eigs, at)
+            return self._eigs[1], self._eigs[2]
 
     def _positivities(self) -> dict:
         """Trait values of the scatter: ``ov_positivity``, ``qk_positivity``."""
@@ -158,10 +158,15 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             self._runner.submit("scores", self._score_steps)
         self._runner.submit("detail", lambda: self._detail_steps(layer, head, n))
 
+    def _on_window(self) -> None:
+        self._runner.submit("spectra", lambda: iter([self._positivities()]))
+        self._on_head(None)
+
     _offline_inputs = ("n_copies",)
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's eigenvalue detail (spectra and most-copied tokens)."""
+        answers.needs_kernel(*self._window_needs_kernel())
         answers.rule(["layer", "head"], (
             ((layer, head), offline.last(self._detail_steps(layer, head, self.n_copies)))
             for layer, head in offline.heads(self)

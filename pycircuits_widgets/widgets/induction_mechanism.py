@@ -9,11 +9,11 @@ from ..analysis.composition import composition_scores, random_baseline
 from ..analysis.eigen import eigenvalue_positivity
 from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
                                   k_composition_positivity_offsets, k_composition_top)
-from ..analysis.rotary import describe, offset_window
 from . import offline
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection, pair_key
 from .payload import JSON_BUFFER, encode_array
+from .offset_window import OffsetWindow
 from .on_demand import OnDemand
 from .selection import HeadSelection, TokenSelection, check_model
 
@@ -24,7 +24,7 @@ EMBED_TABLES_MAX_VOCAB = 8192
 """Above this vocabulary size only the selected pair's table is computed up front."""
 
 
-class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection, CircuitWidget):
+class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, PairSelection, CircuitWidget):
     """The induction mechanism of the selected pair ``selected_pair`` (earlier head h1 -> later
     head h2; ``pcw.analysis.induction``): the K-composition term's token x token QK circuit as a
     ranked table (which source tokens a destination token attends to through h1), its eigenvalue
@@ -55,7 +55,9 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     """
 
     _view = traitlets.Unicode("InductionMechanism").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "selected_pair", "token", "active"})
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "token", "active", "offsets"})
+    _window_text = ("Rotary positions: h2's QK circuit W_Q R(offset) W_K^T is read {how}; each pair is shown at the "
+                    "offset where its K-composition QK positivity is largest (named with the pair).")
 
     # -- data --
     pairs = traitlets.Dict().tag(sync=True, **JSON_BUFFER)
@@ -69,8 +71,6 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     """{token id (str): display string} for every token in ``tables``."""
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
-    offset_note = traitlets.Unicode("").tag(sync=True)
-    """str (read-only): rotary models: which query - key offsets the K-composition term is read at ("" otherwise)."""
 
     def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, offsets=None, **kwargs):
         check_model(model, "InductionMechanism")
@@ -78,7 +78,7 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
         self.model = model
-        self._offsets = offset_window(model, offsets, "the K-composition QK circuit")
+        window = self._init_window(offsets, "the K-composition QK circuit")
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
@@ -91,16 +91,19 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
             selected_pair=selected_pair or [],
             thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
                         "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
-            offset_note="" if self._offsets is None else (
-                f"Rotary positions: h2's QK circuit W_Q R(offset) W_K^T is read {describe(self._offsets)}; each pair "
-                "is shown at the offset where its K-composition QK positivity is largest (named with the pair)."),
-            **kwargs,
+            **window, **kwargs,
         )
         self.observe(self._on_pair, ["selected_pair"])
         self._init_on_demand()
 
     def _ready(self) -> bool:
         return bool(self.pairs) and bool(self.selected_pair)
+
+    def _on_window(self) -> None:
+        """Every verdict and table again at the new window (the pairs job replaces a running one)."""
+        self._pairs, self._tables, self._strings = {}, {}, {}
+        if self.active:
+            self._start()
 
     def _start(self) -> None:
         pair = list(self.selected_pair)
@@ -113,6 +116,7 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         nothing, so its answer only clears the error. First the strongest K-composition writer
         into each head (the pair a head click selects in the explorer), then by score, so what
         fits the budget is what a reader reaches first."""
+        answers.needs_kernel(*self._window_needs_kernel())
         by_score = sorted(self._pairs, key=lambda key: -self._pairs[key]["k_score"])
         writers = {}  # later head -> the key of its strongest writer's pair
         for key in by_score:
@@ -162,7 +166,7 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
                             "kind": kind, "sentence": sentence, **({} if at is None else {"offset": offset})}
         self._pairs = pairs
         order = [[int(x) for x in key.split(",")] for key in sorted(pairs, key=lambda key: -pairs[key]["k_score"])]
-        update = {"pairs": pairs}
+        update = {"pairs": pairs, "tables": dict(self._tables), "strings": dict(self._strings)}  # (none of an old window)
         if self._default_pair and not pair:  # the strongest pair, unless one was chosen meanwhile
             pair = order[0]
             update["selected_pair"] = pair

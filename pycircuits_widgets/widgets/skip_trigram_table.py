@@ -6,22 +6,22 @@ import torch
 import traitlets
 
 from ..analysis.circuits import embedding_note
-from ..analysis.rotary import describe, offset_window, rotations
+from ..analysis.rotary import rotations
 from ..analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, qk_entries,
                                       top_over_offsets, top_skip_trigrams)
 from ..models.tokenizer import visible_whitespace
 from . import offline
 from .base import CircuitWidget, check_range, rolls_back
 from .notes import direct_path_ignores
+from .offset_window import OffsetWindow
 from .payload import encode_array
 from .selection import HeadSelection, Runner, TokenSelection, check_model
 
 MAX_MATCHES = 20
-MAX_OFFSETS = 256  # offsets in a window: one exact table per offset
 TABLE_CACHE = 32  # exact tables kept per widget (a few KiB each)
 
 
-class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
+class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidget):
     """Top skip-trigrams ``[source] … [destination] → [out]`` of head ``(layer, head)``
     with their QK and OV scores (``pcw.skip_trigrams``), sortable and paginated; a token
     search that runs in the kernel over the whole vocabulary ("what does this token attend
@@ -64,13 +64,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     """bool (read-only): True for models deeper than one layer (direct-path circuits only)."""
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
-    offset_note = traitlets.Unicode("").tag(sync=True)
-    """str (read-only): rotary models: which query - key offsets the QK circuit is read at ("" otherwise)."""
 
     # -- input --
-    offsets = traitlets.List(traitlets.Int()).tag(sync=True)
-    """list[int]: rotary models: the window of query - key offsets (each triple at its strongest);
-    setting it recomputes (the view's offset control). [] for other models."""
     query = traitlets.Unicode("").tag(sync=True)
     """str: token search text (typed as text; "·" or a space both mean a space)."""
     k = traitlets.Int(100).tag(sync=True)
@@ -89,13 +84,14 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
         self.model = model
-        self._set_window(offset_window(model, offsets, "a skip-trigram table"))
+        window = self._init_window(offsets, "a skip-trigram table")
+        self._rotations()
         self._strings = model.token_strings
         self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
-                         offsets=self._offsets or [], offset_note=self._window_note(), **kwargs)
+                         **window, **kwargs)
         self._runner = Runner(self)
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
@@ -106,44 +102,24 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         elif self.token >= 0:
             self.query_token(self.token)
         self.observe(self._on_head, ["layer", "head", "k"])
-        self.observe(self._on_offsets, ["offsets"])
         self.observe(self._on_query, ["query"])
         self.observe(self._on_token, ["token", "n_related"])
         self._share_offline()
 
-    def _set_window(self, offsets) -> None:
-        """The window tables are read over and its rotations, as one tuple (None: not rotary): a job
-        reads both at once, so a window changed meanwhile never mixes into its table."""
+    _window_text = ("Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {how}; each skip-trigram "
+                    "is scored at its strongest offset (column \"offset\"), and a token's query takes each entry's "
+                    "largest value over them.")
+
+    def _rotations(self) -> None:
+        """The window and its rotations as one tuple (a job reads both at once, so a window changed
+        meanwhile never mixes into its table); (None, None) when not rotary."""
+        offsets = self._offsets
         R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device)
         self._window = (offsets, R)
 
-    @property
-    def _offsets(self):
-        return self._window[0]
-
-    def _window_note(self) -> str:
-        return "" if self._offsets is None else (
-            f"Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {describe(self._offsets)}; "
-            "each skip-trigram is scored at its strongest offset (column \"offset\"), and a token's query "
-            "takes each entry's largest value over them.")
-
-    @traitlets.validate("offsets")
-    def _valid_offsets(self, proposal):
-        value = list(proposal["value"])
-        if self.model.cfg.positional != "rotary":
-            if value:
-                raise traitlets.TraitError("offsets only apply to rotary models; this model's QK circuit has no offset")
-            return []
-        if not value or len(value) > MAX_OFFSETS or min(value) < 0 or max(value) >= self.model.cfg.n_ctx:
-            raise traitlets.TraitError(f"offsets must be 1..{MAX_OFFSETS} query - key offsets in "
-                                       f"0..{self.model.cfg.n_ctx - 1} (the model's context), got {value}")
-        return value
-
-    @rolls_back
-    def _on_offsets(self, change):
-        self._set_window(list(change["new"]))
-        self.offset_note = self._window_note()
-        self._on_head(change)
+    def _on_window(self) -> None:
+        self._rotations()
+        self._on_head({"name": "offsets"})
 
     @traitlets.validate("k")
     def _valid_k(self, proposal):
@@ -181,7 +157,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's table (top ``offline.TABLE_K``; the token strings of all
         tables once, in the rule's base); token search and token queries need a kernel."""
-        answers.needs_kernel("query", "token", *(["offsets"] if self._offsets is not None else []))
+        answers.needs_kernel("query", "token", *self._window_needs_kernel())
         if self.model.cfg.d_vocab > self.partial_above:  # seconds per head: minutes for every head
             answers.rule(["layer", "head"], [], missing="Skip-trigram tables of other heads need a running "
                                                         "kernel (large vocabulary).")
@@ -246,11 +222,11 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         n_vocab = kk.shape[0]
         if n_vocab > self.partial_above:
             with torch.no_grad():
-                found = top_over_offsets(lambda qr: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources), q,
-                                         window[1])
+                found = top_over_offsets(lambda qr, floor: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, floor),
+                                         q, window[1], n=k)
             yield {"trigrams": self._encode_table(layer, head, window, *found, self.partial_sources / n_vocab)}
         with torch.no_grad():
-            found = top_over_offsets(lambda qr: top_skip_trigrams(qr, kk, v, u, k), q, window[1])
+            found = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, floor=floor), q, window[1], n=k)
         table = self._encode_table(layer, head, window, *found, 1.0)
         self._tables[cache_key] = table
         while len(self._tables) > TABLE_CACHE:
