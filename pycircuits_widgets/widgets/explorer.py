@@ -63,6 +63,10 @@ building the explorer costs no more than before and their minutes of work at lar
 delay the other views' clicks unasked. :meth:`CircuitExplorer.save_html` starts them for a small
 model (:data:`SMALL_HEADS` heads, :data:`EMBED_TABLES_MAX_VOCAB` tokens)."""
 SMALL_HEADS = 64
+LARGE_VOCAB_TRIGRAM_OFFSETS = 8
+"""Rotary models over ``SkipTrigramTable.partial_above`` tokens read their skip-trigrams over at most
+this many offsets by default (each offset is one more exact whole-vocabulary search: about a minute
+per head at 49k tokens on a loaded 2-core machine); the view's offset control widens it."""
 
 
 def _child(cls):
@@ -96,7 +100,9 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     (no composition, induction or virtual heads in a one-layer model; only the bigram table in
     a zero-layer model). Rotary models: the QK circuits (skip-trigrams, QK eigenvalues,
     Q/K-composition, the induction mechanism) are read over the query - key offsets of the text
-    (0 to its length - 1), each view stating how.
+    (0 to its length - 1; skip-trigrams of a vocabulary over ``SkipTrigramTable.partial_above``
+    tokens: the first ``LARGE_VOCAB_TRIGRAM_OFFSETS``), each view stating how and offering an
+    offset control.
 
     Args:
         model: a weight view (``pcw.load_pretrained("attn-only-2l")``, ``pcw.from_hf(...)``).
@@ -187,10 +193,13 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     def _build_views(self, no_heads: str, progress) -> None:
         # rotary QK circuits are read over the query - key offsets this text has (each view says so)
         rotary = {"offsets": range(0, len(self.token_ids))} if self.model.cfg.positional == "rotary" else {}
+        trigram_window = rotary
+        if rotary and self.model.cfg.d_vocab > SkipTrigramTable.partial_above:
+            trigram_window = {"offsets": range(0, min(len(self.token_ids), LARGE_VOCAB_TRIGRAM_OFFSETS))}
         builders = {
             "attention": lambda: AttentionPatterns(self.model, self.text, forward=self._forward,
                                                    layer=self.layer, head=self.head),
-            "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head, **rotary),
+            "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head, **trigram_window),
             "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head, **rotary),
             "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head, **rotary),
             "paths": lambda: PathExpansion(self.model, self.text, forward=self._forward, one_token=True, active=False,
