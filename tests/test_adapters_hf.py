@@ -99,10 +99,11 @@ def test_config_records_what_analyses_must_refuse_or_note(adapted):
     if kind == "gpt2":
         assert (cfg.positional, cfg.normalization, cfg.act_fn) == ("learned", "layernorm", "gelu_new")
         assert model.W_pos.shape == (32, 32)
+        with pytest.raises(ValueError, match="offset only applies to rotary models"):
+            pcw.eigenvalue_positivity(model, "QK", offset=1)
     else:
         assert cfg.positional == "rotary" and model.W_pos is None
-        with pytest.raises(ValueError, match="rotary"):
-            pcw.eigenvalue_positivity(model, "QK")
+        assert pcw.eigenvalue_positivity(model, "QK", offset=1).shape == (2, 4)  # read at a query - key offset
     if kind.startswith("gpt_neox"):
         assert cfg.rotary_dim == int(8 * PARTIAL_ROTARY[kind])
         assert cfg.parallel_attn_mlp == hf.config.use_parallel_residual

@@ -75,15 +75,17 @@ def test_queries_read_rows_and_columns_of_the_centred_circuits(model):
         circuit_query(model, 0, 0, 60, "copies_to")
 
 
-def test_deeper_and_rotary_models_are_refused_unless_approximate():
+def test_deeper_models_are_refused_unless_approximate_and_rotary_ones_read_at_an_offset():
     deep = paper_model(n_layers=2, d_vocab=30, dtype=torch.float32)
     with pytest.raises(ValueError, match="approximate=True"):
         skip_trigrams(deep, 1, 0)
     QKc, OVc = _dense_centred(deep, 1, 0)
     approx = skip_trigrams(deep, 1, 0, k=5, approximate=True)
     torch.testing.assert_close(torch.tensor([r.score for r in approx]), _brute_force(QKc, OVc, 5))
-    with pytest.raises(ValueError, match="rotary"):
-        skip_trigrams(custom_model(n_layers=1, positional="rotary"), 0, 0)
+    # rotary at offset 0 is the position-free circuit (R(0) = I); other offsets: tests/test_rotary_circuits.py
+    at_zero = skip_trigrams(custom_model(n_layers=1, positional="rotary"), 0, 0, k=5, offset=0)
+    plain = skip_trigrams(custom_model(n_layers=1, positional="none"), 0, 0, k=5)
+    assert [(r.source, r.destination, r.out, r.offset) for r in at_zero] == [(r.source, r.destination, r.out, 0) for r in plain]
     with pytest.raises(ValueError, match="out of range"):
         skip_trigrams(deep, 2, 0, approximate=True)
 

@@ -58,6 +58,7 @@ from ..models.folding import center_reading_weights, center_writing_weights
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 from .finite import NonFiniteError, non_finite_error, require_finite
+from .rotary import offset_window, rotation, span
 
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 """The weights composition scores read (named when a score is not finite)."""
@@ -106,23 +107,6 @@ def _check_offsets(model, kind: str, offsets) -> list[int] | None:
     if not offsets or min(offsets) < 0:
         raise ValueError(f"offsets must be a non-empty range of query - key offsets >= 0 (causal), got {offsets}")
     return offsets
-
-
-def rotation(cfg, offset: int, dtype=torch.float64, device=None) -> torch.Tensor:
-    """``R(offset) [d_head, d_head]``: the rotary map between a query and a key ``offset`` positions
-    apart, ``q_t . k_s = (x_t W_Q) R(t - s) (x_s W_K)^T`` (the rotations of ``t`` and ``s`` commute).
-    GPT-NeoX ``rotate_half`` layout on the first ``rotary_dim`` dims, identity on the rest, as
-    ``CircuitModel``'s forward; row convention (``q @ R``)."""
-    r, dh = cfg.rotary_dim, cfg.d_head
-    inv = cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
-    cos, sin = (offset * inv).cos(), (offset * inv).sin()
-    R = torch.eye(dh, dtype=torch.float64)
-    half = r // 2
-    idx = torch.arange(half)
-    # (q_i, q_{i+half}) -> (q_i cos - q_{i+half} sin, q_{i+half} cos + q_i sin)
-    R[idx, idx], R[idx + half, idx + half] = cos, cos
-    R[idx + half, idx], R[idx, idx + half] = -sin, sin
-    return R.to(dtype=dtype, device=device)
 
 
 def _factors(W_Q, W_K, W_V, W_O, kind: str):
@@ -469,6 +453,9 @@ class CompositionDetail:
     Q: ``W_E W_OV^{h1} W_QK^{h2} W_E^T`` ``[token h1 moved (query side), src token]``;
     K: ``W_E W_QK^{h2} W_OV^{h1 T} W_E^T`` ``[dest token, token h1 moved (key side)]``;
     V: ``W_E W_OV^{h1} W_OV^{h2} W_U`` ``[src token, out token]``.
+    Rotary Q/K: ``offsets`` is the window read, ``scores_by_offset [n_offsets]`` the score at each, and
+    everything else is at ``offset``, the window's offset with the largest score (``W_QK^{h2}`` is
+    ``W_Q R(offset) W_K^T``); all three are None where the composition has no offset.
     """
 
     kind: str
@@ -480,16 +467,44 @@ class CompositionDetail:
     singular_values: torch.Tensor
     eigenvalues: torch.Tensor
     positivity: float
+    offset: int | None = None
+    offsets: list[int] | None = None
+    scores_by_offset: torch.Tensor | None = None
+
+    @property
+    def offset_note(self) -> str:
+        """How the offset was chosen ("" without one): ``"at query - key offset 3 (the largest score of
+        offsets 0..32)"``."""
+        if self.offset is None:
+            return ""
+        window = "" if len(self.offsets) == 1 else f" (the largest score of offsets {span(self.offsets)})"
+        return f"at query - key offset {self.offset}{window}"
 
 
-def composition_detail(model, kind: str, h1: Head, h2: Head, offset: int | None = None) -> CompositionDetail:
-    """Score, erratum scores, singular values and token-circuit positivity of one pair ``h1 -> h2``
-    (``offset``: Q/K-composition of a rotary model, see ``composition_scores``)."""
-    _check(kind, "correct")
-    _check_offsets(model, kind, None if offset is None else [offset])
-    (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
+def _pair_factors(model, kind: str, l1: int, i1: int, l2: int, i2: int, offset: int | None):
     A1, B1, _, _ = (f[i1] for f in _layer_factors(model, kind, l1, offset))
     _, _, C2, D2 = (f[i2] for f in _layer_factors(model, kind, l2, offset))
+    return A1, B1, C2, D2
+
+
+def composition_detail(model, kind: str, h1: Head, h2: Head, offset=None) -> CompositionDetail:
+    """Score, erratum scores, singular values and token-circuit positivity of one pair ``h1 -> h2``.
+
+    Rotary Q/K-composition is read at ``offset``: an int, or a window of offsets (default
+    ``rotary.DEFAULT_OFFSETS``), in which case the detail is at the window's offset with the largest
+    score and ``scores_by_offset`` holds every offset's score (``CompositionDetail``)."""
+    _check(kind, "correct")
+    (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
+    offsets, by_offset = None, None
+    if kind == "V" or model.cfg.positional != "rotary":
+        _check_offsets(model, kind, None if offset is None else _as_list(offset))
+        best = None
+    else:
+        offsets = offset_window(model, offset, f"{kind}-composition")
+        by_offset = torch.tensor([float(_pair_scores(*_pair_factors(model, kind, l1, i1, l2, i2, o), "correct"))
+                                  for o in offsets], dtype=torch.float64)
+        best = offsets[int(by_offset.nan_to_num(float("-inf")).argmax())]
+    A1, B1, C2, D2 = _pair_factors(model, kind, l1, i1, l2, i2, best)
     composed = FactoredMatrix(A1, B1) @ FactoredMatrix(C2, D2)
     _, S, _ = composed.svd()
     if kind == "V":
@@ -508,5 +523,10 @@ def composition_detail(model, kind: str, h1: Head, h2: Head, offset: int | None 
     return CompositionDetail(
         kind=kind, h1=(l1, i1), h2=(l2, i2), score=score, erratum_scores=erratum,
         baseline=composition_baseline(model), singular_values=S, eigenvalues=eigs,
-        positivity=float(positivity(eigs)),
+        positivity=float(positivity(eigs)), offset=best, offsets=offsets, scores_by_offset=by_offset,
     )
+
+
+def _as_list(offset) -> list:
+    """``offset`` (an int or an iterable) as a list, for ``_check_offsets``' refusals."""
+    return list(offset) if hasattr(offset, "__iter__") else [offset]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .circuits import positional_qk_circuit
+from .circuits import model_name, positional_qk_circuit
 
 
 def _diagonal_means(M: torch.Tensor, max_offset: int) -> torch.Tensor:
@@ -49,7 +49,7 @@ def positional_scores_by_offset(model, n_pos: int, max_offset: int, cache=None) 
             raise ValueError("rotary models need the activation cache of a text (the rule uses its mean query and key)")
         return _rotary_rule(model, cache, max_offset)
     if cfg.positional == "none" or getattr(model, "W_pos", None) is None:
-        raise ValueError(f"model {cfg.name!r} has no positional information (positional={cfg.positional!r})")
+        raise ValueError(f"model {model_name(model)!r} has no positional information (positional={cfg.positional!r})")
     if n_pos > cfg.n_ctx:
         raise ValueError(f"n_pos={n_pos} exceeds the model's context n_ctx={cfg.n_ctx}")
     out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1, device=model.W_Q.device)
