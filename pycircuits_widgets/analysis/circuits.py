@@ -98,14 +98,16 @@ def refuse_rotary_qk(model, what: str) -> None:
         )
 
 
-def query_rotation(model, offset, what: str) -> torch.Tensor | None:
-    """What a rotary QK circuit's query side is multiplied by, ``[d_head, d_head]`` (None when the model
-    is not rotary): ``R(offset)`` for an int, the mean of ``R`` over a window (the circuit averaged over
-    those offsets; default ``rotary.DEFAULT_OFFSETS``), in the weights' dtype."""
+def query_rotation(model, offset, what: str, layer: int | None) -> torch.Tensor | None:
+    """What a rotary QK circuit's query side in ``layer`` is multiplied by, ``[d_head, d_head]``
+    (``layer=None``: every layer's, ``[n_layers, 1, d_head, d_head]``, to broadcast over heads; None when
+    the model is not rotary): ``R(offset)`` for an int, the mean of ``R`` over a window (the circuit
+    averaged over those offsets; default ``rotary.DEFAULT_OFFSETS``), in the weights' dtype."""
     offsets = offset_window(model, offset, what)
     if offsets is None:
         return None
-    return rotations(model.cfg, offsets).mean(0).to(dtype=model.W_Q.dtype, device=model.W_Q.device)
+    R = rotations(model.cfg, offsets, layer=layer).mean(0)
+    return (R if layer is not None else R[:, None]).to(dtype=model.W_Q.dtype, device=model.W_Q.device)
 
 
 def _rotated(query: torch.Tensor, R: torch.Tensor | None) -> torch.Tensor:
@@ -134,7 +136,9 @@ def qk(model, layer: int | None = None, head: int | None = None) -> FactoredMatr
 def embedding_is_normalized(model, layer: int) -> bool:
     """Whether ``embedding(model, layer)`` applies the per-token norm division (exact there)."""
     cfg = model.cfg
-    return layer == 0 and cfg.normalization is not None and cfg.positional != "learned"
+    # pre_norm False (post-norm models): layers read the stream undivided, only the unembedding divides
+    reads_normalized = cfg.pre_norm or layer == cfg.n_layers
+    return layer == 0 and reads_normalized and cfg.normalization is not None and cfg.positional != "learned"
 
 
 def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -220,7 +224,7 @@ def full_qk_circuit(model, layer: int | None = None, head: int | None = None, of
     ``embedding(model, layer)`` on both sides. Rotary models: ``W_E W_Q R W_K^T W_E^T`` with ``R``
     from ``query_rotation`` (``offset``: an int, or a window averaged; default ``rotary.DEFAULT_OFFSETS``).
     """
-    R = query_rotation(model, offset, "the full QK circuit")
+    R = query_rotation(model, offset, "the full QK circuit", layer)
     weights = ("W_E", "W_Q", "W_K")
     return FactoredMatrix(*(require_finite(f, "the full QK circuit's factors", model, weights)
                             for f in (_rotated(_embed(model, model.W_Q, layer, head), R),
@@ -238,7 +242,7 @@ def k_composition_circuit(model, h1: Head, h2: Head, offset=None) -> FactoredMat
     side times ``query_rotation(model, offset)`` (the offset between ``h2``'s query and key).
     """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    R = query_rotation(model, offset, "the K-composition QK circuit")
+    R = query_rotation(model, offset, "the K-composition QK circuit", l2)
     query = _rotated(model.W_E @ model.W_Q[l2, i2], R)
     key = chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_K[l2, i2])
     return FactoredMatrix(query, key.mT)
@@ -251,7 +255,7 @@ def q_composition_circuit(model, h1: Head, h2: Head, offset=None) -> FactoredMat
     ``query_rotation(model, offset)``.
     """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    R = query_rotation(model, offset, "the Q-composition QK circuit")
+    R = query_rotation(model, offset, "the Q-composition QK circuit", l2)
     query = _rotated(chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_Q[l2, i2]), R)
     return FactoredMatrix(query, (model.W_E @ model.W_K[l2, i2]).mT)
 

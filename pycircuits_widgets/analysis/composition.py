@@ -133,7 +133,7 @@ def _layer_factors(model, kind: str, layer, offset: int | None = None):
         W_Q, W_K, W_V = (center_reading_weights(W) for W in (W_Q, W_K, W_V))
         W_O = center_writing_weights(W_O)
     if offset is not None:
-        W_Q = W_Q @ rotation(model.cfg, offset, W_Q.dtype, W_Q.device)
+        W_Q = W_Q @ rotation(model.cfg, offset, W_Q.dtype, W_Q.device, layer=layer)
     return _factors(W_Q, W_K, W_V, W_O, kind)
 
 
@@ -178,7 +178,7 @@ def _thin_factors(model, kind: str, offset: int | None):
     for layer in range(L):
         W_Q, W_K, W_V, W_O = (W[layer].to(work) for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
         if offset is not None:
-            W_Q = W_Q @ rotation(cfg, offset, W_Q.dtype, W_Q.device)
+            W_Q = W_Q @ rotation(cfg, offset, W_Q.dtype, W_Q.device, layer=layer)
         A1, B1, C2, D2 = _factors(W_Q, W_K, W_V, W_O, kind)
         heads = slice(layer * H, (layer + 1) * H)
         for out, side, inner, norm in ((X, B1.mT, A1, nx), (Y, C2, D2.mT, ny)):

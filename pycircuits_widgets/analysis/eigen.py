@@ -84,7 +84,7 @@ def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
         raise non_finite_error(f"the {kind} circuits", model, weights, small.dtype)
     if offsets is None:
         return eigvals(small.double())
-    R = rotations(model.cfg, offsets, device=small.device)[:, None, None]  # [n, 1, 1, d_head, d_head]
+    R = rotations(model.cfg, offsets, device=small.device, layer=None)[:, :, None]  # [n, L, 1, d_head, d_head]
     eigs = eigvals(small.double()[None] @ R)
     return eigs if hasattr(offset, "__iter__") or offset is None else eigs[0]
 

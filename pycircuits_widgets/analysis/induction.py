@@ -158,7 +158,7 @@ def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     offsets = offset_window(model, offset, "the K-composition QK circuit")
-    R = [None] if offsets is None else rotations(cfg, offsets, device=model.W_Q.device)
+    R = [None] if offsets is None else rotations(cfg, offsets, device=model.W_Q.device, layer=None)  # [n, L, ...]
     out = torch.full((len(R), L, H, L, H), float("nan"), device=model.W_Q.device)
     with torch.no_grad():
         G = token_gram(model, "QK")
@@ -166,7 +166,7 @@ def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
         for i, rot in enumerate(R):
             for l1 in range(L - 1):
                 for l2 in range(l1 + 1, L):
-                    query = W_Q[l2] if rot is None else W_Q[l2] @ rot
+                    query = W_Q[l2] if rot is None else W_Q[l2] @ rot[l2]
                     # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
                     eigs = eigenvalues_of_product(query[None], W_K[l2].mT[None], W_O[l1].mT[:, None],
                                                   W_V[l1].mT[:, None], G)
@@ -213,5 +213,5 @@ def best_offset(model, h1: Head, h2: Head, offset=None) -> int | None:
     (l1, i1), (l2, i2) = h1, h2
     G = token_gram(model, "QK")
     W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q[l2, i2], model.W_K[l2, i2], model.W_V[l1, i1], model.W_O[l1, i1]))
-    eigs = eigenvalues_of_product(W_Q @ rotations(model.cfg, offsets), W_K.mT, W_O.mT, W_V.mT, G)
+    eigs = eigenvalues_of_product(W_Q @ rotations(model.cfg, offsets, layer=l2), W_K.mT, W_O.mT, W_V.mT, G)
     return offsets[int(positivity(eigs).argmax())]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .circuits import model_name, positional_qk_circuit
+from .rotary import rotations
 
 
 def _diagonal_means(M: torch.Tensor, max_offset: int) -> torch.Tensor:
@@ -75,9 +76,9 @@ def _rotary_rule(model, cache, max_offset: int) -> torch.Tensor:
                 q = q + model.b_Q[layer]
             if model.b_K is not None:
                 k = k + model.b_K[layer]
-            # the mean query placed at positions 0..K, the mean key at position 0: R(k) between them
-            rotated = model._rotate(q[None, :, None, :].expand(1, -1, max_offset + 1, -1).contiguous())[0]
-            out[layer] = (rotated @ k[:, :, None])[..., 0].float() / cfg.attn_scale
+            # the mean query k positions after the mean key: R(k) between them, by this layer's rule
+            R = rotations(cfg, range(max_offset + 1), q.dtype, q.device, layer=layer)
+            out[layer] = torch.einsum("he,nef,hf->hn", q, R, k).float() / cfg.attn_scale
     return out
 
 

@@ -16,33 +16,40 @@ from __future__ import annotations
 
 import torch
 
+from ..models.rotary import rotary_frequencies
+
 DEFAULT_OFFSETS = range(0, 33)
 """The window a rotary QK circuit is read over when no offset is given: query - key offsets 0..32
 (the key on the query's own position up to 32 tokens back), cut at the model's context ``n_ctx``."""
 REDUCES = ("max", "mean")
 
 
-def rotations(cfg, offsets, dtype=torch.float64, device=None) -> torch.Tensor:
-    """``R(offset) [n_offsets, d_head, d_head]`` for each of ``offsets``: the rotary map between a query
-    and a key ``offset`` positions apart, ``q_t . k_s = (x_t W_Q) R(t - s) (x_s W_K)^T`` (the rotations
-    of ``t`` and ``s`` commute). GPT-NeoX ``rotate_half`` layout on the first ``rotary_dim`` dims,
-    identity on the rest, positions divided by ``rotary_scale``, as ``CircuitModel``'s forward; row
-    convention (``q @ R``). Built in float64, then cast."""
-    r, dh = cfg.rotary_dim, cfg.d_head
-    inv = cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
-    angle = torch.as_tensor(list(offsets), dtype=torch.float64)[:, None] / cfg.rotary_scale * inv
+def rotations(cfg, offsets, dtype=torch.float64, device=None, *, layer) -> torch.Tensor:
+    """``R(offset) [n_offsets, d_head, d_head]`` of layer ``layer`` for each of ``offsets``: the rotary
+    map between a query and a key ``offset`` positions apart, ``q_t . k_s = (x_t W_Q) R(t - s)
+    (x_s W_K)^T`` (the rotations of ``t`` and ``s`` commute). ``layer=None``: every layer's,
+    ``[n_offsets, n_layers, d_head, d_head]``. The frequencies and attention scaling ``s`` are the
+    forward's (``models.rotary.rotary_frequencies``: rope types, per-layer bases, layers that do not
+    rotate, linear scaling), so ``R`` carries ``s^2`` (queries and keys are each scaled by ``s``).
+    GPT-NeoX ``rotate_half`` layout on the first ``rotary_dim`` dims, identity on the rest; row
+    convention (``q @ R``). Built in float64 from the forward's float32 frequencies, then cast."""
+    if layer is None:
+        return torch.stack([rotations(cfg, offsets, dtype, device, layer=l) for l in range(cfg.n_layers)], 1)
+    inv, scaling = rotary_frequencies(cfg, layer)
+    inv, half = inv.double(), inv.numel()  # half = rotary_dim / 2; 0 where the layer does not rotate
+    angle = torch.as_tensor(list(offsets), dtype=torch.float64)[:, None] * inv
     cos, sin = angle.cos(), angle.sin()
-    R = torch.eye(dh, dtype=torch.float64).repeat(len(angle), 1, 1)
-    half = torch.arange(r // 2)
+    R = torch.eye(cfg.d_head, dtype=torch.float64).repeat(len(angle), 1, 1)
+    i = torch.arange(half)
     # (q_i, q_{i+half}) -> (q_i cos - q_{i+half} sin, q_{i+half} cos + q_i sin)
-    R[:, half, half], R[:, half + r // 2, half + r // 2] = cos, cos
-    R[:, half + r // 2, half], R[:, half, half + r // 2] = -sin, sin
-    return R.to(dtype=dtype, device=device)
+    R[:, i, i], R[:, i + half, i + half] = cos, cos
+    R[:, i + half, i], R[:, i, i + half] = -sin, sin
+    return (R * scaling**2).to(dtype=dtype, device=device)
 
 
-def rotation(cfg, offset: int, dtype=torch.float64, device=None) -> torch.Tensor:
-    """``R(offset) [d_head, d_head]`` (see ``rotations``)."""
-    return rotations(cfg, [offset], dtype, device)[0]
+def rotation(cfg, offset: int, dtype=torch.float64, device=None, *, layer: int) -> torch.Tensor:
+    """``R(offset) [d_head, d_head]`` of layer ``layer`` (see ``rotations``)."""
+    return rotations(cfg, [offset], dtype, device, layer=layer)[0]
 
 
 def offset_window(model, offset, what: str) -> list[int] | None:

@@ -247,7 +247,7 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     ids = torch.arange(model.cfg.d_vocab) if vocab is None else _check_vocab(model, vocab)
     with torch.no_grad():
         q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
-        R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device)
+        R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
         try:
             score, idx, at = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, block_bytes, floor),
                                               q, R, reduce, n=k)
@@ -340,7 +340,8 @@ def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 
         raise ValueError(f"k must be in 1..{V}, got {k!r}")
     with torch.no_grad():
         q, kk, v, u = factors if factors is not None else centred_factors(model, layer, head)
-        R = None if offsets is None or mode == "copies_to" else rotations(model.cfg, offsets, q.dtype, q.device)
+        R = None if offsets is None or mode == "copies_to" else rotations(model.cfg, offsets, q.dtype, q.device,
+                                                                          layer=layer)
         if mode == "copies_to":
             row = v[token] @ u
         else:  # one row per offset, [n_offsets, V], then reduced over them

@@ -111,10 +111,12 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
                     "largest value over them.")
 
     def _rotations(self) -> None:
-        """The window and its rotations as one tuple (a job reads both at once, so a window changed
-        meanwhile never mixes into its table); (None, None) when not rotary."""
+        """The window and every layer's rotations ``[n_offsets, n_layers, d_head, d_head]`` as one tuple (a
+        job reads both at once, so a window changed meanwhile never mixes into its table); (None, None)
+        when not rotary."""
         offsets = self._offsets
-        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device)
+        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device,
+                                                   layer=None)
         self._window = (offsets, R)
 
     def _on_window(self) -> None:
@@ -212,8 +214,9 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     def _table_steps(self, layer, head, k):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
-        window = self._window
-        cache_key = (layer, head, k, tuple(window[0] or ()))
+        offsets, R = self._window
+        window = (offsets, None if R is None else R[:, layer])
+        cache_key = (layer, head, k, tuple(offsets or ()))
         table = self._tables.get(cache_key)
         if table is not None:  # a revisited head answers at once
             yield {"trigrams": table}
