@@ -131,10 +131,15 @@ def test_expand_kv_heads_groups_consecutive_query_heads():
         expand_kv_heads(W, 4)
 
 
-def test_layer_norm_bias_in_front_of_a_gated_mlp_is_refused():
+def test_layer_norm_bias_in_front_of_a_gated_mlp_folds_into_both_biases():
+    """``act((x̂ w + b) W_gate) * ((x̂ w + b) W_in)``: ``b`` becomes ``b_gate = b W_gate`` and part of
+    ``b_in``; the weight view then matches TransformerLens's forward."""
     bridge = native_bridge(act_fn="silu", normalization_type="LN", gated_mlp=True)
-    with pytest.raises(ValueError, match="ln2_b"):
-        pcw.from_transformer_lens(bridge)
+    model = pcw.from_transformer_lens(bridge)
+    assert model.b_gate is not None
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(pcw.run(model, tokens).logits, bridge(tokens), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -200,6 +205,13 @@ def test_b_in_outside_gate_is_transformer_lens_2_gated_mlp():
     torch.testing.assert_close(tl2._mlp(1, x)[0], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_nonzero_gate_bias_is_refused():
-    with pytest.raises(ValueError, match=r"blocks\[0\]\.mlp\.b_gate is nonzero; the weight view has no gate bias"):
-        pcw.from_transformer_lens(llama_bridge(seed=5, gate_bias=True))
+def test_a_bridge_around_a_hugging_face_model_is_translated_from_that_model_gate_bias_included():
+    """The bridge wraps a Hugging Face LLaMA with ``mlp_bias``: ``from_hf`` reads it (gate bias
+    kept, ``b_gate``), and the result matches the bridge's own forward."""
+    bridge = llama_bridge(seed=5, gate_bias=True)
+    model = pcw.from_transformer_lens(bridge)
+    assert model.metadata["source"] == "transformer_lens:TransformerBridge(hf:llama)"
+    assert model.b_gate is not None and bool((model.b_gate != 0).any())
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(pcw.run(model, tokens).logits, bridge(tokens), atol=1e-4, rtol=1e-4)

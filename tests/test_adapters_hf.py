@@ -99,10 +99,11 @@ def test_config_records_what_analyses_must_refuse_or_note(adapted):
     if kind == "gpt2":
         assert (cfg.positional, cfg.normalization, cfg.act_fn) == ("learned", "layernorm", "gelu_new")
         assert model.W_pos.shape == (32, 32)
+        with pytest.raises(ValueError, match="offset only applies to rotary models"):
+            pcw.eigenvalue_positivity(model, "QK", offset=1)
     else:
         assert cfg.positional == "rotary" and model.W_pos is None
-        with pytest.raises(ValueError, match="rotary"):
-            pcw.eigenvalue_positivity(model, "QK")
+        assert pcw.eigenvalue_positivity(model, "QK", offset=1).shape == (2, 4)  # read at a query - key offset
     if kind.startswith("gpt_neox"):
         assert cfg.rotary_dim == int(8 * PARTIAL_ROTARY[kind])
         assert cfg.parallel_attn_mlp == hf.config.use_parallel_residual
@@ -195,9 +196,9 @@ def test_display_strings_show_partial_utf8_bytes_and_special_tokens(tokenizer):
 
 @pytest.mark.parametrize("kind, change, message", [
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
-    ("llama_mha_bias", {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
-     r"^rope_type 'dynamic' is not supported; supported rotary embeddings: 'default', 'linear'$"),
-    ("llama_mha_bias", {"mlp_bias": True}, "mlp_bias"),
+    ("llama_mha_bias", {"rope_scaling": {"type": "proportional", "factor": 2.0}},
+     r"rope_type 'proportional' is not supported; supported: \('default', 'linear', 'dynamic', 'yarn', "
+     r"'longrope', 'llama3'\)$"),
 ])
 def test_unsupported_features_are_refused(kind, change, message):
     hf = transformers.AutoModelForCausalLM.from_config(CONFIGS[kind](), attn_implementation="eager")
@@ -222,6 +223,6 @@ def test_linear_rope_scaling_changes_the_patterns_it_is_checked_on():
 
 
 def test_unsupported_architecture_is_refused_with_the_supported_list():
-    config = transformers.BloomConfig(vocab_size=64, hidden_size=16, n_layer=1, n_head=2)
-    with pytest.raises(ValueError, match="supported model types: \\['gpt2', 'gpt_neox', 'llama'\\]"):
+    config = transformers.XGLMConfig(vocab_size=64, d_model=16, num_layers=1, attention_heads=2, ffn_dim=32)
+    with pytest.raises(ValueError, match=r"config.model_type='xglm'\); supported model types: \['bloom', 'codegen', "):
         pcw.from_hf(transformers.AutoModelForCausalLM.from_config(config))

@@ -222,13 +222,19 @@ def test_views_share_selection_through_link(m2):
         link.unlink()
 
 
-def test_rotary_model_composition_refuses_q_and_k_with_the_reason_and_keeps_v():
+def test_rotary_model_composition_reads_q_and_k_over_a_stated_window_and_keeps_v():
+    """Q/K cells: each pair's largest score over the offsets; the detail at the offset reaching it,
+    named without Python advice; V as without rotary."""
     from random_models import custom_model
     model = custom_model(positional="rotary", dtype=torch.float32)
-    w = pcw.CompositionMatrix(model)
+    w = pcw.CompositionMatrix(model, offsets=range(0, 5), selected_pair=[0, 1, 1, 2])
     assert w.wait(20) and not w.error
-    assert set(w.notices) == {"Q", "K"}
-    assert all("depends on the relative position" in why and "offsets=" in why for why in w.notices.values())
-    assert np.isnan(decode_array(w.scores["Q"]["correct"])).all() and np.isnan(decode_array(w.scores["K"]["correct"])).all()
+    assert "at the strongest of query - key offsets 0..4" in w.offset_note and "offsets=" not in w.offset_note
+    for kind in "QK":
+        by_offset = composition_scores(model, kind, baseline=False, offsets=range(0, 5))
+        np.testing.assert_allclose(decode_array(w.scores[kind]["correct"]), by_offset.amax(0).numpy(), rtol=1e-5,
+                                   equal_nan=True)
+    best = int(composition_scores(model, "K", baseline=False, offsets=range(0, 5))[:, 0, 1, 1, 2].argmax())
+    assert w.detail["offset"] == best and w.detail["offset_note"].startswith(f"at query - key offset {best} ")
     np.testing.assert_allclose(decode_array(w.scores["V"]["correct"]), composition_scores(model, "V", baseline=False).numpy(),
                                rtol=1e-5, equal_nan=True)

@@ -105,9 +105,11 @@ def test_positional_qk_circuit_and_rotary_refusals(model):
     torch.testing.assert_close(positional_qk_circuit(model, 1, 0).dense(),
                                model.W_pos @ model.W_Q[1, 0] @ model.W_K[1, 0].T @ model.W_pos.T)
     rotary = custom_model(positional="rotary")
-    for fn in (full_qk_circuit, positional_qk_circuit):
-        with pytest.raises(ValueError, match="rotary"):
-            fn(rotary, 0, 0)
+    with pytest.raises(ValueError, match="rotary"):
+        positional_qk_circuit(rotary, 0, 0)
+    # rotary: the full QK circuit at an offset; offset 0 is the position-free product (R(0) = I)
+    torch.testing.assert_close(full_qk_circuit(rotary, 0, 0, offset=0).dense(),
+                               full_qk_circuit(custom_model(positional="none"), 0, 0).dense())
     with pytest.raises(ValueError, match="W_pos"):
         positional_qk_circuit(custom_model(positional="none"), 0, 0)
 

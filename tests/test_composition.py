@@ -264,15 +264,26 @@ def _rotary_model(**kw):
     return custom_model(n_layers=2, n_heads=2, d_model=16, d_head=8, positional="rotary", rotary_dim=6, **kw)
 
 
-def test_rotation_is_the_map_between_rotated_queries_and_keys_in_the_forward():
-    model = _rotary_model()
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 4}
+
+
+@pytest.mark.parametrize("kw, layer", [({}, 0), ({}, 1), ({"rope": LLAMA3}, 1),
+                                       ({"rotary_layers": [True, False]}, 0), ({"rotary_layers": [True, False]}, 1)])
+def test_rotation_is_the_map_between_rotated_queries_and_keys_in_the_forward(kw, layer):
+    # per layer, under the forward's own frequency rule (llama3 rescaling, a layer that does not rotate)
+    model = _rotary_model(**kw)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 12, 8, generator=g, dtype=torch.float64), torch.randn(1, 1, 12, 8, generator=g,
                                                                                    dtype=torch.float64)
-    scores = model._rotate(q)[0, 0] @ model._rotate(k)[0, 0].T  # what the forward computes
+    scores = model._rotate(q, layer)[0, 0] @ model._rotate(k, layer)[0, 0].T  # what the forward computes
     for t, s in [(5, 5), (7, 2), (11, 0)]:
-        expected = q[0, 0, t] @ rotation(model.cfg, t - s) @ k[0, 0, s]
-        torch.testing.assert_close(scores[t, s], expected)
+        expected = q[0, 0, t] @ rotation(model.cfg, t - s, layer=layer) @ k[0, 0, s]
+        torch.testing.assert_close(scores[t, s], expected, rtol=1e-5, atol=1e-5)
+    if kw.get("rotary_layers") and layer == 1:
+        torch.testing.assert_close(rotation(model.cfg, 7, layer=layer), torch.eye(8, dtype=torch.float64))
+    if "rope" in kw:  # the rule changes the map: the default frequencies would not match
+        assert not torch.allclose(rotation(model.cfg, 7, layer=layer), rotation(_rotary_model().cfg, 7, layer=layer))
 
 
 def test_rotary_qk_composition_needs_offsets_and_is_scored_at_each():

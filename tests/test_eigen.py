@@ -55,10 +55,15 @@ def test_a_pure_copying_head_has_positivity_one_and_its_negation_minus_one():
     torch.testing.assert_close(eigenvalue_positivity(m, "OV"), -torch.ones(1, 3))
 
 
-def test_rotary_qk_is_refused_but_ov_works_and_bad_kind_is_named():
+def test_rotary_qk_is_read_at_an_offset_ov_needs_none_and_bad_kind_is_named():
+    """Rotary QK positivity at offset 0 equals the position-free circuit's (R(0) = I); the OV side
+    takes no offset (numbers against dense oracles: tests/test_rotary_circuits.py)."""
     rotary = custom_model(positional="rotary")
-    with pytest.raises(ValueError, match="rotary"):
-        eigenvalue_positivity(rotary, "QK")
+    plain = custom_model(positional="none")
+    torch.testing.assert_close(eigenvalue_positivity(rotary, "QK", offset=0), eigenvalue_positivity(plain, "QK"))
+    assert eigenvalue_positivity(rotary, "QK").shape == (2, 3)  # default window, max
+    with pytest.raises(ValueError, match="OV circuit does not depend on position"):
+        eigenvalue_positivity(rotary, "OV", offset=1)
     assert eigenvalue_positivity(rotary, "OV").shape == (2, 3)
     with pytest.raises(ValueError, match="kind must be one of"):
         eigenvalue_positivity(rotary, "VO")

@@ -158,14 +158,14 @@ def test_zero_layer_model_shows_the_loss_and_bigram_views():
     assert all("n_layers=0" in message for message in e.notices.values())
 
 
-def test_rotary_model_refuses_token_by_token_qk_views_with_a_notice():
+def test_rotary_model_reads_token_by_token_qk_views_over_the_texts_offsets():
     model = custom_model(positional="rotary", dtype=torch.float32)
     e = CircuitExplorer(model, "t1 t2 t3")
-    assert e.trigrams is None and "rotary" in e.notices["trigrams"]
-    assert e.induction is None and "rotary" in e.notices["induction"]
+    assert not e.notices
+    for view in (e.trigrams, e.composition, e.eigen, e.induction):
+        assert "at the strongest of query - key offsets 0..2" in view.offset_note
     e.compute("positional")
     assert e.wait() and "rotary rule" in e.positional.rule  # the rule, not a positional table
-    assert e.eigen is not None and "rotary" in e.eigen.qk_note  # the OV side stays
     assert e.attention is not None and e.composition is not None
 
 

@@ -76,8 +76,9 @@ def test_induction_pair_bundles_the_numbers_and_refuses_bad_input(model):
     assert (p.kind, p.sentence) == classify_pair((0, 1), (1, 2), p.qk_positivity, p.ov_positivity)
     with pytest.raises(ValueError, match="earlier layer"):
         induction_pair(model, (1, 0), (0, 1))
-    with pytest.raises(ValueError, match="rotary"):
-        induction_pair(custom_model(positional="rotary"), (0, 0), (1, 0))
+    with pytest.raises(ValueError, match="offset only applies to rotary models"):
+        induction_pair(model, (0, 1), (1, 2), offset=1)
+    assert induction_pair(custom_model(positional="rotary"), (0, 0), (1, 0), offset=3).offset == 3
 
 
 def test_shipped_model_previous_token_head_and_induction_heads_form_induction_pairs():

@@ -12,9 +12,10 @@ import torch
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import composition_scores
 from pycircuits_widgets.analysis.composition import random_baseline
-from pycircuits_widgets.analysis.eigen import eigenvalue_positivity
+from pycircuits_widgets.analysis.eigen import eigenvalue_positivity, eigenvalues
 from pycircuits_widgets.analysis.head_scores import head_scores
-from pycircuits_widgets.widgets.explorer import short_name
+from pycircuits_widgets.analysis.circuits import short_name
+from pycircuits_widgets.widgets.explorer import TITLES
 from pycircuits_widgets.widgets.payload import decode_array
 from random_models import custom_model, paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
@@ -59,15 +60,17 @@ def test_lazy_composition_with_a_selected_pair_gets_table_and_detail(m2):
     assert set(w.scores) == {"V"} and w.detail["kind"] == "V" and w.detail["h1"] == [0, 1]
 
 
-def test_rotary_eigenvalue_plot_shows_the_ov_side_and_says_why_not_qk(rotary):
-    w = pcw.EigenvaluePlot(rotary, layer=1, head=2)
+def test_rotary_eigenvalue_plot_reads_qk_at_each_heads_strongest_offset(rotary):
+    w = pcw.EigenvaluePlot(rotary, layer=1, head=2, offsets=range(0, 6))
     np.testing.assert_allclose(decode_array(w.ov_positivity), eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-5)
-    with pytest.raises(ValueError) as refusal:
-        eigenvalue_positivity(rotary, "QK")
-    assert w.qk_positivity == {} and w.qk_note == f"QK side not shown: {refusal.value}"
-    assert "rotary" in w.qk_note
+    by_offset = torch.stack([eigenvalue_positivity(rotary, "QK", offset=o) for o in range(6)])
+    np.testing.assert_allclose(decode_array(w.qk_positivity), by_offset.amax(0).numpy(), rtol=1e-5)
+    assert "at the strongest of query - key offsets 0..5" in w.offset_note
     d = w.detail
-    assert (d["layer"], d["head"]) == (1, 2) and "ov_re" in d and "qk_re" not in d and len(d["copies"]) == 12
+    best = int(by_offset[:, 1, 2].argmax())
+    assert (d["layer"], d["head"]) == (1, 2) and d["qk_offset"] == best and len(d["copies"]) == 12
+    spectrum = eigenvalues(rotary, "QK", offset=best)[1, 2]
+    np.testing.assert_allclose(np.sort(decode_array(d["qk_re"])), np.sort(spectrum.real.numpy()), rtol=1e-4, atol=1e-6)
 
 
 def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monkeypatch):
@@ -81,11 +84,10 @@ def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monke
         np.testing.assert_allclose(decode_array(w.scores[name]), value.numpy(), rtol=1e-5, equal_nan=True)
 
 
-def test_explorer_on_a_rotary_mlp_model_shows_ov_eigenvalues_and_refuses_trigrams_for_rotary(rotary):
+def test_explorer_on_a_rotary_mlp_model_shows_every_section(rotary):
     e = pcw.CircuitExplorer(rotary, "t1 t2 t3 t1 t2")
-    assert e.eigen is not None and "eigen" not in e.notices
-    assert "rotary" in e.eigen.qk_note and "QK" in e.eigen.qk_note
-    assert "rotary" in e.notices["trigrams"] and "OV" not in e.notices["trigrams"]
+    assert set(e.views()) == set(TITLES) and not e.notices
+    assert "offsets 0..4" in e.eigen.offset_note and "offsets 0..4" in e.trigrams.offset_note
 
 
 @pytest.mark.parametrize("name, short", [
@@ -150,5 +152,5 @@ def test_many_heads_eigenvalues_fill_in_from_the_runner_and_equal_the_analysis(m
     assert (w.detail["layer"], w.detail["head"]) == (1, 2) and w.detail["copies"]
     rotary = custom_model(n_layers=2, n_heads=3, positional="rotary", rotary_dim=6, dtype=torch.float32)
     r = pcw.EigenvaluePlot(rotary)
-    assert r.wait(30) and r.qk_positivity == {} and "QK side not shown" in r.qk_note
+    assert r.wait(30) and r.qk_positivity != {} and "query - key offsets" in r.offset_note
     np.testing.assert_allclose(decode_array(r.ov_positivity), eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-6)

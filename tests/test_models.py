@@ -244,7 +244,53 @@ def test_weights_made_non_finite_after_loading_never_give_numbers(weight):
     the analysis reads it, instead of eig's NaN becoming positivity 0.0 or top-k an empty list."""
     m = load_pretrained("attn-only-1l")
     getattr(m, weight).view(-1)[5] = float("nan")
-    with pytest.raises(ValueError, match="^the OV circuits are not finite: the model's weights hold NaN or inf$"):
+    with pytest.raises(ValueError, match=rf"^the OV circuits are not finite: weight {weight} \(.*\) holds 1 NaN/inf entries$"):
         pcw.eigenvalue_positivity(m, "OV")
     with pytest.raises(ValueError, match=r"^the circuits of L0\.H0 are not finite"):
         pcw.skip_trigrams(m, 0, 0)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(n_heads=True), r"^ModelConfig.n_heads must be an int, got True \(bool\)$"),
+    (dict(n_kv_heads=False), r"ModelConfig.n_kv_heads must be an int, got False \(bool\)"),
+    (dict(attn_scale=0.0), r"ModelConfig.attn_scale must be a finite number > 0 \(at most 1e15\), got 0.0"),
+    (dict(attn_scale=float("nan")), "ModelConfig.attn_scale must be a finite number > 0"),
+    (dict(attn_scale=float("inf")), "ModelConfig.attn_scale must be a finite number > 0"),
+    (dict(eps=-1e-5), r"ModelConfig.eps must be a finite number >= 0 \(at most 1e15\), got -1e-05"),
+    (dict(eps=float("nan")), "ModelConfig.eps must be a finite number >= 0"),
+    (dict(pos_scale=0.0), "ModelConfig.pos_scale must be a finite number > 0"),
+    (dict(pos_scale=1e30), r"ModelConfig.pos_scale must be a finite number > 0 \(at most 1e15\), got 1e\+30"),
+    (dict(pos_scale=True), "ModelConfig.pos_scale must be a finite number > 0"),
+    (dict(attn_only="yes"), "ModelConfig.attn_only must be a bool, got 'yes'"),
+    (dict(attn_softcap=-3.0), "ModelConfig.attn_softcap must be a finite number > 0"),
+    (dict(window=[4]), r"ModelConfig.window must be a list of one entry per layer \(2\), got \[4\]"),
+    (dict(window=[4, 0]), r"ModelConfig.window entries must be int \(or None\)"),
+    (dict(alibi_slopes=[0.5] * 3), r"ModelConfig.alibi_slopes needs one slope per head \(4\), got 3"),
+    (dict(positional="rotary", rotary_dim=3), "ModelConfig.rotary_dim must be even and in 2..d_head=4, got 3"),
+    (dict(positional="rotary", rope={"rope_type": "ntk"}), "rope_type 'ntk' is not supported"),
+    (dict(qk_norm="l2"), r"ModelConfig.qk_norm must be one of \('rmsnorm', 'layernorm', None\), got 'l2'"),
+    (dict(attn_only=False, d_mlp=30, act_fn="silu", n_experts=4, experts_per_token=2),
+     r"a mixture of n_experts=4 needs MLPs, d_mlp=30 a multiple of it"),
+    (dict(attn_only=False, d_mlp=32, act_fn="silu", n_experts=4, experts_per_token=5), r"got 5\)"),
+])
+def test_config_values_that_cannot_work_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**{**dict(n_layers=2, n_heads=4, d_model=16, d_head=4, d_vocab=23, n_ctx=10), **changes})
+
+
+def test_weights_on_the_meta_device_are_refused_at_construction():
+    cfg, weights = _good_weights()
+    weights["W_Q"] = weights["W_Q"].to("meta")
+    with pytest.raises(ValueError, match=r"^CircuitModel: W_Q is on the meta device \(shapes only, no values\)"):
+        CircuitModel(cfg, **weights)
+
+
+def test_a_bfloat16_model_sums_its_stream_in_float32_and_returns_its_dtype():
+    m = _random_model(positional="rotary", attn_only=False, d_mlp=32, act_fn="silu", gated_mlp=True)
+    half = m.to(torch.bfloat16)
+    logits, cache = half.run_with_cache(torch.arange(10) % 23)
+    assert logits.dtype == cache.resid.dtype == cache.patterns.dtype == torch.bfloat16
+    rounded = CircuitModel(m.cfg, **{k: getattr(half, k).double() for k in weight_shapes(m.cfg) if getattr(half, k)
+                                     is not None})(torch.arange(10) % 23)
+    # what the bfloat16 weights compute in float64, to within a few bfloat16 roundings of the activations
+    assert float((logits.double() - rounded).abs().max()) <= 0.03 * float(rounded.abs().max())

@@ -145,3 +145,25 @@ def test_a_background_job_yields_to_a_request_between_its_chunks(manual_kernel_l
     release.set()
     assert w.wait(30)
     assert order == ["b1", "request", "b2"] and (w.page, w.sort_by) == (1, "ov") and not w.busy
+
+
+def test_values_past_float16_range_are_packed_as_float32_without_a_warning():
+    """float16 holds at most 65504: a larger value keeps float32 (exact) instead of becoming inf
+    (numpy's "overflow encountered in cast" RuntimeWarning in the notebook)."""
+    import warnings
+
+    from pycircuits_widgets.widgets.payload import encode_array
+    big = np.array([1.5, -70000.0, 3e5, np.nan], dtype=np.float32)
+    small = np.array([1.5, -65504.0, 0.25], dtype=np.float32)
+    answers = offline.Answers()
+    answers.rule(["layer"], iter([((0,), {"t": encode_array(big)}), ((1,), {"t": encode_array(small)})]), missing="")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = offline.last(answers.steps())["_offline"]
+        direct = encode_array(big, "float16")
+    assert direct["dtype"] == "float32" and encode_array(small, "float16")["dtype"] == "float16"
+    np.testing.assert_array_equal(decode_array(direct), big)
+    got_big, got_small = answer(state, 0, key(0))["t"], answer(state, 0, key(1))["t"]
+    assert got_big.dtype == np.float32 and got_small.dtype == np.float16
+    np.testing.assert_array_equal(got_big, big)
+    np.testing.assert_array_equal(got_small, small)

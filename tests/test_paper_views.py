@@ -14,6 +14,7 @@ from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
+from pycircuits_widgets.widgets.pair_selection import pair_key
 from pycircuits_widgets.widgets.payload import decode_array
 
 TEXT = "t1 t5 t9 t2 t1 t5 t9 t2 t7 t3"
@@ -68,8 +69,13 @@ def test_path_expansion_selection_and_bad_text_keep_the_last_good_state(m2):
         assert w.error and w.position == -1 and w.selected_pair == [0, 2, 1, 1] and w.layer == 1
     with pytest.raises(TypeError, match="unexpected keyword"):
         pcw.PathExpansion(m2, TEXT, postion=2)
-    with pytest.raises(ValueError, match="attention-only"):
-        pcw.PathExpansion(custom_model(attn_only=False, d_mlp=8, act_fn="relu"), TEXT)
+    # with MLPs: each MLP's output is a source; the terms still sum to the logits
+    mlp_model = custom_model(attn_only=False, d_mlp=8, act_fn="relu")
+    pm = pcw.PathExpansion(mlp_model, TEXT)
+    assert pm.wait(30) and not pm.error and "MLP" in pm.expansion_note
+    ref = path_expansion(mlp_model, mlp_model.to_tokens(TEXT))
+    assert [t["name"] for t in pm.terms] == [t.name for t in ref.terms] and "MLP0 → L1.H2" in [t.name for t in ref.terms]
+    np.testing.assert_allclose(decode_array(pm.importance), ref.term_importance().numpy(), rtol=1e-5, atol=1e-7)
 
 
 # -- InductionMechanism ---------------------------------------------------------------------
@@ -98,8 +104,14 @@ def test_induction_view_embeds_every_verdict_and_the_tables_it_names(m2):
     assert "selected_pair must be" in w.error and w.selected_pair == [int(x) for x in missing.split(",")]
     with pytest.raises(ValueError, match="at least 2 layers"):
         pcw.InductionMechanism(paper_model(n_layers=1))
-    with pytest.raises(ValueError, match="rotary"):
-        pcw.InductionMechanism(custom_model(positional="rotary"))
+    # rotary: each pair at the offset of its largest K-composition QK positivity, named in its verdict
+    rot = pcw.InductionMechanism(custom_model(positional="rotary", normalization="rmsnorm"), offsets=range(0, 4), n_tables=1)
+    assert rot.wait(30) and not rot.error and "at the strongest of query - key offsets 0..3" in rot.offset_note
+    key = pair_key(rot.selected_pair)
+    ref = induction_pair(rot.model, tuple(rot.selected_pair[:2]), tuple(rot.selected_pair[2:]), k=12, offset=range(0, 4))
+    assert rot.pairs[key]["offset"] == ref.offset and rot.pairs[key]["sentence"].startswith(f"At query - key offset {ref.offset}")
+    assert rot.pairs[key]["qk_positivity"] == pytest.approx(ref.qk_positivity, abs=1e-5)
+    np.testing.assert_allclose(decode_array(rot.tables[key]["values"]), ref.top_values.numpy(), rtol=1e-4, atol=1e-6)
 
 
 # -- PositionalQK ---------------------------------------------------------------------------
@@ -150,3 +162,12 @@ def test_bigram_table_embeds_every_row_for_small_vocabularies_and_computes_other
     np.testing.assert_array_equal(decode_array(w.top_ids), ids[[17, 300]].numpy())
     w.set_state({"token": m0.cfg.d_vocab})
     assert "token must be" in w.error and w.token == 300
+    # as the explorer builds it (inactive): a selected token's row still comes from the kernel
+    idle = pcw.BigramTable(m0, k=4, active=False)
+    idle.set_state({"token": 300})
+    assert idle.wait(10) and not idle.active and idle.rows == [300]
+    np.testing.assert_array_equal(decode_array(idle.top_ids), ids[[300]].numpy())
+    monkeypatch.setattr(bigram_table, "EMBED_ALL_MAX_VOCAB", m0.cfg.d_vocab)  # small: the click starts the table
+    small = pcw.BigramTable(m0, k=4, active=False)
+    small.set_state({"token": 5})
+    assert small.wait(10) and small.active and small.complete and small.row_tokens() == list(range(m0.cfg.d_vocab))

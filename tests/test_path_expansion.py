@@ -62,10 +62,15 @@ def test_loss_by_order_and_term_importance():
     torch.testing.assert_close(imp[i], expected)
 
 
-def test_models_with_mlps_or_biases_are_refused():
-    with pytest.raises(ValueError, match="attention-only"):
-        path_expansion(custom_model(attn_only=False, d_mlp=8, act_fn="relu"), TOKENS)
-    m = paper_model(n_layers=1, d_vocab=40)
-    m.b_O = torch.zeros(1, m.cfg.d_model, dtype=torch.float64)
-    with pytest.raises(ValueError, match="bias-free"):
-        path_expansion(m, TOKENS)
+def test_max_order_truncates_without_losing_exactness():
+    """A path with max_order heads reads the whole stream at its first head: with max_order=1 each
+    layer-1 head's term is its whole output (what it read from layer 0's heads included)."""
+    m = paper_model(n_layers=2, d_vocab=40)
+    pe = path_expansion(m, TOKENS, max_order=1)
+    assert len(pe.terms) == 1 + 3 + 3 and max(t.order for t in pe.terms) == 1
+    torch.testing.assert_close(pe.total(), m.forward(TOKENS))
+    _, cache = m.run_with_cache(TOKENS)
+    whole = cache.head_out[:, 1, 2] / cache.ln_scale[:, 2, :, None] @ m.W_U
+    torch.testing.assert_close(pe.term_logits([t.name for t in pe.terms].index("L1.H2")), whole)
+    with pytest.raises(ValueError, match="max_order must be an int in 1..2"):
+        path_expansion(m, TOKENS, max_order=3)

@@ -75,15 +75,17 @@ def test_queries_read_rows_and_columns_of_the_centred_circuits(model):
         circuit_query(model, 0, 0, 60, "copies_to")
 
 
-def test_deeper_and_rotary_models_are_refused_unless_approximate():
+def test_deeper_models_are_refused_unless_approximate_and_rotary_ones_read_at_an_offset():
     deep = paper_model(n_layers=2, d_vocab=30, dtype=torch.float32)
     with pytest.raises(ValueError, match="approximate=True"):
         skip_trigrams(deep, 1, 0)
     QKc, OVc = _dense_centred(deep, 1, 0)
     approx = skip_trigrams(deep, 1, 0, k=5, approximate=True)
     torch.testing.assert_close(torch.tensor([r.score for r in approx]), _brute_force(QKc, OVc, 5))
-    with pytest.raises(ValueError, match="rotary"):
-        skip_trigrams(custom_model(n_layers=1, positional="rotary"), 0, 0)
+    # rotary at offset 0 is the position-free circuit (R(0) = I); other offsets: tests/test_rotary_circuits.py
+    at_zero = skip_trigrams(custom_model(n_layers=1, positional="rotary"), 0, 0, k=5, offset=0)
+    plain = skip_trigrams(custom_model(n_layers=1, positional="none"), 0, 0, k=5)
+    assert [(r.source, r.destination, r.out, r.offset) for r in at_zero] == [(r.source, r.destination, r.out, 0) for r in plain]
     with pytest.raises(ValueError, match="out of range"):
         skip_trigrams(deep, 2, 0, approximate=True)
 
@@ -110,16 +112,14 @@ def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
         skip_trigrams(model, 0, 0, vocab=[70])
 
 
-@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("route", screen.exact_routes())
 @pytest.mark.parametrize("case", ["near_ties", "norms_spread_e9"])
-def test_screened_search_equals_brute_force_on_adversarial_factors(int8, case, monkeypatch):
-    # a small seed so the low-precision screen (not the exact seed) decides most sources
+def test_screened_search_equals_brute_force_on_adversarial_factors(route, case, monkeypatch):
+    # a small seed so the low-precision screen (not the exact seed) decides most sources;
+    # every route this machine's probe accepts, not only the default one
     st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
     monkeypatch.setattr(st, "SEED_SOURCES", 4)
-    if not int8:
-        monkeypatch.setattr(screen, "int8_available", lambda: False)
-    elif not screen.int8_available():
-        pytest.fail("oneDNN int8 is expected on x86 CPU builds of torch")
+    monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": route)
     g = torch.Generator().manual_seed(11)
     V, r = 150, 8
     shapes = ((V, r), (V, r), (V, r), (r, V))

@@ -34,9 +34,23 @@ from dataclasses import dataclass
 
 import torch
 
-from ..factored import FactoredMatrix, chain_matmul
+from ..factored import FactoredMatrix, chain_matmul, linalg_dtype
+from .finite import NonFiniteError, require_finite
+from .rotary import offset_window, rotations
 
 Head = tuple[int, int]
+
+
+def short_name(name: str) -> str:
+    """A model's name as its user calls it: the last part of a path or hub id
+    (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``; a site-packages path -> its folder's name)."""
+    name = str(name).rstrip("/\\")
+    return name.replace("\\", "/").rsplit("/", 1)[-1] or name
+
+
+def model_name(model) -> str:
+    """How notices and errors name ``model``: ``short_name`` of its config name, else its class."""
+    return short_name(getattr(getattr(model, "cfg", None), "name", "")) or type(model).__name__
 
 
 def check_index(value, name: str, size: int) -> int:
@@ -59,7 +73,7 @@ def check_head(model, head: Head, name: str = "head") -> tuple[int, int]:
     if isinstance(head, (str, bytes)) or not hasattr(head, "__len__") or len(head) != 2:
         raise TypeError(f"{name} must be a (layer, head) pair of ints, got {head!r}")
     if cfg.n_layers == 0:
-        raise ValueError(f"{name}: model {cfg.name!r} has no layers, so no heads")
+        raise ValueError(f"{name}: model {model_name(model)!r} has no layers, so no heads")
     prefix = "" if name == "head" else f"{name} "
     return (check_index(head[0], f"{prefix}layer", cfg.n_layers),
             check_index(head[1], f"{prefix}head", cfg.n_heads))
@@ -84,6 +98,22 @@ def refuse_rotary_qk(model, what: str) -> None:
         )
 
 
+def query_rotation(model, offset, what: str, layer: int | None) -> torch.Tensor | None:
+    """What a rotary QK circuit's query side in ``layer`` is multiplied by, ``[d_head, d_head]``
+    (``layer=None``: every layer's, ``[n_layers, 1, d_head, d_head]``, to broadcast over heads; None when
+    the model is not rotary): ``R(offset)`` for an int, the mean of ``R`` over a window (the circuit
+    averaged over those offsets; default ``rotary.DEFAULT_OFFSETS``), in the weights' dtype."""
+    offsets = offset_window(model, offset, what)
+    if offsets is None:
+        return None
+    R = rotations(model.cfg, offsets, layer=layer).mean(0)
+    return (R if layer is not None else R[:, None]).to(dtype=model.W_Q.dtype, device=model.W_Q.device)
+
+
+def _rotated(query: torch.Tensor, R: torch.Tensor | None) -> torch.Tensor:
+    return query if R is None else query @ R
+
+
 def _head_slice(W: torch.Tensor, layer, head) -> torch.Tensor:
     """``W[layer, head]`` with ``None`` meaning all layers / heads (leading dims kept); ``W`` is
     ``[n_layers, n_heads, ...]`` and the indices are checked against it."""
@@ -106,21 +136,36 @@ def qk(model, layer: int | None = None, head: int | None = None) -> FactoredMatr
 def embedding_is_normalized(model, layer: int) -> bool:
     """Whether ``embedding(model, layer)`` applies the per-token norm division (exact there)."""
     cfg = model.cfg
-    return layer == 0 and cfg.normalization is not None and cfg.positional != "learned"
+    # pre_norm False (post-norm models): layers read the stream undivided, only the unembedding divides
+    reads_normalized = cfg.pre_norm or layer == cfg.n_layers
+    return layer == 0 and reads_normalized and cfg.normalization is not None and cfg.positional != "learned"
 
 
-def embedding(model, layer: int) -> torch.Tensor:
+def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The token embedding as the heads of ``layer`` read it, ``[d_vocab, d_model]``
     (``layer == n_layers``: as the unembedding reads it).
 
     Where that is exact (``embedding_is_normalized``: the first read, positions outside the
     residual stream) each row is normalised as the model's forward normalises it,
     ``W_E[t] / sigma(W_E[t])`` (centred first for layer norm; the same ``eps``): the per-token
-    scale the paper applies. Elsewhere the raw ``W_E`` (module docstring).
+    scale the paper applies. Elsewhere the raw ``W_E`` (module docstring). Returned in ``dtype``
+    (default: ``W_E``'s); the division of 16-bit weights runs in float32 (``linalg_dtype``).
+    Refuses a division that overflows (``finite.NonFiniteError``): ``x / inf`` reads as a zero row
+    (NaN/inf in ``W_E`` itself passes through, for the caller's check to name the circuit).
     """
     if not 0 <= layer <= model.cfg.n_layers:
         raise ValueError(f"layer must be in 0..{model.cfg.n_layers} (n_layers: the unembedding), got {layer}")
-    return model.read(model.W_E)[0] if embedding_is_normalized(model, layer) else model.W_E
+    dtype = dtype or model.W_E.dtype
+    if not embedding_is_normalized(model, layer):
+        return model.W_E.to(dtype)
+    work = linalg_dtype(model.W_E.dtype)
+    normed, scale = model.read(model.W_E.to(work), work)
+    if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(model.W_E).all()):
+        raise NonFiniteError(
+            f"the normalised embedding is not finite: the norm of W_E's rows overflows {scale.dtype} "
+            f"(largest |W_E| entry {float(model.W_E.abs().max()):.3g}; squares above "
+            f"{torch.finfo(scale.dtype).max:.3g} overflow). Rescale W_E, or convert the model to float64")
+    return normed.to(dtype)
 
 
 def embedding_note(model) -> str:
@@ -162,47 +207,56 @@ def full_ov_circuit(model, layer: int | None = None, head: int | None = None) ->
     Paper: ``W_U W_OV^h W_E``. How attending to ``src`` changes the logit of ``out``.
     ``W_E`` is ``embedding(model, layer)`` (normalised per token where exact).
     With ``layer``/``head`` ``None`` the factors carry ``[L, H]`` leading dims (each factor is
-    ``[L, H, d_vocab, d_head]``: mind the memory at GPT-2 scale).
+    ``[L, H, d_vocab, d_head]``: mind the memory at GPT-2 scale). Refuses factors that overflow
+    or read NaN/inf weights (``finite.NonFiniteError``, naming which).
     """
     W_O = _head_slice(model.W_O, layer, head)
-    return FactoredMatrix(_embed(model, model.W_V, layer, head), W_O @ model.W_U)
+    weights = ("W_E", "W_V", "W_O", "W_U")
+    return FactoredMatrix(*(require_finite(f, "the full OV circuit's factors", model, weights)
+                            for f in (_embed(model, model.W_V, layer, head), W_O @ model.W_U)))
 
 
-def full_qk_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
+def full_qk_circuit(model, layer: int | None = None, head: int | None = None, offset=None) -> FactoredMatrix:
     """Full QK circuit ``W_E W_Q W_K^T W_E^T`` ``[..., dest token, src token]``, split at d_head.
 
     Paper: ``W_E^T W_QK^h W_E``. The token-token part of the attention score (before the
     ``1/attn_scale``); positional terms are separate (``positional_qk_circuit``). ``W_E`` is
-    ``embedding(model, layer)`` on both sides. Refuses rotary models.
+    ``embedding(model, layer)`` on both sides. Rotary models: ``W_E W_Q R W_K^T W_E^T`` with ``R``
+    from ``query_rotation`` (``offset``: an int, or a window averaged; default ``rotary.DEFAULT_OFFSETS``).
     """
-    refuse_rotary_qk(model, "the full QK circuit")
-    return FactoredMatrix(_embed(model, model.W_Q, layer, head), _embed(model, model.W_K, layer, head).mT)
+    R = query_rotation(model, offset, "the full QK circuit", layer)
+    weights = ("W_E", "W_Q", "W_K")
+    return FactoredMatrix(*(require_finite(f, "the full QK circuit's factors", model, weights)
+                            for f in (_rotated(_embed(model, model.W_Q, layer, head), R),
+                                      _embed(model, model.W_K, layer, head).mT)))
 
 
-def k_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
+def k_composition_circuit(model, h1: Head, h2: Head, offset=None) -> FactoredMatrix:
     """QK term of ``h2`` whose key side reads ``h1``'s output: ``[dest token, token h1 moved]``.
 
     ``W_E W_Q^{h2} W_K^{h2 T} (W_E W_V^{h1} W_O^{h1})^T`` (paper: ``W_E^T W_QK^{h2} W_OV^{h1} W_E``
     with the key side through ``h1``). Entry ``[t, s]``: score from a query on token ``t`` to a
     key position whose ``h1`` attended to a token ``s``. With ``h1`` a previous-token head this
     is the induction mechanism, and a large positive diagonal (dest token == previous token of
-    the key) means "attend to the token after an earlier copy of me". Refuses rotary models.
+    the key) means "attend to the token after an earlier copy of me". Rotary models: ``h2``'s query
+    side times ``query_rotation(model, offset)`` (the offset between ``h2``'s query and key).
     """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    refuse_rotary_qk(model, "the K-composition QK circuit")
-    query = model.W_E @ model.W_Q[l2, i2]
+    R = query_rotation(model, offset, "the K-composition QK circuit", l2)
+    query = _rotated(model.W_E @ model.W_Q[l2, i2], R)
     key = chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_K[l2, i2])
     return FactoredMatrix(query, key.mT)
 
 
-def q_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
+def q_composition_circuit(model, h1: Head, h2: Head, offset=None) -> FactoredMatrix:
     """QK term of ``h2`` whose query side reads ``h1``'s output: ``[token h1 moved, src token]``.
 
-    ``(W_E W_V^{h1} W_O^{h1}) W_Q^{h2} W_K^{h2 T} W_E^T``. Refuses rotary models.
+    ``(W_E W_V^{h1} W_O^{h1}) W_Q^{h2} W_K^{h2 T} W_E^T``. Rotary models: ``h2``'s query side times
+    ``query_rotation(model, offset)``.
     """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    refuse_rotary_qk(model, "the Q-composition QK circuit")
-    query = chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_Q[l2, i2])
+    R = query_rotation(model, offset, "the Q-composition QK circuit", l2)
+    query = _rotated(chain_matmul(model.W_E, model.W_V[l1, i1], model.W_O[l1, i1], model.W_Q[l2, i2]), R)
     return FactoredMatrix(query, (model.W_E @ model.W_K[l2, i2]).mT)
 
 
@@ -226,23 +280,35 @@ def full_virtual_ov_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
 def _require_mlp(model, layer: int) -> None:
     cfg = model.cfg
     if cfg.attn_only or getattr(model, "W_in", None) is None:
-        raise ValueError(f"model {cfg.name!r} is attention-only: it has no MLP paths")
+        raise ValueError(f"model {model_name(model)!r} is attention-only: it has no MLP paths")
     check_index(layer, "mlp layer", cfg.n_layers)
 
 
-def mlp_in_circuit(model, layer: int) -> FactoredMatrix:
-    """Token -> neuron pre-activation ``W_E W_in`` ``[token, neuron]`` (paper appendix)."""
+def _mlp_reader(model, layer: int, gate: bool) -> torch.Tensor:
+    """``W_in[layer]`` or, with ``gate``, ``W_gate[layer]`` ``[d_model, d_mlp]`` (gated MLPs read the
+    stream twice: ``act(x W_gate) * (x W_in)``)."""
+    if not gate:
+        return model.W_in[layer]
+    if model.W_gate is None:
+        raise ValueError(f"model {model_name(model)!r} has no gated MLP: there is no W_gate (use gate=False)")
+    return model.W_gate[layer]
+
+
+def mlp_in_circuit(model, layer: int, gate: bool = False) -> FactoredMatrix:
+    """Token -> neuron pre-activation ``W_E W_in`` ``[token, neuron]`` (paper appendix; ``gate``: the
+    gate's ``W_E W_gate`` of a gated MLP)."""
     _require_mlp(model, layer)
-    return FactoredMatrix(model.W_E, model.W_in[layer])
+    return FactoredMatrix(model.W_E, _mlp_reader(model, layer, gate))
 
 
-def head_mlp_circuit(model, head: Head, mlp_layer: int) -> FactoredMatrix:
-    """Token -> neuron through a head's OV: ``W_E W_V W_O W_in`` ``[src token, neuron]``."""
+def head_mlp_circuit(model, head: Head, mlp_layer: int, gate: bool = False) -> FactoredMatrix:
+    """Token -> neuron through a head's OV: ``W_E W_V W_O W_in`` ``[src token, neuron]`` (``gate``: into
+    ``W_gate``)."""
     layer, h = check_head(model, head)
     _require_mlp(model, mlp_layer)
     if mlp_layer < layer:
         raise ValueError(f"MLP layer {mlp_layer} reads before head {head} writes; need mlp_layer >= {layer}")
-    return FactoredMatrix(model.W_E @ model.W_V[layer, h], model.W_O[layer, h] @ model.W_in[mlp_layer])
+    return FactoredMatrix(model.W_E @ model.W_V[layer, h], model.W_O[layer, h] @ _mlp_reader(model, mlp_layer, gate))
 
 
 def mlp_out_circuit(model, layer: int) -> FactoredMatrix:
@@ -260,7 +326,7 @@ def positional_qk_circuit(model, layer: int | None = None, head: int | None = No
     """
     refuse_rotary_qk(model, "the positional QK circuit")
     if getattr(model, "W_pos", None) is None:
-        raise ValueError(f"model {model.cfg.name!r} has no positional table W_pos (positional={model.cfg.positional!r})")
+        raise ValueError(f"model {model_name(model)!r} has no positional table W_pos (positional={model.cfg.positional!r})")
     W_Q, W_K = _head_slice(model.W_Q, layer, head), _head_slice(model.W_K, layer, head)
     return FactoredMatrix(model.W_pos @ W_Q, (model.W_pos @ W_K).mT)
 

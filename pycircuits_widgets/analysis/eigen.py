@@ -22,6 +22,11 @@ with ``|E| <= γ_{V + 2 d_model} |W_K|^T |W_E|^T |W_E| |W_Q|`` entrywise (OV ali
 ``V = 50257`` and, for the random-sign sums of real weights, about ``sqrt(V + 2 d_model) u``
 (``1.4e-5``). Positivity is a ratio of two such sums; tests hold it to ``1e-6`` of a float64
 computation (differences ~5e-8 on random weights at d_vocab 20000).
+
+Rotary models (``rotary``): the QK circuit at query - key offset ``o`` is ``W_E W_Q R(o) W_K^T W_E^T``,
+so its spectrum is that of ``W_K^T (W_E^T W_E) W_Q R(o)``: one more ``d_head x d_head`` factor per
+offset. QK spectra and positivity are read at a stated offset or over a window (``eigenvalues``,
+``eigenvalue_positivity``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from __future__ import annotations
 import torch
 
 from ..factored import eigvals, gram
-from .circuits import embedding, embedding_is_normalized, refuse_rotary_qk
+from .circuits import embedding, embedding_is_normalized
+from .finite import non_finite_error
+from .rotary import offset_window, reduce_offsets, rotations
 
 KINDS = ("OV", "QK")
 
@@ -54,25 +61,32 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     contraction runs in float32 (float64 weights: float64); see the module docstring for its error.
     """
     work = _compute_dtype(model)
-    W_E = (model.W_E if layer is None else embedding(model, layer)).to(work)
+    W_E = model.W_E.to(work) if layer is None else embedding(model, layer, work)
     G = model.W_U.to(work) @ W_E if _check_kind(kind) == "OV" else gram(W_E)
     return G.to(dtype)
 
 
-def eigenvalues(model, kind: str) -> torch.Tensor:
+def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
     """Nonzero spectrum of every head's full circuit: complex128 ``[L, H, d_head]``.
 
     OV: eigenvalues of ``W_E W_V W_O W_U``; QK: of ``W_E W_Q W_K^T W_E^T`` (paper:
     ``W_U W_OV W_E`` and ``W_E^T W_QK W_E``). The remaining ``d_vocab - d_head`` eigenvalues are 0.
-    Refuses QK for rotary models (the QK circuit depends on position there).
+    Rotary QK: at query - key ``offset``, ``W_E W_Q R(offset) W_K^T W_E^T``; an int gives
+    ``[L, H, d_head]``, a window (default ``rotary.DEFAULT_OFFSETS``) ``[n_offsets, L, H, d_head]``.
     """
-    if _check_kind(kind) == "QK":
-        refuse_rotary_qk(model, "the QK eigenvalue spectrum")
+    offsets = offset_window(model, offset, "the QK spectrum") if _check_kind(kind) == "QK" else None
+    if kind == "OV" and offset is not None:
+        raise ValueError("offset only applies to the QK circuit: the OV circuit does not depend on position")
     small = _head_circuits(model, kind, _compute_dtype(model))
     if not bool(torch.isfinite(small).all()):
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
-        raise ValueError(f"the {kind} circuits are not finite: the model's weights hold NaN or inf")
-    return eigvals(small.double())
+        weights = ("W_E", "W_V", "W_O", "W_U") if kind == "OV" else ("W_E", "W_Q", "W_K")
+        raise non_finite_error(f"the {kind} circuits", model, weights, small.dtype)
+    if offsets is None:
+        return eigvals(small.double())
+    R = rotations(model.cfg, offsets, device=small.device, layer=None)[:, :, None]  # [n, L, 1, d_head, d_head]
+    eigs = eigvals(small.double()[None] @ R)
+    return eigs if hasattr(offset, "__iter__") or offset is None else eigs[0]
 
 
 def _head_circuits(model, kind: str, work: torch.dtype) -> torch.Tensor:
@@ -100,11 +114,24 @@ def positivity(eigs: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, eigs.sum(-1).real / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
 
 
-def eigenvalue_positivity(model, kind: str = "OV") -> torch.Tensor:
+def eigenvalue_positivity(model, kind: str = "OV", offset=None, reduce: str = "max") -> torch.Tensor:
     """Positivity of every head's full OV or QK circuit: float32 ``[L, H]`` in ``[-1, 1]``.
 
     ``sum(lambda) / sum(|lambda|)`` of ``W_E W_V W_O W_U`` (OV, copying) or
     ``W_E W_Q W_K^T W_E^T`` (QK, same-token attention). One shared ``[d_model, d_model]``
-    product, then one batched ``eig`` of ``[L, H, d_head, d_head]``. Refuses QK for rotary models.
+    product, then one batched ``eig`` of ``[L, H, d_head, d_head]``. Rotary QK: at query - key
+    ``offset`` (an int) or over a window (default ``rotary.DEFAULT_OFFSETS``) reduced per head by
+    ``reduce``: "max" (the most positive offset; ``eigenvalue_positivity_offsets`` says which) or
+    "mean" of the per-offset positivities.
     """
-    return positivity(eigenvalues(model, kind)).float()
+    return eigenvalue_positivity_offsets(model, kind, offset, reduce)[0]
+
+
+def eigenvalue_positivity_offsets(model, kind: str = "OV", offset=None, reduce: str = "max"):
+    """``(positivity [L, H], offset [L, H] or None)``: ``eigenvalue_positivity`` and, for a rotary QK
+    circuit reduced by "max" over a window, the offset each head's positivity is read at."""
+    values = positivity(eigenvalues(model, kind, offset)).float()
+    if values.ndim == 2:
+        return values, None
+    offsets = offset_window(model, offset, "the QK spectrum")
+    return reduce_offsets(values, offsets, reduce)

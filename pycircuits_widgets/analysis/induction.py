@@ -15,6 +15,12 @@ its OV circuit then copies the token it lands on. Two numbers carry that story:
 ``classify_pair`` turns those two numbers, and nothing else, into one sentence with the
 thresholds ``MATCH_THRESHOLD`` and ``COPY_THRESHOLD`` (both 0.5: at 0.5 the positive
 eigenvalues carry three times the absolute mass of the negative ones).
+
+Rotary models: ``h2``'s QK circuit depends on the offset between its query and the key position
+``h1`` wrote to (``rotary``), so the K-composition term is read at one query - key offset: the one
+given, or, over a window (default ``rotary.DEFAULT_OFFSETS``), the window's offset where its QK
+positivity is largest (the offset at which ``h2`` matches best through ``h1``); every number of the
+pair is at that offset (``InductionPair.offset``).
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..factored import eigenvalues_of_product
-from .circuits import Head, check_earlier, k_composition_circuit, refuse_rotary_qk
+from ..factored import eigenvalues_of_product, linalg_dtype
+from .circuits import Head, check_earlier, k_composition_circuit
 from .composition import composition_detail
 from .eigen import eigenvalue_positivity, positivity, token_gram
+from .finite import require_finite
+from .rotary import offset_window, reduce_offsets, rotations
 
 MATCH_THRESHOLD = 0.5
 """K-composition QK positivity at or above which the pair "matches" (attends to positions where
@@ -87,9 +95,11 @@ class InductionPair:
     diagonal_rank: float
     kind: str
     sentence: str
+    offset: int | None = None
+    """Rotary models: the query - key offset every number above is read at (None otherwise)."""
 
 
-def k_composition_top(model, h1: Head, h2: Head, k: int = 20):
+def k_composition_top(model, h1: Head, h2: Head, k: int = 20, offset=None):
     """Top ``k`` entries of the row-centred K-composition token circuit ``[dest token, src token]``.
 
     ``M = W_E W_Q^{h2} (W_E W_V^{h1} W_O^{h1} W_K^{h2})^T`` (``k_composition_circuit``), each row
@@ -97,73 +107,111 @@ def k_composition_top(model, h1: Head, h2: Head, k: int = 20):
     ``[t, s]`` is how much more than average a query on ``t`` attends, through ``h2``'s keys, to a
     position where ``h1`` moved a token ``s``. Returns ``(values [k], dest [k], src [k])``, best
     first; never forms the ``d_vocab x d_vocab`` matrix (``FactoredMatrix.topk`` in row blocks).
+    Rotary: at ``offset`` (``k_composition_circuit``).
     """
-    circuit = k_composition_circuit(model, h1, h2)
+    circuit = k_composition_circuit(model, h1, h2, offset)
     key = circuit.B.float()  # [d_head, d_vocab]
     centred = type(circuit)(circuit.A.float(), key - key.mean(1, keepdim=True))
-    return centred.topk(k)
+    values, dest, src = centred.topk(k)
+    # an overflowing (inf) or NaN entry ranks first, so checking the top-k covers the circuit
+    require_finite(values, "the K-composition token circuit's entries", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"))
+    return values, dest, src
 
 
-def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 4096) -> float:
+def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 4096, offset=None) -> float:
     """Mean over destination tokens ``t`` of the fraction of source tokens ``s`` with ``M[t, s] < M[t, t]``
     in the K-composition token circuit ``M`` (``k_composition_circuit``): how far up its own row the
     same token ranks (1: always first, 0.5: chance). Near 1 means a query on ``t`` prefers keys where
     ``h1`` moved another ``t`` over almost any other token. Row shifts do not change it. Computed in row
-    blocks of ``block_rows`` (``[block_rows, d_vocab]`` floats at a time).
+    blocks of ``block_rows`` (``[block_rows, d_vocab]`` floats at a time). Rotary: at ``offset``.
     """
-    circuit = k_composition_circuit(model, h1, h2)
+    circuit = k_composition_circuit(model, h1, h2, offset)
     A, B = circuit.A.float(), circuit.B.float()
     V = A.shape[0]
     below = 0.0
     with torch.no_grad():
         for start in range(0, V, block_rows):
             block = A[start:start + block_rows] @ B  # [rows, V]
-            rows = torch.arange(start, start + block.shape[0])
+            rows = torch.arange(start, start + block.shape[0], device=block.device)
             diagonal = block[rows - start, rows]
             below += float((block < diagonal[:, None]).sum(1).double().sum())
     return below / (V * (V - 1))
 
 
-def k_composition_positivity(model) -> torch.Tensor:
+def k_composition_positivity(model, offset=None, reduce: str = "max") -> torch.Tensor:
     """Eigenvalue positivity of every pair's K-composition token circuit: float32 ``[L, H, L, H]``
     indexed ``[l1, h1, l2, h2]``, NaN where ``l1 >= l2``.
 
     ``W_E W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} W_E^T`` has the nonzero spectrum of a
     ``d_head x d_head`` product (the vocab-sized part is the shared ``W_E^T W_E``); one batched
     ``eig`` per later layer. Equals ``composition_detail(model, "K", h1, h2).positivity``.
+    Rotary: ``W_Q^{h2} R(offset)`` at an int ``offset``, or over a window (default
+    ``rotary.DEFAULT_OFFSETS``) reduced per pair by ``reduce`` ("max", see
+    ``k_composition_positivity_offsets`` for where, or "mean").
     """
-    refuse_rotary_qk(model, "the K-composition QK circuit")
+    return k_composition_positivity_offsets(model, offset, reduce)[0]
+
+
+def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
+    """``(positivity [L, H, L, H], offset [L, H, L, H] or None)``: ``k_composition_positivity`` and, for a
+    rotary model reduced by "max" over a window, the offset of each pair's value (-1 where undefined)."""
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
-    out = torch.full((L, H, L, H), float("nan"))
+    offsets = offset_window(model, offset, "the K-composition QK circuit")
+    R = [None] if offsets is None else rotations(cfg, offsets, device=model.W_Q.device, layer=None)  # [n, L, ...]
+    out = torch.full((len(R), L, H, L, H), float("nan"), device=model.W_Q.device)
     with torch.no_grad():
         G = token_gram(model, "QK")
         W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
-        for l1 in range(L - 1):
-            for l2 in range(l1 + 1, L):
-                # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
-                eigs = eigenvalues_of_product(W_Q[l2][None], W_K[l2].mT[None], W_O[l1].mT[:, None],
-                                              W_V[l1].mT[:, None], G)
-                out[l1, :, l2] = positivity(eigs).float()
-    return out
+        for i, rot in enumerate(R):
+            for l1 in range(L - 1):
+                for l2 in range(l1 + 1, L):
+                    query = W_Q[l2] if rot is None else W_Q[l2] @ rot[l2]
+                    # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
+                    eigs = eigenvalues_of_product(query[None], W_K[l2].mT[None], W_O[l1].mT[:, None],
+                                                  W_V[l1].mT[:, None], G)
+                    require_finite(eigs, "the K-composition token circuits' eigenvalues", model,
+                                   ("W_E", "W_Q", "W_K", "W_V", "W_O"), linalg_dtype(model.W_E.dtype))  # G's
+                    out[i, l1, :, l2] = positivity(eigs).float()
+    if offsets is None or (offset is not None and not hasattr(offset, "__iter__")):
+        return out[0], None
+    values, at = reduce_offsets(out, offsets, reduce)
+    return values, None if at is None else at.masked_fill(values.isnan(), -1)
 
 
-def induction_pair(model, h1: Head, h2: Head, k: int = 20, ov_positivity: torch.Tensor | None = None) -> InductionPair:
+def induction_pair(model, h1: Head, h2: Head, k: int = 20, ov_positivity: torch.Tensor | None = None,
+                   offset=None) -> InductionPair:
     """K-composition table, positivities and verdict of ``h1 -> h2`` (module docstring).
 
     ``ov_positivity [L, H]`` may be passed to reuse ``eigenvalue_positivity(model, "OV")``.
-    Refuses rotary models (no token x token QK circuit) and pairs not in increasing layers.
+    Rotary models: at query - key ``offset`` (an int, or a window whose offset with the largest
+    K-composition QK positivity is used; default ``rotary.DEFAULT_OFFSETS``). Refuses pairs not in
+    increasing layers.
     """
     h1, h2 = check_earlier(model, h1, h2)
     with torch.no_grad():
-        detail = composition_detail(model, "K", h1, h2)
+        best = best_offset(model, h1, h2, offset)
+        detail = composition_detail(model, "K", h1, h2, best)
         if ov_positivity is None:
             ov_positivity = eigenvalue_positivity(model, "OV")
-        values, dest, src = k_composition_top(model, h1, h2, k)
-        diagonal_rank = k_composition_diagonal_rank(model, h1, h2)
+        values, dest, src = k_composition_top(model, h1, h2, k, best)
+        diagonal_rank = k_composition_diagonal_rank(model, h1, h2, offset=best)
     ov_pos = float(ov_positivity[h2])
     kind, sentence = classify_pair(h1, h2, detail.positivity, ov_pos)
     return InductionPair(
         h1=h1, h2=h2, k_score=detail.score, k_baseline=detail.baseline, qk_positivity=detail.positivity,
-        ov_positivity=ov_pos, top_values=values, top_dest=dest, top_src=src, diagonal_rank=diagonal_rank, kind=kind, sentence=sentence,
+        ov_positivity=ov_pos, top_values=values, top_dest=dest, top_src=src, diagonal_rank=diagonal_rank, kind=kind,
+        sentence=sentence, offset=best,
     )
+
+
+def best_offset(model, h1: Head, h2: Head, offset=None) -> int | None:
+    """The one query - key offset a rotary pair is read at (module docstring); None when not rotary."""
+    offsets = offset_window(model, offset, "the K-composition QK circuit")
+    if offsets is None or len(offsets) == 1:
+        return None if offsets is None else offsets[0]
+    (l1, i1), (l2, i2) = h1, h2
+    G = token_gram(model, "QK")
+    W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q[l2, i2], model.W_K[l2, i2], model.W_V[l1, i1], model.W_O[l1, i1]))
+    eigs = eigenvalues_of_product(W_Q @ rotations(model.cfg, offsets, layer=l2), W_K.mT, W_O.mT, W_V.mT, G)
+    return offsets[int(positivity(eigs).argmax())]

@@ -1,8 +1,8 @@
-"""Path expansion of an attention-only model's logits (paper: "Path expansion of logits").
+"""Path expansion of a model's logits (paper: "Path expansion of logits"), exact for any model.
 
 With the attention patterns ``A^h [batch, dest, src]`` and the layer-norm divisions frozen
-from a forward pass, every layer is linear in the residual stream, and the logits expand
-exactly into a sum over paths through heads in strictly increasing layers:
+from a forward pass, every attention layer is linear in the residual stream, and the logits
+expand exactly into a sum over paths through heads in strictly increasing layers:
 
 * order 0, the direct path: ``D_final ⊗ W_E W_U``;
 * order 1, one head: ``D_final A^h D_l ⊗ W_E W_OV^h W_U``;
@@ -11,9 +11,23 @@ exactly into a sum over paths through heads in strictly increasing layers:
 
 where ``D_l = diag(1 / ln_scale)`` of the layer that reads (and a layer norm's centering is
 kept as a projection on the reading weight, so the sum is exact even for unfolded writers), and each term is a
-``TensorProductTerm`` (positions ⊗ residual) applied to the embeddings ``x0 [batch, pos, d_model]``
-(token embeddings, plus positions for models that add them to the residual).
-Attention-only models without MLPs only; biases are not part of the weight view.
+``TensorProductTerm`` (positions ⊗ residual) applied to what its path starts from.
+
+**Sources.** A path starts from something written into the residual stream that no head wrote:
+the embeddings ``x0 [batch, pos, d_model]`` (token embeddings, plus positions for models that add
+them to the residual); each MLP layer's output as the forward pass computed it (an MLP is not
+linear, so its output is a source, not expanded through its input: the term "MLP1 → L2.H0" is
+what head L2.H0 moved of MLP 1's output); each attention layer's constant bias ``b_O + sum_h b_V^h
+W_O^h`` (a pattern's rows sum to 1, so ``b_V`` passes through as a constant); and ``b_U``.
+A source enters the stream before the first layer whose heads read it (MLP ``l`` and the bias of
+attention layer ``l``: layers ``> l``).
+
+**Order.** A term's order counts the heads and MLPs on it (the biases count 0). ``max_order``
+truncates the expansion without losing exactness: a path with ``max_order`` heads reads, at its
+first head, the *whole* residual stream there (everything that head reads, as cached), so with
+``max_order=1`` the terms are the direct path, each head's whole output, each MLP layer's output
+and the biases: the model's residual decomposition by the component that wrote it. The default
+expands fully (``max_order = n_layers``): ``prod_l (1 + n_heads)`` embedding paths.
 """
 
 from __future__ import annotations
@@ -30,25 +44,45 @@ from .circuits import TensorProductTerm
 
 @dataclass(frozen=True)
 class PathTerm:
-    """One path: ``heads`` (``()`` for the direct path), in layer order, and its ``A ⊗ W`` term."""
+    """One path: what it starts from (``source``), the ``heads`` it goes through in layer order
+    (``()`` for a source read by the unembedding alone), and its ``A ⊗ W`` term.
+
+    ``source``: ``"embed"`` (the embeddings), ``"mlp{l}"`` (MLP layer ``l``'s output), ``"bias{l}"``
+    (attention layer ``l``'s constant bias), ``"b_U"``, or ``"stream{l}"`` (the whole residual
+    stream before layer ``l``: a path truncated at ``max_order``, module docstring)."""
 
     heads: tuple[tuple[int, int], ...]
     term: TensorProductTerm
+    source: str = "embed"
 
     @property
     def order(self) -> int:
-        return len(self.heads)
+        return len(self.heads) + self.source.startswith("mlp")
 
     @property
     def name(self) -> str:
-        return "direct" if not self.heads else " → ".join(f"L{l}.H{h}" for l, h in self.heads)
+        start = None if self.source == "embed" else _source_name(self.source)
+        if not self.heads:
+            return "direct" if start is None else start
+        path = " → ".join(f"L{l}.H{h}" for l, h in self.heads)
+        return path if start is None or self.source.startswith("stream") else f"{start} → {path}"
+
+
+def _source_name(source: str) -> str:
+    if source == "b_U":
+        return source
+    for prefix, label in (("mlp", "MLP{}"), ("bias", "bias L{}"), ("stream", "stream L{}")):
+        if source.startswith(prefix):
+            return label.format(source[len(prefix):])
+    raise ValueError(f"unknown path source {source!r}")
 
 
 @dataclass(frozen=True)
 class PathExpansion:
     """All path terms of one batch; ``logits`` is the model's own output for comparison.
 
-    ``x0 [batch, pos, d_model]`` embeddings; ``term_logits(i)`` -> ``[batch, pos, d_vocab]``.
+    ``x0 [batch, pos, d_model]`` embeddings; ``sources``: what each term's ``source`` names, as
+    ``[batch, pos, d_in]`` (``d_in`` 1 for ``b_U``); ``term_logits(i)`` -> ``[batch, pos, d_vocab]``.
     The terms' logits are computed once (``stacked_logits``, ``n_terms x batch x pos x d_vocab``
     floats: 42 MB for the shipped 2-layer model on a full context).
     """
@@ -57,18 +91,19 @@ class PathExpansion:
     x0: torch.Tensor
     terms: list[PathTerm]
     logits: torch.Tensor
+    sources: dict
 
     @functools.cached_property
     def stacked_logits(self) -> torch.Tensor:
         """Every term's logits at once, ``[n_terms, batch, pos, d_vocab]`` (computed once, then reused)."""
-        return torch.stack([t.term(self.x0) for t in self.terms])
+        return torch.stack([t.term(self.sources[t.source]) for t in self.terms])
 
     def term_logits(self, i: int) -> torch.Tensor:
         return self.stacked_logits[i]
 
     def logits_up_to_order(self, order: int) -> torch.Tensor:
         """Sum of the terms of order ``<= order`` ``[batch, pos, d_vocab]``."""
-        keep = torch.tensor([t.order <= order for t in self.terms])
+        keep = torch.tensor([t.order <= order for t in self.terms], device=self.stacked_logits.device)
         return self.stacked_logits[keep].sum(0)
 
     def total(self) -> torch.Tensor:
@@ -82,15 +117,6 @@ class PathExpansion:
         """
         top = max(t.order for t in self.terms)
         return torch.stack([next_token_loss(self.logits_up_to_order(n), self.tokens).mean() for n in range(top + 1)])
-
-    def term_importance(self) -> torch.Tensor:
-        """Loss increase when one term is removed from the full sum: ``[n_terms]`` (ablation)."""
-        full = self.total()
-        base = next_token_loss(full, self.tokens).mean()
-        # all ablations in one batch: [n_terms * batch, pos, d_vocab]
-        ablated = (full - self.stacked_logits).flatten(0, 1)
-        tokens = self.tokens.repeat(len(self.terms), 1)
-        return next_token_loss(ablated, tokens).reshape(len(self.terms), -1).mean(1) - base
 
     def next_token_contributions(self) -> torch.Tensor:
         """Each term's centred logit for the token that actually came next: ``[n_terms, batch, pos - 1]``.
@@ -112,51 +138,100 @@ class PathExpansion:
         ])
 
 
-def path_expansion(model, text_or_tokens) -> PathExpansion:
+def path_specs(cfg, max_order: int | None = None) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
+    """The ``(source, heads)`` of every term of ``path_expansion`` for a model of config ``cfg``,
+    in its order, without computing anything (e.g. to count terms before choosing ``max_order``).
+    Bias sources are listed for every layer; ``path_expansion`` drops those the model lacks."""
+    L, H = cfg.n_layers, cfg.n_heads
+    top = L if max_order is None else max_order
+    if isinstance(top, bool) or not isinstance(top, int) or not min(1, L) <= top <= L:
+        raise ValueError(f"max_order must be an int in {min(1, L)}..{L} (the most heads on a path; None: {L}, "
+                         f"the full expansion), got {max_order!r}")
+    entering = [("embed", 0)] + [(f"bias{l}", l + 1) for l in range(L)]  # a source and the first layer reading it
+    if not cfg.attn_only:
+        entering += [(f"mlp{l}", l + 1) for l in range(L)]
+    paths = [()]  # head paths in increasing layers, in the order the terms are listed
+    for layer in range(L):
+        paths += [p + ((layer, h),) for p in paths if len(p) < top for h in range(H)]
+    specs = []
+    for path in paths:
+        first = path[0][0] if path else L
+        if len(path) == top and first > 0:  # truncated: the first head reads the whole stream
+            specs.append((f"stream{first}", path))
+        else:  # (at layer 0 the whole stream is the embedding alone)
+            specs += [(source, path) for source, enters in entering if enters <= first]
+    return specs + [("b_U", ())]
+
+
+def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathExpansion:
     """Exact path expansion of ``model``'s logits on ``text_or_tokens`` (module docstring).
 
     ``text_or_tokens``: text, token ids, or the ``RunResult`` of ``pcw.run(model, ...)``, whose
     forward pass (logits and activation cache) is then reused instead of run again.
-
-    Refuses models with MLPs. The number of terms is ``prod_l (1 + n_heads)`` (all head paths
-    through increasing layers): 81 for a 2-layer model with 8 heads.
+    ``max_order``: the most heads on a path (default: ``n_layers``, the full expansion); a path
+    with that many heads reads the whole stream at its first head, so the terms always sum to the
+    logits. Terms of sources a model lacks (biases, MLPs) are left out.
     """
     cfg = model.cfg
-    if not cfg.attn_only:
-        raise ValueError(f"path expansion here covers attention-only models; {cfg.name!r} has MLPs")
-    biases = [b for b in ("b_V", "b_O", "b_U") if getattr(model, b, None) is not None]
-    if biases:
-        raise ValueError(f"path expansion here covers bias-free models; {cfg.name!r} has {biases}")
     if isinstance(text_or_tokens, RunResult):
         logits, cache = text_or_tokens.logits, text_or_tokens.cache
     else:
         with torch.no_grad():
             logits, cache = model.run_with_cache(text_or_tokens)
     tokens = cache.tokens
+    dtype = logits.dtype
     inv = 1.0 / ln_scales(model, cache)  # [batch, L + 1, pos]
-    eye = torch.eye(tokens.shape[-1], dtype=logits.dtype)
+    b, pos = tokens.shape
+    eye = torch.eye(pos, dtype=dtype, device=logits.device)
     # a layer norm reads (x - mean(x)) / scale: the centering is the projection C on d_model
     # (the identity when, as after folding, every writer is already mean-zero)
     d = cfg.d_model
-    C = torch.eye(d, dtype=logits.dtype) - 1.0 / d if cfg.normalization == "layernorm" else None
+    C = torch.eye(d, dtype=dtype, device=logits.device) - 1.0 / d if cfg.normalization == "layernorm" else None
     read = (lambda W: W) if C is None else (lambda W: C @ W)
-    # partial paths (heads, A [batch|1, dest, src] from x0 to here, W [d_model, d_model] or None = identity)
-    paths = [((), eye[None], None)]
+    sources = {"embed": cache.resid[:, 0]}
     for layer in range(cfg.n_layers):
-        extended = []
-        for heads, A, W in paths:
-            for h in range(cfg.n_heads):
-                # the head reads the stream divided by this layer's norm: A^h D_layer A
-                A_h = (cache.patterns[:, layer, h] * inv[:, layer, None, :]) @ A
-                ov = read(model.W_V[layer, h]) @ model.W_O[layer, h]
-                extended.append((heads + ((layer, h),), A_h, ov if W is None else W @ ov))
-        paths += extended
+        sources[f"stream{layer}"] = cache.resid[:, layer]
+        bias = _attention_bias(model, layer)
+        if bias is not None:
+            sources[f"bias{layer}"] = bias.to(dtype).expand(b, pos, d)
+        if cache.mlp_out is not None:
+            sources[f"mlp{layer}"] = cache.mlp_out[:, layer]
+    if model.b_U is not None:
+        sources["b_U"] = torch.ones(b, pos, 1, dtype=dtype)
     W_U = read(model.W_U)
-    terms = [
-        PathTerm(heads=heads, term=TensorProductTerm(inv[:, -1, :, None] * A, W_U if W is None else W @ W_U))
-        for heads, A, W in paths
-    ]
-    return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits)
+    ov = {}  # (layer, head) -> W_OV as its layer reads it
+
+    def head_term(path):
+        A, W = eye[None], None
+        for layer, h in path:
+            # the head reads the stream divided by this layer's norm: A^h D_layer A
+            A = (cache.patterns[:, layer, h] * inv[:, layer, None, :]) @ A
+            if (layer, h) not in ov:
+                ov[layer, h] = read(model.W_V[layer, h]) @ model.W_O[layer, h]
+            W = ov[layer, h] if W is None else W @ ov[layer, h]
+        return A, W
+
+    terms = []
+    for source, path in path_specs(cfg, max_order):
+        if source not in sources:
+            continue
+        if source == "b_U":
+            terms.append(PathTerm((), TensorProductTerm(eye[None], model.b_U[None].to(dtype)), "b_U"))
+            continue
+        A, W = head_term(path)
+        terms.append(PathTerm(path, TensorProductTerm(inv[:, -1, :, None] * A, W_U if W is None else W @ W_U), source))
+    return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits, sources=sources)
+
+
+def _attention_bias(model, layer: int) -> torch.Tensor | None:
+    """``b_O + sum_h b_V^h W_O^h`` ``[d_model]`` of one attention layer (None without biases): what the
+    layer adds at every position whatever it attends to (each pattern row sums to 1)."""
+    parts = []
+    if model.b_O is not None:
+        parts.append(model.b_O[layer])
+    if model.b_V is not None:
+        parts.append(torch.einsum("he,hed->d", model.b_V[layer], model.W_O[layer]))
+    return sum(parts) if parts else None
 
 
 def ln_scales(model, cache) -> torch.Tensor:
@@ -167,5 +242,5 @@ def ln_scales(model, cache) -> torch.Tensor:
     scale = getattr(cache, "ln_scale", None)
     if scale is None or model.cfg.normalization is None:
         b, _, pos, _ = cache.resid.shape
-        return torch.ones(b, model.cfg.n_layers + 1, pos, dtype=cache.resid.dtype)
+        return torch.ones(b, model.cfg.n_layers + 1, pos, dtype=cache.resid.dtype, device=cache.resid.device)
     return scale

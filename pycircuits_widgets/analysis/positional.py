@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from .circuits import positional_qk_circuit
+from .circuits import model_name, positional_qk_circuit
+from .rotary import rotations
 
 
 def _diagonal_means(M: torch.Tensor, max_offset: int) -> torch.Tensor:
@@ -49,10 +50,10 @@ def positional_scores_by_offset(model, n_pos: int, max_offset: int, cache=None) 
             raise ValueError("rotary models need the activation cache of a text (the rule uses its mean query and key)")
         return _rotary_rule(model, cache, max_offset)
     if cfg.positional == "none" or getattr(model, "W_pos", None) is None:
-        raise ValueError(f"model {cfg.name!r} has no positional information (positional={cfg.positional!r})")
+        raise ValueError(f"model {model_name(model)!r} has no positional information (positional={cfg.positional!r})")
     if n_pos > cfg.n_ctx:
         raise ValueError(f"n_pos={n_pos} exceeds the model's context n_ctx={cfg.n_ctx}")
-    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1)
+    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1, device=model.W_Q.device)
     with torch.no_grad():
         for layer in range(cfg.n_layers):  # [H, n, n] per layer: bounded memory at n_ctx 1024
             circuit = positional_qk_circuit(model, layer)  # [H] x [n_ctx, n_ctx], factored
@@ -63,7 +64,7 @@ def positional_scores_by_offset(model, n_pos: int, max_offset: int, cache=None) 
 
 def _rotary_rule(model, cache, max_offset: int) -> torch.Tensor:
     cfg = model.cfg
-    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1)
+    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1, device=model.W_Q.device)
     with torch.no_grad():
         for layer in range(cfg.n_layers):
             x = cache.resid[:, layer] / cache.ln_scale[:, layer, :, None]
@@ -75,9 +76,9 @@ def _rotary_rule(model, cache, max_offset: int) -> torch.Tensor:
                 q = q + model.b_Q[layer]
             if model.b_K is not None:
                 k = k + model.b_K[layer]
-            # the mean query placed at positions 0..K, the mean key at position 0: R(k) between them
-            rotated = model._rotate(q[None, :, None, :].expand(1, -1, max_offset + 1, -1).contiguous())[0]
-            out[layer] = (rotated @ k[:, :, None])[..., 0].float() / cfg.attn_scale
+            # the mean query k positions after the mean key: R(k) between them, by this layer's rule
+            R = rotations(cfg, range(max_offset + 1), q.dtype, q.device, layer=layer)
+            out[layer] = torch.einsum("he,nef,hf->hn", q, R, k).float() / cfg.attn_scale
     return out
 
 

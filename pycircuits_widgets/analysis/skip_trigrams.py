@@ -23,13 +23,21 @@ column), so the circuits stay factored. Nothing ``d_vocab x d_vocab`` is ever fo
 Exact top-k at GPT-2 scale (``d_vocab`` 50257) in bounded memory: a triple from source ``s``
 scores at most ``maxQK(s) * maxOV(s)``. Sources are visited in order of the norm bound
 ``||k_s|| max_d ||q_d|| * ||v_s|| max_o ||u_o||`` (stopping once it falls below the running k-th
-score), their row maxima are first estimated with a low-precision GEMM (int8 where torch has
-an int8 matmul, else bfloat16) plus a rigorous error margin
-(an upper bound), and only sources whose upper bound beats the k-th score are recomputed in
+score), their row maxima are first estimated with a low-precision GEMM (``screen.ProductScreen``
+on the route its per-machine probe found exact: int8, int8 with 7-bit weights on AVX2-only CPUs,
+bfloat16 or float32) plus a rigorous error margin (an upper bound), and only sources whose upper bound beats the k-th score are recomputed in
 full precision. Row blocks keep memory at ``block_bytes`` per block.
 
 For deeper models only the direct-path (one-layer) terms of a head are read this way: it
 ignores composition, so ``skip_trigrams`` refuses unless ``approximate=True``.
+
+Rotary models (``rotary``): the QK circuit at query - key offset ``o`` is
+``W_E W_Q R(o) W_K^T W_E^T``, i.e. the query factor ``q R(o)``. At one offset the table is exact as
+above. Over a window, ``reduce="max"`` scores each triple at its strongest offset (reported per
+triple): the exact top-k of that maximum is the top-k of the union of each offset's exact top-k (a
+triple in the top-k of the maximum is beaten, at the offset where it peaks, only by triples that
+also beat it in the maximum). ``reduce="mean"`` reads the QK circuit averaged over the window,
+``q mean_o R(o)``, one exact table.
 """
 
 from __future__ import annotations
@@ -39,7 +47,12 @@ from dataclasses import dataclass
 import torch
 
 from ..screen import ProductScreen
-from .circuits import check_head, check_index, embedding, refuse_rotary_qk
+from .circuits import check_head, check_index, embedding, model_name
+from .finite import NonFiniteError, non_finite_error
+from .rotary import check_reduce, offset_window, rotations
+
+WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_U")
+"""The weights a head's skip-trigrams read (named when a result is not finite)."""
 
 BLOCK_BYTES = 8 << 20
 """Bytes of one full-precision row block. Under glibc's mmap threshold cap (32 MiB), so the
@@ -62,16 +75,18 @@ class SkipTrigram:
     qk: float
     ov: float
     score: float
+    offset: int | None = None
+    """Rotary models: the query - key offset ``qk`` and ``score`` are read at (None: not rotary, or
+    ``reduce="mean"`` over a window)."""
 
 
 def _check_exact(model, layer: int, head: int, approximate: bool) -> None:
     check_head(model, (layer, head))
-    refuse_rotary_qk(model, "a skip-trigram table")
     cfg = model.cfg
     exact = cfg.n_layers == 1 and cfg.attn_only
     if not exact and not approximate:
         raise ValueError(
-            f"skip-trigrams are exact only for one-layer attention-only models; {cfg.name!r} has "
+            f"skip-trigrams are exact only for one-layer attention-only models; {model_name(model)!r} has "
             f"{cfg.n_layers} layers{'' if cfg.attn_only else ' and MLPs'}. Pass approximate=True "
             "to read this head's direct-path circuits (W_E ... W_U), which ignore composition"
         )
@@ -84,7 +99,7 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     ``vocab`` (token ids) restricts all three roles to a sub-vocabulary, ``V = len(vocab)``,
     and the centring means run over it.
     """
-    W_E, W_U = embedding(model, layer).float(), model.W_U.float()  # per-token scale where exact
+    W_E, W_U = embedding(model, layer, torch.float32), model.W_U.float()  # per-token scale where exact
     if vocab is not None:
         W_E, W_U = W_E[vocab], W_U[:, vocab]
     reads = [model.W_Q[layer, head], model.W_K[layer, head], model.W_V[layer, head]]
@@ -97,21 +112,23 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     # min and max propagate NaN and show +-inf: one cheap pass instead of a bool tensor per factor
     if not bool(torch.isfinite(torch.stack([torch.stack(torch.aminmax(f)) for f in (q, k, v, u)])).all()):
         # NaN compares false everywhere: the top-k would silently come back empty
-        raise ValueError(f"the circuits of L{layer}.H{head} are not finite: the model's weights hold NaN or inf")
+        raise non_finite_error(f"the circuits of L{layer}.H{head}", model, WEIGHTS, q.dtype)
     return q, k, v, u
 
 
 class _TopTriples:
-    """Running exact top-k of ``(score, src, dest, out)``; ``threshold`` is the k-th score."""
+    """Running exact top-k of ``(score, src, dest, out)``; ``threshold`` is the k-th score, or
+    ``floor`` (scores at or below it are not wanted) while that is higher."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, device: torch.device, floor: float = 0.0):
         self.k = k
-        self.score = torch.empty(0)
-        self.idx = torch.empty(0, 3, dtype=torch.long)
+        self.floor = floor
+        self.score = torch.empty(0, device=device)
+        self.idx = torch.empty(0, 3, dtype=torch.long, device=device)
 
     @property
     def threshold(self) -> float:
-        return float(self.score.min()) if self.score.numel() >= self.k else 0.0
+        return max(self.floor, float(self.score.min()) if self.score.numel() >= self.k else 0.0)
 
     def add(self, score: torch.Tensor, idx: torch.Tensor) -> None:
         self.score = torch.cat([self.score, score])
@@ -121,14 +138,14 @@ class _TopTriples:
             self.idx = self.idx[keep]
 
 
-def _staircase(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _staircase(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs ``(i, j)`` of ranks with ``(i + 1) (j + 1) <= n`` (about ``n ln n`` of them).
 
     In the outer product of two descending non-negative lists, entry ``(i, j)`` is beaten or
     tied by the ``(i + 1) (j + 1)`` entries above-left of it, so only these pairs can be top-n.
     """
-    i = torch.arange(n).repeat_interleave(torch.tensor([n // (a + 1) for a in range(n)]))
-    j = torch.cat([torch.arange(n // (a + 1)) for a in range(n)])
+    i = torch.arange(n, device=device).repeat_interleave(torch.tensor([n // (a + 1) for a in range(n)], device=device))
+    j = torch.cat([torch.arange(n // (a + 1), device=device) for a in range(n)])
     return i, j
 
 
@@ -137,8 +154,12 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     qk_rows = k[src] @ q.T  # [n, dest]
     ov_rows = v[src] @ u  # [n, out]
     mq, mo = qk_rows.amax(1).clamp_min(0), ov_rows.amax(1).clamp_min(0)
+    bound = mq * mo  # every score of a source is at most this (NaN if a row holds NaN)
+    if not bool(torch.isfinite(bound).all()):
+        raise NonFiniteError(f"the skip-trigram scores overflow {bound.dtype} (a QK or OV circuit entry, or "
+                             "their product, exceeds its range)")
     tau = top.threshold
-    live = mq * mo > tau
+    live = bound > tau
     if not live.any():
         return
     if not live.all():  # (a copy of the rows: skip it when every source is live)
@@ -151,7 +172,7 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
         n_q = int((qv * mo[:, None] > tau).sum(1).max().clamp_min(1))
         n_o = int((ov * mq[:, None] > tau).sum(1).max().clamp_min(1))
     qv, qi, ov, oi = qv[:, :n_q], qi[:, :n_q], ov[:, :n_o], oi[:, :n_o]
-    i, j = _staircase(top.k)
+    i, j = _staircase(top.k, qv.device)
     keep = (i < n_q) & (j < n_o)
     i, j = i[keep], j[keep]
     score = qv[:, i].clamp_min(0) * ov[:, j].clamp_min(0)  # [n, pairs]; 0 unless both positive
@@ -162,14 +183,15 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     top.add(best[ok], idx)
 
 
-def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
-    """Exact top-``n`` of ``(q_d . k_s) * (v_s . u_o)`` over positive factors.
+def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, floor: float = 0.0):
+    """Exact top-``n`` of ``(q_d . k_s) * (v_s . u_o)`` over positive factors, among scores above
+    ``floor`` (default 0: every positive one; ``top_over_offsets`` raises it to prune).
 
     Returns ``(score [n'], idx [n', 3] = (src, dest, out))`` sorted by score, ``n' <= n``
     (fewer if fewer triples have both factors positive). See module docstring for the method.
     """
     V = k.shape[0]
-    top = _TopTriples(n)
+    top = _TopTriples(n, k.device, floor)
     q_max, u_max = q.norm(dim=1).max(), u.norm(dim=0).max()
     k_norm, v_norm = k.norm(dim=1), v.norm(dim=1)
     norm_bound = k_norm * q_max * v_norm * u_max
@@ -202,13 +224,16 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
 
 
 def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool = False,
-                  vocab=None, block_bytes: int = BLOCK_BYTES) -> list[SkipTrigram]:
+                  vocab=None, block_bytes: int = BLOCK_BYTES, offset=None, reduce: str = "max") -> list[SkipTrigram]:
     """Top-``k`` skip-trigrams ``[source] ... [destination] -> [out]`` of head ``(layer, head)``.
 
     Score ``qk * ov`` with ``qk`` the row-centred full QK circuit ``W_E W_Q W_K^T W_E^T [dest, src]``
     and ``ov`` the row-centred full OV circuit ``W_E W_V W_O W_U [src, out]`` (module docstring).
     Exact for one-layer attention-only models; deeper models need ``approximate=True`` (direct
-    path only). Refuses rotary models. ``vocab`` (token ids, optional) restricts source,
+    path only). Rotary models: the QK circuit at query - key ``offset`` (an int, or a window of
+    offsets reduced by ``reduce``, "max" or "mean"; default ``rotary.DEFAULT_OFFSETS`` with "max":
+    each triple at its strongest offset, given as ``SkipTrigram.offset``); other models take no
+    offset. ``vocab`` (token ids, optional) restricts source,
     destination and out to tokens that occur in real text: a trained model's never-seen
     tokens keep near-initial embeddings whose circuits are noise. Memory: the
     ``[d_vocab, d_head]`` factors plus one row block of ``block_bytes``. Returns a list
@@ -217,19 +242,70 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     _check_exact(model, layer, head, approximate)
+    offsets = offset_window(model, offset, "a skip-trigram table")
+    check_reduce(reduce)
     ids = torch.arange(model.cfg.d_vocab) if vocab is None else _check_vocab(model, vocab)
     with torch.no_grad():
         q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
-        score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
+        R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
+        try:
+            score, idx, at = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, block_bytes, floor),
+                                              q, R, reduce, n=k)
+        except NonFiniteError as err:  # name the weights behind the overflow
+            raise non_finite_error(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype) from err
+        qk = qk_entries(q, kk, idx, R, at)
         strings = model.token_strings
         out = []
-        for sc, (s, d, o) in zip(score.tolist(), idx.tolist()):
+        for j, (sc, (s, d, o)) in enumerate(zip(score.tolist(), idx.tolist())):
             S, D, O = (int(ids[x]) for x in (s, d, o))
             out.append(SkipTrigram(
                 source=S, destination=D, out=O, source_str=strings[S], destination_str=strings[D],
-                out_str=strings[O], qk=float(q[d] @ kk[s]), ov=float(v[s] @ u[:, o]), score=sc,
+                out_str=strings[O], qk=float(qk[j]), ov=float(v[s] @ u[:, o]), score=sc,
+                offset=None if at is None else offsets[int(at[j])],
             ))
     return out
+
+
+def top_over_offsets(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max", n: int | None = None):
+    """``search(q', floor) -> (score [n'], idx [n', 3])`` (an exact top-n of the scores above ``floor``,
+    e.g. ``top_skip_trigrams``) run on the query factor ``q [V, d_head]`` as the rotary circuit reads
+    it (module docstring).
+
+    ``R``: None (not rotary: ``search(q, 0)``), or ``[n_offsets, d_head, d_head]`` rotations of a window:
+    "mean" searches ``q R.mean(0)`` once; "max" searches each ``q R[i]`` and keeps each triple at its
+    best offset, then the top ``n`` (the search's n). Each search after the first only needs scores
+    above the ``n``-th best so far: a triple in the final top n scores at least that at the offset where
+    it peaks. Returns ``(score, idx, at)``, ``at [n']`` the index into ``R`` of each triple's offset
+    (None unless "max" over ``R``)."""
+    if R is None:
+        return (*search(q, 0.0), None)
+    if check_reduce(reduce) == "mean":
+        return (*search(q @ R.mean(0), 0.0), None)
+    best: dict = {}
+    floor = 0.0
+    for i in range(R.shape[0]):
+        score, idx = search(q @ R[i], floor)
+        n = score.numel() if n is None else n
+        for value, key in zip(score.tolist(), map(tuple, idx.tolist())):
+            if key not in best or value > best[key][0]:
+                best[key] = (value, i)
+        if n and len(best) >= n:
+            floor = sorted((v for v, _ in best.values()), reverse=True)[n - 1]
+    ranked = sorted(best.items(), key=lambda item: -item[1][0])[:n or 0]
+    idx = torch.tensor([key for key, _ in ranked], dtype=torch.long).reshape(-1, 3)
+    return (torch.tensor([v for _, (v, _) in ranked], dtype=q.dtype),
+            idx, torch.tensor([i for _, (_, i) in ranked], dtype=torch.long))
+
+
+def qk_entries(q, k, idx, R=None, at=None) -> torch.Tensor:
+    """Entries ``QKc[dest, src]`` of the centred circuit for triples ``idx [n, 3] = (src, dest, out)``:
+    ``q[dest] . k[src]`` with the query rotated as ``top_over_offsets`` read it (``R[at]`` per triple,
+    or the window's mean rotation)."""
+    src, dest = idx[:, 0], idx[:, 1]
+    qd = q[dest]
+    if R is not None:
+        qd = (qd[:, None] @ R[at])[:, 0] if at is not None else qd @ R.mean(0)
+    return (qd * k[src]).sum(1)
 
 
 def _check_vocab(model, vocab) -> torch.Tensor:
@@ -241,39 +317,50 @@ def _check_vocab(model, vocab) -> torch.Tensor:
 
 
 def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 10,
-                  approximate: bool = False, factors=None) -> list[tuple[int, str, float]]:
+                  approximate: bool = False, factors=None, offset=None,
+                  reduce: str = "max") -> list[tuple[int, str, float]]:
     """One token against the whole vocabulary, through head ``(layer, head)``'s centred circuits.
 
     ``mode``: ``"attends_to"`` (row ``token`` of QK: which sources ``token`` attends to as a
     destination), ``"attended_by"`` (column ``token`` of QK: which destinations attend to it),
     ``"copies_to"`` (row ``token`` of OV: which out logits attending to it raises).
+    Rotary models: QK rows at ``offset`` / over a window reduced by ``reduce`` (each entry's max or
+    mean over the window; default ``rotary.DEFAULT_OFFSETS``, as ``skip_trigrams``).
     Returns the top ``k`` as ``(token id, token string, centred score)``, best first.
     ``factors``: this head's ``centred_factors`` if already computed (several queries of one head).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _check_exact(model, layer, head, approximate)
+    offsets = offset_window(model, offset, "a skip-trigram query")
+    check_reduce(reduce)
     V = model.cfg.d_vocab
     token = check_index(token, "token (a vocab id)", V)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
         raise ValueError(f"k must be in 1..{V}, got {k!r}")
     with torch.no_grad():
         q, kk, v, u = factors if factors is not None else centred_factors(model, layer, head)
-        row = {"attends_to": lambda: kk @ q[token], "attended_by": lambda: q @ kk[token],
-               "copies_to": lambda: v[token] @ u}[mode]()
+        R = None if offsets is None or mode == "copies_to" else rotations(model.cfg, offsets, q.dtype, q.device,
+                                                                          layer=layer)
+        if mode == "copies_to":
+            row = v[token] @ u
+        else:  # one row per offset, [n_offsets, V], then reduced over them
+            Rs = torch.eye(q.shape[1], dtype=q.dtype, device=q.device)[None] if R is None else R
+            rows = (kk @ (q[token] @ Rs).mT).mT if mode == "attends_to" else (q @ Rs) @ kk[token]
+            row = rows.amax(0) if reduce == "max" else rows.mean(0)
         values, ids = torch.topk(row, k)
     strings = model.token_strings
     return [(i, strings[i], val) for i, val in zip(ids.tolist(), values.tolist())]
 
 
-def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int):
+def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, floor: float = 0.0):
     """A quick first answer for a large vocabulary: the exact top-``n`` skip-trigrams among the
     ``n_sources`` sources with the largest factor norms ``|k[s]| |v[s]|`` (an upper bound on
     every score of source ``s`` up to the query and out factors), which are likely strong.
     Same inputs and output as :func:`top_skip_trigrams` (source ids are vocabulary ids).
     """
     src = torch.argsort(k.norm(dim=1) * v.norm(dim=1), descending=True)[:n_sources]
-    score, idx = top_skip_trigrams(q, k[src], v[src], u, n)
+    score, idx = top_skip_trigrams(q, k[src], v[src], u, n, floor=floor)
     idx = idx.clone()
     idx[:, 0] = src[idx[:, 0]]  # subset-local source -> vocab id
     return score, idx

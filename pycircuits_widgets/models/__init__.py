@@ -16,13 +16,14 @@ from .checkpoints import CheckpointError, load_json, load_tensors
 from .circuit_model import ActivationCache, CircuitModel
 from .config import ModelConfig
 from .folding import fold_attn_only
+from .rotary import rotary_frequencies
 from .tokenizer import Tokenizer
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 PRETRAINED = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
 
 __all__ = ["ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CircuitModel", "ModelConfig",
-           "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "load_attn_only", "load_pretrained"]
+           "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "load_attn_only", "load_pretrained", "rotary_frequencies"]
 
 
 def from_attn_only(model: AttnOnlyTransformer, tokenizer: Tokenizer | None = None) -> CircuitModel:

@@ -23,7 +23,13 @@ attribute      shape                                meaning
 ``b_*``        ``b_Q/b_K/b_V [L, H, d_head]``,      optional biases (None in the paper's models)
                ``b_O [L, d_model]``, ``b_in [L,
                d_mlp]``, ``b_out [L, d_model]``,
-               ``b_U [d_vocab]``
+               ``b_U [d_vocab]``, ``b_gate [L,
+               d_mlp]``
+``w_qnorm``,   ``[L, H, d_head]`` (``b_qnorm``,     QK-norm scale (and bias) per query / key
+``w_knorm``    ``b_knorm`` optional)                head, ``cfg.qk_norm`` only
+``w_post_*``   ``w_post_attn/w_post_mlp [L,         post-norm scales, ``cfg.post_norms`` only
+               d_model]``
+``W_router``   ``[L, d_model, n_experts]``          mixture of experts only (``cfg.n_experts``)
 ``OV``         FactoredMatrix ``[L, H]`` of         ``W_V @ W_O`` (paper: ``W_O W_V``)
                ``d_model x d_model``
 ``QK``         FactoredMatrix ``[L, H]`` of         ``W_Q @ W_K^T`` (paper: ``W_Q^T W_K``);
@@ -45,15 +51,18 @@ import torch.nn.functional as F
 
 from ..factored import FactoredMatrix
 from .config import ModelConfig
+from .rotary import is_rotary_layer, rotary_frequencies
 from .tokenizer import escape_invisible
 
 _WEIGHTS = ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate",
-            "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")
+            "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U", "b_gate",
+            "w_qnorm", "b_qnorm", "w_knorm", "b_knorm", "w_post_attn", "w_post_mlp", "W_router")
 _ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
+    "relu2": lambda x: F.relu(x).square(),
 }
 
 
@@ -67,11 +76,36 @@ def check_weight(name: str, value, where: str = "CircuitModel") -> None:
     if value.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{where}: {name} has dtype {str(value.dtype).removeprefix('torch.')}; expected a "
                         "real floating-point tensor (float16, bfloat16, float32 or float64)")
+    if value.device.type == "meta":
+        raise ValueError(f"{where}: {name} is on the meta device (shapes only, no values); load the weights "
+                         "first (e.g. from_pretrained without device_map='meta', or to_empty() then "
+                         "load_state_dict())")
+    # one sum first (25x cheaper than isfinite at W_E's size; NaN and inf propagate through it); the
+    # elementwise check only when the sum is not finite, which also tells a sum that overflowed apart
+    if value.numel() and bool(torch.isfinite(value.sum())):
+        return
     finite = torch.isfinite(value)
     if not bool(finite.all()):
         bad = (~finite).nonzero()[0].tolist()
         raise ValueError(f"{where}: {name} has {int((~finite).sum())} non-finite values (NaN or inf), first at "
                          f"index {tuple(bad)}; weights must be finite")
+
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _normalize(x: torch.Tensor, kind: str | None, eps: float, dtype: torch.dtype | None = None):
+    """``(x_normed, scale)`` in ``dtype`` (default ``x``'s): layernorm centres then divides by
+    ``sqrt(mean(x^2) + eps)``, rmsnorm only divides; None is the identity. Statistics in float32
+    for half-precision ``x``."""
+    dtype = dtype or x.dtype
+    if kind is None:
+        return x.to(dtype), torch.ones(x.shape[:-1], dtype=dtype, device=x.device)
+    xf = x.float() if x.dtype in HALF else x
+    if kind == "layernorm":
+        xf = xf - xf.mean(-1, keepdim=True)
+    scale = torch.sqrt(xf.pow(2).mean(-1) + eps)
+    return (xf / scale[..., None]).to(dtype), scale.to(dtype)
 
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -95,6 +129,11 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...] | None]:
         "W_gate": (L, d, cfg.d_mlp) if mlp and cfg.gated_mlp else None,
         "b_Q": (L, H, dh), "b_K": (L, H, dh), "b_V": (L, H, dh), "b_O": (L, d),
         "b_in": (L, cfg.d_mlp) if mlp else None, "b_out": (L, d) if mlp else None, "b_U": (cfg.d_vocab,),
+        "b_gate": (L, cfg.d_mlp) if mlp and cfg.gated_mlp else None,
+        **{name: (L, H, dh) if cfg.qk_norm else None for name in ("w_qnorm", "b_qnorm", "w_knorm", "b_knorm")},
+        "w_post_attn": (L, d) if cfg.post_norms else None,
+        "w_post_mlp": (L, d) if cfg.post_norms and mlp else None,
+        "W_router": (L, d, cfg.n_experts) if cfg.n_experts else None,
     }
 
 
@@ -112,7 +151,8 @@ class ActivationCache:
       sizes it is the largest tensor here (GPT-2-medium, 100 tokens: 157 MB) and most
       analyses never read it
     * ``mlp_out [b, L, pos, d_model]`` or None (attention-only), ``b_out`` included
-    * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read,
+    * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read (ones for
+      the layers of a model without pre-norms, ``cfg.pre_norm`` False),
       aligned with ``resid``: layer ``l``'s attention reads ``resid[:, l] / ln_scale[:, l, :, None]``
       (after centering for layernorm) and the unembedding reads
       ``resid[:, L] / ln_scale[:, L, :, None]``. All ones when normalization is None.
@@ -120,8 +160,10 @@ class ActivationCache:
       ``(resid[:, l] + attention output of layer l) / ln_scale_mlp[:, l, :, None]``, or
       ``resid[:, l] / ln_scale_mlp[:, l, :, None]`` when ``cfg.parallel_attn_mlp`` (GPT-NeoX).
 
-    Identity (exact up to float rounding): ``resid[:, L] = embed + head_out.sum((1, 2))
-    (+ b_O.sum(0)) (+ mlp_out.sum(1))``. With ``patterns`` and ``ln_scale`` frozen, the logits
+    Identity (exact up to float rounding), without post-norms (``cfg.post_norms`` False):
+    ``resid[:, L] = embed + head_out.sum((1, 2)) (+ b_O.sum(0)) (+ mlp_out.sum(1))``; with them,
+    each layer adds ``norm(attention output) * w_post_attn`` instead (``mlp_out`` is already the
+    post-normed MLP output). With ``patterns`` and ``ln_scale`` frozen, the logits
     are linear in ``embed``, each ``head_out`` and each ``mlp_out``.
     """
 
@@ -171,6 +213,12 @@ class CircuitModel:
             required.add("W_pos")
         if not c.attn_only:
             required |= {"W_in", "W_out"} | ({"W_gate"} if c.gated_mlp else set())
+        if c.qk_norm is not None:
+            required |= {"w_qnorm", "w_knorm"}
+        if c.post_norms:
+            required |= {"w_post_attn"} | (set() if c.attn_only else {"w_post_mlp"})
+        if c.n_experts:
+            required.add("W_router")
         for name, shape in weight_shapes(c).items():
             value = getattr(self, name)
             if value is None:
@@ -295,47 +343,60 @@ class CircuitModel:
         return tokens.long().to(self.device)
 
     # --- forward --------------------------------------------------------------------------
-    def read(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalise ``x [..., d_model]`` as a layer reading the residual stream does (centering for
         layernorm, then division by the norm; the learned scale is folded into the reader):
-        ``(x_normed [..., d_model], scale [...])``. Identity and ones when normalization is None."""
-        norm = self.cfg.normalization
-        if norm is None:
-            return x, torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
-        if norm == "layernorm":
-            x = x - x.mean(-1, keepdim=True)
-        scale = torch.sqrt(x.pow(2).mean(-1) + self.cfg.eps)
-        return x / scale[..., None], scale
+        ``(x_normed [..., d_model], scale [...])``. Identity and ones when normalization is None.
+        Half-precision streams are normalised in float32 (as Hugging Face's norms compute); the
+        result is in ``dtype``, default the model's (the forward keeps a half-precision model's stream
+        in float32; an analysis widening 16-bit weights asks for its working dtype)."""
+        return _normalize(x, self.cfg.normalization, self.cfg.eps, dtype or self.dtype)
 
-    def _rotary_tables(self, pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin) [pos, rotary_dim]`` of the rotary angles, in ``like``'s dtype and device.
-        Kept for the last length: every layer (and Q and K) of a forward pass uses the same."""
-        key = (pos, like.dtype, like.device)
-        cached = getattr(self, "_rotary_cache", None)
-        if cached is None or cached[0] != key:
-            r = self.cfg.rotary_dim
-            inv = self.cfg.rotary_base ** (-torch.arange(0, r, 2, dtype=torch.float32, device=like.device) / r)
-            angle = torch.arange(pos, dtype=torch.float32, device=like.device)[:, None] / self.cfg.rotary_scale * inv
-            cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
-            cached = self._rotary_cache = (key, cos.to(like.dtype), sin.to(like.dtype))
-        return cached[1], cached[2]
+    def _rotary_tables(self, layer: int, pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin) [pos, rotary_dim]`` of layer ``layer``'s rotary angles (``rotary.rotary_frequencies``,
+        the attention scaling multiplied in), float32 on ``like``'s device. Kept per frequency rule for
+        the last length: layers (and Q and K) with the same rule share them."""
+        inv, scaling = rotary_frequencies(self.cfg, layer, pos, device=like.device)
+        key = (pos, like.device, tuple(inv.tolist()), scaling)
+        cache = self.__dict__.setdefault("_rotary_cache", {})
+        if key not in cache:
+            if len(cache) > 8:
+                cache.clear()
+            angle = torch.arange(pos, dtype=torch.float32, device=like.device)[:, None] * inv
+            cache[key] = (torch.cat([angle.cos()] * 2, -1) * scaling, torch.cat([angle.sin()] * 2, -1) * scaling)
+        return cache[key]
 
-    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding (GPT-NeoX ``rotate_half`` layout) of ``x [b, H, pos, d_head]``; positions
-        are divided by ``cfg.rotary_scale`` (linear RoPE scaling)."""
+    def _rotate(self, x: torch.Tensor, layer: int = 0) -> torch.Tensor:
+        """Rotary embedding (GPT-NeoX ``rotate_half`` layout) of ``x [b, H, pos, d_head]`` by layer
+        ``layer``'s frequencies (``rotary.rotary_frequencies``); computed in float32, returned in
+        ``x``'s dtype. A layer without rotary returns ``x``."""
+        if not is_rotary_layer(self.cfg, layer):
+            return x
         r = self.cfg.rotary_dim
-        cos, sin = self._rotary_tables(x.shape[-2], x)
-        rot, rest = x[..., :r], x[..., r:]
+        cos, sin = self._rotary_tables(layer, x.shape[-2], x)
+        rot, rest = x[..., :r].float(), x[..., r:]
         half = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
-        return torch.cat([rot * cos + half * sin, rest], -1)
+        return torch.cat([(rot * cos + half * sin).to(x.dtype), rest], -1)
+
+    def _qk_norm(self, layer: int, x: torch.Tensor, which: str) -> torch.Tensor:
+        """Query/key norm (``cfg.qk_norm``) of ``x [b, H, pos, d_head]`` with weights ``w_{which}norm``."""
+        w, b = getattr(self, f"w_{which}norm")[layer], getattr(self, f"b_{which}norm")
+        if self.cfg.qk_norm_heads:
+            xn = _normalize(x, self.cfg.qk_norm, self.cfg.eps)[0]
+        else:  # one norm over every head of a position (OLMo 2)
+            flat = x.transpose(1, 2).flatten(2)
+            xn = _normalize(flat, self.cfg.qk_norm, self.cfg.eps)[0].reshape(x.transpose(1, 2).shape).transpose(1, 2)
+        xn = xn * w[:, None]
+        return xn + b[layer][:, None] if b is not None else xn
 
     def _attention(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One attention layer reading ``x [b, pos, d_model]``: (pattern ``[b, H, dest, src]``,
         z ``[b, H, pos, d_head]``, the heads' summed output ``[b, pos, d_model]`` without ``b_O``,
         scale ``[b, pos]``)."""
+        cfg = self.cfg
         pos = x.shape[1]
-        xn, scale = self.read(x)
-        qk_in = xn + self.W_pos[:pos] if self.cfg.positional == "shortformer" else xn
+        xn, scale = self.read(x) if cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
+        qk_in = xn + self.W_pos[:pos] if cfg.positional == "shortformer" else xn
         # [b, 1, pos, d] @ [H, d, d_head]: a batched product reading each head's weight in place
         # (an einsum here copies every weight into a [d, H * d_head] layout on each call)
         q = qk_in[:, None] @ self.W_Q[layer]
@@ -347,11 +408,23 @@ class CircuitModel:
             k = k + self.b_K[layer][:, None]
         if self.b_V is not None:
             v = v + self.b_V[layer][:, None]
-        if self.cfg.positional == "rotary":
-            q, k = self._rotate(q), self._rotate(k)
-        scores = q @ k.transpose(-1, -2) / self.cfg.attn_scale
-        causal = torch.ones(pos, pos, dtype=torch.bool, device=x.device).tril()
-        pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        if cfg.clip_qkv is not None:
+            q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
+        if cfg.qk_norm is not None:
+            q, k = self._qk_norm(layer, q, "q"), self._qk_norm(layer, k, "k")
+        q, k = self._rotate(q, layer), self._rotate(k, layer)
+        # scores and softmax in float32 for half-precision models (Hugging Face's softmax is float32)
+        scores = q.float() @ k.float().transpose(-1, -2) / cfg.attn_scale
+        if cfg.attn_softcap is not None:
+            scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
+        offset = torch.arange(pos, device=x.device)[None, :] - torch.arange(pos, device=x.device)[:, None]  # j - i
+        if cfg.alibi_slopes is not None:
+            slopes = torch.tensor(cfg.alibi_slopes, dtype=torch.float32, device=x.device)
+            scores = scores + slopes[:, None, None] * offset
+        visible = offset <= 0
+        if cfg.window is not None and cfg.window[layer] is not None:
+            visible = visible & (offset > -cfg.window[layer])
+        pattern = scores.masked_fill(~visible, float("-inf")).softmax(-1).to(v.dtype)
         z = pattern @ v
         b, H, _, dh = z.shape
         # one product over all heads (not per head, then summed): what HF's output projection costs
@@ -359,17 +432,35 @@ class CircuitModel:
         return pattern, z, out, scale
 
     def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xn, scale = self.read(x)
+        xn, scale = self.read(x) if self.cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
         b_in = self.b_in[layer] if self.b_in is not None else 0
         act = _ACTIVATIONS[self.cfg.act_fn]
         if not self.cfg.gated_mlp:
             hidden = act(xn @ self.W_in[layer] + b_in)
-        elif self.cfg.b_in_outside_gate:  # TransformerLens 2.x GatedMLP
-            hidden = act(xn @ self.W_gate[layer]) * (xn @ self.W_in[layer]) + b_in
         else:
-            hidden = act(xn @ self.W_gate[layer]) * (xn @ self.W_in[layer] + b_in)
+            gate = act(xn @ self.W_gate[layer] + (self.b_gate[layer] if self.b_gate is not None else 0))
+            if self.cfg.b_in_outside_gate:  # TransformerLens 2.x GatedMLP
+                hidden = gate * (xn @ self.W_in[layer]) + b_in
+            else:
+                hidden = gate * (xn @ self.W_in[layer] + b_in)
+        if self.cfg.n_experts:
+            hidden = hidden * self._expert_weights(layer, xn).to(hidden.dtype)
         out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
         return out, scale
+
+    def _expert_weights(self, layer: int, xn: torch.Tensor) -> torch.Tensor:
+        """Mixture of experts: each neuron's routing weight ``[..., d_mlp]`` for the normalised input
+        ``xn [..., d_model]`` (softmax over experts in float32, top ``experts_per_token`` kept and
+        renormalised, as Mixtral's router; zero for the experts not chosen)."""
+        c = self.cfg
+        probs = (xn @ self.W_router[layer]).float().softmax(-1)
+        top, chosen = probs.topk(c.experts_per_token, dim=-1)
+        weights = torch.zeros_like(probs).scatter(-1, chosen, top / top.sum(-1, keepdim=True))
+        return weights.repeat_interleave(c.d_mlp // c.n_experts, dim=-1)
+
+    def _post_norm(self, out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """A post-norm (``cfg.post_norms``): ``norm(out) * w`` before ``out`` joins the stream."""
+        return self.read(out)[0] * w
 
     def run_with_cache(self, tokens) -> tuple[torch.Tensor, ActivationCache]:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids) -> (``logits [batch, pos, d_vocab]``,
@@ -378,7 +469,9 @@ class CircuitModel:
         if tokens.ndim == 1:
             tokens = tokens[None]
         pos = tokens.shape[1]
-        x = self.W_E[tokens]
+        # a half-precision model's residual stream is summed in float32 (each layer reads it in the
+        # model's dtype): more accurate than the source's half-precision sums, never less
+        x = self.W_E[tokens].to(torch.float32 if self.dtype in HALF else self.dtype)
         if self.cfg.positional == "learned":
             x = x + self.W_pos[:pos]
         embed = x
@@ -390,18 +483,24 @@ class CircuitModel:
             patterns.append(pattern)
             zs.append(z)
             scales["attn"].append(scale)
-            x = x + attn_out + (self.b_O[layer] if self.b_O is not None else 0)
+            attn_out = attn_out + (self.b_O[layer] if self.b_O is not None else 0)
+            x = x + (self._post_norm(attn_out, self.w_post_attn[layer]) if self.cfg.post_norms else attn_out)
             if not self.cfg.attn_only:
                 # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
                 mlp_out, scale = self._mlp(layer, resid[-1] if self.cfg.parallel_attn_mlp else x)
+                if self.cfg.post_norms:
+                    mlp_out = self._post_norm(mlp_out, self.w_post_mlp[layer])
                 mlp_outs.append(mlp_out)
                 scales["mlp"].append(scale)
                 x = x + mlp_out
         resid.append(x)
         xn, final_scale = self.read(x)
         logits = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
+        if self.cfg.final_softcap is not None:
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
 
         b, d = tokens.shape[0], self.cfg.d_model
+        x, embed, resid = x.to(self.dtype), embed.to(self.dtype), [r.to(self.dtype) for r in resid]
         ln_scale = torch.stack(scales["attn"] + [final_scale], 1)
         ln_scale_mlp = None
         if not self.cfg.attn_only:

@@ -46,7 +46,8 @@ def center_readers(weights: dict, cfg: ModelConfig) -> dict:
     inputs after the norm. Other entries (and models without layer norm) are returned unchanged."""
     if cfg.normalization != "layernorm":
         return dict(weights)
-    readers = {"W_V", "W_in", "W_gate", "W_U"} | (set() if cfg.positional == "shortformer" else {"W_Q", "W_K"})
+    readers = {"W_V", "W_in", "W_gate", "W_router", "W_U"} | (set() if cfg.positional == "shortformer"
+                                                              else {"W_Q", "W_K"})
     return {k: center_reading_weights(v) if k in readers and v is not None else v for k, v in weights.items()}
 
 

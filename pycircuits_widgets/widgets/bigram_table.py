@@ -22,7 +22,10 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
     click a token to select it (``token``) and see what the model predicts after it.
 
     Rows are computed on the widget's runner (``on_demand``): every row up front for
-    vocabularies up to ``EMBED_ALL_MAX_VOCAB`` tokens, else each selected token's row.
+    vocabularies up to ``EMBED_ALL_MAX_VOCAB`` tokens, else each selected token's row, which the
+    kernel answers whether or not the view is ``active`` (one row is a ``d_model x d_vocab``
+    product: milliseconds at any vocabulary size); selecting a token in an inactive small-vocabulary
+    table starts it.
 
     Args:
         model: any weight view (zero layers included).
@@ -73,8 +76,12 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
 
     def _on_token(self, change):
         t = change["new"]
-        if self.active and not self.complete and t >= 0:
+        if t < 0:
+            return
+        if not self.complete:
             self._runner.submit("rows", lambda: self._rows_steps([t]))
+        elif not self.active:  # every row at once (milliseconds): the selected one is among them
+            self.active = True
 
     def _rows_steps(self, wanted: list[int]):
         """Add the rows of ``wanted`` not computed yet (on the runner's thread, one job at a time)."""

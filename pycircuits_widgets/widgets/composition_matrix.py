@@ -5,16 +5,12 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import (
-    KINDS,
-    OffsetsRequired,
-    composition_baseline,
-    composition_detail,
-    composition_scores,
-)
+from ..analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
+from ..analysis.rotary import reduce_offsets
 from . import offline
 from .base import CircuitWidget, rolls_back
 from .notes import direct_path_ignores
+from .offset_window import OffsetWindow
 from .payload import encode_array
 from .selection import HeadSelection, Runner, check_model
 
@@ -25,7 +21,7 @@ NORMS = {"correct": "correct", "erratum": ERRATUM}
 """Panel -> the ``norm`` of ``composition_scores`` it shows."""
 
 
-class CompositionMatrix(HeadSelection, CircuitWidget):
+class CompositionMatrix(OffsetWindow, HeadSelection, CircuitWidget):
     """Heatmap of ``kind``-composition scores (``pcw.composition_scores``) for every pair
     ``h1 -> h2`` with ``h1`` in an earlier layer (rows: writing head h1, columns: reading
     head h2). Toggles: Q/K/V, baseline-subtracted or raw, and the published erratum
@@ -43,14 +39,24 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     fills in the rest (e.g. before ``save_html``). ``recompute_detail()`` runs the detail
     synchronously.
 
+    Rotary models: Q- and K-composition depend on the query - key offset of the reading head
+    (``W_QK = W_Q R(offset) W_K^T``); each pair's table entry is its largest score over ``offsets``
+    and its detail is at the offset where that is reached (``offset_note`` says so in the view).
+
     Args:
         model: a weight view with at least 2 layers.
         lazy: compute tables on first use (default: when the model has more than
             ``EAGER_HEADS`` heads).
+        offsets: rotary models: the window of query - key offsets Q/K-composition is read over
+            (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer passes its text's offsets).
     """
 
     _view = traitlets.Unicode("CompositionMatrix").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "selected_pair", "kind", "subtract_baseline", "show_erratum"})
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "kind", "subtract_baseline", "show_erratum",
+                                   "offsets"})
+    _window_text = ("Rotary positions: Q- and K-composition read h2's QK circuit W_Q R(offset) W_K^T {how}; each cell "
+                    "shows the pair's largest score and its detail is at the offset where that is reached. "
+                    "V-composition does not depend on position.")
     EAGER_HEADS = 64
 
     # -- data --
@@ -59,9 +65,6 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     tables computed so far (kind in Q/K/V, panel "correct" or "erratum", see ``NORMS``)."""
     baselines = traitlets.Dict().tag(sync=True)
     """{panel: float}: random-matrix score subtracted when ``subtract_baseline`` (panels computed so far)."""
-    notices = traitlets.Dict().tag(sync=True)
-    """{kind: why its tables are all NaN}: Q/K-composition of a rotary model is refused (it depends on
-    the query-key offset; ``pcw.composition_scores(..., offsets=...)`` scores it over a range of offsets)."""
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     detail = traitlets.Dict().tag(sync=True)
@@ -79,13 +82,14 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     selected_pair = traitlets.List(traitlets.Int()).tag(sync=True)
     """[l1, h1, l2, h2] with l1 < l2, or [] for none."""
 
-    def __init__(self, model, lazy: bool | None = None, **kwargs):
+    def __init__(self, model, lazy: bool | None = None, offsets=None, **kwargs):
         check_model(model, "CompositionMatrix")
         if model.cfg.n_layers < 2:
             raise ValueError(f"CompositionMatrix needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
         self.model = model
-        super().__init__(ignores=direct_path_ignores(model.cfg, composition=False), **kwargs)
+        window = self._init_window(offsets, "Q/K-composition")
+        super().__init__(ignores=direct_path_ignores(model.cfg, composition=False), **window, **kwargs)
         if lazy is None:
             lazy = model.cfg.n_layers * model.cfg.n_heads > self.EAGER_HEADS
         self._kinds_at_once = not lazy
@@ -109,22 +113,22 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
     def _tables(self, wanted) -> dict:
         """Trait updates holding every table computed so far, the ``wanted`` (kind, norm) ones
         added (built from ``_computed``, not the traits: a result still waiting to be applied
-        is never lost). A refused table (rotary Q/K) is NaN and ``notices[kind]`` says why."""
-        cfg = self.model.cfg
-        notices = dict(self.notices)
+        is never lost). Rotary Q/K: each pair's largest score over the offsets (a table of a window
+        changed meanwhile is not kept)."""
+        window = self._offsets
         with torch.no_grad():
             for kind, panel in wanted:
-                try:
-                    table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel])
-                except OffsetsRequired as exc:  # rotary Q/K: refused, the view says why
-                    notices[kind] = str(exc)
-                    table = torch.full((cfg.n_layers, cfg.n_heads) * 2, float("nan"))
-                self._computed[(kind, panel)] = encode_array(table, "float32")
+                offsets = window if kind in "QK" else None
+                table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel], offsets=offsets)
+                if offsets is not None:
+                    table = reduce_offsets(table, offsets, "max")[0]
+                if offsets is None or window == self._offsets:
+                    self._computed[(kind, panel)] = encode_array(table, "float32")
         scores, baselines = {}, {}
         for (kind, panel), payload in self._computed.items():
             scores.setdefault(kind, {})[panel] = payload
             baselines[panel] = composition_baseline(self.model, NORMS[panel])
-        return {"scores": scores, "baselines": baselines, "notices": notices}
+        return {"scores": scores, "baselines": baselines}
 
     def _apply_tables(self, wanted) -> None:
         if wanted:
@@ -174,10 +178,15 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
         self._runner.submit("tables", lambda: self._table_steps(kind, erratum))
         self._runner.submit("detail", lambda: self._detail_steps(pair, kind))
 
+    def _on_window(self) -> None:
+        self._computed = {key: table for key, table in self._computed.items() if key[0] == "V"}
+        self._on_pair({"name": "kind"})
+
     _offline_inputs = ("kind",)
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: the detail of every head pair for the composition kind shown."""
+        answers.needs_kernel(*self._window_needs_kernel())
         cfg, kind = self.model.cfg, self.kind
         pairs = [[l1, h1, l2, h2] for l1 in range(cfg.n_layers) for h1 in range(cfg.n_heads)
                  for l2 in range(l1 + 1, cfg.n_layers) for h2 in range(cfg.n_heads)]
@@ -205,8 +214,10 @@ class CompositionMatrix(HeadSelection, CircuitWidget):
             yield {"detail": {}}
             return
         with torch.no_grad():
-            d = composition_detail(self.model, kind, tuple(pair[:2]), tuple(pair[2:]))
+            d = composition_detail(self.model, kind, tuple(pair[:2]), tuple(pair[2:]),
+                                   self._offsets if kind in "QK" else None)
         yield {"detail": {
+            "offset": d.offset, "offset_note": d.offset_note,
             "kind": d.kind, "h1": list(d.h1), "h2": list(d.h2), "score": d.score,
             "erratum_score": d.erratum_scores[ERRATUM], "baseline": d.baseline, "positivity": d.positivity,
             "singular_values": encode_array(d.singular_values, "float32"),

@@ -10,25 +10,27 @@ import traitlets
 
 from ..analysis.circuits import embedding_note
 from ..analysis.eigen import eigenvalues, positivity
+from ..analysis.rotary import reduce_offsets
 from ..analysis.head_scores import head_scores, target_masks
 from ..analysis.skip_trigrams import copied_tokens
 from . import offline
 from .base import CircuitWidget, check_range, rolls_back
 from .notes import direct_path_ignores
+from .offset_window import OffsetWindow
 from .payload import encode_array, to_numpy
 from .selection import HeadSelection, Runner, check_model
 
 
-class EigenvaluePlot(HeadSelection, CircuitWidget):
+class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     """Scatter of all heads at (OV positivity, QK positivity) (``pcw.eigenvalue_positivity``),
     labelled ``L1.H6`` and coloured by layer or by a head score (e.g. induction). Clicking a
     head sets ``layer``/``head``; the kernel answers with ``detail``: that head's OV and QK
     eigenvalues (drawn in the complex plane, optionally log-scaled magnitude) and the tokens
     it copies most.
 
-    Rotary models: the OV side is shown (OV positivity on the x axis, heads spread by layer
-    on the y axis, OV spectrum and copied tokens); the QK side is not defined there (the
-    query-key product depends on relative position) and ``qk_note`` says so.
+    Rotary models: the QK circuit depends on the query - key offset (``W_Q R(offset) W_K^T``); each
+    head's QK positivity is its largest over ``offsets`` and its QK spectrum is at that offset
+    (``offset_note`` says so in the view, the detail names the offset).
 
     Args:
         model: a weight view.
@@ -37,10 +39,14 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             ``color_by`` asks for one) for models with more than ``EAGER_HEADS`` heads;
             ``{}`` for none.
         n_copies: how many most-copied tokens the detail lists.
+        offsets: rotary models: the window of query - key offsets the QK side is read over
+            (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer passes its text's offsets).
     """
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "color_by", "log_scale"})
+    _browser_writable = frozenset({"layer", "head", "color_by", "log_scale", "offsets"})
+    _window_text = ("Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {how}; each head's QK "
+                    "positivity is its largest over them and its QK spectrum is at that offset.")
     EAGER_HEADS = 64
     _embedding_note = traitlets.Unicode("").tag(sync=True)
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
@@ -50,9 +56,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     """float32 payload [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit; {} while
     the runner computes it (models with more than ``EAGER_HEADS`` heads: ``wait()`` covers it)."""
     qk_positivity = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H]: the same for each head's full QK circuit; {} where undefined (rotary)."""
-    qk_note = traitlets.Unicode("").tag(sync=True)
-    """str: why the QK side is not shown ("" when it is)."""
+    """float32 payload [L, H]: the same for each head's full QK circuit (rotary: its largest over the
+    offsets, ``offset_note``); {} while computed."""
+
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
     scores = traitlets.Dict().tag(sync=True)
@@ -70,7 +76,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
     n_copies = traitlets.Int(12).tag(sync=True)
     """int, default 12: number of most-copied tokens in the detail."""
 
-    def __init__(self, model, scores=None, **kwargs):
+    def __init__(self, model, scores=None, offsets=None, **kwargs):
         check_model(model, "EigenvaluePlot")
         if scores is not None and not isinstance(scores, Mapping):
             raise TypeError("scores must be a dict {name: [n_layers, n_heads] array} (e.g. pcw.head_scores(model)) "
@@ -78,7 +84,7 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         self.model = model
         self._strings = model.token_strings
         L, H = model.cfg.n_layers, model.cfg.n_heads
-        self._eigs = None  # {"OV": ..., "QK": ...} [L, H, d_head] complex, once computed (_spectra)
+        self._eigs = None  # (offsets, {"OV", "QK": [L, H, d_head] complex}, QK offset [L, H]), once computed (_spectra)
         self._eigs_lock = threading.Lock()
         lazy = L * H > self.EAGER_HEADS  # two vocab-sized products: several forwards' worth at GPT-2 shapes
         with torch.no_grad():
@@ -88,7 +94,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             encoded = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
         else:
             encoded = {name: encode_array(_check_score(name, value, L, H), "float32") for name, value in scores.items()}
+        window = self._init_window(offsets, "the QK spectrum")
         super().__init__(scores=encoded, ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
+                         **window,
                          **({} if lazy else self._positivities()), **kwargs)
         self._runner = Runner(self)
         if lazy:  # the scatter fills in from the runner (the view shows it computing), then the detail
@@ -99,23 +107,27 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
         self._share_offline()
 
-    def _spectra(self) -> tuple[dict, str]:
-        """Every head's OV and QK spectrum (computed once) and why QK is missing ("" if it is not)."""
+    def _spectra(self) -> tuple[dict, torch.Tensor | None]:
+        """Every head's OV and QK spectrum ``[L, H, d_head]`` (computed once) and, for a rotary model,
+        the offset ``[L, H]`` each head's QK spectrum is at (its most positive in the window)."""
         with self._eigs_lock, torch.no_grad():
-            if self._eigs is None:
-                eigs, note = {"OV": eigenvalues(self.model, "OV")}, ""
-                try:
-                    eigs["QK"] = eigenvalues(self.model, "QK")
-                except ValueError as exc:  # rotary: the OV side stays well defined
-                    note = f"QK side not shown: {exc}"
-                self._eigs, self._qk_note = eigs, note
-            return self._eigs, self._qk_note
+            offsets = self._offsets
+            if self._eigs is None or self._eigs[0] != offsets:  # (a new window: the QK side again)
+                eigs, at = {"OV": self._eigs[1]["OV"] if self._eigs else eigenvalues(self.model, "OV")}, None
+                qk = eigenvalues(self.model, "QK", offsets)
+                if offsets is not None:  # [n_offsets, L, H, d_head]: each head at its best offset
+                    _, at = reduce_offsets(positivity(qk), offsets, "max")
+                    index = torch.as_tensor([offsets.index(int(o)) for o in at.flatten()]).view(at.shape)
+                    qk = qk.gather(0, index[None, ..., None].expand(1, *qk.shape[1:]))[0]
+                eigs["QK"] = qk
+                self._eigs = (offsets, eigs, at)
+            return self._eigs[1], self._eigs[2]
 
     def _positivities(self) -> dict:
-        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity`` ({} without QK), ``qk_note``."""
-        eigs, note = self._spectra()
-        qk = encode_array(positivity(eigs["QK"]), "float32") if "QK" in eigs else {}
-        return {"ov_positivity": encode_array(positivity(eigs["OV"]), "float32"), "qk_positivity": qk, "qk_note": note}
+        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity``."""
+        eigs, _ = self._spectra()
+        return {name: encode_array(positivity(eigs[kind]), "float32")
+                for name, kind in (("ov_positivity", "OV"), ("qk_positivity", "QK"))}
 
     @traitlets.validate("color_by")
     def _valid_color_by(self, proposal):
@@ -146,10 +158,15 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
             self._runner.submit("scores", self._score_steps)
         self._runner.submit("detail", lambda: self._detail_steps(layer, head, n))
 
+    def _on_window(self) -> None:
+        self._runner.submit("spectra", lambda: iter([self._positivities()]))
+        self._on_head(None)
+
     _offline_inputs = ("n_copies",)
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's eigenvalue detail (spectra and most-copied tokens)."""
+        answers.needs_kernel(*self._window_needs_kernel())
         answers.rule(["layer", "head"], (
             ((layer, head), offline.last(self._detail_steps(layer, head, self.n_copies)))
             for layer, head in offline.heads(self)
@@ -161,8 +178,9 @@ class EigenvaluePlot(HeadSelection, CircuitWidget):
         yield {"scores": {name: encode_array(v, "float32") for name, v in computed.items()}}
 
     def _detail_steps(self, layer, head, n):
-        detail = {"layer": layer, "head": head}
-        for kind, eigs in self._spectra()[0].items():
+        spectra, at = self._spectra()
+        detail = {"layer": layer, "head": head, **({} if at is None else {"qk_offset": int(at[layer, head])})}
+        for kind, eigs in spectra.items():
             detail[f"{kind.lower()}_re"] = encode_array(eigs[layer, head].real, "float32")
             detail[f"{kind.lower()}_im"] = encode_array(eigs[layer, head].imag, "float32")
         yield {"detail": detail}  # the spectrum is cached: it shows at once

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import ipywidgets
 import numpy as np
 import traitlets
 from tqdm import tqdm
 
 from ..analysis.activations import run
+from ..analysis.circuits import model_name as name_of_model
 from .attention import AttentionPatterns
 from .base import CircuitWidget, check_text, rolls_back
 from .bigram_table import BigramTable
@@ -60,6 +63,10 @@ building the explorer costs no more than before and their minutes of work at lar
 delay the other views' clicks unasked. :meth:`CircuitExplorer.save_html` starts them for a small
 model (:data:`SMALL_HEADS` heads, :data:`EMBED_TABLES_MAX_VOCAB` tokens)."""
 SMALL_HEADS = 64
+LARGE_VOCAB_TRIGRAM_OFFSETS = 8
+"""Rotary models over ``SkipTrigramTable.partial_above`` tokens read their skip-trigrams over at most
+this many offsets by default (each offset is one more exact whole-vocabulary search: about a minute
+per head at 49k tokens on a loaded 2-core machine); the view's offset control widens it."""
 
 
 def _child(cls):
@@ -90,13 +97,20 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     on first use (their section's "compute" button, or :meth:`compute`), on their own runner.
 
     A view the model cannot support honestly is not built: ``notices[name]`` says why
-    (no composition, induction or virtual heads in a one-layer model; no token x token QK
-    circuit under rotary positions; no path expansion with MLPs; only the bigram table in a
-    zero-layer model).
+    (no composition, induction or virtual heads in a one-layer model; only the bigram table in
+    a zero-layer model). Rotary models: the QK circuits (skip-trigrams, QK eigenvalues,
+    Q/K-composition, the induction mechanism) are read over the query - key offsets of the text
+    (0 to its length - 1; skip-trigrams of a vocabulary over ``SkipTrigramTable.partial_above``
+    tokens: the first ``LARGE_VOCAB_TRIGRAM_OFFSETS``), each view stating how and offering an
+    offset control.
 
     Args:
         model: a weight view (``pcw.load_pretrained("attn-only-2l")``, ``pcw.from_hf(...)``).
-        text: the text the model reads (editable in the attention view).
+        text: the text the model reads (editable in the attention view), or token ids (a list,
+            tensor or numpy array, ``[pos]`` or ``[1, pos]``), which a model without a tokenizer
+            needs: the views then show each id as its token (``<id N>`` without a tokenizer) and
+            the editable text is the ids separated by spaces. A tokenizer whose vocabulary does
+            not fit the model's is refused (``check_tokenizer``).
         layer, head, position, token, selected_pair: the initial selection.
     """
 
@@ -144,23 +158,27 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
 
-    def __init__(self, model, text: str, **kwargs):
-        if not isinstance(text, str) or not text:
-            raise TypeError(f"CircuitExplorer(model, text): text must be a non-empty str, got {text!r}")
-        self.model = model
+    def __init__(self, model, text, **kwargs):
         try:
             check_model(model, "CircuitExplorer")
             no_heads = ""
         except ValueError as exc:  # a zero-layer model: only the loss view applies
             no_heads = str(exc)
-        if getattr(model, "tokenizer", None) is None:
-            raise ValueError("CircuitExplorer reads text and shows tokens: the model needs a tokenizer "
-                             "(e.g. pcw.from_hf(hf_model, tokenizer))")
+        check_tokenizer(model)
+        if isinstance(text, str):
+            if not text:
+                raise TypeError("CircuitExplorer(model, text): text must be a non-empty str or token ids, got ''")
+            if getattr(model, "tokenizer", None) is None:
+                raise ValueError("CircuitExplorer: this model has no tokenizer, and reading text needs a tokenizer "
+                                 "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
+        else:
+            model, text = reading_ids(model, text)
+        self.model = model
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token", "selected_pair")
                      if k in kwargs}
-        super().__init__(text=text, model_name=short_name(getattr(model.cfg, "name", "")), **kwargs)
+        super().__init__(text=text, model_name=name_of_model(model), **kwargs)
         # a console bar, shown only when building takes over a second (large models)
         with tqdm(total=len(TITLES), desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
             progress.set_postfix_str("running the model", refresh=False)
@@ -173,16 +191,21 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
 
     # -- building ---------------------------------------------------------------------------
     def _build_views(self, no_heads: str, progress) -> None:
+        # rotary QK circuits are read over the query - key offsets this text has (each view says so)
+        rotary = {"offsets": range(0, len(self.token_ids))} if self.model.cfg.positional == "rotary" else {}
+        trigram_window = rotary
+        if rotary and self.model.cfg.d_vocab > SkipTrigramTable.partial_above:
+            trigram_window = {"offsets": range(0, min(len(self.token_ids), LARGE_VOCAB_TRIGRAM_OFFSETS))}
         builders = {
             "attention": lambda: AttentionPatterns(self.model, self.text, forward=self._forward,
                                                    layer=self.layer, head=self.head),
-            "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head),
-            "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head),
-            "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head),
+            "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head, **trigram_window),
+            "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head, **rotary),
+            "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head, **rotary),
             "paths": lambda: PathExpansion(self.model, self.text, forward=self._forward, one_token=True, active=False,
                                            layer=self.layer, head=self.head),
             "induction": lambda: InductionMechanism(self.model, selected_pair=[], active=False,
-                                                    layer=self.layer, head=self.head),
+                                                    layer=self.layer, head=self.head, **rotary),
             "positional": lambda: PositionalQK(self.model, self.text, forward=self._forward, one_token=True, active=False,
                                                layer=self.layer, head=self.head),
             "virtual": lambda: VirtualHeads(self.model, active=False, layer=self.layer, head=self.head),
@@ -323,7 +346,7 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
             return None
         scores = decode_array(payload)[:layer, :, layer, head].reshape(-1)  # [layer * n_heads]
         if not np.isfinite(scores).any():
-            return None  # refused (rotary): no writer to name
+            return None  # no defined score: no writer to name
         best = int(np.nanargmax(scores))
         return divmod(best, self.n_heads)
 
@@ -353,8 +376,67 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
                 view.text = self.text
 
 
-def short_name(name: str) -> str:
-    """A model's name for a header: the last part of a path or hub id
-    (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``)."""
-    name = str(name).rstrip("/\\")
-    return name.replace("\\", "/").rsplit("/", 1)[-1] or name
+class IdsText:
+    """Token ids written as text, ``"464 3290 318"``: the tokenizer of an explorer given ids, so its
+    text views read (and a reader edits) ids; each id displays as ``tokenizer``'s token, or
+    ``<id N>`` without one."""
+
+    def __init__(self, tokenizer=None):
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        pieces = text.split()
+        bad = [p for p in pieces if not p.isdigit()]
+        if bad or not pieces:
+            raise ValueError(f"this explorer reads token ids separated by spaces (e.g. '464 3290 318'); "
+                             f"{bad[0]!r} is not an id" if bad else "no token ids given")
+        return [int(p) for p in pieces]
+
+    def display_token(self, token_id: int) -> str:
+        return f"<id {token_id}>" if self._tokenizer is None else self._tokenizer.display_token(token_id)
+
+
+def reading_ids(model, ids):
+    """``(model, text)`` for an explorer given token ids: a shallow copy of ``model`` (same weight
+    tensors) whose tokenizer is ``IdsText``, and the ids as its text. Refuses ids that are not one
+    sequence of valid ids (``[pos]`` or ``[1, pos]``)."""
+    tokens = model._as_tokens(ids)
+    if tokens.ndim == 2:
+        if tokens.shape[0] != 1:
+            raise ValueError(f"CircuitExplorer reads one sequence: token ids of shape {tuple(tokens.shape)} given; "
+                             "pass [pos] or [1, pos]")
+        tokens = tokens[0]
+    strings = model.token_strings
+    view = copy.copy(model)
+    view.tokenizer = IdsText(model.tokenizer)
+    view._token_strings = strings
+    return view, " ".join(str(i) for i in tokens.tolist())
+
+
+PADDED_MULTIPLE = 64
+"""Models pad their embedding to a multiple of this (Pythia, Qwen, Phi): such a vocabulary may be
+larger than the tokenizer's."""
+
+
+def tokenizer_size(tokenizer) -> int | None:
+    """How many ids ``tokenizer`` knows (None when it does not say)."""
+    if tokenizer is None:
+        return None
+    hf = getattr(tokenizer, "hf_tokenizer", None)
+    if hf is not None:
+        return len(hf)
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def check_tokenizer(model) -> None:
+    """Refuse a tokenizer whose vocabulary does not fit ``model``'s, naming both sizes: more ids than
+    the model has rows, or fewer without the model's vocabulary being padded (a multiple of
+    ``PADDED_MULTIPLE``), which means another model's tokenizer."""
+    size, d_vocab = tokenizer_size(getattr(model, "tokenizer", None)), model.cfg.d_vocab
+    if size is None or size == d_vocab or (size < d_vocab and d_vocab % PADDED_MULTIPLE == 0):
+        return
+    raise ValueError(f"the tokenizer has {size} tokens but the model's vocabulary has {d_vocab} (d_vocab): "
+                     "it is not this model's tokenizer" + (
+                         "; its ids past the model's would not exist" if size > d_vocab else
+                         f" (a larger model vocabulary is accepted only when padded to a multiple of {PADDED_MULTIPLE})"))

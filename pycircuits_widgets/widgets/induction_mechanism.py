@@ -6,14 +6,14 @@ import torch
 import traitlets
 
 from ..analysis.composition import composition_scores, random_baseline
-from ..analysis.circuits import refuse_rotary_qk
 from ..analysis.eigen import eigenvalue_positivity
 from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
-                                  k_composition_positivity, k_composition_top)
+                                  k_composition_positivity_offsets, k_composition_top)
 from . import offline
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection, pair_key
 from .payload import JSON_BUFFER, encode_array
+from .offset_window import OffsetWindow
 from .on_demand import OnDemand
 from .selection import HeadSelection, TokenSelection, check_model
 
@@ -24,7 +24,7 @@ EMBED_TABLES_MAX_VOCAB = 8192
 """Above this vocabulary size only the selected pair's table is computed up front."""
 
 
-class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection, CircuitWidget):
+class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, PairSelection, CircuitWidget):
     """The induction mechanism of the selected pair ``selected_pair`` (earlier head h1 -> later
     head h2; ``pcw.analysis.induction``): the K-composition term's token x token QK circuit as a
     ranked table (which source tokens a destination token attends to through h1), its eigenvalue
@@ -35,7 +35,9 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     largest K-composition score (and of every pair selected since) are too, so a page without a
     kernel shows those and, within ``offline.BUDGET``, the tables of the other pairs as kernel-less
     answers (``offline_answers``); past it, it says "needs a kernel". Clicking a token in the
-    table selects it (``token``). Refuses rotary models (no token x token QK circuit).
+    table selects it (``token``). Rotary models: each pair is read at one query - key offset of h2,
+    the one in ``offsets`` where its K-composition QK positivity is largest (``pairs[key]["offset"]``;
+    ``offset_note`` says so in the view).
 
     Everything is computed on the widget's runner (``on_demand``; minutes at GPT-2-small shapes):
     the verdicts first (kind ``"pairs"``), then one table per chunk; a newly selected pair's table
@@ -48,14 +50,19 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         k: rows of each ranked table. n_tables: tables embedded up front (default ``N_TABLES``, or 1
             above ``EMBED_TABLES_MAX_VOCAB`` tokens).
         active: compute now (default) or when ``active`` is first set (``on_demand``).
+        offsets: rotary models: the window of query - key offsets (default
+            ``analysis.rotary.DEFAULT_OFFSETS``; the explorer passes its text's offsets).
     """
 
     _view = traitlets.Unicode("InductionMechanism").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "selected_pair", "token", "active"})
+    _browser_writable = frozenset({"layer", "head", "selected_pair", "token", "active", "offsets"})
+    _window_text = ("Rotary positions: h2's QK circuit W_Q R(offset) W_K^T is read {how}; each pair is shown at the "
+                    "offset where its K-composition QK positivity is largest (named with the pair).")
 
     # -- data --
     pairs = traitlets.Dict().tag(sync=True, **JSON_BUFFER)
-    """{"l1,h1,l2,h2": {"k_score", "qk_positivity", "ov_positivity", "kind", "sentence"}} for every pair."""
+    """{"l1,h1,l2,h2": {"k_score", "qk_positivity", "ov_positivity", "kind", "sentence"}} for every pair
+    (rotary models add "offset": the query - key offset the pair's numbers and table are read at)."""
     tables = traitlets.Dict().tag(sync=True)
     """{"l1,h1,l2,h2": {"values": float32 payload [k], "dest": [k] ids, "src": [k] ids, "diagonal_rank"}}:
     ranked K-composition entries (row-centred) and ``k_composition_diagonal_rank`` (chance 0.5), for the
@@ -65,13 +72,13 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
 
-    def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, **kwargs):
+    def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, offsets=None, **kwargs):
         check_model(model, "InductionMechanism")
         if model.cfg.n_layers < 2:
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
-        refuse_rotary_qk(model, "the K-composition QK circuit")
         self.model = model
+        window = self._init_window(offsets, "the K-composition QK circuit")
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
@@ -84,13 +91,19 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
             selected_pair=selected_pair or [],
             thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
                         "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
-            **kwargs,
+            **window, **kwargs,
         )
         self.observe(self._on_pair, ["selected_pair"])
         self._init_on_demand()
 
     def _ready(self) -> bool:
         return bool(self.pairs) and bool(self.selected_pair)
+
+    def _on_window(self) -> None:
+        """Every verdict and table again at the new window (the pairs job replaces a running one)."""
+        self._pairs, self._tables, self._strings = {}, {}, {}
+        if self.active:
+            self._start()
 
     def _start(self) -> None:
         pair = list(self.selected_pair)
@@ -103,6 +116,7 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         nothing, so its answer only clears the error. First the strongest K-composition writer
         into each head (the pair a head click selects in the explorer), then by score, so what
         fits the budget is what a reader reaches first."""
+        answers.needs_kernel(*self._window_needs_kernel())
         by_score = sorted(self._pairs, key=lambda key: -self._pairs[key]["k_score"])
         writers = {}  # later head -> the key of its strongest writer's pair
         for key in by_score:
@@ -130,9 +144,12 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         """Every pair's verdict, then the tables of the strongest ``n_tables`` pairs and ``pair``."""
         model = self.model
         with torch.no_grad():
-            qk_pos = k_composition_positivity(model)
+            qk_pos, at = k_composition_positivity_offsets(model, self._offsets)
             ov_pos = eigenvalue_positivity(model, "OV")
-            scores = composition_scores(model, "K", baseline=False)
+            scores = composition_scores(model, "K", baseline=False, offsets=self._offsets)
+        if at is not None:  # each pair's score at the offset its positivity is read at
+            index = torch.as_tensor([self._offsets.index(o) if o >= 0 else 0 for o in at.flatten().tolist()])
+            scores = scores.gather(0, index.view(1, *at.shape).to(scores.device))[0]
         L, H = model.cfg.n_layers, model.cfg.n_heads
         pairs = {}
         for l1 in range(L - 1):
@@ -141,12 +158,15 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
                     for h2 in range(H):
                         q, o = float(qk_pos[l1, h1, l2, h2]), float(ov_pos[l2, h2])
                         kind, sentence = classify_pair((l1, h1), (l2, h2), q, o)
+                        if at is not None:
+                            offset = int(at[l1, h1, l2, h2])
+                            sentence = f"At query - key offset {offset}: {sentence}"
                         pairs[pair_key((l1, h1, l2, h2))] = {
                             "k_score": float(scores[l1, h1, l2, h2]), "qk_positivity": q, "ov_positivity": o,
-                            "kind": kind, "sentence": sentence}
+                            "kind": kind, "sentence": sentence, **({} if at is None else {"offset": offset})}
         self._pairs = pairs
         order = [[int(x) for x in key.split(",")] for key in sorted(pairs, key=lambda key: -pairs[key]["k_score"])]
-        update = {"pairs": pairs}
+        update = {"pairs": pairs, "tables": dict(self._tables), "strings": dict(self._strings)}  # (none of an old window)
         if self._default_pair and not pair:  # the strongest pair, unless one was chosen meanwhile
             pair = order[0]
             update["selected_pair"] = pair
@@ -167,8 +187,9 @@ class InductionMechanism(OnDemand, HeadSelection, TokenSelection, PairSelection,
         """One pair's ranked table entry and the display strings of its tokens."""
         with torch.no_grad():
             h1, h2 = tuple(pair[:2]), tuple(pair[2:])
-            values, dest, src = k_composition_top(self.model, h1, h2, self._k)
-            diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2)
+            offset = self._pairs.get(pair_key(pair), {}).get("offset")
+            values, dest, src = k_composition_top(self.model, h1, h2, self._k, offset)
+            diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2, offset=offset)
         table = {"values": encode_array(values, "float32"), "dest": dest.tolist(), "src": src.tolist(),
                  "diagonal_rank": diagonal_rank}
         strings = self.model.token_strings

@@ -22,8 +22,8 @@ Encoding (compact, since it lands in every saved notebook): ``_offline`` is
 JSON text (a notebook writes nested state indented, a line per key), deflated into a uint8
 payload (``payload.encode_json``; the JSON of answers repeats keys and token strings, so
 it shrinks five to seven times; :func:`rules` reads it back). Every array of every
-answer is packed into the one binary ``data`` buffer (float16 for floats, uint16 for
-vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
+answer is packed into the one binary ``data`` buffer (float16 for floats within its range, else
+float32; uint16 for vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
 dtype, shape]}``; a rule's ``base`` holds what all its answers share (e.g. the token
 strings of every table, each string once), merged under each answer's own patch.
 A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str,
@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from .payload import decode_array, decode_json, encode_json
+from .payload import decode_array, decode_json, encode_json, half_or_single
 
 BUDGET = 64_000
 """Most bytes of kernel-less answers one view carries (JSON plus packed arrays, before a
@@ -50,6 +50,7 @@ NEEDS_KERNEL = {
     "query": "Token search reads the whole vocabulary: it needs a running kernel.",
     "token": "A token's query reads the whole vocabulary: it needs a running kernel.",
     "text": "New text needs the model: it needs a running kernel.",
+    "offsets": "Other query - key offsets need the model's QK circuits: they need a running kernel.",
 }
 
 
@@ -142,8 +143,8 @@ class Answers:
     # -- encoding ------------------------------------------------------------------------
     def _pack(self, payload: dict) -> dict:
         arr = decode_array(payload)
-        if arr.dtype.kind == "f":
-            arr = arr.astype(np.float16)
+        if arr.dtype.kind == "f":  # half the bytes, unless a value is past float16's range
+            arr = arr.astype(half_or_single(arr))
         elif arr.dtype.kind in "iu" and arr.size and arr.min() >= 0 and arr.max() < 1 << 16:
             arr = arr.astype(np.uint16)
         self._data.extend(b"\0" * (-len(self._data) % arr.dtype.itemsize))  # typed-array alignment

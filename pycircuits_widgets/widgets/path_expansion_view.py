@@ -1,4 +1,4 @@
-"""PathExpansion: a two-layer model's logits on one text as the paper's sum of paths."""
+"""PathExpansion: a model's logits on one text as the paper's sum of paths."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 import traitlets
 
 from ..analysis.activations import run
-from ..analysis.path_expansion import path_expansion
+from ..analysis.path_expansion import path_expansion, path_specs
 from .base import CircuitWidget, check_range
 from .pair_selection import PairSelection
 from .payload import JSON_BUFFER, encode_array
@@ -14,7 +14,7 @@ from .selection import HeadSelection, check_model
 from .text_data import TextData, set_text
 
 LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
-"""Rungs of the loss ladder, by path order (for a 2-layer model; deeper models add orders)."""
+"""Rungs of the loss ladder, by path order (for a 2-layer attention-only, bias-free model)."""
 
 
 MAX_TERMS = 2048
@@ -24,7 +24,10 @@ MAX_TERMS = 2048
 class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     """The logits of ``model`` on ``text`` split into the paper's path terms with attention frozen
     (``pcw.analysis.path_expansion``): the direct path, one term per head and one virtual-head term
-    per pair of heads in increasing layers. Shows the loss ladder by path order and the ranked
+    per pair of heads in increasing layers; with MLPs and biases, also each MLP layer's output and
+    each layer's bias, and what later heads move of them. The expansion goes as deep as
+    ``MAX_TERMS`` allows (``max_order``; a path at that depth reads the whole stream at its first
+    head, so the terms always sum to the logits; ``expansion_note`` says which). Shows the loss ladder by path order and the ranked
     importance of each term (loss increase when that term alone is removed). Clicking a head term
     selects the head (``layer``/``head``); a virtual term selects the pair (``selected_pair``).
     Hovering (or clicking) a text position shows which terms raise the logit of the token that
@@ -35,8 +38,7 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     background under a kernel (``wait()`` blocks until they are in), and only once ``active``.
 
     Args:
-        model: an attention-only, bias-free weight view with at least one layer and at most
-            ``MAX_TERMS`` path terms.
+        model: a weight view with at least one layer.
         text: the text the model reads.
         forward: ``forward(model, text) -> RunResult`` (default ``pcw.run``); the explorer passes
             its own, so one forward pass per text serves every view.
@@ -59,6 +61,8 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     """[{"label", "loss"}]: mean next-token loss with paths up to each order, then the full model's."""
     importance = traitlets.Dict().tag(sync=True)
     """float32 payload [n_terms]: loss increase (nats) when the term is removed from the full sum."""
+    expansion_note = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): what the terms are for this model (depth, MLPs and biases as sources)."""
     contributions = traitlets.Dict().tag(sync=True)
     """float16 payload [n_terms, pos - 1], deflated: each term's centred logit for the token at p + 1, from position p."""
 
@@ -73,18 +77,13 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     def __init__(self, model, text, forward=None, one_token: bool = False, **kwargs):
         check_model(model, "PathExpansion")
         cfg = model.cfg
-        if not cfg.attn_only:
-            raise ValueError(f"path expansion here covers attention-only models; {cfg.name!r} has MLPs")
-        n_terms = (1 + cfg.n_heads) ** cfg.n_layers
-        if n_terms > MAX_TERMS:
-            raise ValueError(f"{cfg.n_layers} layers of {cfg.n_heads} heads expand into {n_terms} path terms; "
-                             f"the view shows at most {MAX_TERMS}")
+        self._max_order = deepest_order(cfg)
         self.model = model
         self._forward = forward or run
         self._one_token = one_token
         self._n_tokens = 0
         position = kwargs.pop("position", -1)  # validated against the text's length
-        super().__init__(**kwargs)
+        super().__init__(expansion_note=expansion_note(cfg, self._max_order), **kwargs)
         set_text(self, self._as_text(text))
         self.position = position
         self._init_on_demand()
@@ -114,11 +113,13 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
             yield {"tokens": list(out.str_tokens[0]), "terms": [], "ladder": [], "importance": {}, "contributions": {}}
             return
         with torch.no_grad():
-            pe = path_expansion(self.model, out)
+            pe = path_expansion(self.model, out, self._max_order)
             by_order = pe.loss_by_order().tolist()
             importance = pe.term_importance()
             contributions = pe.next_token_contributions()[:, 0]
-        labels = list(LADDER[:len(by_order)]) if len(by_order) <= 3 else [f"paths of order ≤ {n}" for n in range(len(by_order))]
+        plain = {t.source for t in pe.terms} == {"embed"}  # the paper's attention-only, bias-free expansion
+        labels = list(LADDER[:len(by_order)]) if plain and len(by_order) <= 3 else [
+            f"terms of order ≤ {n}" for n in range(len(by_order))]
         yield {
             "tokens": list(out.str_tokens[0]),
             "terms": [{"name": t.name, "heads": [list(h) for h in t.heads], "order": t.order} for t in pe.terms],
@@ -137,3 +138,29 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     @traitlets.validate("top_n")
     def _valid_top_n(self, proposal):
         return check_range("top_n", proposal["value"], 1, 200)
+
+
+def deepest_order(cfg) -> int:
+    """The largest ``max_order`` whose expansion has at most ``MAX_TERMS`` terms (at least 1: each
+    head's whole output). Counted upwards: the number of paths grows as ``n_heads ** order``."""
+    best = 1
+    for order in range(2, cfg.n_layers + 1):
+        if len(path_specs(cfg, order)) > MAX_TERMS:
+            break
+        best = order
+    return best
+
+
+def expansion_note(cfg, max_order: int) -> str:
+    """One sentence for the view: what its terms are for a model of config ``cfg``."""
+    parts = []
+    if not cfg.attn_only:
+        parts.append("each MLP layer's output (as the forward pass computed it) is a source, read by the "
+                     "unembedding and by later heads; an MLP counts 1 toward a term's order")
+    if max_order < cfg.n_layers:
+        parts.append(f"paths go through at most {max_order} head{'s' if max_order > 1 else ''}, and a path at "
+                     "that depth reads the whole residual stream at its first head")
+    if not parts:
+        return ""
+    return "Attention and the norms' divisions frozen from the forward pass; " + "; ".join(parts) + \
+        ". The terms sum exactly to the model's logits."

@@ -44,12 +44,27 @@ def deflate(data: bytes) -> bytes:
     return packer.compress(data) + packer.flush()
 
 
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def half_or_single(arr: np.ndarray) -> str:
+    """``"float16"`` when every finite value of ``arr`` fits float16 (``|x| <= 65504``), else
+    ``"float32"``: values past the range would overflow to inf (and numpy warn in the notebook)."""
+    finite = arr[np.isfinite(arr)]
+    return "float16" if not finite.size or float(np.abs(finite).max()) <= FLOAT16_MAX else "float32"
+
+
 def encode_array(x, dtype: str = "float32", *, compress: bool = False) -> dict:
     """Encode an array as a binary payload of the given dtype (C order); ``compress``:
-    raw-deflated bytes, marked ``"encoding": "deflate"`` (for payloads saved with a page)."""
+    raw-deflated bytes, marked ``"encoding": "deflate"`` (for payloads saved with a page).
+    ``"float16"`` is a request: values beyond its range are sent as float32 (``half_or_single``),
+    the payload's ``dtype`` says which."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    arr = np.ascontiguousarray(to_numpy(x), dtype=dtype)
+    arr = to_numpy(x)
+    if dtype == "float16":
+        dtype = half_or_single(arr)
+    arr = np.ascontiguousarray(arr, dtype=dtype)
     if compress:
         return {"view": memoryview(deflate(arr.tobytes())), "dtype": dtype, "shape": list(arr.shape), "encoding": "deflate"}
     return {"view": memoryview(arr.tobytes()), "dtype": dtype, "shape": list(arr.shape)}

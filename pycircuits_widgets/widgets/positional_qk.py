@@ -7,6 +7,7 @@ import torch
 import traitlets
 
 from ..analysis.activations import run
+from ..analysis.circuits import model_name
 from ..analysis.positional import attention_by_offset, positional_scores_by_offset
 from .base import CircuitWidget
 from .payload import encode_array
@@ -59,7 +60,7 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
                  **kwargs):
         check_model(model, "PositionalQK")
         if model.cfg.positional == "none":
-            raise ValueError(f"model {model.cfg.name!r} has no positional information: no positional QK to show")
+            raise ValueError(f"model {model_name(model)!r} has no positional information: no positional QK to show")
         if not isinstance(text, str):
             raise TypeError(f"PositionalQK(model, text): text must be a str, got {type(text).__name__}")
         self.model = model

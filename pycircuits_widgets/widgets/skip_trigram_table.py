@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.circuits import embedding_note, refuse_rotary_qk
-from ..analysis.skip_trigrams import MODES, centred_factors, circuit_query, partial_skip_trigrams, top_skip_trigrams
+from ..analysis.circuits import embedding_note
+from ..analysis.rotary import rotations
+from ..analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, qk_entries,
+                                      top_over_offsets, top_skip_trigrams)
 from ..models.tokenizer import visible_whitespace
 from . import offline
 from .base import CircuitWidget, check_range, check_text, rolls_back
 from .notes import direct_path_ignores
+from .offset_window import OffsetWindow
 from .payload import encode_array
 from .selection import HeadSelection, Runner, TokenSelection, check_model
 
@@ -19,7 +22,7 @@ MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest
 TABLE_CACHE = 32  # exact tables kept per widget (a few KiB each)
 
 
-class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
+class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidget):
     """Top skip-trigrams ``[source] … [destination] → [out]`` of head ``(layer, head)``
     with their QK and OV scores (``pcw.skip_trigrams``), sortable and paginated; a token
     search that runs in the kernel over the whole vocabulary ("what does this token attend
@@ -31,6 +34,9 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         layer, head: the head shown; changing either (trait or picker) recomputes.
         k: number of trigrams in the table (exact top-k by ``qk * ov``).
         n_related: rows per list in a token query.
+        offsets: rotary models: the window of query - key offsets the QK circuit is read over, each
+            triple at its strongest offset (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer
+            passes its text's offsets). ``offset_note`` states it in the view.
 
     ``recompute()`` and ``search(text)`` / ``query_token(id)`` run synchronously and return
     the new state; trait changes run them on the widget's runner, where the head's table, the
@@ -40,7 +46,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
     _embedding_note = traitlets.Unicode("").tag(sync=True)
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
-    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size"})
+    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size", "offsets"})
     # Above ``partial_above`` vocabulary entries, a first table over the ``partial_sources``
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
     partial_sources = 64
@@ -49,7 +55,8 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     # -- data --
     trigrams = traitlets.Dict().tag(sync=True)
     """{"layer", "head", "src"/"dest"/"out": int32 payload [n] (vocab ids), "qk"/"ov"/"score":
-    float32 payload [n], "strings": {id: display string}, "exact": bool, "progress": float}."""
+    float32 payload [n], "strings": {id: display string}, "exact": bool, "progress": float}; rotary
+    models add "offset": int32 payload [n], the query - key offset of each triple's ``qk``."""
     matches = traitlets.List().tag(sync=True)
     """list of {"id", "str"}: vocabulary tokens matching ``query`` (exact matches first)."""
     related = traitlets.Dict().tag(sync=True)
@@ -75,15 +82,17 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     page_size = traitlets.Int(20).tag(sync=True)
     """int, default 20: rows per page."""
 
-    def __init__(self, model, **kwargs):
+    def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
-        refuse_rotary_qk(model, "a skip-trigram table")
         self.model = model
+        window = self._init_window(offsets, "a skip-trigram table")
+        self._rotations()
         self._strings = model.token_strings
         self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
-                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
+                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
+                         **window, **kwargs)
         self._runner = Runner(self)
         if model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
@@ -97,6 +106,23 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         self.observe(self._on_query, ["query"])
         self.observe(self._on_token, ["token", "n_related"])
         self._share_offline()
+
+    _window_text = ("Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {how}; each skip-trigram "
+                    "is scored at its strongest offset (column \"offset\"), and a token's query takes each entry's "
+                    "largest value over them.")
+
+    def _rotations(self) -> None:
+        """The window and every layer's rotations ``[n_offsets, n_layers, d_head, d_head]`` as one tuple (a
+        job reads both at once, so a window changed meanwhile never mixes into its table); (None, None)
+        when not rotary."""
+        offsets = self._offsets
+        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device,
+                                                   layer=None)
+        self._window = (offsets, R)
+
+    def _on_window(self) -> None:
+        self._rotations()
+        self._on_head({"name": "offsets"})
 
     @traitlets.validate("k")
     def _valid_k(self, proposal):
@@ -147,7 +173,7 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's table (top ``offline.TABLE_K``; the token strings of all
         tables once, in the rule's base); token search and token queries need a kernel."""
-        answers.needs_kernel("query", "token")
+        answers.needs_kernel("query", "token", *self._window_needs_kernel())
         if self.model.cfg.d_vocab > self.partial_above:  # seconds per head: minutes for every head
             answers.rule(["layer", "head"], [], missing="Skip-trigram tables of other heads need a running "
                                                         "kernel (large vocabulary).")
@@ -202,7 +228,10 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     def _table_steps(self, layer, head, k):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
-        table = self._tables.get((layer, head, k))
+        offsets, R = self._window
+        window = (offsets, None if R is None else R[:, layer])
+        cache_key = (layer, head, k, tuple(offsets or ()))
+        table = self._tables.get(cache_key)
         if table is not None:  # a revisited head answers at once
             yield {"trigrams": table}
             return
@@ -210,23 +239,25 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
         n_vocab = kk.shape[0]
         if n_vocab > self.partial_above:
             with torch.no_grad():
-                score, idx = partial_skip_trigrams(q, kk, v, u, k, self.partial_sources)
-            yield {"trigrams": self._encode_table(layer, head, score, idx, self.partial_sources / n_vocab)}
+                found = top_over_offsets(lambda qr, floor: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, floor),
+                                         q, window[1], n=k)
+            yield {"trigrams": self._encode_table(layer, head, window, *found, self.partial_sources / n_vocab)}
         with torch.no_grad():
-            score, idx = top_skip_trigrams(q, kk, v, u, k)
-        table = self._encode_table(layer, head, score, idx, 1.0)
-        self._tables[(layer, head, k)] = table
+            found = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, floor=floor), q, window[1], n=k)
+        table = self._encode_table(layer, head, window, *found, 1.0)
+        self._tables[cache_key] = table
         while len(self._tables) > TABLE_CACHE:
             del self._tables[next(iter(self._tables))]
         yield {"trigrams": table}
 
-    def _encode_table(self, layer, head, score, idx, progress):
+    def _encode_table(self, layer, head, window, score, idx, at, progress):
         q, kk, v, u = self._centred(layer, head)
         src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
-        qk = (q[dest] * kk[src]).sum(1)  # entries QKc[dest, src] of the factored circuit
+        qk = qk_entries(q, kk, idx, window[1], at)  # entries QKc[dest, src] of the factored circuit
         ov = (v[src] * u.T[out]).sum(1)  # entries OVc[src, out]
         ids = sorted(set(idx.reshape(-1).tolist()))
-        return {
+        offsets = {} if at is None else {"offset": encode_array(torch.tensor(window[0])[at], "int32")}
+        return {**offsets,
             "layer": layer, "head": head,
             "src": encode_array(src, "int32"), "dest": encode_array(dest, "int32"),
             "out": encode_array(out, "int32"), "qk": encode_array(qk, "float32"),
@@ -245,11 +276,12 @@ class SkipTrigramTable(HeadSelection, TokenSelection, CircuitWidget):
 
     def _related_steps(self, token, layer, head, n):
         """The three whole-vocabulary queries of one token (``pcw.analysis.circuit_query``)."""
-        factors = self._centred(layer, head)
+        factors, offsets = self._centred(layer, head), self._offsets
         result = {"token": token, "str": self._strings[token], "layer": layer, "head": head}
         for mode in MODES:
             yield None  # a chunk boundary: a newer token stops this one here
-            rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, factors=factors)
+            rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, factors=factors,
+                                 offset=offsets)
             result[mode] = [{"id": i, "str": s, "score": v} for i, s, v in rows]
         yield {"related": result}
 

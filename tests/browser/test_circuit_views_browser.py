@@ -178,10 +178,11 @@ def test_standalone_export_renders_without_kernel(page, tmp_path, m1, m2, make):
     assert page.evaluate("window.__pwned") is None and not errors
 
 
-def test_composition_shows_why_rotary_q_and_k_are_refused(show):
+def test_composition_of_a_rotary_model_states_the_offsets_q_and_k_are_read_at(show):
     from random_models import custom_model
-    w = pcw.CompositionMatrix(custom_model(positional="rotary", dtype=__import__("torch").float32))
+    w = pcw.CompositionMatrix(custom_model(positional="rotary", dtype=__import__("torch").float32), offsets=range(0, 6))
     view = show(w)
-    assert "depends on the relative position" in view.page.get_by_test_id("kind-notice").inner_text()
+    note = view.page.get_by_test_id("offset-note").inner_text()
+    assert "at the strongest of query - key offsets 0..5" in note and "offsets=" not in note  # no Python advice
     view.page.get_by_test_id("kind-V").click()
-    view.wait_until(lambda: view.page.get_by_test_id("kind-notice").count() == 0, what="V has no notice")
+    view.wait_until(lambda: view.page.get_by_test_id("offset-note").count() == 0, what="V has no offset")

@@ -169,19 +169,19 @@ def test_explorer_header_shows_the_short_model_name(show):
     assert view.page.get_by_test_id("model-name").inner_text() == "SmolLM-135M"
 
 
-def test_rotary_eigenvalue_plot_shows_ov_by_layer_and_the_reason_for_no_qk(show):
+def test_rotary_eigenvalue_plot_shows_qk_at_each_heads_strongest_offset(show):
     rotary = custom_model(n_layers=3, n_heads=3, positional="rotary", rotary_dim=6, dtype=torch.float32)
-    w = pcw.EigenvaluePlot(rotary, scores={})
+    w = pcw.EigenvaluePlot(rotary, scores={}, offsets=range(0, 4))
     view = show(w)
     page = view.page
-    assert "rotary" in page.get_by_test_id("qk-note").inner_text()
+    assert "at the strongest of query - key offsets 0..3" in page.get_by_test_id("offset-note").inner_text()
     assert page.locator("g.head").count() == 9
-    assert "layer (QK not defined)" in page.get_by_test_id("scatter").text_content()
+    assert "QK not defined" not in page.get_by_test_id("scatter").text_content()
     page.locator('g.head[data-label="L2.H1"] circle').click()
     w.wait()
-    view.wait_until(lambda: page.get_by_test_id("spectrum-OV").count() == 1
-                    and "head L2.H1" in page.get_by_test_id("detail").inner_text(), what="OV spectrum")
-    assert page.get_by_test_id("spectrum-QK").count() == 0
+    view.wait_until(lambda: page.get_by_test_id("spectrum-QK").count() == 1
+                    and "head L2.H1" in page.get_by_test_id("detail").inner_text(), what="QK spectrum")
+    assert f"at offset {w.detail['qk_offset']}" in page.get_by_test_id("detail").inner_text()
     # labels stay inside the plot
     svg = page.get_by_test_id("scatter").bounding_box()
     for b in boxes(page.locator("g.head text.label")):

@@ -1,193 +1,295 @@
 """Hugging Face causal LMs -> the ``CircuitModel`` weight view (``from_hf``).
 
-Supported ``config.model_type``: ``gpt2`` (Conv1D weights, learned positions, layer norm),
-``gpt_neox`` (partial rotary, parallel attention + MLP, fused QKV interleaved per head), ``llama``
-(RMSNorm, rotary, SwiGLU MLP, grouped-query attention, optionally tied embeddings).
-Norms are folded (``weight_view.fold_norms``); biases stay in the forward and in ``b_*``.
+Every family is one ``families.Family`` entry; this module reads any entry: the config fields
+every family shares (with their per-family spellings), the weights by the entry's names and
+layouts, then the entry's features. Norms are folded (``weight_view.fold_norms``); multipliers,
+norm offsets, embedding scales and BLOOM's embedding norm fold into the weights here; biases stay
+in the forward and in ``b_*``. The translation is verified at load (``verify.py``).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..circuit_model import CircuitModel
 from ..config import ModelConfig
+from .families import FAMILIES, Family, get
 from .hf_tokenizer import as_tokenizer
-from .weight_view import act_fn, build, expand_kv_heads
+from .verify import check_module_heads, probe_hf
+from .weight_view import act_fn, adjacent_pairs_to_halves, build, expand_kv_heads
 
-def _linear_in_out(linear) -> torch.Tensor:
-    """``nn.Linear`` weight ``[out, in]`` -> row convention ``[in, out]``."""
-    return linear.weight.T
-
-
-def _bias(module) -> torch.Tensor | None:
-    return getattr(module, "bias", None)
+FOLDED = ("embed_scale", "residual_scale", "logit_scale")
 
 
-def _heads_in(W: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """``[d_model, n_heads * d_head]`` (row convention) -> ``[n_heads, d_model, d_head]``."""
-    return W.reshape(W.shape[0], n_heads, -1).transpose(0, 1)
+def _unwrap(module):
+    """The Hugging Face module itself: a TransformerLens bridge replaces the modules of the model it
+    wraps by components holding the original as ``_original_component``."""
+    inner = getattr(module, "_original_component", None)
+    return module if inner is None else _unwrap(inner)
 
 
-def _heads_out(W: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """``[n_heads * d_head, d_model]`` (row convention) -> ``[n_heads, d_head, d_model]``."""
-    return W.reshape(n_heads, -1, W.shape[-1])
+def _module(root, path: str):
+    """``root.a.b`` for ``path`` ``"a.b"`` (``""``: root itself), through bridge components."""
+    root = _unwrap(root)
+    for part in filter(None, path.split(".")):
+        root = _unwrap(getattr(root, part))
+    return root
 
 
-def _stack(rows: list) -> torch.Tensor | None:
-    return None if rows[0] is None else torch.stack(rows)
+def _first(root, names):
+    """The first of ``names`` (one name, or a tuple of alternatives) that ``root`` has (None if none)."""
+    for name in (names,) if isinstance(names, str) else names or ():
+        module = _module(root, name) if hasattr(_unwrap(root), name) else None
+        if module is not None:
+            return module
+    return None
 
 
-ROPE_TYPES = ("default", "linear")
+def _linear(module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``nn.Linear`` (or GPT-2's ``Conv1D``, stored ``[in, out]``) -> (weight in the row convention
+    ``[in, out]``, bias or None)."""
+    W = module.weight if type(module).__name__ == "Conv1D" else module.weight.T
+    return W, getattr(module, "bias", None)
 
 
-def _rope(config, d_head: int) -> tuple[int, float, float]:
-    """``(rotary_dim, base, rotary_scale)`` of a rotary model, under every ``transformers`` release the
-    extras allow: 5.x keeps them in ``config.rope_parameters``; 4.x in ``config.rope_scaling``
-    (``"type"`` or ``"rope_type"``, ``"factor"``) beside ``rope_theta`` (LLaMA) or ``rotary_emb_base``
-    and ``rotary_pct`` (GPT-NeoX). Linear scaling divides positions by ``factor``; other scaled
-    variants (dynamic NTK, YaRN, llama3, ...) change the frequencies by rules the weight view's
-    forward does not have, so they are refused."""
+def _heads(W: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """``[d_model, n * d_head]`` -> ``[n, d_model, d_head]``; a bias ``[n * d_head]`` -> ``[n, d_head]``."""
+    if W is None:
+        return None
+    return W.reshape(n, -1) if W.ndim == 1 else W.reshape(W.shape[0], n, -1).transpose(0, 1)
+
+
+def _norm(module, offset: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if module is None:
+        return None, None
+    if hasattr(module, "norms"):  # StableLM's per-head layer norms
+        return torch.stack([n.weight for n in module.norms]), None
+    w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+    return (w + 1 if offset and w is not None else w), b
+
+
+def _rope(config, d_head: int) -> tuple[dict, int]:
+    """(``ModelConfig`` rotary fields, rotary_dim) from ``config.rope_parameters`` (5.x) or
+    ``rope_scaling`` + ``rope_theta`` / ``rotary_emb_base`` / ``rotary_pct`` (4.x spellings)."""
     params: dict = {}
     for source in (getattr(config, "rope_scaling", None), getattr(config, "rope_parameters", None)):
-        if isinstance(source, dict):
+        if isinstance(source, dict) and not any(isinstance(v, dict) for v in source.values()):
             params.update(source)
     rope_type = params.get("rope_type", params.get("type")) or "default"
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"rope_type {rope_type!r} is not supported; supported rotary embeddings: "
-                         f"{', '.join(repr(t) for t in ROPE_TYPES)}")
-    scale = float(params.get("factor", 1.0)) if rope_type == "linear" else 1.0
     partial = params.get("partial_rotary_factor",
-                         getattr(config, "partial_rotary_factor", None) or getattr(config, "rotary_pct", 1.0))
-    base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "rotary_emb_base", 10000.0))
-    return int(d_head * partial), float(base), scale
+                         get(config, "partial_rotary_factor", "rotary_pct", default=1.0))
+    base = params.get("rope_theta") or get(config, "rope_theta", "rotary_emb_base", default=10000.0)
+    fields = {"rotary_base": float(base)}
+    if rope_type == "linear":
+        fields["rotary_scale"] = float(params["factor"])
+    elif rope_type != "default":
+        fields["rope"] = {k: v for k, v in params.items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+        fields["rope"]["rope_type"] = rope_type
+    return fields, int(d_head * partial)
 
 
-def _norm(module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    return getattr(module, "weight", None), getattr(module, "bias", None)
-
-
-def _gpt2(model) -> tuple[ModelConfig, dict]:
-    c, body = model.config, model.transformer
-    if c.scale_attn_by_inverse_layer_idx or c.add_cross_attention:
-        raise ValueError("GPT-2 with scale_attn_by_inverse_layer_idx or cross-attention is not supported "
-                         "(one attention scale for every layer, decoder-only expected)")
-    H, d = c.n_head, c.n_embd
-    cfg = ModelConfig(
-        n_layers=c.n_layer, n_heads=H, d_model=d, d_head=d // H, d_vocab=c.vocab_size, n_ctx=c.n_positions,
-        positional="learned", normalization="layernorm", attn_only=False, d_mlp=c.n_inner or 4 * d,
-        act_fn=act_fn(c.activation_function), eps=c.layer_norm_epsilon,
-        attn_scale=(d // H) ** 0.5 if c.scale_attn_weights else 1.0, name=c.name_or_path or "gpt2",
+def read_config(model, family: Family) -> tuple[ModelConfig, dict]:
+    """(``ModelConfig``, fold factors) of a Hugging Face model under ``family``."""
+    c = model.config
+    features = dict(family.features(c))
+    folds = {k: features.pop(k) for k in FOLDED if k in features}
+    H = get(c, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    d = get(c, "hidden_size", "n_embd", "d_model")
+    d_head = get(c, "head_dim", default=d // H)
+    n_kv = features.pop("n_kv_heads", None) or get(c, "num_key_value_heads", "num_kv_heads", default=H)
+    body = _module(model, family.body)
+    layer0 = _module(body, family.layers)[0]
+    mlp = _mlp_weights(_module(layer0, family.mlp), family)
+    alibi = features.get("alibi_slopes") is not None
+    positional = "learned" if family.pos_embed else "none" if alibi else "rotary"
+    rotary, rotary_dim = _rope(c, d_head) if positional == "rotary" else ({}, None)
+    nested = getattr(c, "rope_parameters", None)
+    if positional == "rotary" and isinstance(nested, dict) and all(isinstance(v, dict) for v in nested.values()):
+        # rope parameters per layer type (Gemma 3, OLMo 3): local and global layers rotate differently
+        features["layer_rope"] = [{k: v for k, v in nested[t].items() if k != "partial_rotary_factor"}
+                                  for t in c.layer_types]
+    fields = dict(
+        n_layers=get(c, "num_hidden_layers", "n_layer", "num_layers", "n_layers"), n_heads=H, d_model=d,
+        d_head=d_head, d_vocab=c.vocab_size,
+        n_ctx=get(c, "max_position_embeddings", "n_positions", "max_seq_len", default=2048),
+        n_kv_heads=n_kv if n_kv < H else None, positional=positional, normalization=family.norm,
+        attn_only=False, d_mlp=mlp["W_out"].shape[0],
+        act_fn=get(c, "hidden_act", "activation_function", "hidden_activation", default="gelu"),
+        gated_mlp=family.mlp_layout != "plain",
+        eps=float(get(c, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps",
+                      default=1e-5)),
+        rotary_dim=rotary_dim, name=c.name_or_path or c.model_type, **rotary,
     )
-    raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",
-                                            "b_in", "W_out", "b_out", "ln1_w", "ln1_b", "ln2_w", "ln2_b")}
-    for block in body.h:  # Conv1D weights are already [in, out]
-        for key, W, b in zip("QKV", block.attn.c_attn.weight.split(d, dim=1), block.attn.c_attn.bias.split(d)):
-            raw[f"W_{key}"].append(_heads_in(W, H))
-            raw[f"b_{key}"].append(b.reshape(H, -1))
-        raw["W_O"].append(_heads_out(block.attn.c_proj.weight, H))
-        raw["b_O"].append(block.attn.c_proj.bias)
-        raw["W_in"].append(block.mlp.c_fc.weight)
-        raw["b_in"].append(block.mlp.c_fc.bias)
-        raw["W_out"].append(block.mlp.c_proj.weight)
-        raw["b_out"].append(block.mlp.c_proj.bias)
-        for name, ln in (("ln1", block.ln_1), ("ln2", block.ln_2)):
-            w, b = _norm(ln)
-            raw[f"{name}_w"].append(w)
-            raw[f"{name}_b"].append(b)
-    weights = {k: _stack(v) for k, v in raw.items()}
-    weights.update(W_E=body.wte.weight, W_pos=body.wpe.weight, lnf_w=body.ln_f.weight, lnf_b=body.ln_f.bias)
-    return cfg, weights
+    fields.update(features)
+    if rotary.get("rope", {}).get("rope_type") == "dynamic":
+        # dynamic NTK grows the base past the trained length: run up to factor x that length
+        fields["rope"]["max_position_embeddings"] = fields["n_ctx"]
+        fields["n_ctx"] = int(fields["n_ctx"] * fields["rope"]["factor"])
+    if fields.get("rotary_dim") is None and positional == "rotary":
+        fields["rotary_dim"] = d_head
+    fields["act_fn"] = act_fn(fields["act_fn"])
+    return ModelConfig(**fields), folds
 
 
-def _gpt_neox(model) -> tuple[ModelConfig, dict]:
-    c, body = model.config, model.gpt_neox
-    H, d = c.num_attention_heads, c.hidden_size
-    d_head = d // H
-    rotary_dim, base, scale = _rope(c, d_head)
-    cfg = ModelConfig(
-        n_layers=c.num_hidden_layers, n_heads=H, d_model=d, d_head=d_head, d_vocab=c.vocab_size,
-        n_ctx=c.max_position_embeddings, positional="rotary", normalization="layernorm", attn_only=False,
-        d_mlp=c.intermediate_size, act_fn=act_fn(c.hidden_act), eps=c.layer_norm_eps, rotary_dim=rotary_dim,
-        rotary_base=base, rotary_scale=scale, parallel_attn_mlp=bool(c.use_parallel_residual), name=c.name_or_path or "gpt_neox",
-    )
-    raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",
-                                            "b_in", "W_out", "b_out", "ln1_w", "ln1_b", "ln2_w", "ln2_b")}
-    for layer in body.layers:
-        qkv = layer.attention.query_key_value  # output features ordered [head, (q, k, v), d_head]
-        W = qkv.weight.reshape(H, 3, d_head, d).permute(1, 0, 3, 2)  # [3, H, d_model, d_head]
-        b = _bias(qkv)
-        for i, key in enumerate("QKV"):
-            raw[f"W_{key}"].append(W[i])
-            raw[f"b_{key}"].append(None if b is None else b.reshape(H, 3, d_head)[:, i])
-        raw["W_O"].append(_heads_out(_linear_in_out(layer.attention.dense), H))
-        raw["b_O"].append(_bias(layer.attention.dense))
-        raw["W_in"].append(_linear_in_out(layer.mlp.dense_h_to_4h))
-        raw["b_in"].append(_bias(layer.mlp.dense_h_to_4h))
-        raw["W_out"].append(_linear_in_out(layer.mlp.dense_4h_to_h))
-        raw["b_out"].append(_bias(layer.mlp.dense_4h_to_h))
-        for name, ln in (("ln1", layer.input_layernorm), ("ln2", layer.post_attention_layernorm)):
-            w, b_ln = _norm(ln)
-            raw[f"{name}_w"].append(w)
-            raw[f"{name}_b"].append(b_ln)
-    weights = {k: _stack(v) for k, v in raw.items()}
-    weights.update(W_E=body.embed_in.weight, lnf_w=body.final_layer_norm.weight, lnf_b=body.final_layer_norm.bias)
-    return cfg, weights
+def _qkv(attn, family: Family, cfg: ModelConfig) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """``[(W, b)]`` for Q, K, V: ``W [d_model, n * d_head]`` in the row convention."""
+    H, n_kv, dh, d = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads, cfg.d_head, cfg.d_model
+    layout = family.qkv_layout
+    if layout == "separate":
+        return [_linear(_module(attn, name)) for name in family.qkv]
+    W, b = _linear(_module(attn, family.qkv[0]))
+    W = W.T  # [out, in]: the fused output features are split below
+    sizes = [H * dh, n_kv * dh, n_kv * dh]
+    if layout in ("concat", "conv1d"):
+        return [(w.T, None if b is None else bb) for w, bb in zip(W.split(sizes), b.split(sizes) if b is not None
+                                                                  else [None] * 3)]
+    if layout == "falcon":  # [kv group, (its g queries, k, v), d_head]: multi-query is one group of n_heads
+        g = H // n_kv
+        Wg, bg = W.reshape(n_kv, g + 2, dh, d), None if b is None else b.reshape(n_kv, g + 2, dh)
+        parts = (slice(0, g), slice(g, g + 1), slice(g + 1, g + 2))
+        return [(Wg[:, p].reshape(-1, d).T, None if bg is None else bg[:, p].reshape(-1)) for p in parts]
+    if layout == "per_head":  # output features [head, (q, k, v), d_head]
+        Wh, bh = W.reshape(H, 3, dh, d), None if b is None else b.reshape(H, 3, dh)
+        return [(Wh[:, i].reshape(H * dh, d).T, None if bh is None else bh[:, i].reshape(-1)) for i in range(3)]
+    if layout == "codegen":  # 4 shards, each [q | v | k] of d_model / 4 features
+        Ws = W.reshape(4, 3, d // 4, d)
+        return [(Ws[:, i].reshape(d, d).T, None) for i in (0, 2, 1)]
+    raise ValueError(f"unknown qkv layout {layout!r}")
 
 
-def _llama(model) -> tuple[ModelConfig, dict]:
-    c, body = model.config, model.model
-    if getattr(c, "mlp_bias", False):
-        raise ValueError("LLaMA with mlp_bias=True is not supported (the weight view has no gate bias)")
-    H, d = c.num_attention_heads, c.hidden_size
-    d_head = getattr(c, "head_dim", None) or d // H
-    n_kv = c.num_key_value_heads or H
-    rotary_dim, base, scale = _rope(c, d_head)
-    cfg = ModelConfig(
-        n_layers=c.num_hidden_layers, n_heads=H, d_model=d, d_head=d_head, d_vocab=c.vocab_size,
-        n_ctx=c.max_position_embeddings, n_kv_heads=n_kv if n_kv < H else None, positional="rotary",
-        normalization="rmsnorm", attn_only=False, d_mlp=c.intermediate_size, act_fn=act_fn(c.hidden_act),
-        gated_mlp=True, eps=c.rms_norm_eps, rotary_dim=rotary_dim, rotary_base=base, rotary_scale=scale, name=c.name_or_path or "llama",
-    )
-    raw: dict[str, list] = {k: [] for k in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in",
-                                            "W_gate", "W_out", "ln1_w", "ln2_w")}
-    for layer in body.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for key, proj, heads in (("Q", attn.q_proj, H), ("K", attn.k_proj, n_kv), ("V", attn.v_proj, n_kv)):
-            b = _bias(proj)
-            raw[f"W_{key}"].append(expand_kv_heads(_heads_in(_linear_in_out(proj), heads)[None], H)[0])
-            raw[f"b_{key}"].append(None if b is None else expand_kv_heads(b.reshape(1, heads, d_head), H)[0])
-        raw["W_O"].append(_heads_out(_linear_in_out(attn.o_proj), H))
-        raw["b_O"].append(_bias(attn.o_proj))
-        raw["W_in"].append(_linear_in_out(mlp.up_proj))
-        raw["W_gate"].append(_linear_in_out(mlp.gate_proj))
-        raw["W_out"].append(_linear_in_out(mlp.down_proj))
-        raw["ln1_w"].append(layer.input_layernorm.weight)
-        raw["ln2_w"].append(layer.post_attention_layernorm.weight)
-    weights = {k: _stack(v) for k, v in raw.items()}
-    weights.update(W_E=body.embed_tokens.weight, lnf_w=body.norm.weight)
-    return cfg, weights
+def _qk_norm_weights(attn, family: Family, cfg: ModelConfig) -> dict:
+    """``w_qnorm/b_qnorm/w_knorm/b_knorm [H, d_head]`` (K expanded per query head)."""
+    out = {}
+    for which, name, n in (("q", family.q_norm, cfg.n_heads), ("k", family.k_norm, cfg.n_kv_heads or cfg.n_heads)):
+        w, b = _norm(_module(attn, name), family.norm_offset)
+        for key, t in ((f"w_{which}norm", w), (f"b_{which}norm", b)):
+            if t is not None:
+                t = t.reshape(-1, cfg.d_head)  # [d_head] shared, [n, d_head] per head, or [n * d_head] flat
+                t = t.expand(n, -1) if t.shape[0] == 1 else t
+                t = expand_kv_heads(t[None], cfg.n_heads)[0]
+            out[key] = t
+    return out
 
 
-_ARCHITECTURES = {"gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama}
+def _mlp_weights(mlp, family: Family) -> dict:
+    """``W_in, b_in, W_gate, b_gate, W_out, b_out`` (and ``W_router``) of one layer's MLP, row convention.
+    A mixture of experts (``"moe"``: router, experts with fused ``gate_up_proj [E, 2 d_e, d]`` and
+    ``down_proj [E, d, d_e]``) lays its experts side by side: neuron ``e * d_e + j`` is expert ``e``'s ``j``."""
+    mods = [_module(mlp, name) for name in family.mlp_names]
+    if family.mlp_layout == "moe":
+        router, experts = mods
+        n, two_d, d = experts.gate_up_proj.shape
+        gate, up = experts.gate_up_proj.split(two_d // 2, dim=1)
+        side_by_side = lambda W: W.permute(2, 0, 1).reshape(d, -1)  # noqa: E731  [E, d_e, d] -> [d, E d_e]
+        return {"W_gate": side_by_side(gate), "W_in": side_by_side(up), "b_gate": None, "b_in": None,
+                "W_out": experts.down_proj.transpose(1, 2).reshape(-1, d), "b_out": None,
+                "W_router": router.weight.T}
+    if family.mlp_layout == "gate_up":
+        W, b = _linear(mods[0])
+        gate, up = W.chunk(2, dim=1)
+        rows = {"W_gate": gate, "W_in": up, "b_gate": None if b is None else b.chunk(2)[0],
+                "b_in": None if b is None else b.chunk(2)[1]}
+    elif family.mlp_layout == "gated":
+        (Wg, bg), (Wi, bi) = _linear(mods[0]), _linear(mods[1])
+        rows = {"W_gate": Wg, "b_gate": bg, "W_in": Wi, "b_in": bi}
+    else:
+        Wi, bi = _linear(mods[0])
+        rows = {"W_in": Wi, "b_in": bi, "W_gate": None, "b_gate": None}
+    Wo, bo = _linear(mods[-1])
+    return {**rows, "W_out": Wo, "b_out": bo, "W_router": None}
 
 
-def from_hf(model, tokenizer=None) -> CircuitModel:
-    """A Hugging Face causal LM (``GPT2LMHeadModel``, ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``)
-    -> ``CircuitModel`` with norms folded, K/V expanded per query head (``cfg.n_kv_heads`` records
-    grouped-query attention) and the source's biases in ``b_*``. ``tokenizer``: a ``transformers``
-    tokenizer (or None: token ids only). A hub name string loads the model and tokenizer first
-    (downloads; never used in tests)."""
+def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
+    """The unfolded weights (``weight_view`` table) of every layer, multipliers folded."""
+    body = _module(model, family.body)
+    H = cfg.n_heads
+    keys = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in", "b_in", "W_gate", "b_gate", "W_out",
+            "b_out", "W_router", "ln1_w", "ln1_b", "ln2_w", "ln2_b", "w_post_attn", "w_post_mlp",
+            "w_qnorm", "b_qnorm", "w_knorm", "b_knorm")
+    rows: dict[str, list] = {k: [] for k in keys}
+    for layer in _module(body, family.layers):
+        attn = _module(layer, family.attn)
+        for key, (W, b), n in zip("QKV", _qkv(attn, family, cfg), (H, cfg.n_kv_heads or H, cfg.n_kv_heads or H)):
+            rows[f"W_{key}"].append(expand_kv_heads(_heads(W, n)[None], H)[0])
+            rows[f"b_{key}"].append(None if b is None else expand_kv_heads(_heads(b, n)[None], H)[0])
+        W_O, b_O = _linear(_module(attn, family.o_proj))
+        rows["W_O"].append(W_O.reshape(H, cfg.d_head, -1))
+        rows["b_O"].append(b_O)
+        mlp_rows = _mlp_weights(_module(layer, family.mlp), family)
+        for k, v in mlp_rows.items():
+            rows[k].append(v)
+        ln1 = _norm(_first(layer, family.ln1), family.norm_offset)
+        ln2_module = _first(layer, family.ln2)
+        ln2 = ln1 if ln2_module is None else _norm(ln2_module, family.norm_offset)  # parallel blocks: one norm
+        for name, (w, b) in (("ln1", ln1), ("ln2", ln2)):
+            rows[f"{name}_w"].append(w)
+            rows[f"{name}_b"].append(b)
+        for key, name in (("w_post_attn", family.post_attn_norm), ("w_post_mlp", family.post_mlp_norm)):
+            rows[key].append(_norm(_module(layer, name), family.norm_offset)[0] if name else None)
+        norms = _qk_norm_weights(attn, family, cfg) if cfg.qk_norm else {}
+        for key in ("w_qnorm", "b_qnorm", "w_knorm", "b_knorm"):
+            rows[key].append(norms.get(key))
+    raw = {k: None if not v or v[0] is None else torch.stack(v) for k, v in rows.items()}
+    if family.interleaved_rotary:
+        for key in ("W_Q", "W_K", "b_Q", "b_K", "w_qnorm", "b_qnorm", "w_knorm", "b_knorm"):
+            raw[key] = adjacent_pairs_to_halves(raw[key], cfg.rotary_dim)
+    W_E = _module(body, family.embed).weight
+    if family.embed_norm:  # BLOOM: a layer norm of each token's embedding, a function of the token alone
+        norm = _module(body, family.embed_norm)
+        W_E = F.layer_norm(W_E, (cfg.d_model,), norm.weight, norm.bias, norm.eps)
+    raw["W_E"] = W_E * folds["embed_scale"] if "embed_scale" in folds else W_E
+    if family.pos_embed:
+        raw["W_pos"] = _module(body, family.pos_embed).weight[family.pos_offset:family.pos_offset + cfg.n_ctx]
+    raw["lnf_w"], raw["lnf_b"] = _norm(_module(body, family.final_norm), family.norm_offset)
+    output = _unwrap(model.get_output_embeddings())
+    raw["W_U"], raw["b_U"] = output.weight.T, getattr(output, "bias", None)  # the embedding itself when tied
+    for key, factor in (("residual_scale", ("W_O", "b_O", "W_out", "b_out")), ("logit_scale", ("W_U", "b_U"))):
+        if key in folds:
+            for name in factor:
+                if raw[name] is not None:
+                    raw[name] = raw[name] * folds[key]
+    return raw
+
+
+def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | None = None) -> CircuitModel:
+    """A Hugging Face causal LM of any family in ``families.FAMILIES`` -> ``CircuitModel`` with norms
+    folded, K/V expanded per query head (``cfg.n_kv_heads`` records grouped-query attention) and the
+    source's biases in ``b_*``. ``tokenizer``: a ``transformers`` tokenizer (or None: token ids only).
+
+    **Verified at load** (``verify=True``, the default): config fields that contradict the modules'
+    head counts or weight shapes are refused first; then a 16-token probe runs through the
+    translated model and through ``model``'s own forward, and a disagreement in the logits (or, with
+    eager attention, the attention patterns) refuses the model, naming the family, the error and the
+    likely feature. ``verify=False`` skips the probe (for a model too large to run twice); the
+    config/shape check always runs. ``model.metadata["verified"]`` records the probe's errors.
+
+    ``model`` may be a hub name or a local folder (``save_pretrained``): it is loaded with
+    ``AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")`` and its
+    tokenizer with ``AutoTokenizer`` (a hub name downloads; never in tests). Memory: the source model
+    and the weight view are both held while translating (about twice the checkpoint in ``dtype``)."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        return from_hf(AutoModelForCausalLM.from_pretrained(model), tokenizer or AutoTokenizer.from_pretrained(model))
+        source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")
+        return from_hf(source.eval(), tokenizer or AutoTokenizer.from_pretrained(model), verify=verify)
+    if dtype is not None:
+        raise TypeError("from_hf: dtype applies when loading by name or folder; cast a loaded model itself "
+                        f"(model.to({dtype}))")
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in _ARCHITECTURES:
+    if model_type not in FAMILIES:
         raise ValueError(f"from_hf: unsupported model {type(model).__name__} (config.model_type={model_type!r}); "
-                         f"supported model types: {sorted(_ARCHITECTURES)}")
+                         f"supported model types: {sorted(FAMILIES)}")
+    family = FAMILIES[model_type]
+    missing = family.refuse(model.config)
+    if missing:
+        raise ValueError(f"from_hf: {model_type} with {missing} is not supported: the weight view's forward has "
+                         "no such feature")
     with torch.no_grad():
-        cfg, raw = _ARCHITECTURES[model_type](model)
-        output = model.get_output_embeddings()
-        raw["W_U"] = output.weight.T  # the input embedding itself when tie_word_embeddings
-        raw["b_U"] = _bias(output)
-        return build(cfg, raw, as_tokenizer(tokenizer), f"hf:{model_type}")
+        cfg, folds = read_config(model, family)
+        check_module_heads(model, family, cfg)
+        raw = read_weights(model, family, cfg, folds)
+        circuit = build(cfg, raw, as_tokenizer(tokenizer), f"hf:{model_type}")
+    circuit.metadata["folded"] = {k: float(v) for k, v in folds.items()}
+    if verify:
+        circuit.metadata["verified"] = probe_hf(model, circuit, model_type)
+    return circuit

@@ -24,7 +24,10 @@ import torch
 
 from ..circuit_model import CircuitModel
 from ..config import ModelConfig
+from .families import FAMILIES
+from .hf import from_hf
 from .hf_tokenizer import as_tokenizer
+from .verify import compare, probe_tokens
 from .weight_view import act_fn, adjacent_pairs_to_halves, build, expand_kv_heads
 
 _NORMALIZATION = {"LN": "layernorm", "LNPRE": "layernorm", "RMS": "rmsnorm", "RMSPRE": "rmsnorm", None: None}
@@ -162,19 +165,63 @@ def _raw_weights(model, cfg: ModelConfig, adjacent_pairs: bool) -> dict:
     return raw
 
 
-def from_transformer_lens(model, tokenizer=None) -> CircuitModel:
+def _hf_model(model):
+    """The Hugging Face model a ``TransformerBridge`` wraps, when ``from_hf`` has its family (else None)."""
+    inner = getattr(model, "original_model", None)
+    return inner if getattr(getattr(inner, "config", None), "model_type", None) in FAMILIES else None
+
+
+def probe_transformer_lens(model, circuit, family: str) -> dict:
+    """``verify.compare`` against the TransformerLens model's own forward and ``hook_pattern``s."""
+    tokens = probe_tokens(circuit.cfg, circuit.device)
+    training = getattr(model, "training", False)
+    try:
+        model.eval()
+        with torch.no_grad():
+            logits, cache = model.run_with_cache(tokens)
+    finally:
+        model.train(training)
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(circuit.cfg.n_layers)]
+    patterns = torch.stack([cache[n] for n in names], 1) if all(n in cache for n in names) else None
+    return compare(circuit, logits.to(circuit.device), None if patterns is None else patterns.to(circuit.device),
+                   family, "from_transformer_lens")
+
+
+def from_transformer_lens(model, tokenizer=None, *, verify: bool = True) -> CircuitModel:
     """A TransformerLens model (4.x ``TransformerBridge``; 2.x ``HookedTransformer``, untested)
     -> ``CircuitModel`` with norms folded, K/V expanded per query head (``cfg.n_kv_heads`` records
-    grouped-query attention) and biases in ``b_*``. ``tokenizer`` defaults to ``model.tokenizer``."""
+    grouped-query attention) and biases in ``b_*``. ``tokenizer`` defaults to ``model.tokenizer``.
+
+    A bridge around a Hugging Face model of a family ``from_hf`` knows is translated from that model
+    (``from_hf``: its declarative family description, not the bridge's stacked weights, which lose
+    partial rotary, sliding windows, QK-norm, multipliers and no-rotary layers). **Verified at
+    load** like ``from_hf``: a 16-token probe against the TransformerLens model's own forward and
+    attention patterns refuses a disagreement (``verify=False`` skips it)."""
     for attr in ("cfg", "blocks", "W_Q", "W_E"):
         if not hasattr(model, attr):
             raise TypeError(f"from_transformer_lens expects a TransformerBridge or HookedTransformer "
                             f"(with .{attr}), got {type(model).__name__}")
-    native = _native_model(model)
-    with torch.no_grad():
-        cfg = _config(model, native)
-        adjacent_pairs = native is not None or getattr(model.cfg, "rotary_adjacent_pairs", False)
-        adjacent = cfg.positional == "rotary" and adjacent_pairs
-        raw = _raw_weights(model, cfg, adjacent)
-        tok = as_tokenizer(tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
-        return build(cfg, raw, tok, f"transformer_lens:{type(model).__name__}")
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    hf = _hf_model(model) if _is_bridge(model) else None
+    if hf is not None:
+        circuit = from_hf(hf, tok, verify=False)
+        circuit.metadata["source"] = f"transformer_lens:{type(model).__name__}({circuit.metadata['source']})"
+        family = hf.config.model_type
+    else:
+        native = _native_model(model)
+        with torch.no_grad():
+            cfg = _config(model, native)
+            adjacent_pairs = native is not None or getattr(model.cfg, "rotary_adjacent_pairs", False)
+            adjacent = cfg.positional == "rotary" and adjacent_pairs
+            try:
+                raw = _raw_weights(model, cfg, adjacent)
+            except AttributeError as err:  # a bridge whose components lack the stacked weights or norms
+                inner = getattr(getattr(getattr(model, "original_model", None), "config", None), "model_type", None)
+                raise ValueError(f"from_transformer_lens: cannot read the weights of this {type(model).__name__} "
+                                 f"({err}); its model (model_type {inner!r}) is not a family from_hf knows: "
+                                 f"{sorted(FAMILIES)}") from err
+            circuit = build(cfg, raw, as_tokenizer(tok), f"transformer_lens:{type(model).__name__}")
+        family = f"TransformerLens {type(model).__name__} ({cfg.name})"
+    if verify:
+        circuit.metadata["verified"] = probe_transformer_lens(model, circuit, family)
+    return circuit

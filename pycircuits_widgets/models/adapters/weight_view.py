@@ -34,7 +34,7 @@ NORM_KEYS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "lnf_w", "lnf_b")
 # activation names in Hugging Face and TransformerLens -> ModelConfig.act_fn (the tanh
 # approximations of GELU are one formula)
 _ACT_FNS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new",
-            "relu": "relu", "silu": "silu", "swish": "silu"}
+            "relu": "relu", "silu": "silu", "swish": "silu", "relu2": "relu2"}
 
 
 def act_fn(name: str) -> str:
@@ -75,10 +75,11 @@ def adjacent_pairs_to_halves(W: torch.Tensor | None, rotary_dim: int) -> torch.T
 def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Unfolded weights (table above) -> the folded weights ``CircuitModel`` takes.
 
-    Readers: ``ln1`` -> ``W_Q, W_K, W_V`` (+ biases), ``ln2`` -> ``W_in, W_gate`` (+ ``b_in``),
+    Readers: ``ln1`` -> ``W_Q, W_K, W_V`` (+ biases), ``ln2`` -> ``W_in, W_gate, W_router`` (+ ``b_in``),
     ``lnf`` -> ``W_U`` (+ ``b_U``). Writers centered (layer norm only): ``W_E``, ``W_pos``,
-    ``W_O``, ``b_O``, ``W_out``, ``b_out``; readers centred too (``folding.center_readers``). Refuses a norm bias in front of a gated MLP (the weight
-    view has no gate bias to fold it into)."""
+    ``W_O``, ``b_O``, ``W_out``, ``b_out``; readers centred too (``folding.center_readers``). A norm
+    bias in front of a gated MLP becomes ``b_gate`` as well as ``b_in``. Other keys (QK-norm and
+    post-norm weights) pass through unchanged."""
     out = {k: v for k, v in raw.items() if k not in NORM_KEYS and v is not None}
     if cfg.normalization is None:
         return out
@@ -101,7 +102,10 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
         return (t.shape[0], 1)
 
     fold("ln1_w", "ln1_b", ("W_Q", "W_K", "W_V"), ("b_Q", "b_K", "b_V"), per_head)
-    fold("ln2_w", "ln2_b", ("W_in", "W_gate"), ("b_in", None), lambda t: (t.shape[0],))
+    # a norm bias before a gated MLP folds into both of its products' biases, unless b_in is added
+    # after the product (TransformerLens 2.x GatedMLP), where it has no exact place
+    mlp_biases = (None, None) if cfg.b_in_outside_gate else ("b_in", "b_gate")
+    fold("ln2_w", "ln2_b", ("W_in", "W_gate", "W_router"), mlp_biases + (None,), lambda t: (t.shape[0],))
     fold("lnf_w", "lnf_b", ("W_U",), ("b_U",), lambda t: ())
     if cfg.normalization == "layernorm":
         for writer in ("W_E", "W_pos", "W_O", "b_O", "W_out", "b_out"):
@@ -117,7 +121,16 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
     for name, value in raw.items():
         if value is not None:
             check_weight(name, value, where=f"{source}")
-    weights = {k: v.detach().clone() for k, v in fold_norms(raw, cfg).items()}
+    present = {name: value for name, value in raw.items() if value is not None}
+    kinds = {(value.dtype, value.device) for value in present.values()}
+    if len(kinds) > 1:
+        listed = ", ".join(f"{n} {str(v.dtype).removeprefix('torch.')} on {v.device}" for n, v in present.items())
+        raise ValueError(f"{source}: the source's weights mix dtypes or devices ({listed}); expected one floating "
+                         "dtype on one device (e.g. model.to(torch.float32) or model.to('cuda') first)")
+    dtype = next(iter(present.values())).dtype
+    if dtype in (torch.float16, torch.bfloat16):  # fold in float32: one rounding of each folded weight
+        raw = {k: None if v is None else v.float() for k, v in raw.items()}
+    weights = {k: v.detach().to(dtype, copy=True) for k, v in fold_norms(raw, cfg).items()}
     model = CircuitModel(cfg, tokenizer=tokenizer, **weights)
     notes = []
     if any(weights.get(b) is not None for b in ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")):
@@ -127,5 +140,20 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
                      "query heads; W_K/W_V repeat the shared heads")
     if cfg.positional == "rotary":
         notes.append("rotary positions: QK is the position-free part; scores depend on relative position")
+    if cfg.qk_norm:
+        notes.append("QK-norm: queries and keys are normalised before the scores; QK is the circuit before "
+                     "the query/key norm")
+    if cfg.post_norms:
+        notes.append("post-norms: each layer's attention and MLP output is normalised before it joins the "
+                     "residual stream; OV is the map before that norm")
+    if cfg.attn_softcap or cfg.final_softcap:
+        notes.append("soft-capping: scores and/or logits pass through cap * tanh(x / cap)")
+    if cfg.alibi_slopes is not None:
+        notes.append("ALiBi: a per-head linear bias in the relative position is added to the scores")
+    if cfg.n_experts:
+        notes.append(f"mixture of experts: {cfg.n_experts} experts side by side in W_in/W_gate/W_out "
+                     f"({cfg.d_mlp // cfg.n_experts} neurons each), {cfg.experts_per_token} chosen per token by W_router")
+    if cfg.clip_qkv is not None:
+        notes.append(f"queries, keys and values are clamped to +-{cfg.clip_qkv:g}")
     model.metadata = {"source": source, "notes": notes}
     return model

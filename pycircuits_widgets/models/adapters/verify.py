@@ -1,0 +1,184 @@
+"""Verification at load: no translated model enters silently wrong.
+
+Two checks, in order:
+
+1. ``check_module_heads``: the config the translation read against what the modules hold (head
+   counts, ``d_head``, projection sizes). A config edited after the model was built (``n_head`` 8
+   on modules built with 4) reshapes the same weights into other heads without any shape error, so
+   this compares the attention modules' own attributes and weight shapes with the config.
+2. ``probe``: a short forward (``PROBE_TOKENS`` random ids, fixed seed) through the translated model
+   and through the source model's own forward; logits, and the attention patterns where the source
+   returns them, must agree within ``tolerance(dtype)``. A disagreement raises
+   ``TranslationError`` naming the family, the errors and the likely feature: the features of the
+   first layer whose patterns disagree, or those after attention when the patterns agree.
+
+Cost (``benchmarks/bench_verify.py``): one source forward and one weight-view forward of 16 tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROBE_TOKENS = 16
+# float64 is held to float32's bounds: sources compute parts in float32 whatever their dtype (GPT-Neo's
+# attention). Half precision compares logits only: two half-precision forwards of the same model
+# differ by a few percent in the logits, and their rounding flips near-tied attention (patterns
+# 0.2 apart on random tiny models), so a pattern bound there would refuse correct translations.
+_LOGIT_RTOL = {torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
+_PATTERN_ATOL = {torch.float64: 1e-3, torch.float32: 1e-3, torch.float16: None, torch.bfloat16: None}
+
+
+class TranslationError(ValueError):
+    """The translated model disagrees with its source (a config/shape contradiction or the probe)."""
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float | None]:
+    """(logit error / max|logit|, pattern error or None: not compared) a translation may have in ``dtype``."""
+    return _LOGIT_RTOL[dtype], _PATTERN_ATOL[dtype]
+
+
+_HEAD_ATTRIBUTES = {"num_heads": "n_heads", "num_attention_heads": "n_heads", "n_head": "n_heads",
+                    "head_dim": "d_head", "head_size": "d_head", "num_key_value_heads": "n_kv_heads",
+                    "num_kv_heads": "n_kv_heads", "kv_heads": "n_kv_heads"}
+
+
+def check_module_heads(model, family, cfg) -> None:
+    """Refuse a config whose head counts or ``d_head`` contradict the attention modules (their own
+    attributes) or the projection shapes, naming both numbers."""
+    from .hf import _module, _qkv  # the translation's own reading of the weights
+    body = _module(model, family.body)
+    n_kv = cfg.n_kv_heads or cfg.n_heads
+    heads_field = getattr(model.config, "attribute_map", {}).get("num_attention_heads", "num_attention_heads")
+    source = {"n_heads": f"config.{heads_field}", "d_head": "config.head_dim (or hidden size / heads)",
+              "n_kv_heads": "config.num_key_value_heads (or the family's multi-query flag)"}
+    for index, layer in enumerate(_module(body, family.layers)):
+        attn = _module(layer, family.attn)
+        for attr, ours in _HEAD_ATTRIBUTES.items():
+            value = attn.__dict__.get(attr)
+            expected = n_kv if ours == "n_kv_heads" else getattr(cfg, ours)
+            if isinstance(value, int) and not isinstance(value, bool) and value != expected:
+                raise TranslationError(
+                    f"from_hf: {cfg.name!r}: {source[ours]} gives {ours}={expected}, but layer {index}'s attention "
+                    f"module has {attr}={value}; the config contradicts the weights it describes (was it edited "
+                    "after the model was built?)")
+        try:
+            shapes = [tuple(W.shape) for W, _ in _qkv(attn, family, cfg)]
+        except RuntimeError as err:
+            raise TranslationError(f"from_hf: {cfg.name!r}: layer {index}'s query/key/value weights do not fit "
+                                   f"n_heads={cfg.n_heads}, n_kv_heads={n_kv}, d_head={cfg.d_head}: {err}") from err
+        expected = [(cfg.d_model, cfg.n_heads * cfg.d_head), (cfg.d_model, n_kv * cfg.d_head),
+                    (cfg.d_model, n_kv * cfg.d_head)]
+        if shapes != expected:
+            raise TranslationError(f"from_hf: {cfg.name!r}: layer {index}'s query/key/value weights are {shapes} "
+                                   f"([d_model, heads * d_head]); the config gives {expected} (n_heads={cfg.n_heads}, "
+                                   f"n_kv_heads={n_kv}, d_head={cfg.d_head}, d_model={cfg.d_model})")
+
+
+def probe_tokens(cfg, device) -> torch.Tensor:
+    """``[1, min(PROBE_TOKENS, n_ctx)]`` random token ids (fixed seed)."""
+    n = min(PROBE_TOKENS, cfg.n_ctx)
+    return torch.randint(0, cfg.d_vocab, (1, n), generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def attention_features(cfg, layer: int) -> list[str]:
+    """What layer ``layer``'s attention does beyond ``softmax(q k^T / sqrt(d_head))``."""
+    from ..rotary import is_rotary_layer, layer_rope
+    out = []
+    if is_rotary_layer(cfg, layer):
+        rule = layer_rope(cfg, layer)
+        out.append(f"rotary (rope_type {rule['rope_type']!r}, rotary_dim {cfg.rotary_dim} of d_head {cfg.d_head}, "
+                   f"base {rule['rope_theta']:g}, scale {cfg.rotary_scale:g})")
+    elif cfg.positional == "rotary":
+        out.append("no rotary in this layer")
+    if cfg.window is not None and cfg.window[layer] is not None:
+        out.append(f"sliding window {cfg.window[layer]}")
+    if cfg.qk_norm:
+        out.append(f"QK-norm ({cfg.qk_norm}, {'per head' if cfg.qk_norm_heads else 'across heads'})")
+    if cfg.alibi_slopes is not None:
+        out.append("ALiBi")
+    if cfg.attn_softcap is not None:
+        out.append(f"attention soft-cap {cfg.attn_softcap:g}")
+    if abs(cfg.attn_scale - cfg.d_head ** 0.5) > 1e-9:
+        out.append(f"attention scale 1/{cfg.attn_scale:g}")
+    if cfg.n_kv_heads:
+        out.append(f"grouped-query attention ({cfg.n_kv_heads} key/value heads)")
+    return out or ["plain attention"]
+
+
+def output_features(model) -> list[str]:
+    """What the model does after attention that could explain a logit-only disagreement."""
+    cfg = model.cfg
+    out = [f"MLP ({'gated ' if cfg.gated_mlp else ''}{cfg.act_fn})"]
+    if cfg.parallel_attn_mlp:
+        out.append("parallel attention + MLP")
+    if cfg.post_norms:
+        out.append("post-norms")
+    if not cfg.pre_norm:
+        out.append("no pre-norms")
+    if cfg.final_softcap is not None:
+        out.append(f"final soft-cap {cfg.final_softcap:g}")
+    out += [f"folded {name} {value:g}" for name, value in model.metadata.get("folded", {}).items()]
+    out.append(f"{cfg.normalization} (eps {cfg.eps:g})")
+    return out
+
+
+def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: str, source: str) -> dict:
+    """Compare ``model`` on ``probe_tokens`` with the source's ``logits [1, n, d_vocab]`` and
+    ``patterns [1, L, H, n, n]`` (or None); raise ``TranslationError`` on a disagreement, else
+    return the errors."""
+    tokens = probe_tokens(model.cfg, model.device)
+    with torch.no_grad():
+        ours, cache = model.run_with_cache(tokens)
+    logit_tol, pattern_tol = tolerance(model.dtype)
+    if pattern_tol is None:
+        patterns = None
+    scale = float(logits.float().abs().max()) or 1.0
+    err = float((ours.float() - logits.float()).abs().max())
+    layer_errors = []
+    if patterns is not None:
+        layer_errors = (cache.patterns.float() - patterns.float()).abs().amax((0, 2, 3, 4)).tolist()
+    pattern_err = max(layer_errors, default=None)
+    report = {"tokens": tokens.shape[1], "max_logit_error": err, "relative_logit_error": err / scale,
+              "max_pattern_error": pattern_err, "patterns_checked": patterns is not None}
+    bad_layer = next((i for i, e in enumerate(layer_errors) if not e <= pattern_tol), None)
+    if err / scale <= logit_tol and bad_layer is None:
+        return report
+    if bad_layer is not None:
+        where = (f"first disagreeing attention pattern: layer {bad_layer} (max error {layer_errors[bad_layer]:.3g}, "
+                 f"tolerance {pattern_tol:g}); likely feature: {'; '.join(attention_features(model.cfg, bad_layer))}")
+    elif patterns is not None:
+        where = f"attention patterns agree; likely feature: {'; '.join(output_features(model))}"
+    else:
+        where = ("attention patterns not compared (non-eager attention or half precision); likely feature, attention: "
+                 f"{'; '.join(attention_features(model.cfg, 0))}; after attention: {'; '.join(output_features(model))}")
+    raise TranslationError(
+        f"{source}: the {family} translation disagrees with the source model's own forward on a "
+        f"{tokens.shape[1]}-token probe: max logit error {err:.3g} ({err / scale:.2g} x max|logit| {scale:.3g}, "
+        f"tolerance {logit_tol:g}); {where}. The model is refused (pass verify=False to skip this check only "
+        "if you have checked the translation another way)")
+
+
+def probe_hf(source, model, family: str) -> dict:
+    """``compare`` against a Hugging Face model's own forward, in eval mode (no dropout). Patterns need
+    eager attention: a model loaded with another implementation (``sdpa``, the default) is switched
+    to eager for the probe and back, where transformers allows it; otherwise only the logits are
+    compared. The model's training mode is restored."""
+    tokens = probe_tokens(model.cfg, model.device)
+    loaded = getattr(source.config, "_attn_implementation", "eager")
+    switch = loaded != "eager" and hasattr(source, "set_attn_implementation")
+    training = source.training  # a model built with from_config is in training mode: dropout on
+    try:
+        source.eval()
+        if switch:
+            source.set_attn_implementation("eager")
+        with torch.no_grad():
+            out = source(tokens.to(source.device), output_attentions=True)
+    finally:
+        if switch:
+            source.set_attn_implementation(loaded)
+        source.train(training)
+    attentions = getattr(out, "attentions", None)
+    patterns = None
+    if attentions and all(isinstance(a, torch.Tensor) for a in attentions):
+        patterns = torch.stack(attentions, 1).to(model.device)
+    return compare(model, out.logits.to(model.device), patterns, family, "from_hf")

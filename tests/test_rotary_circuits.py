@@ -1,0 +1,257 @@
+"""Rotary QK circuits at a query - key offset, on tiny random LlamaForCausalLM models (GQA, gated MLP,
+one with linear RoPE scaling) loaded through ``pcw.from_hf``.
+
+Oracles are built from the Hugging Face modules themselves, in float64: the layer's own RMSNorm,
+q/k/v/o projections and its own rotary embedding (``apply_rotary_pos_emb`` with the query at
+position ``offset`` and the key at 0), dense ``d_vocab x d_vocab`` circuits, brute force over all
+``d_vocab^3`` skip-trigram triples, and ``torch.linalg.eigvals`` of the dense token circuits.
+"""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import composition_detail, composition_scores, induction_pair
+from pycircuits_widgets.analysis.circuits import full_qk_circuit
+from pycircuits_widgets.analysis.eigen import eigenvalue_positivity_offsets
+from pycircuits_widgets.analysis.induction import k_composition_positivity
+from pycircuits_widgets.analysis.rotary import DEFAULT_OFFSETS, describe
+from test_adapters_hf import randomize
+
+V, H, KV, DH = 48, 4, 2, 8
+OFFSETS = (1, 5)
+CONFIGS = {
+    "llama_gqa": dict(),
+    "llama_linear_rope": dict(rope_scaling={"type": "linear", "factor": 2.0}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def llama(request):
+    config = transformers.LlamaConfig(vocab_size=V, max_position_embeddings=64, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=H, num_key_value_heads=KV, intermediate_size=48,
+                                      **CONFIGS[request.param])
+    hf = randomize(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), seed=3).double()
+    return hf, pcw.from_hf(hf)
+
+
+def _rotate(hf, x, position):
+    """``x [V, heads, d_head]`` as HF rotates it at ``position``."""
+    ids = torch.full((1, x.shape[0]), position)
+    cos, sin = hf.model.rotary_emb(x, ids)
+    q = x.transpose(0, 1)[None]  # [1, heads, V, d_head]
+    rotated, _ = apply_rotary_pos_emb(q, q, cos, sin)
+    return rotated[0].transpose(0, 1)
+
+
+def _heads(proj, x, n):
+    return proj(x).view(x.shape[0], n, DH)
+
+
+def _dense_qk(hf, layer, head, offset, query_in, key_in):
+    """``[dest token, src token]`` raw QK scores of one head (no 1/sqrt(d_head)): query at ``offset``, key at 0."""
+    attn = hf.model.layers[layer].self_attn
+    q = _rotate(hf, _heads(attn.q_proj, query_in, H), offset)[:, head]
+    k = _rotate(hf, _heads(attn.k_proj, key_in, KV), 0)[:, head // (H // KV)]
+    return q @ k.T
+
+
+def _head_out(hf, layer, head, x):
+    """``[V, d_model]``: what head ``head`` of ``layer`` writes when every position reads ``x``."""
+    attn = hf.model.layers[layer].self_attn
+    v = _heads(attn.v_proj, x, KV)[:, head // (H // KV)]
+    return v @ attn.o_proj.weight[:, head * DH:(head + 1) * DH].T
+
+
+def _layer0_in(hf):
+    return hf.model.layers[0].input_layernorm(hf.model.embed_tokens.weight)
+
+
+def _dense_skip_trigram_scores(hf, head, offset):
+    """``[src, dest, out]`` skip-trigram scores of a layer-0 head, by brute force."""
+    x = _layer0_in(hf)
+    qk = _dense_qk(hf, 0, head, offset, x, x)
+    qk = qk - qk.mean(1, keepdim=True)
+    ov = (_head_out(hf, 0, head, x) * hf.model.norm.weight) @ hf.lm_head.weight.T
+    ov = ov - ov.mean(1, keepdim=True)
+    return qk.clamp_min(0).T[:, :, None] * ov.clamp_min(0)[:, None, :]
+
+
+def _top(scores, k):
+    values, flat = torch.topk(scores.flatten(), k)
+    return values, [tuple(int(i) for i in torch.unravel_index(f, scores.shape)) for f in flat]
+
+
+@torch.no_grad()
+def test_skip_trigrams_at_an_offset_and_over_a_window_match_brute_force(llama):
+    hf, model = llama
+    dense = {o: _dense_skip_trigram_scores(hf, 2, o) for o in (*OFFSETS, *range(0, 8))}
+    for offset in OFFSETS:
+        rows = pcw.skip_trigrams(model, 0, 2, k=12, approximate=True, offset=offset)
+        values, triples = _top(dense[offset], 12)
+        assert [(r.source, r.destination, r.out) for r in rows] == triples
+        torch.testing.assert_close(torch.tensor([r.score for r in rows], dtype=torch.float64), values, rtol=2e-4, atol=0)
+        assert {r.offset for r in rows} == {offset}
+    # two offsets give different tables: the rotary QK circuit really moves with the offset
+    assert [(r.source, r.destination) for r in pcw.skip_trigrams(model, 0, 2, k=12, approximate=True, offset=1)] != \
+        [(r.source, r.destination) for r in pcw.skip_trigrams(model, 0, 2, k=12, approximate=True, offset=5)]
+    window = torch.stack([dense[o] for o in range(0, 8)])
+    best, at = window.max(0)
+    rows = pcw.skip_trigrams(model, 0, 2, k=12, approximate=True, offset=range(0, 8))
+    values, triples = _top(best, 12)
+    assert [(r.source, r.destination, r.out) for r in rows] == triples
+    torch.testing.assert_close(torch.tensor([r.score for r in rows], dtype=torch.float64), values, rtol=2e-4, atol=0)
+    assert [r.offset for r in rows] == [int(at[t]) for t in triples]
+
+
+@torch.no_grad()
+def test_skip_trigram_mean_reads_the_window_averaged_qk_circuit(llama):
+    hf, model = llama
+    x = _layer0_in(hf)
+    qk = torch.stack([_dense_qk(hf, 0, 1, o, x, x) for o in range(3, 9)]).mean(0)
+    qk = qk - qk.mean(1, keepdim=True)
+    rows = pcw.skip_trigrams(model, 0, 1, k=5, approximate=True, offset=range(3, 9), reduce="mean")
+    for r in rows:
+        assert r.offset is None
+        torch.testing.assert_close(r.qk, float(qk[r.destination, r.source]), rtol=2e-4, atol=1e-6)
+    query = pcw.analysis.circuit_query(model, 0, 1, rows[0].destination, "attends_to", k=3, approximate=True,
+                                       offset=range(3, 9), reduce="mean")
+    assert [i for i, _, _ in query] == torch.topk(qk[rows[0].destination], 3).indices.tolist()
+
+
+@torch.no_grad()
+def test_qk_eigenvalue_positivity_at_offsets(llama):
+    hf, model = llama
+    x = _layer0_in(hf)
+    raw = hf.model.embed_tokens.weight * hf.model.layers[1].input_layernorm.weight  # layer 1 reads the raw W_E
+    for offset in OFFSETS:
+        ours = pcw.eigenvalue_positivity(model, "QK", offset=offset)
+        for layer, reads in ((0, x), (1, raw)):
+            for head in range(H):
+                eigs = torch.linalg.eigvals(_dense_qk(hf, layer, head, offset, reads, reads))
+                expected = eigs.real.sum() / eigs.abs().sum()
+                torch.testing.assert_close(float(ours[layer, head]), float(expected), atol=1e-6, rtol=0)
+    by_offset = torch.stack([pcw.eigenvalue_positivity(model, "QK", offset=o) for o in DEFAULT_OFFSETS])
+    best, at = eigenvalue_positivity_offsets(model, "QK")
+    torch.testing.assert_close(best, by_offset.amax(0))
+    assert torch.equal(by_offset.argmax(0), at)  # offsets start at 0: index == offset
+    torch.testing.assert_close(pcw.eigenvalue_positivity(model, "QK", reduce="mean"), by_offset.mean(0))
+
+
+@torch.no_grad()
+def test_k_composition_term_and_induction_pair_at_an_offset(llama):
+    hf, model = llama
+    E = hf.model.embed_tokens.weight
+    g0, g1 = hf.model.layers[0].input_layernorm.weight, hf.model.layers[1].input_layernorm.weight
+    positivities = {o: k_composition_positivity(model, offset=o) for o in OFFSETS}
+    for offset in OFFSETS:
+        for h1, h2 in ((0, 1), (3, 2)):
+            # h2's query reads a token, its key reads what h1 moved (both through layer 1's norm scale)
+            M = _dense_qk(hf, 1, h2, offset, E * g1, _head_out(hf, 0, h1, E * g0) * g1)
+            eigs = torch.linalg.eigvals(M)
+            expected = float(eigs.real.sum() / eigs.abs().sum())
+            torch.testing.assert_close(float(positivities[offset][0, h1, 1, h2]), expected, atol=1e-6, rtol=0)
+            pair = induction_pair(model, (0, h1), (1, h2), k=6, offset=offset)
+            assert pair.offset == offset
+            torch.testing.assert_close(pair.qk_positivity, expected, atol=1e-6, rtol=0)
+            centred = M - M.mean(1, keepdim=True)
+            values, flat = torch.topk(centred.flatten(), 6)
+            torch.testing.assert_close(pair.top_values.double(), values, rtol=1e-4, atol=0)
+            assert pair.top_dest.tolist() == (flat // V).tolist() and pair.top_src.tolist() == (flat % V).tolist()
+    # over the default window: the offset where the pair's positivity is largest, and every number there
+    pair = induction_pair(model, (0, 3), (1, 2), k=6)
+    window = torch.stack([k_composition_positivity(model, offset=o)[0, 3, 1, 2] for o in DEFAULT_OFFSETS])
+    assert pair.offset == int(window.argmax()) and pair.qk_positivity == pytest.approx(float(window.max()), abs=1e-6)
+    assert float(k_composition_positivity(model)[0, 3, 1, 2]) == pytest.approx(float(window.max()), abs=1e-6)
+
+
+@torch.no_grad()
+def test_composition_detail_defaults_to_a_stated_window_and_matches_the_scores(llama):
+    _, model = llama
+    scores = composition_scores(model, "K", baseline=False, offsets=DEFAULT_OFFSETS)  # [n, L, H, L, H]
+    detail = composition_detail(model, "K", (0, 1), (1, 3))
+    by_offset = scores[:, 0, 1, 1, 3].double()
+    torch.testing.assert_close(detail.scores_by_offset, by_offset, rtol=1e-6, atol=1e-9)
+    assert detail.offset == int(by_offset.argmax()) and detail.score == pytest.approx(float(by_offset.max()), rel=1e-6)
+    assert detail.offset_note == f"at query - key offset {detail.offset} (the largest score of offsets 0..32)"
+    assert composition_detail(model, "Q", (0, 1), (1, 3), offset=4).offset == 4
+    assert composition_detail(model, "V", (0, 1), (1, 3)).offset is None  # V-composition has no offset
+
+
+@torch.no_grad()
+def test_full_qk_circuit_at_an_offset_and_offsets_refused_where_positions_are_not_rotary(llama):
+    hf, model = llama
+    x = _layer0_in(hf)
+    dense = _dense_qk(hf, 0, 3, 5, x, x)
+    # HF keeps its rotary frequencies in float32: its angles carry ~1e-7 relative error
+    torch.testing.assert_close(full_qk_circuit(model, 0, 3, offset=5).AB, dense, rtol=1e-4, atol=1e-6)
+    assert describe([5]) == "at query - key offset 5"
+    assert describe(list(range(0, 8))) == "at the strongest of query - key offsets 0..7"
+    assert describe([1, 4], "mean") == "averaged over query - key offsets 1, 4"
+    gpt2 = pcw.from_hf(transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=V, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval())
+    for call in (lambda: pcw.skip_trigrams(gpt2, 0, 0, approximate=True, offset=1),
+                 lambda: pcw.eigenvalue_positivity(gpt2, "QK", offset=[0, 1])):
+        with pytest.raises(ValueError, match="offset only applies to rotary models"):
+            call()
+    with pytest.raises(ValueError, match=r"offset must be an int >= 0 .*got -1"):
+        pcw.skip_trigrams(model, 0, 0, approximate=True, offset=-1)
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        pcw.eigenvalue_positivity(model, "QK", reduce="median")
+
+
+@torch.no_grad()
+def test_skip_trigram_view_offset_control_recomputes_the_table_for_the_new_window(llama):
+    from pycircuits_widgets.widgets.payload import decode_array
+    _, model = llama
+    w = pcw.SkipTrigramTable(model, layer=0, head=2, k=6, offsets=range(0, 4))
+    assert w.offsets == [0, 1, 2, 3] and "offsets 0..3" in w.offset_note
+
+    def shown():
+        t = w.trigrams
+        return list(zip(*(decode_array(t[c]).tolist() for c in ("src", "dest", "out", "offset"))))
+
+    expected = [(r.source, r.destination, r.out, r.offset)
+                for r in pcw.skip_trigrams(model, 0, 2, k=6, approximate=True, offset=range(0, 4))]
+    assert shown() == expected
+    w.set_state({"offsets": [5, 6, 7]})  # the view's control
+    assert w.wait(30) and not w.error and "offsets 5..7" in w.offset_note
+    expected = [(r.source, r.destination, r.out, r.offset)
+                for r in pcw.skip_trigrams(model, 0, 2, k=6, approximate=True, offset=[5, 6, 7])]
+    assert shown() == expected
+    for bad in ([], [-1], [0, 64]):  # n_ctx is 64
+        w.set_state({"offsets": bad})
+        assert "offsets must be" in w.error and w.offsets == [5, 6, 7]
+
+
+@torch.no_grad()
+def test_composition_eigenvalue_and_induction_views_recompute_for_a_new_window(llama):
+    from pycircuits_widgets.widgets.payload import decode_array
+    _, model = llama
+    comp = pcw.CompositionMatrix(model, offsets=range(0, 3), selected_pair=[0, 1, 1, 3])
+    eig = pcw.EigenvaluePlot(model, offsets=range(0, 3), scores={})
+    ind = pcw.InductionMechanism(model, offsets=range(0, 3), n_tables=1)
+    for view in (comp, eig, ind):
+        assert view.wait(60) and not view.error
+        view.set_state({"offsets": [4, 5, 6, 7]})  # the views' offset control
+        assert view.wait(60) and not view.error and "offsets 4..7" in view.offset_note
+    window = [4, 5, 6, 7]
+    np.testing.assert_allclose(decode_array(comp.scores["K"]["correct"]),
+                               composition_scores(model, "K", baseline=False, offsets=window).amax(0).numpy(),
+                               rtol=1e-5, equal_nan=True)
+    assert comp.detail["offset"] in window
+    by_offset = torch.stack([pcw.eigenvalue_positivity(model, "QK", offset=o) for o in window])
+    np.testing.assert_allclose(decode_array(eig.qk_positivity), by_offset.amax(0).numpy(), rtol=1e-5)
+    positivity = k_composition_positivity(model, offset=window)
+    for key, info in ind.pairs.items():
+        l1, h1, l2, h2 = map(int, key.split(","))
+        assert info["offset"] in window
+        assert info["qk_positivity"] == pytest.approx(float(positivity[l1, h1, l2, h2]), abs=1e-5)
+    assert set(ind.tables) <= set(ind.pairs) and ind.tables
