@@ -94,6 +94,12 @@ def check_weight(name: str, value, where: str = "CircuitModel") -> None:
 HALF = (torch.float16, torch.bfloat16)
 
 
+def widened(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 if it is half precision, else unchanged: the steps Hugging Face runs in float32
+    (norm statistics, scores, softmax, rotary) keep float64 models in float64."""
+    return x.float() if x.dtype in HALF else x
+
+
 def _normalize(x: torch.Tensor, kind: str | None, eps: float, dtype: torch.dtype | None = None):
     """``(x_normed, scale)`` in ``dtype`` (default ``x``'s): layernorm centres then divides by
     ``sqrt(mean(x^2) + eps)``, rmsnorm only divides; None is the identity. Statistics in float32
@@ -101,7 +107,7 @@ def _normalize(x: torch.Tensor, kind: str | None, eps: float, dtype: torch.dtype
     dtype = dtype or x.dtype
     if kind is None:
         return x.to(dtype), torch.ones(x.shape[:-1], dtype=dtype, device=x.device)
-    xf = x.float() if x.dtype in HALF else x
+    xf = widened(x)
     if kind == "layernorm":
         xf = xf - xf.mean(-1, keepdim=True)
     scale = torch.sqrt(xf.pow(2).mean(-1) + eps)
@@ -111,8 +117,7 @@ def _normalize(x: torch.Tensor, kind: str | None, eps: float, dtype: torch.dtype
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy ``[batch, pos - 1]`` (nats) of ``logits[:, :-1]`` against ``tokens[:, 1:]``."""
     logits = logits[:, :-1]
-    if logits.dtype in (torch.float16, torch.bfloat16):  # log-softmax in half precision is too coarse
-        logits = logits.float()
+    logits = widened(logits)  # log-softmax in half precision is too coarse
     logp = F.log_softmax(logits, dim=-1)
     return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
@@ -368,13 +373,13 @@ class CircuitModel:
 
     def _rotate(self, x: torch.Tensor, layer: int = 0) -> torch.Tensor:
         """Rotary embedding (GPT-NeoX ``rotate_half`` layout) of ``x [b, H, pos, d_head]`` by layer
-        ``layer``'s frequencies (``rotary.rotary_frequencies``); computed in float32, returned in
-        ``x``'s dtype. A layer without rotary returns ``x``."""
+        ``layer``'s frequencies (``rotary.rotary_frequencies``); computed in float32 (float64 for a
+        float64 ``x``), returned in ``x``'s dtype. A layer without rotary returns ``x``."""
         if not is_rotary_layer(self.cfg, layer):
             return x
         r = self.cfg.rotary_dim
         cos, sin = self._rotary_tables(layer, x.shape[-2], x)
-        rot, rest = x[..., :r].float(), x[..., r:]
+        rot, rest = widened(x[..., :r]), x[..., r:]
         half = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
         return torch.cat([(rot * cos + half * sin).to(x.dtype), rest], -1)
 
@@ -414,7 +419,7 @@ class CircuitModel:
             q, k = self._qk_norm(layer, q, "q"), self._qk_norm(layer, k, "k")
         q, k = self._rotate(q, layer), self._rotate(k, layer)
         # scores and softmax in float32 for half-precision models (Hugging Face's softmax is float32)
-        scores = q.float() @ k.float().transpose(-1, -2) / cfg.attn_scale
+        scores = widened(q) @ widened(k).transpose(-1, -2) / cfg.attn_scale
         if cfg.attn_softcap is not None:
             scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
         offset = torch.arange(pos, device=x.device)[None, :] - torch.arange(pos, device=x.device)[:, None]  # j - i
@@ -453,7 +458,7 @@ class CircuitModel:
         ``xn [..., d_model]`` (softmax over experts in float32, top ``experts_per_token`` kept and
         renormalised, as Mixtral's router; zero for the experts not chosen)."""
         c = self.cfg
-        probs = (xn @ self.W_router[layer]).float().softmax(-1)
+        probs = widened(xn @ self.W_router[layer]).softmax(-1)
         top, chosen = probs.topk(c.experts_per_token, dim=-1)
         weights = torch.zeros_like(probs).scatter(-1, chosen, top / top.sum(-1, keepdim=True))
         return weights.repeat_interleave(c.d_mlp // c.n_experts, dim=-1)
