@@ -36,19 +36,42 @@ def best_seconds(fn, repeats: int, *, warmup: bool = True) -> float:
     return best
 
 
+def _sized_rate(name: str, run, size: int, repeats: int) -> tuple[str, float]:
+    """``(key, GOP/s)`` of ``run(n)`` (prepares and returns a call of an ``n``-cube GEMM) at ``size``, or
+    at the largest power-of-two side from 512 whose call stays under ~2 s, keyed ``name@n`` then: a
+    precision with no fast path here (bf16 and ``torch._int_mm`` on AVX2-only CPUs, ~1 GOP/s) would
+    take minutes at 4096^2, and its rate is flat in the size anyway."""
+    n = min(size, 512)
+    while True:
+        call = run(n)
+        t = best_seconds(call, 1)
+        if n >= size or t * 8 > 2:
+            break
+        n *= 2
+    return (name if n == size else f"{name}@{n}"), 2 * n**3 / best_seconds(call, repeats, warmup=False) / 1e9
+
+
 def measure_peaks(size: int = 4096, repeats: int = 3) -> dict[str, float]:
-    """``{dtype: GOP/s}`` of square GEMMs of side ``size`` at the current torch thread count."""
+    """``{dtype: GOP/s}`` of square GEMMs of side ``size`` at the current torch thread count (a precision
+    too slow for that size here is measured smaller and keyed ``dtype@side``: ``_sized_rate``)."""
     g = torch.Generator().manual_seed(0)
-    ops = 2 * size**3
     peaks = {}
-    for name, dtype in (("fp32", torch.float32), ("fp64", torch.float64), ("bf16", torch.bfloat16)):
-        a = torch.randn(size, size, generator=g).to(dtype)
-        b = torch.randn(size, size, generator=g).to(dtype)
-        out = torch.empty(size, size, dtype=dtype)
-        peaks[name] = ops / best_seconds(lambda: torch.matmul(a, b, out=out), repeats) / 1e9
-    a = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
-    b = torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=g)
-    peaks["int8"] = ops / best_seconds(lambda: torch._int_mm(a, b), repeats) / 1e9
+
+    def matmul(dtype):
+        def run(n):
+            a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
+            out = torch.empty(n, n, dtype=dtype)
+            return lambda: torch.matmul(a, b, out=out)
+        return run
+
+    def int_mm(n):
+        a, b = (torch.randint(-127, 128, (n, n), dtype=torch.int8, generator=g) for _ in range(2))
+        return lambda: torch._int_mm(a, b)
+
+    for name, run in (("fp32", matmul(torch.float32)), ("fp64", matmul(torch.float64)),
+                      ("bf16", matmul(torch.bfloat16)), ("int8", int_mm)):
+        key, rate = _sized_rate(name, run, size, repeats)
+        peaks[key] = rate
     thin = thin_int8_peak(repeats=repeats)
     if thin is not None:
         peaks["int8-thin"] = thin
@@ -66,13 +89,15 @@ def measure_peaks_apart() -> dict[str, float]:
 
 def thin_int8_peak(rows: int = 4096, cols: int = 1024, inner: int = 64, repeats: int = 3) -> float | None:
     """GOP/s of one int8 screening step (GEMM + row max) on a hot ``[rows, inner] @ [inner, cols]``
-    tile; None where the int8 screen is unavailable (``screen.int8_available``)."""
-    from pycircuits_widgets.screen import ProductScreen, int8_available
+    tile, on the int8 route this machine's probe chose (``screen.exact_route``); None where no int8
+    route is exact here."""
+    from pycircuits_widgets.screen import INT8_WEIGHT_MAX, ProductScreen, exact_route
 
-    if not int8_available():
+    route = exact_route()
+    if route not in INT8_WEIGHT_MAX:
         return None
     g = torch.Generator().manual_seed(0)
-    s = ProductScreen(torch.randn(rows, inner, generator=g), torch.randn(inner, cols, generator=g), "int8",
+    s = ProductScreen(torch.randn(rows, inner, generator=g), torch.randn(inner, cols, generator=g), route,
                       tile_cols=cols)
     idx = torch.arange(rows)
     return 2 * rows * cols * inner / best_seconds(lambda: s.row_max_upper(idx), repeats * 10) / 1e9

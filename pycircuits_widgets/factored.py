@@ -11,16 +11,22 @@ Module-level helpers work on chains of several factors ``X1 @ X2 @ ... @ Xr``:
 ``chain_matmul`` (cheapest multiplication order, aware of broadcast leading dims, so a
 factor shared by all heads is multiplied once).
 
-Conventions: row vectors (``x @ W``); dtype and device follow the inputs (float32 and
-float64 are tested); SVD returns ``(U, S, Vh)`` as ``torch.linalg.svd`` does.
+Conventions: row vectors (``x @ W``); device follows the inputs and so does dtype, except
+that the spectra, norms and SVDs of 16-bit factors are computed and returned in float32
+(``linalg_dtype``). ``FactoredMatrix.svd()`` returns ``(U, S, V)`` with ``M = U diag(S) V^T``,
+TransformerLens's convention, NOT ``torch.linalg.svd``'s ``(U, S, Vh)``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from itertools import product as _index_product
 
+import numpy as np
 import torch
 
 from .screen import ProductScreen
@@ -34,6 +40,16 @@ TOPK_BLOCK_BYTES = 64 << 20
 
 def _fmt_bytes(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
+
+
+def linalg_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype spectra, norms and SVDs are computed in: float32 for 16-bit floats (LAPACK has no
+    16-bit kernels, and a bf16 Gram loses a norm's low bits), else ``dtype`` itself."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _upcast(factors) -> list[torch.Tensor]:
+    return [f.to(linalg_dtype(f.dtype)) for f in factors]
 
 
 def _check_chain(factors) -> None:
@@ -114,9 +130,10 @@ def frobenius_norm_of_product(*factors: torch.Tensor) -> torch.Tensor:
     nearly cancels) the Gram result is ill-conditioned. Entries whose estimated relative error
     exceeds ``GRAM_REL_TOL`` are recomputed by the QR route.
     This is NOT ``||X2 ... Xr X1||_F`` (the cyclic permutation is only valid for the
-    trace). Shapes: ``Xi [..., d_{i-1}, d_i]`` -> ``[...]``.
+    trace). Shapes: ``Xi [..., d_{i-1}, d_i]`` -> ``[...]``; 16-bit factors: in float32.
     """
     _check_chain(factors)
+    factors = _upcast(factors)
     if len(factors) == 2 and factors[0].shape[-1] <= min(factors[0].shape[-2], factors[1].shape[-1]):
         # low-rank pair: ||AB||_F^2 = sum((A^T A) * (B B^T)), two small GEMMs, no QR
         A, B = factors
@@ -126,7 +143,8 @@ def frobenius_norm_of_product(*factors: torch.Tensor) -> torch.Tensor:
         m, k, n = A.shape[-2], A.shape[-1], B.shape[-1]
         error = (m + n + k) ** 0.5 * torch.finfo(A.dtype).eps / 2 * scale
         ill = error > GRAM_REL_TOL * squared
-        if not bool(ill.any()):
+        # (meta tensors hold no values to test: there both routes only carry the shape through)
+        if ill.device.type != "meta" and not bool(ill.any()):
             return squared.clamp_min(0).sqrt()  # rounding can push an exact 0 below 0
         return torch.where(ill, _qr_norm([A, B]), squared.clamp_min(0).sqrt())
     return _qr_norm(list(factors))
@@ -172,7 +190,8 @@ def eigvals(x: torch.Tensor) -> torch.Tensor:
 
     LAPACK's ``geev`` runs one small matrix at a time on one core (144 heads' ``64 x 64`` circuits:
     ~70 ms, a quarter of the eigenvalue view's time at GPT-2-small shapes); torch releases the GIL
-    inside it, so a thread per chunk uses every core."""
+    inside it, so a thread per chunk uses every core. 16-bit input: in float32 (complex64)."""
+    x = x.to(linalg_dtype(x.dtype))
     chunks = min(torch.get_num_threads(), math.prod(x.shape[:-2]))
     if chunks < 2 or x.shape[-1] < 16:  # small problems: thread start-up would dominate
         return torch.linalg.eigvals(x)
@@ -188,9 +207,10 @@ def eigenvalues_of_product(*factors: torch.Tensor) -> torch.Tensor:
     ``eig(XY)`` and ``eig(YX)`` share their nonzero eigenvalues, so the chain is rotated
     cyclically to start at its smallest dim ``d`` and ``eig`` runs on a ``[..., d, d]``
     matrix. Returns ``[..., d]`` complex, ``d = min(d_0, ..., d_{r-1})``; the remaining
-    eigenvalues of the full product are exactly zero.
+    eigenvalues of the full product are exactly zero. 16-bit factors: in float32 (complex64).
     """
     _check_chain(factors)
+    factors = _upcast(factors)
     size = factors[0].shape[-2]
     if factors[-1].shape[-1] != size:
         shapes = ", ".join(str(tuple(f.shape)) for f in factors)
@@ -203,39 +223,78 @@ def eigenvalues_of_product(*factors: torch.Tensor) -> torch.Tensor:
 class FactoredMatrix:
     """``M = A @ B`` with ``A [..., m, k]``, ``B [..., k, n]`` kept factored.
 
-    The factors are stored as given (leading dims broadcast lazily, so a factor shared by
-    all heads is stored and decomposed once). ``shape`` is the broadcast product shape
-    ``[..., m, n]``; ``ldim, mdim, rdim = m, k, n``; ``rank`` is the inner dim ``k``
-    (an upper bound on the numerical rank; use ``svd()`` for the spectrum).
+    The public API is TransformerLens's ``FactoredMatrix`` (ported code runs unchanged):
+    ``A``, ``B``, ``pair``, ``shape``, ``ldim``/``mdim``/``rdim``, ``ndim``,
+    ``has_leading_dims``, ``AB``, ``BA``, ``T``, ``@`` and ``*``, ``svd()``, ``U``/``S``/``V``
+    (and ``Vh``, TransformerLens's misnamed alias of ``V``), ``eigenvalues``, ``norm()``,
+    ``make_even()``, ``collapse_l()``/``collapse_r()``, ``get_corner()``, ``unsqueeze()`` and
+    indexing ``fm[..., i, j]``. Beyond it: ``dense(max_bytes)``, ``trace()``, ``row``/``col``/
+    ``entry``/``rows``/``cols``, exact ``topk`` variants.
 
-    Indexing: ``fm[layer]``, ``fm[layer, head]``, ``fm[:, 3]``, ``fm[..., 0]`` select
-    leading dims only and return a FactoredMatrix. Matrix entries are read with
-    ``row(i)``, ``col(j)``, ``entry(i, j)`` (dense, small) or ``rows(idx)``/``cols(idx)``
-    (still factored).
+    Leading dims (e.g. ``[n_layers, n_heads]``) broadcast between ``A`` and ``B`` as in
+    ``torch.matmul``; ``A`` and ``B`` read back broadcast to ``[*lead, m, k]`` and
+    ``[*lead, k, n]`` (stride-0 views, as TransformerLens stores them). Internally a factor
+    shared along a leading dim (a broadcast or ``expand``-ed one) is kept once, so ``svd``,
+    ``norm`` and ``eigenvalues`` decompose it once; their results over such dims are
+    stride-0 views of that one result (``.contiguous()`` gives a writable copy).
+
+    Operands: torch tensors, or array-likes (numpy, anything exposing ``__array__`` or
+    ``__dlpack__``), converted with ``torch.as_tensor``/``torch.from_dlpack`` so every method
+    works on them. TransformerLens also keeps protocol-only duck types unconverted (then only
+    ``@``, ``AB`` and ``BA`` work there); here such an object is refused with a TypeError.
+
+    dtype: factors must share dtype and device (a TypeError names both; TransformerLens
+    builds the object and fails later in ``torch.matmul``). ``svd``, ``eigenvalues`` and
+    ``norm`` of 16-bit factors run and return in float32, as TransformerLens's do (LAPACK
+    has no 16-bit kernels; a bf16 Gram would lose the norm).
+
+    Where this class differs on purpose: ValueError (not AssertionError/RuntimeError) for
+    mismatched shapes; IndexError for out-of-range row/column ints (TransformerLens returns
+    an empty matrix) and for indices that cannot stay factored (see ``__getitem__``);
+    ``AB``/``dense()`` refuse products over ``DENSE_LIMIT_BYTES``; ``norm()`` takes the
+    Gram/QR routes with an error bound instead of the SVD; ``eigenvalues`` pads with exact
+    zeros where TransformerLens's ``eig(BA)`` returns rounding noise (m < k).
     """
 
-    def __init__(self, A: torch.Tensor, B: torch.Tensor):
+    __array_ufunc__ = None  # numpy_array @ fm: numpy defers to __rmatmul__ instead of wrapping fm
+
+    def __init__(self, A, B):
+        A, B = _as_tensor(A, "A"), _as_tensor(B, "B")
         _check_chain([A, B])
-        self.A = _unexpand(A)
-        self.B = _unexpand(B)
+        self._lead = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+        self._A, self._B = _unexpand(A), _unexpand(B)
 
     # ------------------------------------------------------------------ shape
     @property
+    def A(self) -> torch.Tensor:
+        """Left factor broadcast to ``[*lead, m, k]`` (a view)."""
+        return self._A.broadcast_to((*self._lead, *self._A.shape[-2:]))
+
+    @property
+    def B(self) -> torch.Tensor:
+        """Right factor broadcast to ``[*lead, k, n]`` (a view)."""
+        return self._B.broadcast_to((*self._lead, *self._B.shape[-2:]))
+
+    @property
+    def pair(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A, B)``, both broadcast to the leading dims."""
+        return self.A, self.B
+
+    @property
     def shape(self) -> torch.Size:
-        lead = torch.broadcast_shapes(self.A.shape[:-2], self.B.shape[:-2])
-        return torch.Size((*lead, self.ldim, self.rdim))
+        return torch.Size((*self._lead, self.ldim, self.rdim))
 
     @property
     def ldim(self) -> int:
-        return self.A.shape[-2]
+        return self._A.shape[-2]
 
     @property
     def mdim(self) -> int:
-        return self.A.shape[-1]
+        return self._A.shape[-1]
 
     @property
     def rdim(self) -> int:
-        return self.B.shape[-1]
+        return self._B.shape[-1]
 
     @property
     def rank(self) -> int:
@@ -244,39 +303,49 @@ class FactoredMatrix:
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self._lead) + 2
+
+    @property
+    def has_leading_dims(self) -> bool:
+        return bool(self._lead)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.A.dtype
+        return self._A.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.A.device
+        return self._A.device
 
     def __repr__(self) -> str:
         return f"FactoredMatrix(shape={tuple(self.shape)}, rank={self.rank}, dtype={self.dtype})"
 
+    def _full(self, result: torch.Tensor, trailing: int) -> torch.Tensor:
+        """``result`` of the stored factors (its last ``trailing`` dims per matrix) broadcast to the leading dims."""
+        return result.broadcast_to((*self._lead, *result.shape[result.ndim - trailing:]))
+
     # ------------------------------------------------------------- algebra
     def __matmul__(self, other):
-        """``M @ other``: dense ``[..., n, p]`` or FactoredMatrix -> FactoredMatrix; vector -> dense."""
+        """``M @ other``: dense ``[..., n, p]`` or FactoredMatrix -> FactoredMatrix; vector ``[n]`` -> ``[..., m]``."""
         if isinstance(other, FactoredMatrix):
-            return _from_chain([self.A, self.B, other.A, other.B], self, other)
-        if not _check_operand(other, self):
+            return _from_chain([self._A, self._B, other._A, other._B], self, other)
+        other = _operand(other, self)
+        if other is None:
             return NotImplemented
         if other.ndim == 1:
             _require(other.shape[0] == self.rdim, self, other)
-            return (self.A @ (self.B @ other[:, None])).squeeze(-1)
-        return _from_chain([self.A, self.B, other], self, other)
+            return self._full((self._A @ (self._B @ other[:, None])).squeeze(-1), 1)
+        return _from_chain([self._A, self._B, other], self, other)
 
     def __rmatmul__(self, other):
-        """``other @ M``: dense ``[..., p, m]`` -> FactoredMatrix; vector -> dense ``[..., n]``."""
-        if not _check_operand(other, self):
+        """``other @ M``: dense ``[..., p, m]`` -> FactoredMatrix; vector ``[m]`` -> dense ``[..., n]``."""
+        other = _operand(other, self)
+        if other is None:
             return NotImplemented
         if other.ndim == 1:
             _require(other.shape[0] == self.ldim, other, self)
-            return ((other[None] @ self.A) @ self.B).squeeze(-2)
-        return _from_chain([other, self.A, self.B], other, self)
+            return self._full(((other[None] @ self._A) @ self._B).squeeze(-2), 1)
+        return _from_chain([other, self._A, self._B], other, self)
 
     def __mul__(self, scalar) -> FactoredMatrix:
         """Scalar multiple ``c M = (c A) B``."""
@@ -285,7 +354,7 @@ class FactoredMatrix:
                 f"FactoredMatrix * tensor needs a scalar, got shape {tuple(scalar.shape)}; "
                 "use @ for matrix products"
             )
-        return FactoredMatrix(self.A * scalar, self.B)
+        return FactoredMatrix(self._full(self._A * scalar, 2), self.B)
 
     __rmul__ = __mul__
 
@@ -294,10 +363,24 @@ class FactoredMatrix:
         """Transpose of the last two dims: ``(AB)^T = B^T A^T``."""
         return FactoredMatrix(self.B.mT, self.A.mT)
 
+    def unsqueeze(self, dim: int) -> FactoredMatrix:
+        """``M.unsqueeze(dim)`` still factored, for any ``dim`` in ``-ndim-1..ndim``; a new axis at the
+        matrix dims (``ndim - 1`` or ``ndim``) turns the rows into a leading dim."""
+        if not -self.ndim - 1 <= dim <= self.ndim:
+            raise IndexError(f"unsqueeze dim must be in {-self.ndim - 1}..{self.ndim} for shape "
+                             f"{tuple(self.shape)}, got {dim}")
+        dim = dim % (self.ndim + 1)
+        if dim <= self.ndim - 2:
+            return FactoredMatrix(self.A.unsqueeze(dim), self.B.unsqueeze(dim))
+        if dim == self.ndim - 1:  # [..., m, 1, n]: rows become a leading dim of one-row matrices
+            return FactoredMatrix(self.A.unsqueeze(-2), self.B.unsqueeze(-3))
+        # [..., m, n, 1]: entry [.., i, j, 0] = B[:, j] . A[i], so (B^T, A) with rows i leading
+        return FactoredMatrix(self.B.mT.unsqueeze(-3), self.A.unsqueeze(-1))
+
     def dense(self, max_bytes: int | None = None) -> torch.Tensor:
         """The product ``A @ B [..., m, n]``; refuses above ``max_bytes`` (default ``DENSE_LIMIT_BYTES``)."""
         limit = DENSE_LIMIT_BYTES if max_bytes is None else max_bytes
-        need = math.prod(self.shape) * self.A.element_size()
+        need = math.prod(self.shape) * self._A.element_size()
         if need > limit:
             raise MemoryError(
                 f"dense product of shape {tuple(self.shape)} ({self.dtype}) would take "
@@ -305,7 +388,7 @@ class FactoredMatrix:
                 "norm/svd on the factored form, or pass dense(max_bytes=...) or raise "
                 "pycircuits_widgets.factored.DENSE_LIMIT_BYTES"
             )
-        return self.A @ self.B
+        return self._full(self._A @ self._B, 2)
 
     @property
     def AB(self) -> torch.Tensor:
@@ -316,81 +399,196 @@ class FactoredMatrix:
     def BA(self) -> torch.Tensor:
         """Reverse product ``B @ A [..., k, k]``; needs a square ``M`` (m == n)."""
         self._require_square("BA")
-        return self.B @ self.A
+        return self._full(self._B @ self._A, 2)
+
+    def get_corner(self, k: int = 3) -> torch.Tensor:
+        """Dense top-left corner: the first ``k`` of every dim, leading dims included (as TransformerLens)."""
+        corner = self._full(self._A[..., :k, :] @ self._B[..., :, :k], 2)
+        return corner[tuple(slice(k) for _ in self._lead)]
 
     # ------------------------------------------------------------- spectra
     @property
     def eigenvalues(self) -> torch.Tensor:
-        """Nonzero spectrum of ``M``, complex ``[..., min(m, k)]``: ``eig(BA)`` (or ``eig(AB)`` if m < k)."""
+        """Spectrum of ``M`` as ``eig(BA)``: complex ``[..., k]`` (TransformerLens's count, ``mdim``).
+
+        Needs m == n. The other ``m - k`` eigenvalues of ``M`` are 0. Where ``m < k``, ``BA`` has
+        ``k - m`` zero eigenvalues besides ``M``'s: ``eig(AB)`` (the smaller problem) gives the
+        ``m`` values and the rest are appended as exact zeros (TransformerLens returns rounding
+        noise there). 16-bit factors: computed in float32 (complex64)."""
         self._require_square("eigenvalues")
-        return eigenvalues_of_product(self.A, self.B)
+        eigs = eigenvalues_of_product(self._A, self._B)  # [..., min(m, k)]
+        missing = self.mdim - eigs.shape[-1]
+        if missing:
+            eigs = torch.cat([eigs, eigs.new_zeros((*eigs.shape[:-1], missing))], -1)
+        return self._full(eigs, 1)
 
-    def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Thin SVD ``M = U diag(S) Vh`` from the factors' SVDs (DESIGN.md section 4).
-
-        ``A = U_A S_A Vh_A``, ``B = U_B S_B Vh_B``, ``C = S_A Vh_A U_B S_B = U_C S_C Vh_C``,
-        so ``U = U_A U_C``, ``S = S_C``, ``Vh = Vh_C Vh_B``. Returns ``U [..., m, r]``,
-        ``S [..., r]`` (descending), ``Vh [..., r, n]``, ``r = min(m, k, n)``.
-        """
-        Ua, Sa, Vha = torch.linalg.svd(self.A, full_matrices=False)
-        Ub, Sb, Vhb = torch.linalg.svd(self.B, full_matrices=False)
+    @functools.cached_property
+    def _svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        work = linalg_dtype(self.dtype)
+        Ua, Sa, Vha = torch.linalg.svd(self._A.to(work), full_matrices=False)
+        Ub, Sb, Vhb = torch.linalg.svd(self._B.to(work), full_matrices=False)
         C = (Sa[..., :, None] * Vha) @ (Ub * Sb[..., None, :])
         Uc, Sc, Vhc = torch.linalg.svd(C, full_matrices=False)
-        return Ua @ Uc, Sc, Vhc @ Vhb
+        return self._full(Ua @ Uc, 2), self._full(Sc, 1), self._full(Vhb.mT @ Vhc.mT, 2)
+
+    def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Thin SVD ``(U, S, V)`` with ``M = U diag(S) V^T`` (TransformerLens's convention; NOT
+        ``torch.linalg.svd``'s ``Vh``): ``U [..., m, r]``, ``S [..., r]`` descending,
+        ``V [..., n, r]``, ``r = min(m, k, n)``. Cached per object.
+
+        From the factors' SVDs (DESIGN.md section 4): ``A = U_A S_A Vh_A``, ``B = U_B S_B Vh_B``,
+        ``C = S_A Vh_A U_B S_B = U_C S_C Vh_C``, so ``U = U_A U_C``, ``S = S_C``,
+        ``V = (Vh_C Vh_B)^T``. 16-bit factors: computed and returned in float32.
+        """
+        return self._svd
+
+    @property
+    def U(self) -> torch.Tensor:
+        """Left singular vectors ``[..., m, r]`` (``svd()[0]``)."""
+        return self._svd[0]
+
+    @property
+    def S(self) -> torch.Tensor:
+        """Singular values ``[..., r]``, descending (``svd()[1]``)."""
+        return self._svd[1]
+
+    @property
+    def V(self) -> torch.Tensor:
+        """Right singular vectors ``[..., n, r]``: ``M = U diag(S) V^T`` (``svd()[2]``)."""
+        return self._svd[2]
+
+    @property
+    def Vh(self) -> torch.Tensor:
+        """TransformerLens's historical alias: returns ``V [..., n, r]``, NOT its transpose.
+
+        Kept so ported code gets the same numbers; warns (DeprecationWarning, as TransformerLens
+        does) because the name says the opposite. Use ``V``, or ``V.mT`` for ``Vh``."""
+        warnings.warn(
+            "FactoredMatrix.Vh returns V (right singular vectors, M = U diag(S) V^T), as "
+            "TransformerLens's Vh does, not V^T; use .V, or .V.mT for the transpose",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._svd[2]
+
+    def make_even(self) -> FactoredMatrix:
+        """The same ``M`` as ``(U sqrt(S), sqrt(S) V^T)``: orthogonal columns / rows, each half
+        carrying the square roots of the singular values. Inner dim ``r``."""
+        U, S, V = self._svd
+        root = S.sqrt()
+        return FactoredMatrix(U * root[..., None, :], root[..., :, None] * V.mT)
 
     def collapse_l(self) -> torch.Tensor:
-        """``diag(S) Vh [..., r, n]``: ``M`` with its left orthonormal factor ``U`` removed."""
-        _, S, Vh = self.svd()
-        return S[..., :, None] * Vh
+        """``diag(S) V^T [..., r, n]``: ``M`` with its left orthonormal factor ``U`` removed."""
+        _, S, V = self._svd
+        return S[..., :, None] * V.mT
 
     def collapse_r(self) -> torch.Tensor:
-        """``U diag(S) [..., m, r]``: ``M`` with its right orthonormal factor ``Vh`` removed."""
-        U, S, _ = self.svd()
+        """``U diag(S) [..., m, r]``: ``M`` with its right orthonormal factor ``V^T`` removed."""
+        U, S, _ = self._svd
         return U * S[..., None, :]
 
     def norm(self) -> torch.Tensor:
         """Frobenius norm ``||AB||_F [...]``, batched: the Gram route, or the QR route where the Gram
-        result is ill-conditioned (``||AB|| << ||A|| ||B||``; see ``frobenius_norm_of_product``)."""
-        return frobenius_norm_of_product(self.A, self.B)
+        result is ill-conditioned (``||AB|| << ||A|| ||B||``; see ``frobenius_norm_of_product``).
+        Equals TransformerLens's ``sqrt(sum(S^2))`` without an SVD. 16-bit factors: in float32."""
+        return self._full(frobenius_norm_of_product(self._A, self._B), 0)
 
     def trace(self) -> torch.Tensor:
         """``tr(AB) = sum_ij A_ij B_ji [...]``; needs m == n."""
         self._require_square("trace")
-        return (self.A * self.B.mT).sum((-2, -1))
+        return self._full((self._A * self._B.mT).sum((-2, -1)), 0)
 
     # ------------------------------------------------------------- indexing
     def __getitem__(self, idx) -> FactoredMatrix:
-        """Select leading dims (ints, slices, tensors, ``...``, ``None``); matrix dims are kept."""
-        idx = idx if isinstance(idx, tuple) else (idx,)
-        used = sum(
-            i.ndim if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1
-            for i in idx
-            if i is not None and i is not Ellipsis
-        )
-        n_lead = self.ndim - 2
-        if used > n_lead:
+        """``M[idx]`` without forming ``M``, with TransformerLens's semantics: ``idx`` runs over the
+        product's dims ``[*lead, m, n]``, so ``fm[layer, head]`` selects heads and
+        ``fm[..., i, j]`` rows and columns. Leading dims index as in torch (ints drop the dim);
+        an int row or column keeps its singleton dim (``fm[..., i, j]`` is ``[..., 1, 1]``), as in
+        TransformerLens. ``None`` adds an axis anywhere, ``...`` expands once.
+
+        Refused with IndexError (TransformerLens returns wrong-shaped or empty results there): an
+        int row/column out of range; tensor (advanced) indices into both rows and columns (torch
+        would pair them entry by entry: use ``entry``), or into a matrix dim together with
+        leading dims; a multi-dim tensor index into rows or columns, or a mask spanning a leading
+        and a matrix dim; more indices than dims. TypeError: a bool index (torch, and TransformerLens
+        at a leading dim, read it as a new axis; TransformerLens at a row/column as row 0 or 1).
+        """
+        items = [_index_item(i) for i in (idx if isinstance(idx, tuple) else (idx,))]
+        if sum(i is Ellipsis for i in items) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        used = sum(_dims_used(i) for i in items)
+        if used > self.ndim:
             raise IndexError(
                 f"index {idx!r} uses {used} dims but FactoredMatrix of shape {tuple(self.shape)} "
-                f"has {n_lead} leading dims; read matrix entries with row(i), col(j), "
-                "entry(i, j), rows(idx) or cols(idx)"
+                f"has {self.ndim}; single entries are entry(i, j)"
             )
-        full = idx + (slice(None), slice(None))
-        lead = self.shape[:-2]
-        A = self.A.broadcast_to((*lead, *self.A.shape[-2:]))
-        B = self.B.broadcast_to((*lead, *self.B.shape[-2:]))
-        return FactoredMatrix(A[full], B[full])
+        fill = [slice(None)] * (self.ndim - used)
+        at = next((p for p, i in enumerate(items) if i is Ellipsis), len(items))
+        items = items[:at] + fill + items[at + 1:]
+        n_lead, seen, split = self.ndim - 2, 0, len(items)
+        for pos, item in enumerate(items):  # split after the item that uses the last leading dim
+            if seen == n_lead and item is not None:
+                split = pos
+                break
+            seen += _dims_used(item)
+            if seen > n_lead:
+                raise IndexError(f"index {idx!r}: a mask cannot span a leading and a matrix dim of "
+                                 f"FactoredMatrix of shape {tuple(self.shape)}")
+        lead, rest = items[:split], items[split:]
+        at = [p for p, i in enumerate(rest) if i is not None]
+        if len(at) != 2:
+            raise IndexError(f"index {idx!r}: a mask over both matrix dims of FactoredMatrix of shape "
+                             f"{tuple(self.shape)} picks single entries; read them with entry(i, j)")
+        row, col = rest[at[0]], rest[at[1]]
+        between, after = at[1] - at[0] - 1, len(rest) - at[1] - 1  # new axes around the column
+        if any(_is_advanced(i) for i in lead) + _is_advanced(row) + _is_advanced(col) > 1:
+            raise IndexError(
+                f"index {idx!r} of FactoredMatrix of shape {tuple(self.shape)}: tensor indices into "
+                "more than one of (leading dims, rows, columns) pair up entry by entry in torch, which "
+                "a factored matrix cannot hold; index one at a time, or read entries with entry(i, j)"
+            )
+        row, col = self._matrix_index(row, self.ldim, "row", idx), self._matrix_index(col, self.rdim, "column", idx)
+        A, B = self._index_lead(self._A, lead), self._index_lead(self._B, lead)
+        out = FactoredMatrix(A[..., row, :], B[..., :, col])
+        for _ in range(between):
+            out = out.unsqueeze(out.ndim - 1)
+        for _ in range(after):
+            out = out.unsqueeze(out.ndim)
+        return out
+
+    def _index_lead(self, factor: torch.Tensor, lead: list) -> torch.Tensor:
+        """``factor`` (stored) broadcast and indexed by ``lead`` over the leading dims. A factor shared by
+        all of them is broadcast to the result's shape, never gathered (tensor indices would copy it)."""
+        if any(map(_is_advanced, lead)) and all(s == 1 for s in factor.shape[:-2]):
+            shape = factor.new_zeros(()).expand(self._lead)[tuple(lead)].shape  # stride 0: no copy
+            return factor.reshape(factor.shape[-2:]).broadcast_to((*shape, *factor.shape[-2:]))
+        return self._full(factor, 2)[tuple(lead)]
+
+    def _matrix_index(self, item, size: int, what: str, idx):
+        """A row or column index as one the factor can take: an int becomes a one-wide slice."""
+        if isinstance(item, torch.Tensor) and item.ndim > 1:
+            raise IndexError(f"index {idx!r}: a {what} index must be an int, slice or 1-D tensor, got a "
+                             f"{item.ndim}-D tensor (FactoredMatrix of shape {tuple(self.shape)})")
+        if isinstance(item, int):
+            if not -size <= item < size:
+                raise IndexError(f"{what} index {item} is out of range for FactoredMatrix of shape "
+                                 f"{tuple(self.shape)} ({size} {what}s)")
+            item %= size
+            return slice(item, item + 1)
+        return item
 
     def rows(self, idx) -> FactoredMatrix:
         """Rows ``idx`` (int list, tensor or slice) of ``M``, still factored: ``[..., len, n]``."""
-        return FactoredMatrix(self.A[..., idx, :], self.B)
+        return FactoredMatrix(self._full(self._A[..., idx, :], 2), self.B)
 
     def cols(self, idx) -> FactoredMatrix:
         """Columns ``idx`` of ``M``, still factored: ``[..., m, len]``."""
-        return FactoredMatrix(self.A, self.B[..., :, idx])
+        return FactoredMatrix(self.A, self._full(self._B[..., :, idx], 2))
 
     def row(self, i: int) -> torch.Tensor:
         """Row ``i`` of ``M`` as a dense ``[..., n]`` tensor: ``A[i] @ B``."""
-        return (self.A[..., i, :].unsqueeze(-2) @ self.B).squeeze(-2)
+        return self._full((self._A[..., i, :].unsqueeze(-2) @ self._B).squeeze(-2), 1)
 
     def col(self, j: int) -> torch.Tensor:
         """Column ``j`` of ``M`` as a dense ``[..., m]`` tensor: ``A @ B[:, j]``."""
@@ -398,7 +596,7 @@ class FactoredMatrix:
 
     def entry(self, i: int, j: int) -> torch.Tensor:
         """Entry ``M[..., i, j] = A[i] . B[:, j]``, shape ``[...]``."""
-        return (self.A[..., i, :] * self.B[..., :, j]).sum(-1)
+        return self._full((self._A[..., i, :] * self._B[..., :, j]).sum(-1), 0)
 
     # ------------------------------------------------------------- top-k
     def topk(self, k: int, largest: bool = True, block_bytes: int = TOPK_BLOCK_BYTES):
@@ -446,15 +644,79 @@ def _unexpand(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _check_operand(other, fm: FactoredMatrix) -> bool:
-    """False for non-tensors (Python then raises its TypeError); errors on dtype/device mix."""
-    if not isinstance(other, torch.Tensor):
-        return False
+_ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__cuda_array_interface__", "__dlpack__")
+
+
+def _protocol(x) -> str | None:
+    """The first array protocol ``x`` exposes (None-valued attributes opt out, as in numpy)."""
+    return next((p for p in _ARRAY_PROTOCOLS if getattr(x, p, None) is not None), None)
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, torch.Tensor) or _protocol(x) is not None
+
+
+def _as_tensor(x, what: str) -> torch.Tensor:
+    """``x`` as a tensor: tensors as they are, array-likes (numpy, cupy, jax, wrappers exposing
+    ``__array__`` or ``__dlpack__``) converted without a copy where the protocol allows."""
+    if isinstance(x, torch.Tensor):
+        return x
+    protocol = _protocol(x)
+    if protocol is None:
+        raise TypeError(f"{what} must be a torch.Tensor or an array-like (__array__ or __dlpack__), "
+                        f"got {type(x).__name__}")
+    if protocol == "__cuda_array_interface__":
+        return torch.as_tensor(x)
+    return torch.from_dlpack(x) if protocol == "__dlpack__" else torch.as_tensor(np.asarray(x))
+
+
+def _operand(other, fm: FactoredMatrix) -> torch.Tensor | None:
+    """``other`` as a tensor, or None for non-array operands (Python then raises its TypeError);
+    errors on a dtype/device mix (no promotion: the caller converts)."""
+    if not _is_array(other):
+        return None
+    other = _as_tensor(other, "operand")
     if other.dtype != fm.dtype or other.device != fm.device:
         raise TypeError(
-            f"operand is {other.dtype} on {other.device} but FactoredMatrix is {fm.dtype} on {fm.device}"
+            f"operand is {other.dtype} on {other.device} but FactoredMatrix is {fm.dtype} on {fm.device}; "
+            "no promotion is done: convert one of them with .to(...)"
         )
-    return True
+    return other
+
+
+def _index_item(item):
+    """One entry of an index as ``__getitem__`` handles it: lists and arrays as tensors, integer
+    scalars (numpy, 0-d tensors) as ints, uint8 masks as bool (torch's reading); refuses bools."""
+    if item is None or item is Ellipsis or isinstance(item, slice):
+        return item
+    if isinstance(item, (list, tuple)) or (not isinstance(item, torch.Tensor) and _is_array(item)):
+        item = torch.as_tensor(item)
+    if isinstance(item, torch.Tensor):
+        if item.dtype == torch.uint8:
+            item = item.bool()
+        if item.dtype == torch.bool and item.ndim == 0 or item.is_floating_point() or item.is_complex():
+            raise TypeError(f"FactoredMatrix index entries must be ints, slices, None, ..., integer "
+                            f"tensors or masks, got a {'0-d ' if item.ndim == 0 else ''}{item.dtype} tensor")
+        return int(item) if item.ndim == 0 else item
+    if isinstance(item, bool):
+        raise TypeError(f"FactoredMatrix index entries must be ints, not bool ({item!r}): torch reads a bool "
+                        "as a new axis, TransformerLens at a row/column as 0 or 1; pass None or an int")
+    try:
+        return operator.index(item)
+    except TypeError:
+        raise TypeError(f"FactoredMatrix index entries must be ints, slices, None, ..., integer tensors "
+                        f"or masks, got {type(item).__name__}") from None
+
+
+def _dims_used(item) -> int:
+    """Dims of the indexed matrix that ``item`` consumes (a mask: one per mask dim)."""
+    if item is None or item is Ellipsis:
+        return 0
+    return item.ndim if isinstance(item, torch.Tensor) and item.dtype == torch.bool else 1
+
+
+def _is_advanced(item) -> bool:
+    return isinstance(item, torch.Tensor)
 
 
 def _require(ok: bool, left, right) -> None:
@@ -468,8 +730,8 @@ def _from_chain(factors, left, right) -> FactoredMatrix:
     """Factored form of a chain product, split at its smallest inner dim (first on ties)."""
     try:
         _check_chain(factors)
-    except ValueError as err:
-        raise ValueError(
+    except (TypeError, ValueError) as err:
+        raise type(err)(
             f"cannot multiply shape {tuple(left.shape)} by shape {tuple(right.shape)} ({err})"
         ) from None
     inner = [f.shape[-1] for f in factors[:-1]]

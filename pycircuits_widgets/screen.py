@@ -4,17 +4,32 @@ Exact top-k routines (``FactoredMatrix.topk``, the skip-trigram search) spend mo
 time deciding which entries of ``a [m, r] @ b [r, n]`` can matter. ``ProductScreen`` answers
 that with one low-precision GEMM per tile and an error bound proven below, so an entry is
 discarded only when it provably cannot beat the level; survivors are recomputed exactly by
-the caller. Two backends, the bound of each stated where it is used (int8 is the default where it
-runs, also on AMX hosts whose bf16 GEMM is as fast at inner dimension 64: the row max over its
-2-byte outputs costs twice that over int8 ones, measured 1 thread: GEMM + row max ~240-440 GOP/s
-for bf16 against ~350-550 for int8):
+the caller. Which low-precision route is exact depends on the CPU, so ``exact_route()`` decides
+per machine, at first use, from a probe (below); the fastest exact route wins.
 
-**int8** (CPUs where torch has oneDNN's quantised linear, ``torch.ops.onednn.qlinear_*``, with
-signed int8 activations: no zero point, so no compensation term in the kernel).
-Rows ``a_i = alpha_i ã_i + e_i`` with ``alpha_i = max|a_i| / 127``, ``ã_i`` int8; columns
-``b_j = beta_j b̃_j + f_j`` with ``beta_j = max|b_j| / 127``. The int32 products ``ã_i . b̃_j``
-are exact; oneDNN scales them by ``beta_j / S`` and rounds to an int8 ``o_ij`` (error <= 1/2
-plus float32 rounding; we allow 1, which holds for any rounding mode). Then
+**Routes.** ``"int8"``: oneDNN's quantised linear (``torch.ops.onednn.qlinear_*``) on int8
+factors quantised to ±127. Exact where the kernel's int32 products are exact: VNNI
+(``vpdpbusd``) and AMX (``tdpbssd``) accumulate every product in int32. ``"int8-narrow"``: the
+same kernel with the columns of ``b`` (the kernel's weights) quantised to ±64. Without VNNI (AVX2
+only: AMD Zen 1-3, Intel before Cascade Lake) oneDNN shifts the signed activations by 128 to
+``[1, 255]`` and multiplies with ``vpmaddubsw``, which sums *pairs* of u8 x s8 products in
+saturating 16-bit arithmetic: exact only while ``2 * 255 * max|w| <= 32767``, i.e. ``|w| <= 64``
+(measured: at ±65 an all-maximum product already comes back low). ``"bfloat16"``: a bf16 GEMM
+with fp32 accumulation (exact bound on every device; fast only with native bf16: AVX512-BF16,
+AMX, GPUs). ``"float32"``: the fp32 GEMM itself with its rounding bound (no saving in the GEMM,
+4-byte tiles; the CPU fallback where no int8 route is exact and bf16 is emulated).
+
+**The probe** (``exact_route``) runs each int8 route on the inputs that break it if anything
+does: activations at ±127, weights at the route's maximum with every sign pattern (pairs of equal
+signs saturate first), at inner dimensions 32-256 (the padded sizes of real heads), plus random
+integers; a route is taken only if every output equals the float64 truth rounded, within the 1
+the bound allows. int8 is preferred to int8-narrow (one more bit in the weights, a tighter bound).
+
+**int8 bound** (both int8 routes; ``Q = 127`` or ``64`` for the columns of ``b``). Rows
+``a_i = alpha_i ã_i + e_i`` with ``alpha_i = max|a_i| / 127``, ``ã_i`` int8; columns
+``b_j = beta_j b̃_j + f_j`` with ``beta_j = max|b_j| / Q``. The int32 products ``ã_i . b̃_j``
+are exact (the probe's guarantee); oneDNN scales them by ``beta_j / S`` and rounds to an int8
+``o_ij`` (error <= 1/2 plus float32 rounding; we allow 1, which holds for any rounding mode). Then
 
     a_i . b_j = alpha_i beta_j ã_i . b̃_j + alpha_i ã_i . f_j + e_i . b_j
              <= alpha_i S (o_ij + 1) + alpha_i ||ã_i|| max_j ||f_j|| + ||e_i|| max_j ||b_j||,
@@ -25,7 +40,7 @@ costs a pass over bytes, not over a stored int32 block. ``S`` is half the Cauchy
 ``max ||ã_i|| max ||beta_j b̃_j|| / 127``: row maxima of inner products in ``r`` dimensions are
 well below it, and the rare saturated entry is detected.
 
-**bfloat16** (everywhere else). With unit roundoff ``u = 2^-8`` (8 significand bits), fp32
+**bfloat16 bound.** With unit roundoff ``u = 2^-8`` (8 significand bits), fp32
 accumulation (oneDNN, cuBLAS and torch's CPU fallback accumulate bf16 products in fp32; the
 products of two bf16 numbers are exact in fp32) and ``γ_r = r 2^-24 / (1 - r 2^-24)``:
 inputs rounded ``(2u + u^2) Σ|a_k b_k|``, accumulation ``γ_r (1 + u)^2 Σ|a_k b_k|``, output
@@ -33,6 +48,9 @@ rounded ``u |ŝ|``, so
 
     |bf16(a . b) - a . b| <= ρ_r Σ_k |a_k b_k| <= ρ_r ||a|| ||b||,
     ρ_r = 3u + 3u^2 + u^3 + γ_r (1 + u)^3        (ρ_64 = 0.01176, ρ_4096 = 0.01201 < 2^-6).
+
+**float32 bound.** The inputs are already float32; any summation order (blocked, FMA) gives
+``|fl(a . b) - a . b| <= γ_r Σ|a_k b_k| <= γ_r ||a|| ||b||``.
 
 Levels are compared in float32 (no rounding of the level to bf16).
 """
@@ -52,12 +70,18 @@ TILE_COLS = 1024
 row maxima right after the GEMM that wrote it, while it is still in cache."""
 INNER_MULTIPLE = 32
 """The int8 factors' inner dimension is zero-padded to a multiple of this (see ``ProductScreen``)."""
-SCREEN_ROWS = {"int8": 4096, "bfloat16": 256}
+INT8_WEIGHT_MAX = {"int8": 127, "int8-narrow": 64}
+"""Largest |quantised value| of the columns of ``b`` per int8 route (module docstring, "Routes")."""
+SCREEN_ROWS = {"int8": 4096, "int8-narrow": 4096, "bfloat16": 256, "float32": 1024}
 """Rows per screening call that callers should use. int8: the fastest of 1024-16384 rows x 256-2048
 columns on an AMX host at d_vocab 50257 (full row-max passes, CPU time: 4096 x 1024 ~400 GOP/s per
-core, 1024 x 1024 ~330); bfloat16: measured earlier on 2 cores at d_vocab 50257."""
+core, 1024 x 1024 ~330); bfloat16: measured earlier on 2 cores at d_vocab 50257; float32: a
+``[1024, 1024]`` fp32 tile is the int8 tile's 4 MiB."""
+BACKENDS = tuple(SCREEN_ROWS)
 FLOAT_SLACK = 1e-5
 """Relative slack, in units of ``||a_i|| max ||b_j||``, for float32 rounding in the norms and scales."""
+PROBE_INNER = (32, 64, 96, 128, 256)
+"""Inner dimensions the int8 probe runs at: the padded sizes of real heads (d_head 16-256)."""
 
 
 def bf16_relative_error(r: int) -> float:
@@ -67,28 +91,82 @@ def bf16_relative_error(r: int) -> float:
     return 3 * u + 3 * u**2 + u**3 + gamma * (1 + u) ** 3
 
 
+def fp32_relative_error(r: int) -> float:
+    """``γ_r``: ``|fp32 GEMM - exact| <= γ_r Σ|a_k b_k|`` for float32 inputs, inner dimension ``r``."""
+    return r * U_FP32 / (1 - r * U_FP32)
+
+
+def _qlinear(x: torch.Tensor, packed, col_scale: torch.Tensor, out_scale: float) -> torch.Tensor:
+    """oneDNN's int8 x int8 -> int8 linear: ``round(x @ w.T * col_scale / out_scale)`` saturated to int8."""
+    zero = torch.zeros(col_scale.numel(), dtype=torch.long)
+    return torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, col_scale, zero, None, out_scale, 0,
+                                              torch.int8, "none", [], "")
+
+
+def _probe_rows(r: int, q: int, gen: torch.Generator) -> torch.Tensor:
+    """``[14, r]`` int32 rows of magnitude ``q`` whose products saturate 16-bit pair sums first: constant
+    signs, equal-sign pairs with alternating pairs, alternating signs, and random integers in ``[-q, q]``."""
+    k = torch.arange(r)
+    patterns = [torch.ones(r), torch.where(k % 4 < 2, 1, -1), torch.where(k % 2 == 0, 1, -1),
+                torch.where(k < r // 2, 1, -1)]
+    signs = torch.stack([s for p in patterns for s in (p, -p)]).to(torch.int32)
+    return torch.cat([q * signs, torch.randint(-q, q + 1, (6, r), generator=gen, dtype=torch.int32)])
+
+
 @functools.cache
-def int8_available() -> bool:
-    """oneDNN's quantised linear (int8 x int8 -> int8, per-column scales) runs and is exact here."""
+def _int8_route_is_exact(weight_max: int) -> bool:
+    """Whether oneDNN's int8 linear gives the float64 truth on the probe (module docstring, "The probe").
+
+    Entries with ``|x . w| <= 120`` are compared at output scale 1, where any error shows (an integer
+    scaled by 1 rounds exactly); every entry again with per-column scales mapping each column's largest
+    product to 100, within the 1 the screen's bound allows."""
+    gen = torch.Generator().manual_seed(0)
     try:
-        w = torch.tensor([[1, -2], [3, 4]], dtype=torch.int8)
-        packed = torch.ops.onednn.qlinear_prepack(w, [1, 2])
-        x = torch.tensor([[1, -2]], dtype=torch.int8)
-        o = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(2), torch.zeros(2, dtype=torch.long),
-                                               None, 1.0, 0, torch.int8, "none", [], "")
-        return o.tolist() == [[5, -5]]
-    except (AttributeError, RuntimeError, NotImplementedError):
+        for r in PROBE_INNER:
+            x, w = _probe_rows(r, 127, gen), _probe_rows(r, weight_max, gen)
+            truth = x.double() @ w.double().T
+            packed = torch.ops.onednn.qlinear_prepack(w.to(torch.int8), [x.shape[0], r])
+            x8, ones = x.to(torch.int8), torch.ones(w.shape[0])
+            small = truth.abs() <= 120
+            if not torch.equal(_qlinear(x8, packed, ones, 1.0).double()[small], truth[small]):
+                return False
+            col = (truth.abs().amax(0) / 100).clamp_min(1)
+            if ((_qlinear(x8, packed, 1 / col.float(), 1.0).double() - truth / col).abs() > 1).any():
+                return False
+        return True
+    except (AttributeError, RuntimeError, NotImplementedError):  # no oneDNN int8 in this build
         return False
 
 
-def _quantise_rows(x: torch.Tensor):
-    """Per-row int8 quantisation ``x_i = s_i x̃_i + e_i`` of ``x [n, r]`` (float32, ``s_i = max|x_i| / 127``).
+def exact_route(device_type: str = "cpu") -> str:
+    """The fastest screen route that is exact on this machine, decided once per process by a probe.
+
+    CPU: ``"int8"`` where oneDNN's int8 products are exact at full range (VNNI, AMX), else
+    ``"int8-narrow"`` where they are exact with weights at ±64 (AVX2 without VNNI), else
+    ``"bfloat16"`` where oneDNN has bf16 kernels, else ``"float32"``. Other devices: ``"bfloat16"``.
+    """
+    if device_type != "cpu":
+        return "bfloat16"
+    for route, weight_max in INT8_WEIGHT_MAX.items():
+        if _int8_route_is_exact(weight_max):
+            return route
+    return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
+
+
+def exact_routes(device_type: str = "cpu") -> tuple[str, ...]:
+    """Every route whose bound holds here: the int8 routes the probe passes, bfloat16 and float32."""
+    int8 = [r for r, q in INT8_WEIGHT_MAX.items() if device_type == "cpu" and _int8_route_is_exact(q)]
+    return (*int8, "bfloat16", "float32")
+
+
+def _quantise_rows(x: torch.Tensor, qmax: int = 127):
+    """Per-row int8 quantisation ``x_i = s_i x̃_i + e_i`` of ``x [n, r]`` (float32, ``s_i = max|x_i| / qmax``).
 
     Returns ``(x̃ [n, r] int8, s [n], ||x̃_i|| [n], ||e_i|| [n])``: the terms of the int8 bound
     (module docstring), for the rows of ``a`` and the columns of ``b`` alike.
     """
     lo, hi = torch.aminmax(x, dim=1)  # (no |x| temporary)
-    s = torch.maximum(-lo, hi).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    s = torch.maximum(-lo, hi).clamp_min(torch.finfo(torch.float32).tiny) / qmax
     xq = torch.div(x, s[:, None]).round_()
     err = torch.linalg.vector_norm(torch.addcmul(x, xq, s[:, None], value=-1), dim=1)
     return xq.to(torch.int8), s, torch.linalg.vector_norm(xq, dim=1), err
@@ -99,15 +177,20 @@ class ProductScreen:
 
     ``row_max_upper(rows)``: ``[len(rows)]`` bounds ``>= max_j (a @ b)[i, j]``.
     ``candidates(rows, level)``: every ``(i, j)`` with ``(a @ b)[rows[i], j] > level`` is returned
-    (and some that are not). ``backend``: ``"int8"`` or ``"bfloat16"``; default int8 on CPUs where
-    ``int8_available()``. Memory: the quantised factors plus one ``[rows, TILE_COLS]`` tile.
+    (and some that are not). ``backend``: one of ``BACKENDS``; default ``exact_route()`` of the
+    factors' device. A route this machine's probe found inexact is refused (``ValueError``).
+    Memory: the quantised factors plus one ``[rows, TILE_COLS]`` tile.
     """
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, backend: str | None = None, tile_cols: int = TILE_COLS):
         if backend is None:
-            backend = "int8" if a.device.type == "cpu" and int8_available() else "bfloat16"
+            backend = exact_route(a.device.type)
         if backend not in SCREEN_ROWS:
-            raise ValueError(f"backend must be one of {tuple(SCREEN_ROWS)}, got {backend!r}")
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend in INT8_WEIGHT_MAX and backend not in exact_routes(a.device.type):
+            raise ValueError(f"the {backend!r} screen is not exact on this machine (its int8 probe failed: "
+                             f"oneDNN's kernel here does not return exact int32 products at that range); "
+                             f"exact routes here: {exact_routes(a.device.type)}")
         # rows of bt are the columns of b: every reduction below runs along contiguous rows
         a, bt = a.float(), b.float().T.contiguous()
         self.backend = backend
@@ -118,9 +201,9 @@ class ProductScreen:
         a_norm = torch.linalg.vector_norm(a, dim=1)
         b_norm_max = torch.linalg.vector_norm(bt, dim=1).max()
         slack = FLOAT_SLACK * a_norm * b_norm_max
-        if backend == "int8":
+        if backend in INT8_WEIGHT_MAX:
             self._x, alpha, aq_norm, e_norm = _quantise_rows(a)
-            w, beta, bq_norm, f_norm = _quantise_rows(bt)  # w [n, r]: a linear layer's weight
+            w, beta, bq_norm, f_norm = _quantise_rows(bt, INT8_WEIGHT_MAX[backend])  # w [n, r]: a linear layer's weight
             self._margin = alpha * aq_norm * f_norm.max() + e_norm * b_norm_max + slack
             self._scale = max(float(aq_norm.max() * (beta * bq_norm).max()) / 254, torch.finfo(torch.float32).tiny)
             self._alpha_s = alpha * self._scale
@@ -130,19 +213,20 @@ class ProductScreen:
             pad = -a.shape[1] % INNER_MULTIPLE
             self._x, w = (torch.nn.functional.pad(t, (0, pad)) for t in (self._x, w))
             rows_hint = [self.block_rows, w.shape[1]]
-            self._tiles = [(torch.ops.onednn.qlinear_prepack(w[c:c + tile_cols], rows_hint), beta[c:c + tile_cols],
-                            torch.zeros(min(tile_cols, self.n - c), dtype=torch.long)) for c in cols]
+            self._tiles = [(torch.ops.onednn.qlinear_prepack(w[c:c + tile_cols], rows_hint), beta[c:c + tile_cols])
+                           for c in cols]
         else:
-            self._margin = bf16_relative_error(a.shape[1]) * a_norm * b_norm_max + slack
-            self._x = a.bfloat16()
-            self._tiles = [bt[c:c + tile_cols].T.bfloat16().contiguous() for c in cols]
+            low = torch.bfloat16 if backend == "bfloat16" else torch.float32
+            relative = (bf16_relative_error if backend == "bfloat16" else fp32_relative_error)(a.shape[1])
+            self._margin = relative * a_norm * b_norm_max + slack
+            self._x = a.to(low)
+            self._tiles = [bt[c:c + tile_cols].T.to(low).contiguous() for c in cols]
 
     def _tile(self, x: torch.Tensor, t: int) -> torch.Tensor:
-        """Low-precision product of quantised rows ``x`` with column tile ``t``: int8 or bf16 ``[R, C]``."""
-        if self.backend == "int8":
-            w, beta, zero = self._tiles[t]
-            return torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, w, beta, zero, None, self._scale, 0,
-                                                      torch.int8, "none", [], "")
+        """Low-precision product of quantised rows ``x`` with column tile ``t``: int8, bf16 or fp32 ``[R, C]``."""
+        if self.backend in INT8_WEIGHT_MAX:
+            w, beta = self._tiles[t]
+            return _qlinear(x, w, beta, self._scale)
         return x @ self._tiles[t]
 
     def row_max_upper(self, rows: torch.Tensor) -> torch.Tensor:
@@ -150,7 +234,7 @@ class ProductScreen:
         x = self._x[rows]
         # each tile is reduced while still in cache; its [R] maxima are stacked (a strided out= is slower)
         best = torch.stack([torch.amax(self._tile(x, t), 1) for t in range(len(self._tiles))], 1).amax(1).float()
-        if self.backend == "bfloat16":
+        if self.backend not in INT8_WEIGHT_MAX:
             return best + self._margin[rows]
         upper = self._alpha_s[rows] * (best + 1) + self._margin[rows]
         return torch.where(best >= 127, torch.inf, upper)  # saturated: no bound
@@ -159,7 +243,8 @@ class ProductScreen:
         """``(i, j)`` index tensors: a superset of the entries with ``(a @ b)[rows[i], j] > level``."""
         x = self._x[rows]
         floor = level - self._margin[rows]
-        if self.backend == "int8":
+        int8 = self.backend in INT8_WEIGHT_MAX
+        if int8:
             # o + 1 > floor / (alpha S) is needed; o <= t with t < that - 1 rules an entry out.
             # A saturated o = 127 always passes (t <= 126).
             t = torch.floor(floor.double() / self._alpha_s[rows].double() - 1 - 1e-3)
@@ -169,6 +254,6 @@ class ProductScreen:
         found = []
         for t, start in enumerate(self._starts):
             tile = self._tile(x, t)
-            i, j = torch.nonzero(tile > cut if self.backend == "int8" else tile.float() > cut, as_tuple=True)
+            i, j = torch.nonzero(tile > cut if int8 else tile.float() > cut, as_tuple=True)
             found.append((i, j + start))
         return torch.cat([f[0] for f in found]), torch.cat([f[1] for f in found])

@@ -71,10 +71,12 @@ def test_trace_ba_and_eigenvalues_match_dense(pair):
     torch.testing.assert_close(fm.BA, B @ A)
     ours = fm.eigenvalues
     r = min(A.shape[-2], A.shape[-1])
-    assert ours.shape == (*M.shape[:-2], r) and ours.is_complex()
+    # TransformerLens's count: k = mdim values, eig(BA); where m < k the last k - m are exact zeros
+    assert ours.shape == (*M.shape[:-2], fm.mdim) and ours.is_complex()
+    assert torch.equal(ours[..., r:], torch.zeros_like(ours[..., r:]))
     dense = torch.linalg.eigvals(M)
     top = dense.gather(-1, dense.abs().argsort(-1, descending=True)[..., :r])
-    close_sets(ours, top, atol=1e-6)
+    close_sets(ours[..., :r], top, atol=1e-6)
 
 
 @FAST
@@ -82,16 +84,16 @@ def test_trace_ba_and_eigenvalues_match_dense(pair):
 def test_svd_reconstructs_and_matches_dense_singular_values(pair):
     A, B = pair
     fm, M = FactoredMatrix(A, B), A @ B
-    U, S, Vh = fm.svd()
+    U, S, V = fm.svd()  # TransformerLens's convention: M = U diag(S) V^T
     r = min(fm.ldim, fm.mdim, fm.rdim)
-    assert U.shape[-2:] == (fm.ldim, r) and S.shape[-1] == r and Vh.shape[-2:] == (r, fm.rdim)
-    torch.testing.assert_close(U @ (S[..., :, None] * Vh), M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
+    assert U.shape[-2:] == (fm.ldim, r) and S.shape[-1] == r and V.shape[-2:] == (fm.rdim, r)
+    torch.testing.assert_close(U @ (S[..., :, None] * V.mT), M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
     torch.testing.assert_close(S, torch.linalg.svdvals(M)[..., :r], **tol(A.dtype))
     eye = torch.eye(r, dtype=A.dtype).broadcast_to(S.shape + (r,))
     torch.testing.assert_close(U.mT @ U, eye, **tol(A.dtype))
-    torch.testing.assert_close(Vh @ Vh.mT, eye, **tol(A.dtype))
+    torch.testing.assert_close(V.mT @ V, eye, **tol(A.dtype))
     torch.testing.assert_close(U @ fm.collapse_l(), M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
-    torch.testing.assert_close(fm.collapse_r() @ Vh, M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
+    torch.testing.assert_close(fm.collapse_r() @ V.mT, M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
 
 
 @FAST
@@ -108,7 +110,7 @@ def test_rows_cols_entries_and_leading_indexing_match_dense(pair, data):
     torch.testing.assert_close(fm.cols(slice(0, j + 1 if j >= 0 else None)).AB, M[..., :, : j + 1 if j >= 0 else None])
     if fm.ndim > 2:
         torch.testing.assert_close(fm[-1].AB, M[-1])
-        torch.testing.assert_close(fm[..., 0].AB, M[..., 0, :, :])
+        torch.testing.assert_close(fm[..., 0, :, :].AB, M[..., 0, :, :])
         torch.testing.assert_close(fm[:1].AB, M[:1])
 
 
@@ -118,7 +120,8 @@ def test_indexing_keeps_shared_factor_unexpanded():
     assert head.shape == (8, 8) and head.B.shape == (4, 8)
     torch.testing.assert_close(head.AB, W_V[1, 2] @ W_O)
     layer = FactoredMatrix(W_V, W_O)[1]
-    assert layer.B.shape == (1, 4, 8)  # the broadcast view is stored once, not 3 times
+    # B reads back broadcast over the 3 heads, as a view of the one stored W_O (stride 0)
+    assert layer.B.shape == (3, 4, 8) and layer.B.stride(0) == 0 and layer.B.data_ptr() == W_O.data_ptr()
 
 
 # ------------------------------------------------------------------ matmul
@@ -292,11 +295,11 @@ def test_agrees_with_transformer_lens_factored_matrix():
     ours, theirs = FactoredMatrix(W_V, W_O), TLFactoredMatrix(W_V, W_O)
     torch.testing.assert_close(ours.norm(), theirs.norm())
     close_sets(ours.eigenvalues, theirs.eigenvalues, atol=1e-8)
-    U, S, Vh = ours.svd()
+    U, S, V = ours.svd()
     torch.testing.assert_close(S, theirs.S)
     # singular vectors are unique up to sign when singular values are distinct
     torch.testing.assert_close((U * theirs.U).sum(-2).abs(), torch.ones_like(S))
-    torch.testing.assert_close((Vh.mT * theirs.V).sum(-2).abs(), torch.ones_like(S))
+    torch.testing.assert_close((V * theirs.V).sum(-2).abs(), torch.ones_like(S))
     torch.testing.assert_close(ours.collapse_l().abs(), theirs.collapse_l().abs())
 
 
@@ -315,8 +318,8 @@ def test_shape_mismatch_errors_name_both_shapes():
         FactoredMatrix(torch.randn(5, 3), torch.randn(3, 6, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"square.*\(5, 6\)"):
         fm.eigenvalues
-    with pytest.raises(IndexError, match="row\\(i\\)"):
-        fm[0]
+    with pytest.raises(IndexError, match="entry\\(i, j\\)"):
+        fm[0, 0, 0]  # fm[0] is row 0 (TransformerLens's indexing); three indices are too many
 
 
 def test_dense_guard_names_shape_and_size(monkeypatch):

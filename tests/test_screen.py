@@ -1,12 +1,15 @@
 """ProductScreen: its bounds never fall below the truth (dense float64), on adversarial inputs."""
 
+import platform
+
 import pytest
 import torch
 
 from pycircuits_widgets import screen
-from pycircuits_widgets.screen import ProductScreen, bf16_relative_error
+from pycircuits_widgets.screen import ProductScreen, bf16_relative_error, fp32_relative_error
 
-BACKENDS = ["bfloat16"] + (["int8"] if screen.int8_available() else [])
+BACKENDS = screen.exact_routes()
+INT8 = [b for b in BACKENDS if b in screen.INT8_WEIGHT_MAX]
 
 
 def _spread(rows, cols, log_spread, dim, gen):
@@ -57,7 +60,7 @@ def test_bounds_hold_at_thin_inner_dimensions(backend, r):
     g = torch.Generator().manual_seed(r)
     a, b = _spread(1100, r, 3.0, 0, g), _spread(r, 1300, 3.0, 1, g)
     s, *_ = _check(a, b, backend)
-    if backend == "int8":
+    if backend in INT8:
         assert s._x.shape[1] % screen.INNER_MULTIPLE == 0 and s._x.shape[1] - r < screen.INNER_MULTIPLE
 
 
@@ -82,7 +85,7 @@ def test_bounds_hold_when_every_rounding_error_points_the_same_way(backend):
         steps = torch.randint(0, 126, (rows, cols), generator=g).double() + 0.499
         steps[:, 0] = 127
         bf16 = 1 + torch.randint(0, 127, (rows, cols), generator=g).double() * 2.0**-7 + 0.499 * 2.0**-7
-        return steps if backend == "int8" else bf16
+        return steps if backend in INT8 else bf16
     a, b = tie_heavy(400, 64), tie_heavy(300, 64).T
     _check(a, b, backend, level_rank=500, tile_cols=128)
 
@@ -96,9 +99,8 @@ def test_bound_is_tight_on_gaussian_factors(backend):
     assert ((upper - true_max) / true_max.abs()).median() < 0.1
 
 
-def test_int8_bound_holds_when_quantisation_errors_align_with_the_column():
-    if "int8" not in BACKENDS:
-        pytest.fail("oneDNN int8 is expected on x86 CPU builds of torch")
+@pytest.mark.parametrize("backend", INT8)
+def test_int8_bound_holds_when_quantisation_errors_align_with_the_column(backend):
     # columns of ±1 (exact in int8); row i = 127 s + integers + 0.499 s for the signs s of column
     # j(i): its rounding error is parallel to that column, so ||e_i|| ||b_j|| is attained
     g = torch.Generator().manual_seed(7)
@@ -107,7 +109,7 @@ def test_int8_bound_holds_when_quantisation_errors_align_with_the_column():
     signs = b[:, target].T
     a = torch.randint(-40, 41, (200, 64), generator=g).double() + 0.499 * signs
     a[:, 0] = 127 * signs[:, 0]
-    s = ProductScreen(a.float(), b.float(), "int8")
+    s = ProductScreen(a.float(), b.float(), backend)
     exact = a @ b
     for i in range(200):
         j = int(target[i])
@@ -115,15 +117,14 @@ def test_int8_bound_holds_when_quantisation_errors_align_with_the_column():
         assert (cols == j).any(), f"row {i}: its entry {float(exact[i, j]):.3f} at column {j} was screened out"
 
 
-def test_int8_saturated_rows_get_no_finite_bound():
-    if "int8" not in BACKENDS:
-        pytest.fail("oneDNN int8 is expected on x86 CPU builds of torch")
+@pytest.mark.parametrize("backend", INT8)
+def test_int8_saturated_rows_get_no_finite_bound(backend):
     # a row parallel to a column reaches Cauchy-Schwarz, twice the int8 output range
     g = torch.Generator().manual_seed(5)
     b = torch.randn(64, 400, generator=g)
     a = torch.randn(50, 64, generator=g)
     a[7] = b[:, 3] / b[:, 3].abs().max() * b.abs().max()
-    s = ProductScreen(a, b, "int8")
+    s = ProductScreen(a, b, backend)
     upper = s.row_max_upper(torch.arange(50))
     assert torch.isinf(upper[7]) and torch.isfinite(upper[torch.arange(50) != 7]).all()
     i, j = s.candidates(torch.tensor([7]), float("1e30"))
@@ -148,3 +149,42 @@ def test_bf16_gemm_error_stays_within_the_stated_bound():
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="backend must be one of"):
         ProductScreen(torch.ones(2, 2), torch.ones(2, 2), "fp8")
+
+
+def test_an_exact_int8_route_exists_on_x86():
+    # every x86-64 CPU torch supports has AVX2 at least, where int8-narrow is exact
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert INT8, f"no int8 route passed the probe on {platform.processor() or platform.machine()}"
+        assert screen.exact_route() == INT8[0]
+
+
+@pytest.mark.parametrize("route", list(screen.INT8_WEIGHT_MAX))
+def test_probe_decision_matches_an_independent_check_of_the_kernel(route):
+    # the oracle: 600 random rows at full range (a tenth of them at ±127 with random signs) times
+    # 500 random weight columns at the route's range, through the kernel the screen calls, against
+    # float64 at per-column scales; the probe (a handful of structured rows) must agree with it
+    q = screen.INT8_WEIGHT_MAX[route]
+    g = torch.Generator().manual_seed(21)
+    x = torch.randint(-127, 128, (600, 64), generator=g, dtype=torch.int32)
+    x[::10] = 127 * (torch.randint(0, 2, (60, 64), generator=g, dtype=torch.int32) * 2 - 1)
+    w = torch.randint(-q, q + 1, (500, 64), generator=g, dtype=torch.int32)
+    w[::10] = q * (torch.randint(0, 2, (50, 64), generator=g, dtype=torch.int32) * 2 - 1)
+    truth = x.double() @ w.double().T
+    col = (truth.abs().amax(0) / 100).clamp_min(1)
+    packed = torch.ops.onednn.qlinear_prepack(w.to(torch.int8), [600, 64])
+    got = screen._qlinear(x.to(torch.int8), packed, 1 / col.float(), 1.0).double()
+    kernel_exact = bool(((got - truth / col).abs() <= 1).all())
+    assert (route in BACKENDS) == kernel_exact, f"probe says {route in BACKENDS}, the kernel check {kernel_exact}"
+    if route not in BACKENDS:
+        with pytest.raises(ValueError, match="not exact on this machine"):
+            ProductScreen(torch.randn(4, 8), torch.randn(8, 4), route)
+
+
+def test_float32_bound_holds_on_sums_that_round_badly():
+    # the fp32 route's γ_r bound: every product just under a rounding tie, one sign, r up to 4096
+    for r in (64, 4096):
+        g = torch.Generator().manual_seed(r)
+        x = (1 + (torch.randint(0, 2**20, (100, r), generator=g) + 0.499) * 2.0**-20).float()
+        y = (1 + (torch.randint(0, 2**20, (r, 80), generator=g) + 0.499) * 2.0**-20).float()
+        err = ((x @ y).double() - x.double() @ y.double()).abs() / (x.double().abs() @ y.double().abs())
+        assert err.max() <= fp32_relative_error(r)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .circuits import direct_path
+from .finite import require_finite
 
 
 def bigram_top(model, k: int = 10, tokens=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,4 +32,6 @@ def bigram_top(model, k: int = 10, tokens=None) -> tuple[torch.Tensor, torch.Ten
             raise ValueError(f"tokens must be vocab ids in 0..{V - 1}, got range {int(ids.min())}..{int(ids.max())}")
         table = type(table)(table.A[ids], table.B)
     with torch.no_grad():
-        return type(table)(table.A.float(), table.B.float()).topk_per_row(k)
+        values, ids = type(table)(table.A.float(), table.B.float()).topk_per_row(k)
+    # an overflowing (inf) or NaN logit ranks first in its row, so a top-k check covers the table
+    return require_finite(values, "the bigram logits", model, ("W_E", "W_U")), ids

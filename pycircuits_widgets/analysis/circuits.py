@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..factored import FactoredMatrix, chain_matmul
+from ..factored import FactoredMatrix, chain_matmul, linalg_dtype
+from .finite import NonFiniteError, require_finite
 
 Head = tuple[int, int]
 
@@ -109,18 +110,30 @@ def embedding_is_normalized(model, layer: int) -> bool:
     return layer == 0 and cfg.normalization is not None and cfg.positional != "learned"
 
 
-def embedding(model, layer: int) -> torch.Tensor:
+def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The token embedding as the heads of ``layer`` read it, ``[d_vocab, d_model]``
     (``layer == n_layers``: as the unembedding reads it).
 
     Where that is exact (``embedding_is_normalized``: the first read, positions outside the
     residual stream) each row is normalised as the model's forward normalises it,
     ``W_E[t] / sigma(W_E[t])`` (centred first for layer norm; the same ``eps``): the per-token
-    scale the paper applies. Elsewhere the raw ``W_E`` (module docstring).
+    scale the paper applies. Elsewhere the raw ``W_E`` (module docstring). Returned in ``dtype``
+    (default: ``W_E``'s); the division of 16-bit weights runs in float32 (``linalg_dtype``).
+    Refuses a division that overflows (``finite.NonFiniteError``): ``x / inf`` reads as a zero row
+    (NaN/inf in ``W_E`` itself passes through, for the caller's check to name the circuit).
     """
     if not 0 <= layer <= model.cfg.n_layers:
         raise ValueError(f"layer must be in 0..{model.cfg.n_layers} (n_layers: the unembedding), got {layer}")
-    return model.read(model.W_E)[0] if embedding_is_normalized(model, layer) else model.W_E
+    dtype = dtype or model.W_E.dtype
+    if not embedding_is_normalized(model, layer):
+        return model.W_E.to(dtype)
+    normed, scale = model.read(model.W_E.to(linalg_dtype(model.W_E.dtype)))
+    if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(model.W_E).all()):
+        raise NonFiniteError(
+            f"the normalised embedding is not finite: the norm of W_E's rows overflows {scale.dtype} "
+            f"(largest |W_E| entry {float(model.W_E.abs().max()):.3g}; squares above "
+            f"{torch.finfo(scale.dtype).max:.3g} overflow). Rescale W_E, or convert the model to float64")
+    return normed.to(dtype)
 
 
 def embedding_note(model) -> str:
@@ -162,10 +175,13 @@ def full_ov_circuit(model, layer: int | None = None, head: int | None = None) ->
     Paper: ``W_U W_OV^h W_E``. How attending to ``src`` changes the logit of ``out``.
     ``W_E`` is ``embedding(model, layer)`` (normalised per token where exact).
     With ``layer``/``head`` ``None`` the factors carry ``[L, H]`` leading dims (each factor is
-    ``[L, H, d_vocab, d_head]``: mind the memory at GPT-2 scale).
+    ``[L, H, d_vocab, d_head]``: mind the memory at GPT-2 scale). Refuses factors that overflow
+    or read NaN/inf weights (``finite.NonFiniteError``, naming which).
     """
     W_O = _head_slice(model.W_O, layer, head)
-    return FactoredMatrix(_embed(model, model.W_V, layer, head), W_O @ model.W_U)
+    weights = ("W_E", "W_V", "W_O", "W_U")
+    return FactoredMatrix(*(require_finite(f, "the full OV circuit's factors", model, weights)
+                            for f in (_embed(model, model.W_V, layer, head), W_O @ model.W_U)))
 
 
 def full_qk_circuit(model, layer: int | None = None, head: int | None = None) -> FactoredMatrix:
@@ -176,7 +192,9 @@ def full_qk_circuit(model, layer: int | None = None, head: int | None = None) ->
     ``embedding(model, layer)`` on both sides. Refuses rotary models.
     """
     refuse_rotary_qk(model, "the full QK circuit")
-    return FactoredMatrix(_embed(model, model.W_Q, layer, head), _embed(model, model.W_K, layer, head).mT)
+    weights = ("W_E", "W_Q", "W_K")
+    return FactoredMatrix(*(require_finite(f, "the full QK circuit's factors", model, weights)
+                            for f in (_embed(model, model.W_Q, layer, head), _embed(model, model.W_K, layer, head).mT)))
 
 
 def k_composition_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:

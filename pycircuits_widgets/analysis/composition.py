@@ -53,10 +53,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of_product
+from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of_product, linalg_dtype
 from ..models.folding import center_reading_weights, center_writing_weights
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
+from .finite import NonFiniteError, non_finite_error, require_finite
+
+WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
+"""The weights composition scores read (named when a score is not finite)."""
 
 KINDS = ("Q", "K", "V")
 NORMS = ("correct", "erratum_left", "erratum_right")
@@ -138,8 +142,9 @@ def _layer_factors(model, kind: str, layer, offset: int | None = None):
     writers (``W_O``) their mean over the output: a function-preserving change (``+ 1 v^T`` on a
     reader) cannot move a score, and the denominators count only what the stream carries.
     Folding already does this where it can (``folding.center_readers``); Shortformer tables still
-    read ``W_Q, W_K`` whole, and a hand-built model may not be centred. Rotary: ``W_Q R(offset)``."""
-    W_Q, W_K, W_V, W_O = (W[layer] for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
+    read ``W_Q, W_K`` whole, and a hand-built model may not be centred. Rotary: ``W_Q R(offset)``.
+    16-bit weights are widened to float32 (``linalg_dtype``)."""
+    W_Q, W_K, W_V, W_O = (W[layer].to(linalg_dtype(W.dtype)) for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
     if model.cfg.normalization == "layernorm":
         W_Q, W_K, W_V = (center_reading_weights(W) for W in (W_Q, W_K, W_V))
         W_O = center_writing_weights(W_O)
@@ -159,6 +164,8 @@ def _gram_root(A: torch.Tensor, center: bool) -> torch.Tensor:
     if center:
         A = A - A.mean(-2, keepdim=True)
     gram = (A.mT @ A).double()
+    if not bool(torch.isfinite(gram).all()):  # Cholesky and eigh fail on inf with a LAPACK message
+        raise NonFiniteError(f"a head's Gram matrix overflows {A.dtype}")
     root, info = torch.linalg.cholesky_ex(gram)
     failed = info != 0
     if failed.any():
@@ -181,10 +188,11 @@ def _thin_factors(model, kind: str, offset: int | None):
     cfg = model.cfg
     L, H, d, r = cfg.n_layers, cfg.n_heads, cfg.d_model, model.W_V.shape[-1]
     center = cfg.normalization == "layernorm"
-    X, Y = (model.W_V.new_empty(L * H, d, r) for _ in range(2))
+    work = linalg_dtype(model.W_V.dtype)  # 16-bit weights: float32 (a bf16 Gram loses the score)
+    X, Y = (model.W_V.new_empty(L * H, d, r, dtype=work) for _ in range(2))
     nx, ny = (torch.empty(L * H, dtype=torch.float64, device=X.device) for _ in range(2))
     for layer in range(L):
-        W_Q, W_K, W_V, W_O = (W[layer] for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
+        W_Q, W_K, W_V, W_O = (W[layer].to(work) for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
         if offset is not None:
             W_Q = W_Q @ rotation(cfg, offset, W_Q.dtype, W_Q.device)
         A1, B1, C2, D2 = _factors(W_Q, W_K, W_V, W_O, kind)
@@ -273,8 +281,14 @@ def _gram_squares(X: torch.Tensor, Y: torch.Tensor, L: int, H: int):
     return S, g1, g2
 
 
+def _defined(L: int, H: int, device) -> torch.Tensor:
+    """``[L, H, L, H]`` bool: the pairs ``[l1, h1, l2, h2]`` with ``l1 < l2`` (the rest are NaN)."""
+    layers = torch.arange(L, device=device)
+    return (layers[:, None, None, None] < layers[None, None, :, None]).expand(L, H, L, H)
+
+
 def _correct_scores(model, kind: str, offset: int | None = None) -> torch.Tensor:
-    """All-pairs correct scores ``[L, H, L, H]`` (NaN where ``l1 >= l2``), in the weights' dtype.
+    """All-pairs correct scores ``[L, H, L, H]`` (NaN where ``l1 >= l2``), in the weights' ``linalg_dtype``.
 
     Gram route (``_gram_squares``) with a precision guard: with unit roundoff ``u`` the computed
     squared score carries an error of about ``eps = 4 u (TILE + sqrt(r)) ||G1|| ||G2|| /
@@ -286,10 +300,12 @@ def _correct_scores(model, kind: str, offset: int | None = None) -> torch.Tensor
     L, H = cfg.n_layers, cfg.n_heads
     X, Y, nx, ny = _thin_factors(model, kind, offset)
     S, g1, g2 = _gram_squares(X, Y, L, H)
+    # an overflow shows here as inf or NaN; a zero head's 0 / 0 below is the NaN the layout promises
+    if not all(bool(torch.isfinite(t).all()) for t in (nx, ny, S)):
+        raise NonFiniteError(f"the squared norms of the heads or of their products overflow {X.dtype}")
     denom = nx[:, None] * ny[None, :]
     squared = S / denom
-    defined = (torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]).expand(L, H, L, H)
-    defined = defined.reshape(L * H, L * H).to(X.device)
+    defined = _defined(L, H, X.device).reshape(L * H, L * H)
     u = torch.finfo(X.dtype).eps / 2
     eps = 4 * u * (max(t.stop - t.start for t in _tiles(X.shape[1])) + X.shape[-1] ** 0.5) * g1[:, None] * g2[None, :] / denom
     unsure = defined & (eps > 2 * FALLBACK_RELATIVE_ERROR * squared.clamp_min(0))
@@ -320,6 +336,9 @@ def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
         out[l1, :, l1 + 1 :] = Z.square().sum((-2, -1)).sqrt().reshape(H, later, H)
     n1 = torch.linalg.matrix_norm(B1 @ A1)
     n2 = torch.linalg.matrix_norm(D2 @ C2)
+    # (checked before the division: a zero head's 0 / 0 is the layout's NaN, not an overflow)
+    if not all(bool(torch.isfinite(t).all()) for t in (n1, n2, out[_defined(L, H, out.device)])):
+        raise NonFiniteError(f"the erratum products overflow {A1.dtype}")
     return out / (n1[:, :, None, None] * n2[None, None])
 
 
@@ -415,7 +434,8 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     query and key (``W_QK(offset) = W_Q R(offset) W_K^T``, see ``rotation``), so they need
     ``offsets`` (e.g. ``range(0, 33)``) and return ``[n_offsets, L, H, L, H]``; without it they are
     refused, never silently taken at offset 0. Entries with ``l1 >= l2`` are NaN. Computed in the
-    weights' dtype; float32 precision of the correct score: see ``_correct_scores``.
+    weights' dtype (16-bit weights: in float32, returned as float32); float32 precision of the
+    correct score: see ``_correct_scores``.
     """
     _check(kind, norm)
     offsets = _check_offsets(model, kind, offsets)
@@ -423,12 +443,16 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
 
     def at(offset):
         if L < 2:
-            return torch.full((L, H, L, H), float("nan"), dtype=model.W_Q.dtype, device=model.W_Q.device)
+            return torch.full((L, H, L, H), float("nan"), dtype=linalg_dtype(model.W_Q.dtype), device=model.W_Q.device)
         if norm == "correct":
             return _correct_scores(model, kind, offset)
         return _erratum_scores(*_model_factors(model, kind, offset), norm)
 
-    scores = at(None) if offsets is None else torch.stack([at(o) for o in offsets])
+    what = f"the {kind}-composition scores"
+    try:
+        scores = at(None) if offsets is None else torch.stack([at(o) for o in offsets])
+    except NonFiniteError as err:
+        raise non_finite_error(what, model, WEIGHTS, linalg_dtype(model.W_Q.dtype)) from err
     if baseline:
         scores = scores - composition_baseline(model, norm)
     return scores
@@ -474,6 +498,11 @@ def composition_detail(model, kind: str, h1: Head, h2: Head, offset: int | None 
         # token circuit W_E M W_E^T with M = A1 B1 C2 D2 (Q) or its transpose (K)
         chain = (A1, B1, C2, D2) if kind == "Q" else (D2.mT, C2.mT, B1.mT, A1.mT)
         eigs = eigenvalues_of_product(*[x.double() for x in chain], token_gram(model, "QK"))
+    # a zero head's score is 0 / 0 = NaN (as in composition_scores); an overflow shows in these
+    own = torch.stack([frobenius_norm_of_product(A1, B1), frobenius_norm_of_product(C2, D2)])
+    require_finite(torch.cat([S, own]), f"the {kind}-composition of {h1} -> {h2}", model, WEIGHTS)
+    require_finite(eigs, f"the eigenvalues of the {kind}-composition token circuit of {h1} -> {h2}", model,
+                   ("W_E", "W_U", *WEIGHTS), linalg_dtype(model.W_E.dtype))  # the vocab-sized Gram's dtype
     score = float(_pair_scores(A1, B1, C2, D2, "correct"))
     erratum = {norm: float(_pair_scores(A1, B1, C2, D2, norm)) for norm in NORMS[1:]}
     return CompositionDetail(

@@ -30,6 +30,7 @@ import torch
 
 from ..factored import eigvals, gram
 from .circuits import embedding, embedding_is_normalized, refuse_rotary_qk
+from .finite import non_finite_error
 
 KINDS = ("OV", "QK")
 
@@ -54,7 +55,7 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     contraction runs in float32 (float64 weights: float64); see the module docstring for its error.
     """
     work = _compute_dtype(model)
-    W_E = (model.W_E if layer is None else embedding(model, layer)).to(work)
+    W_E = model.W_E.to(work) if layer is None else embedding(model, layer, work)
     G = model.W_U.to(work) @ W_E if _check_kind(kind) == "OV" else gram(W_E)
     return G.to(dtype)
 
@@ -71,7 +72,8 @@ def eigenvalues(model, kind: str) -> torch.Tensor:
     small = _head_circuits(model, kind, _compute_dtype(model))
     if not bool(torch.isfinite(small).all()):
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
-        raise ValueError(f"the {kind} circuits are not finite: the model's weights hold NaN or inf")
+        weights = ("W_E", "W_V", "W_O", "W_U") if kind == "OV" else ("W_E", "W_Q", "W_K")
+        raise non_finite_error(f"the {kind} circuits", model, weights, small.dtype)
     return eigvals(small.double())
 
 

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..factored import eigenvalues_of_product
+from ..factored import eigenvalues_of_product, linalg_dtype
 from .circuits import Head, check_earlier, k_composition_circuit, refuse_rotary_qk
 from .composition import composition_detail
 from .eigen import eigenvalue_positivity, positivity, token_gram
+from .finite import require_finite
 
 MATCH_THRESHOLD = 0.5
 """K-composition QK positivity at or above which the pair "matches" (attends to positions where
@@ -101,7 +102,10 @@ def k_composition_top(model, h1: Head, h2: Head, k: int = 20):
     circuit = k_composition_circuit(model, h1, h2)
     key = circuit.B.float()  # [d_head, d_vocab]
     centred = type(circuit)(circuit.A.float(), key - key.mean(1, keepdim=True))
-    return centred.topk(k)
+    values, dest, src = centred.topk(k)
+    # an overflowing (inf) or NaN entry ranks first, so checking the top-k covers the circuit
+    require_finite(values, "the K-composition token circuit's entries", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"))
+    return values, dest, src
 
 
 def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 4096) -> float:
@@ -118,7 +122,7 @@ def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 409
     with torch.no_grad():
         for start in range(0, V, block_rows):
             block = A[start:start + block_rows] @ B  # [rows, V]
-            rows = torch.arange(start, start + block.shape[0])
+            rows = torch.arange(start, start + block.shape[0], device=block.device)
             diagonal = block[rows - start, rows]
             below += float((block < diagonal[:, None]).sum(1).double().sum())
     return below / (V * (V - 1))
@@ -135,7 +139,7 @@ def k_composition_positivity(model) -> torch.Tensor:
     refuse_rotary_qk(model, "the K-composition QK circuit")
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
-    out = torch.full((L, H, L, H), float("nan"))
+    out = torch.full((L, H, L, H), float("nan"), device=model.W_Q.device)
     with torch.no_grad():
         G = token_gram(model, "QK")
         W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
@@ -144,6 +148,8 @@ def k_composition_positivity(model) -> torch.Tensor:
                 # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
                 eigs = eigenvalues_of_product(W_Q[l2][None], W_K[l2].mT[None], W_O[l1].mT[:, None],
                                               W_V[l1].mT[:, None], G)
+                require_finite(eigs, "the K-composition token circuits' eigenvalues", model,
+                               ("W_E", "W_Q", "W_K", "W_V", "W_O"), linalg_dtype(model.W_E.dtype))  # G's
                 out[l1, :, l2] = positivity(eigs).float()
     return out
 

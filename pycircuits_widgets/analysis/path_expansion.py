@@ -68,7 +68,7 @@ class PathExpansion:
 
     def logits_up_to_order(self, order: int) -> torch.Tensor:
         """Sum of the terms of order ``<= order`` ``[batch, pos, d_vocab]``."""
-        keep = torch.tensor([t.order <= order for t in self.terms])
+        keep = torch.tensor([t.order <= order for t in self.terms], device=self.stacked_logits.device)
         return self.stacked_logits[keep].sum(0)
 
     def total(self) -> torch.Tensor:
@@ -134,11 +134,11 @@ def path_expansion(model, text_or_tokens) -> PathExpansion:
             logits, cache = model.run_with_cache(text_or_tokens)
     tokens = cache.tokens
     inv = 1.0 / ln_scales(model, cache)  # [batch, L + 1, pos]
-    eye = torch.eye(tokens.shape[-1], dtype=logits.dtype)
+    eye = torch.eye(tokens.shape[-1], dtype=logits.dtype, device=logits.device)
     # a layer norm reads (x - mean(x)) / scale: the centering is the projection C on d_model
     # (the identity when, as after folding, every writer is already mean-zero)
     d = cfg.d_model
-    C = torch.eye(d, dtype=logits.dtype) - 1.0 / d if cfg.normalization == "layernorm" else None
+    C = torch.eye(d, dtype=logits.dtype, device=logits.device) - 1.0 / d if cfg.normalization == "layernorm" else None
     read = (lambda W: W) if C is None else (lambda W: C @ W)
     # partial paths (heads, A [batch|1, dest, src] from x0 to here, W [d_model, d_model] or None = identity)
     paths = [((), eye[None], None)]
@@ -167,5 +167,5 @@ def ln_scales(model, cache) -> torch.Tensor:
     scale = getattr(cache, "ln_scale", None)
     if scale is None or model.cfg.normalization is None:
         b, _, pos, _ = cache.resid.shape
-        return torch.ones(b, model.cfg.n_layers + 1, pos, dtype=cache.resid.dtype)
+        return torch.ones(b, model.cfg.n_layers + 1, pos, dtype=cache.resid.dtype, device=cache.resid.device)
     return scale

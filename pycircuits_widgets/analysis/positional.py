@@ -52,7 +52,7 @@ def positional_scores_by_offset(model, n_pos: int, max_offset: int, cache=None) 
         raise ValueError(f"model {cfg.name!r} has no positional information (positional={cfg.positional!r})")
     if n_pos > cfg.n_ctx:
         raise ValueError(f"n_pos={n_pos} exceeds the model's context n_ctx={cfg.n_ctx}")
-    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1)
+    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1, device=model.W_Q.device)
     with torch.no_grad():
         for layer in range(cfg.n_layers):  # [H, n, n] per layer: bounded memory at n_ctx 1024
             circuit = positional_qk_circuit(model, layer)  # [H] x [n_ctx, n_ctx], factored
@@ -63,7 +63,7 @@ def positional_scores_by_offset(model, n_pos: int, max_offset: int, cache=None) 
 
 def _rotary_rule(model, cache, max_offset: int) -> torch.Tensor:
     cfg = model.cfg
-    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1)
+    out = torch.empty(cfg.n_layers, cfg.n_heads, max_offset + 1, device=model.W_Q.device)
     with torch.no_grad():
         for layer in range(cfg.n_layers):
             x = cache.resid[:, layer] / cache.ln_scale[:, layer, :, None]

@@ -23,9 +23,9 @@ column), so the circuits stay factored. Nothing ``d_vocab x d_vocab`` is ever fo
 Exact top-k at GPT-2 scale (``d_vocab`` 50257) in bounded memory: a triple from source ``s``
 scores at most ``maxQK(s) * maxOV(s)``. Sources are visited in order of the norm bound
 ``||k_s|| max_d ||q_d|| * ||v_s|| max_o ||u_o||`` (stopping once it falls below the running k-th
-score), their row maxima are first estimated with a low-precision GEMM (int8 where torch has
-an int8 matmul, else bfloat16) plus a rigorous error margin
-(an upper bound), and only sources whose upper bound beats the k-th score are recomputed in
+score), their row maxima are first estimated with a low-precision GEMM (``screen.ProductScreen``
+on the route its per-machine probe found exact: int8, int8 with 7-bit weights on AVX2-only CPUs,
+bfloat16 or float32) plus a rigorous error margin (an upper bound), and only sources whose upper bound beats the k-th score are recomputed in
 full precision. Row blocks keep memory at ``block_bytes`` per block.
 
 For deeper models only the direct-path (one-layer) terms of a head are read this way: it
@@ -40,6 +40,10 @@ import torch
 
 from ..screen import ProductScreen
 from .circuits import check_head, check_index, embedding, refuse_rotary_qk
+from .finite import NonFiniteError, non_finite_error
+
+WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_U")
+"""The weights a head's skip-trigrams read (named when a result is not finite)."""
 
 BLOCK_BYTES = 8 << 20
 """Bytes of one full-precision row block. Under glibc's mmap threshold cap (32 MiB), so the
@@ -84,7 +88,7 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     ``vocab`` (token ids) restricts all three roles to a sub-vocabulary, ``V = len(vocab)``,
     and the centring means run over it.
     """
-    W_E, W_U = embedding(model, layer).float(), model.W_U.float()  # per-token scale where exact
+    W_E, W_U = embedding(model, layer, torch.float32), model.W_U.float()  # per-token scale where exact
     if vocab is not None:
         W_E, W_U = W_E[vocab], W_U[:, vocab]
     reads = [model.W_Q[layer, head], model.W_K[layer, head], model.W_V[layer, head]]
@@ -97,17 +101,17 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     # min and max propagate NaN and show +-inf: one cheap pass instead of a bool tensor per factor
     if not bool(torch.isfinite(torch.stack([torch.stack(torch.aminmax(f)) for f in (q, k, v, u)])).all()):
         # NaN compares false everywhere: the top-k would silently come back empty
-        raise ValueError(f"the circuits of L{layer}.H{head} are not finite: the model's weights hold NaN or inf")
+        raise non_finite_error(f"the circuits of L{layer}.H{head}", model, WEIGHTS, q.dtype)
     return q, k, v, u
 
 
 class _TopTriples:
     """Running exact top-k of ``(score, src, dest, out)``; ``threshold`` is the k-th score."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, device: torch.device):
         self.k = k
-        self.score = torch.empty(0)
-        self.idx = torch.empty(0, 3, dtype=torch.long)
+        self.score = torch.empty(0, device=device)
+        self.idx = torch.empty(0, 3, dtype=torch.long, device=device)
 
     @property
     def threshold(self) -> float:
@@ -121,14 +125,14 @@ class _TopTriples:
             self.idx = self.idx[keep]
 
 
-def _staircase(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _staircase(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs ``(i, j)`` of ranks with ``(i + 1) (j + 1) <= n`` (about ``n ln n`` of them).
 
     In the outer product of two descending non-negative lists, entry ``(i, j)`` is beaten or
     tied by the ``(i + 1) (j + 1)`` entries above-left of it, so only these pairs can be top-n.
     """
-    i = torch.arange(n).repeat_interleave(torch.tensor([n // (a + 1) for a in range(n)]))
-    j = torch.cat([torch.arange(n // (a + 1)) for a in range(n)])
+    i = torch.arange(n, device=device).repeat_interleave(torch.tensor([n // (a + 1) for a in range(n)], device=device))
+    j = torch.cat([torch.arange(n // (a + 1), device=device) for a in range(n)])
     return i, j
 
 
@@ -137,8 +141,12 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     qk_rows = k[src] @ q.T  # [n, dest]
     ov_rows = v[src] @ u  # [n, out]
     mq, mo = qk_rows.amax(1).clamp_min(0), ov_rows.amax(1).clamp_min(0)
+    bound = mq * mo  # every score of a source is at most this (NaN if a row holds NaN)
+    if not bool(torch.isfinite(bound).all()):
+        raise NonFiniteError(f"the skip-trigram scores overflow {bound.dtype} (a QK or OV circuit entry, or "
+                             "their product, exceeds its range)")
     tau = top.threshold
-    live = mq * mo > tau
+    live = bound > tau
     if not live.any():
         return
     if not live.all():  # (a copy of the rows: skip it when every source is live)
@@ -151,7 +159,7 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
         n_q = int((qv * mo[:, None] > tau).sum(1).max().clamp_min(1))
         n_o = int((ov * mq[:, None] > tau).sum(1).max().clamp_min(1))
     qv, qi, ov, oi = qv[:, :n_q], qi[:, :n_q], ov[:, :n_o], oi[:, :n_o]
-    i, j = _staircase(top.k)
+    i, j = _staircase(top.k, qv.device)
     keep = (i < n_q) & (j < n_o)
     i, j = i[keep], j[keep]
     score = qv[:, i].clamp_min(0) * ov[:, j].clamp_min(0)  # [n, pairs]; 0 unless both positive
@@ -169,7 +177,7 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES):
     (fewer if fewer triples have both factors positive). See module docstring for the method.
     """
     V = k.shape[0]
-    top = _TopTriples(n)
+    top = _TopTriples(n, k.device)
     q_max, u_max = q.norm(dim=1).max(), u.norm(dim=0).max()
     k_norm, v_norm = k.norm(dim=1), v.norm(dim=1)
     norm_bound = k_norm * q_max * v_norm * u_max
@@ -220,7 +228,10 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     ids = torch.arange(model.cfg.d_vocab) if vocab is None else _check_vocab(model, vocab)
     with torch.no_grad():
         q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
-        score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
+        try:
+            score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
+        except NonFiniteError as err:  # name the weights behind the overflow
+            raise non_finite_error(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype) from err
         strings = model.token_strings
         out = []
         for sc, (s, d, o) in zip(score.tolist(), idx.tolist()):

@@ -22,6 +22,7 @@ import torch
 from ..factored import eigenvalues_of_product, frobenius_norm_of_product
 from .circuits import Head, check_earlier, full_virtual_ov_circuit
 from .eigen import positivity, token_gram
+from .finite import require_finite
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,14 @@ def virtual_head_norms(model) -> torch.Tensor:
     NaN where ``l1 >= l2``. Each norm without forming a ``d_model x d_model`` matrix (QR route)."""
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
-    out = torch.full((L, H, L, H), float("nan"))
+    out = torch.full((L, H, L, H), float("nan"), device=model.W_V.device)
     with torch.no_grad():
         for l1 in range(L - 1):
             for l2 in range(l1 + 1, L):
                 A1, B1 = model.W_V[l1][:, None], model.W_O[l1][:, None]  # [H, 1, ...]
                 C2, D2 = model.W_V[l2][None], model.W_O[l2][None]        # [1, H, ...]
-                out[l1, :, l2] = frobenius_norm_of_product(A1, B1, C2, D2).float()
+                norms = frobenius_norm_of_product(A1, B1, C2, D2)
+                out[l1, :, l2] = require_finite(norms, "the virtual head norms", model, ("W_V", "W_O")).float()
     return out
 
 

@@ -1,0 +1,42 @@
+"""Refusing non-finite analysis results, naming the weight that holds NaN/inf or the overflow.
+
+A NaN compares false everywhere and an inf wins every top-k: left alone, either comes back as a
+silently wrong table (an empty top-k, a positivity of 0.0, a score of inf). Every analysis that can
+produce one checks its result and raises ``NonFiniteError`` instead, saying which weight holds
+NaN/inf or, where every weight is finite, that the computation overflowed (with the largest
+entries of the weights it read, so the user sees which one to rescale).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class NonFiniteError(ValueError):
+    """An analysis result would hold NaN or inf (the message names the weight or the overflow)."""
+
+
+def non_finite_error(what: str, model, weights, dtype: torch.dtype) -> NonFiniteError:
+    """The error for ``what`` (computed from ``model``'s ``weights``, names like ``"W_E"``, in
+    ``dtype``) holding NaN or inf: the first weight with NaN/inf entries, else an overflow."""
+    for name in weights:
+        w = getattr(model, name)
+        bad = ~torch.isfinite(w)
+        if bool(bad.any()):
+            return NonFiniteError(f"{what} are not finite: weight {name} {tuple(w.shape)} holds "
+                                  f"{int(bad.sum())} NaN/inf entries")
+    largest = ", ".join(f"{name} {float(getattr(model, name).abs().max()):.3g}" for name in weights)
+    return NonFiniteError(
+        f"{what} are not finite: the computation overflows {dtype} (largest finite value "
+        f"{torch.finfo(dtype).max:.3g}) although every weight is finite; largest |entry|: {largest}. "
+        "Rescale that weight, or convert the model to float64"
+    )
+
+
+def require_finite(values: torch.Tensor, what: str, model, weights, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``values`` unchanged if every entry is finite, else ``non_finite_error`` (``dtype``: the one the
+    computation ran in, if not ``values``'s). Meta tensors hold no values and pass."""
+    if values.device.type != "meta" and not bool(torch.isfinite(values).all()):
+        dtype = dtype or (values.real.dtype if values.is_complex() else values.dtype)
+        raise non_finite_error(what, model, weights, dtype)
+    return values
