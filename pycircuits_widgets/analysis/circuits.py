@@ -124,14 +124,15 @@ def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tens
     """
     if not 0 <= layer <= model.cfg.n_layers:
         raise ValueError(f"layer must be in 0..{model.cfg.n_layers} (n_layers: the unembedding), got {layer}")
-    dtype = dtype or model.W_E.dtype
+    W_E = model.W_E  # once: a checkpoint view reads it from its shards on each access
+    dtype = dtype or W_E.dtype
     if not embedding_is_normalized(model, layer):
-        return model.W_E.to(dtype)
-    normed, scale = model.read(model.W_E.to(linalg_dtype(model.W_E.dtype)))
-    if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(model.W_E).all()):
+        return W_E.to(dtype)
+    normed, scale = model.read(W_E.to(linalg_dtype(W_E.dtype)))
+    if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(W_E).all()):
         raise NonFiniteError(
             f"the normalised embedding is not finite: the norm of W_E's rows overflows {scale.dtype} "
-            f"(largest |W_E| entry {float(model.W_E.abs().max()):.3g}; squares above "
+            f"(largest |W_E| entry {float(W_E.abs().max()):.3g}; squares above "
             f"{torch.finfo(scale.dtype).max:.3g} overflow). Rescale W_E, or convert the model to float64")
     return normed.to(dtype)
 

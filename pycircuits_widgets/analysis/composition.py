@@ -189,7 +189,7 @@ def _thin_factors(model, kind: str, offset: int | None):
     L, H, d, r = cfg.n_layers, cfg.n_heads, cfg.d_model, model.W_V.shape[-1]
     center = cfg.normalization == "layernorm"
     work = linalg_dtype(model.W_V.dtype)  # 16-bit weights: float32 (a bf16 Gram loses the score)
-    X, Y = (model.W_V.new_empty(L * H, d, r, dtype=work) for _ in range(2))
+    X, Y = (torch.empty(L * H, d, r, dtype=work, device=model.W_V.device) for _ in range(2))
     nx, ny = (torch.empty(L * H, dtype=torch.float64, device=X.device) for _ in range(2))
     for layer in range(L):
         W_Q, W_K, W_V, W_O = (W[layer].to(work) for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
