@@ -12,6 +12,7 @@ import torch
 import transformers
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets.models.adapters import checkpoint_model
 from pycircuits_widgets.models.adapters.checkpoint_model import NeedsModel
 
 from family_configs import tiny_model
@@ -40,9 +41,9 @@ def record_reads(model) -> list[str]:
     """The names of the tensors ``model`` reads from its shards from now on."""
     keys, read = [], model.files.read
 
-    def recording(key):
+    def recording(key, rows=None):
         keys.append(key)
-        return read(key)
+        return read(key, rows)
 
     model.files.read = recording
     return keys
@@ -102,6 +103,21 @@ def test_circuits_of_every_head_equal_from_hf(pair):
     torch.testing.assert_close(ours.OV.AB, ref.OV.AB, **TOLERANCE)
     torch.testing.assert_close(ours.QK.AB, ref.QK.AB, **TOLERANCE)
     torch.testing.assert_close(pcw.analysis.ov(ours, 1, 3).AB, pcw.analysis.ov(ref, 1, 3).AB, **TOLERANCE)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_vocabulary_read_in_blocks_gives_the_same_circuits(tmp_path, monkeypatch, name):
+    folder, hf = save(tmp_path, name)
+    monkeypatch.setattr(checkpoint_model, "VOCAB_BLOCK", 50)  # 128 tokens: blocks of 50, 50 and 28
+    ours, ref = pcw.from_safetensors(folder), pcw.from_hf(hf)
+    assert [(b.start, b.stop) for b in ours.vocab_blocks()] == [(0, 50), (50, 100), (100, 128)]
+    torch.testing.assert_close(ours.token_rows("W_U", slice(50, 100)), ref.W_U[:, 50:100], **TOLERANCE)
+    for kind in ("OV",) if ref.cfg.positional == "rotary" else ("OV", "QK"):
+        for layer in (None, 0):
+            torch.testing.assert_close(pcw.analysis.eigen.token_gram(ours, kind, layer),
+                                       pcw.analysis.eigen.token_gram(ref, kind, layer), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(pcw.eigenvalue_positivity(ours, kind), pcw.eigenvalue_positivity(ref, kind),
+                                   **TOLERANCE)
 
 
 def test_bf16_checkpoint_is_read_as_float32_exactly(tmp_path):

@@ -110,9 +110,10 @@ def embedding_is_normalized(model, layer: int) -> bool:
     return layer == 0 and cfg.normalization is not None and cfg.positional != "learned"
 
 
-def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+def embedding(model, layer: int, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
     """The token embedding as the heads of ``layer`` read it, ``[d_vocab, d_model]``
-    (``layer == n_layers``: as the unembedding reads it).
+    (``layer == n_layers``: as the unembedding reads it; ``rows``: only that block of token ids,
+    ``model.token_rows``).
 
     Where that is exact (``embedding_is_normalized``: the first read, positions outside the
     residual stream) each row is normalised as the model's forward normalises it,
@@ -124,7 +125,7 @@ def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tens
     """
     if not 0 <= layer <= model.cfg.n_layers:
         raise ValueError(f"layer must be in 0..{model.cfg.n_layers} (n_layers: the unembedding), got {layer}")
-    W_E = model.W_E  # once: a checkpoint view reads it from its shards on each access
+    W_E = model.W_E if rows is None else model.token_rows("W_E", rows)  # once: a checkpoint view reads it
     dtype = dtype or W_E.dtype
     if not embedding_is_normalized(model, layer):
         return W_E.to(dtype)

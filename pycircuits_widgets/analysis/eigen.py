@@ -53,10 +53,15 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     symmetric, so only its upper block triangle is multiplied. ``layer``: ``W_E`` as that
     layer's heads read it (``circuits.embedding``); None: the raw ``W_E``. The vocab-sized
     contraction runs in float32 (float64 weights: float64); see the module docstring for its error.
+    It runs over ``model.vocab_blocks()``, summed: one block for a ``CircuitModel``; a checkpoint view
+    reads ``VOCAB_BLOCK`` tokens of ``W_E``/``W_U`` at a time, never the whole embeddings.
     """
-    work = _compute_dtype(model)
-    W_E = model.W_E.to(work) if layer is None else embedding(model, layer, work)
-    G = model.W_U.to(work) @ W_E if _check_kind(kind) == "OV" else gram(W_E)
+    work, G = _compute_dtype(model), None
+    _check_kind(kind)
+    for rows in model.vocab_blocks():
+        W_E = model.token_rows("W_E", rows).to(work) if layer is None else embedding(model, layer, work, rows)
+        part = model.token_rows("W_U", rows).to(work) @ W_E if kind == "OV" else gram(W_E)
+        G = part if G is None else G.add_(part)
     return G.to(dtype)
 
 

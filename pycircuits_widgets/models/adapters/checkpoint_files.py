@@ -69,14 +69,15 @@ class CheckpointFiles:
         """Whether some tensor's name starts with ``prefix + "."`` (a module in the tree)."""
         return prefix in self._prefixes
 
-    def read(self, key: str) -> torch.Tensor:
-        """Tensor ``key`` in ``self.dtype`` on ``self.device``: the shard is mapped only while it is copied.
-        Refuses integer (quantized) and non-finite tensors, naming the stored key."""
+    def read(self, key: str, rows: slice | None = None) -> torch.Tensor:
+        """Tensor ``key`` (``rows``: only those rows of its first dim) in ``self.dtype`` on ``self.device``:
+        the shard is mapped only while it is copied. Refuses integer (quantized) and non-finite
+        tensors, naming the stored key."""
         from safetensors import safe_open
 
         stored = self.stored[key]
         with safe_open(self.shard[stored], framework="pt") as f:
-            tensor = f.get_tensor(stored)
+            tensor = f.get_tensor(stored) if rows is None else f.get_slice(stored)[rows]
         if not tensor.dtype.is_floating_point:
             raise TypeError(f"from_safetensors: {stored} in {self.shard[stored].name} has dtype {tensor.dtype}; "
                             "expected floating-point weights (quantized checkpoints are not read)")
@@ -93,10 +94,12 @@ class ModuleTree:
     iteration give numbered submodules (the layers). ``conv1d``: every linear layer stores
     ``[in, out]`` (GPT-2's ``Conv1D``), which ``hf._linear`` reads as a loaded ``Conv1D``.
     ``output``: the module ``get_output_embeddings`` returns (``lm_head``, or the token embedding
-    of a checkpoint saved with tied embeddings)."""
+    of a checkpoint saved with tied embeddings). ``rows``: stored keys read as a block of rows
+    (``{key: slice}``: a block of the vocabulary of the embeddings), the rest whole."""
 
-    def __init__(self, files: CheckpointFiles, prefix: str = "", conv1d: bool = False, output: str = ""):
-        self.files, self.prefix, self.conv1d, self.output = files, prefix, conv1d, output
+    def __init__(self, files: CheckpointFiles, prefix: str = "", conv1d: bool = False, output: str = "",
+                 rows: dict[str, slice] | None = None):
+        self.files, self.prefix, self.conv1d, self.output, self.rows = files, prefix, conv1d, output, rows or {}
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
@@ -106,9 +109,9 @@ class ModuleTree:
             raise AttributeError(name)
         key = self._key(name)
         if key in self.files:
-            return self.files.read(key)
+            return self.files.read(key, self.rows.get(key))
         if self.files.has_prefix(key):
-            return ModuleTree(self.files, key, self.conv1d)
+            return ModuleTree(self.files, key, self.conv1d, self.output, self.rows)
         raise AttributeError(f"{self.files.folder} has no tensor or module {key!r}")
 
     def __getitem__(self, index: int) -> "ModuleTree":
@@ -124,4 +127,4 @@ class ModuleTree:
         return (self[i] for i in range(len(self)))
 
     def get_output_embeddings(self) -> "ModuleTree":
-        return ModuleTree(self.files, self.output, self.conv1d)
+        return ModuleTree(self.files, self.output, self.conv1d, self.output, self.rows)

@@ -43,6 +43,9 @@ from .hf_tokenizer import as_tokenizer
 from .weight_view import fold_norms
 
 
+VOCAB_BLOCK = 8192  # token ids per block of a vocab-sized contraction (67 MB of float32 W_E at d_model 2048)
+
+
 class NeedsModel(TypeError):
     """A forward pass was asked of a checkpoint view, which holds weights only."""
 
@@ -167,30 +170,47 @@ class CheckpointModel(CircuitModel):
                 raise ValueError(f"from_safetensors: {self.files.folder} {where}: {name} has shape "
                                  f"{tuple(value.shape)}, the config gives {tuple(expected)}")
 
-    def _whole(self, name: str) -> torch.Tensor | None:
-        """``W_E``, ``W_pos``, ``W_U`` or ``b_U`` read and folded; the tensor is shared while someone holds it."""
+    def _whole(self, name: str, rows: slice | None = None) -> torch.Tensor | None:
+        """``W_E``, ``W_pos``, ``W_U`` or ``b_U`` read and folded (``rows``: that block of the vocabulary,
+        ``W_E[rows]``, ``W_U[:, rows]``, ``b_U[rows]``); a whole one is shared while someone holds it."""
+        family = self._family
         with self._lock:
-            recent = self._recent.get(name)
+            recent = self._recent.get(name) if rows is None else None
             value = recent() if recent is not None else None
             if value is not None:
                 return value
-            reads_embedding = name in ("W_E", "W_pos")
-            raw = (token_embedding if reads_embedding else lambda t, f, c: unembedding(t, f))(
-                self._tree, self._family, self.cfg)
-            if name == "W_pos" and "W_pos" not in raw:
-                return None
-            raw = apply_folds({k: v for k, v in raw.items() if k == name or not reads_embedding}, self._family,
-                              self.cfg, self._folds)
-            value = fold_norms(raw, self.cfg).get(name)
+            if name in ("W_E", "W_pos"):
+                embed = f"{family.body}.{family.embed}.weight"
+                tree = self._with_rows({embed: rows} if rows is not None else {})
+                raw = {k: v for k, v in token_embedding(tree, family, self.cfg).items() if k == name}
+            else:
+                out = self._tree.output
+                tree = self._with_rows({f"{out}.weight": rows, f"{out}.bias": rows} if rows is not None else {})
+                raw = unembedding(tree, family)
+            value = fold_norms(apply_folds(raw, family, self.cfg, self._folds), self.cfg).get(name)
             if value is not None:
-                self._check({name: value}, "")
-                self._recent[name] = weakref.ref(value)
+                if rows is None:
+                    self._check({name: value}, "")
+                    self._recent[name] = weakref.ref(value)
             return value
+
+    def _with_rows(self, rows: dict[str, slice]) -> ModuleTree:
+        tree = self._tree
+        return ModuleTree(tree.files, conv1d=tree.conv1d, output=tree.output, rows=rows) if rows else tree
 
     W_E = property(lambda self: self._whole("W_E"))
     W_U = property(lambda self: self._whole("W_U"))
     W_pos = property(lambda self: self._whole("W_pos"))
     b_U = property(lambda self: self._whole("b_U"))
+
+    def vocab_blocks(self) -> list[slice]:
+        """Blocks of ``VOCAB_BLOCK`` token ids: vocab-sized contractions read the embeddings a block at a time."""
+        V = self.cfg.d_vocab
+        return [slice(start, min(start + VOCAB_BLOCK, V)) for start in range(0, V, VOCAB_BLOCK)]
+
+    def token_rows(self, name: str, rows: slice) -> torch.Tensor:
+        """``W_E[rows]`` or ``W_U[:, rows]``, read from the shards (only those rows)."""
+        return self._whole(name, rows)
 
     @property
     def OV(self) -> FactoredMatrix:
