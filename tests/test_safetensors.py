@@ -190,3 +190,24 @@ def test_folder_without_a_checkpoint_is_refused(tmp_path):
     (folder / "model.safetensors.index.json").unlink()
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         pcw.from_safetensors(folder)
+
+
+@pytest.mark.parametrize("placement", ["cpu", "disk offload"])
+def test_from_hf_reads_a_device_mapped_model_where_accelerate_placed_it(tmp_path, placement):
+    folder, hf = save(tmp_path, "llama")
+    if placement == "cpu":
+        device_map, extra = {"": "cpu"}, {}
+    else:  # layer 0, the final norm and the unembedding on disk, the rest on the CPU
+        device_map = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.layers.1": "cpu",
+                      "model.norm": "disk", "model.rotary_emb": "cpu", "lm_head": "disk"}
+        extra = {"offload_folder": tmp_path / "offload"}
+    placed = transformers.AutoModelForCausalLM.from_pretrained(folder, device_map=device_map, dtype=torch.float32,
+                                                               attn_implementation="eager", **extra)
+    if placement != "cpu":
+        assert placed.model.layers[0].self_attn.q_proj.weight.device.type == "meta"  # really offloaded
+    ours, ref = pcw.from_hf(placed), pcw.from_hf(hf)  # verified against the placed model's own forward
+    assert ours.metadata["verified"] is not None
+    for name in ("W_E", "W_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out"):
+        torch.testing.assert_close(getattr(ours, name), getattr(ref, name), **TOLERANCE)
+    tokens = torch.tensor([[3, 17, 5, 99, 3, 17]])
+    torch.testing.assert_close(pcw.run(ours, tokens).logits, placed(tokens).logits, rtol=1e-4, atol=1e-4)

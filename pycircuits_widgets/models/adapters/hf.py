@@ -37,12 +37,24 @@ def _module(root, path: str):
     return root
 
 
+def _tensor(module, name: str = "weight") -> torch.Tensor | None:
+    """``module.<name>`` (None if absent) wherever accelerate placed it: a parameter offloaded to CPU or
+    disk (``device_map`` with offload) is a meta tensor on the module, its values in the module's
+    ``_hf_hook.weights_map``, read from there."""
+    value = getattr(module, name, None)
+    if value is not None and value.device.type == "meta":
+        weights = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
+        if weights is not None and name in weights:
+            return weights[name]
+    return value
+
+
 def _linear(module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``nn.Linear`` (or GPT-2's ``Conv1D``, stored ``[in, out]``) -> (weight in the row convention
     ``[in, out]``, bias or None)."""
     conv1d = getattr(module, "conv1d", type(module).__name__ == "Conv1D")  # checkpoint trees say so themselves
-    W = module.weight if conv1d else module.weight.T
-    return W, getattr(module, "bias", None)
+    W = _tensor(module)
+    return (W if conv1d else W.T), _tensor(module, "bias")
 
 
 def _heads(W: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -56,8 +68,8 @@ def _norm(module, offset: bool) -> tuple[torch.Tensor | None, torch.Tensor | Non
     if module is None:
         return None, None
     if hasattr(module, "norms"):  # StableLM's per-head layer norms
-        return torch.stack([n.weight for n in module.norms]), None
-    w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+        return torch.stack([_tensor(n) for n in module.norms]), None
+    w, b = _tensor(module), _tensor(module, "bias")
     return (w + 1 if offset and w is not None else w), b
 
 
@@ -206,13 +218,13 @@ def layer_weights(layer, family: Family, cfg: ModelConfig, attention_only: bool 
 def token_embedding(model, family: Family, cfg: ModelConfig) -> dict:
     """The unfolded ``W_E`` (BLOOM: its embedding norm applied) and ``W_pos`` (learned positions only)."""
     body = _module(model, family.body)
-    W_E = _module(body, family.embed).weight
+    W_E = _tensor(_module(body, family.embed))
     if family.embed_norm:  # BLOOM: a layer norm of each token's embedding, a function of the token alone
         norm = _module(body, family.embed_norm)
-        W_E = F.layer_norm(W_E, (cfg.d_model,), norm.weight, norm.bias, cfg.eps)
+        W_E = F.layer_norm(W_E, (cfg.d_model,), _tensor(norm), _tensor(norm, "bias"), cfg.eps)
     raw = {"W_E": W_E}
     if family.pos_embed:
-        raw["W_pos"] = _module(body, family.pos_embed).weight[family.pos_offset:family.pos_offset + cfg.n_ctx]
+        raw["W_pos"] = _tensor(_module(body, family.pos_embed))[family.pos_offset:family.pos_offset + cfg.n_ctx]
     return raw
 
 
@@ -221,7 +233,7 @@ def unembedding(model, family: Family) -> dict:
     raw = dict(zip(("lnf_w", "lnf_b"), _norm(_module(_module(model, family.body), family.final_norm),
                                             family.norm_offset)))
     output = _unwrap(model.get_output_embeddings())
-    raw["W_U"], raw["b_U"] = output.weight.T, getattr(output, "bias", None)  # the embedding itself when tied
+    raw["W_U"], raw["b_U"] = _tensor(output).T, _tensor(output, "bias")  # the embedding itself when tied
     return raw
 
 
@@ -250,6 +262,15 @@ def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
     return apply_folds(raw, family, cfg, folds)
 
 
+def _main_device(device_map: dict) -> torch.device:
+    """The first accelerator in an accelerate ``device_map`` (its values: indices, device names, "cpu",
+    "disk"), else the CPU: where a device-mapped model's weight view is gathered."""
+    for place in device_map.values():
+        if place not in ("cpu", "disk"):
+            return torch.device(f"cuda:{place}" if isinstance(place, int) else place)
+    return torch.device("cpu")
+
+
 def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | None = None) -> CircuitModel:
     """A Hugging Face causal LM of any family in ``families.FAMILIES`` -> ``CircuitModel`` with norms
     folded, K/V expanded per query head (``cfg.n_kv_heads`` records grouped-query attention) and the
@@ -265,7 +286,13 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
     ``model`` may be a hub name or a local folder (``save_pretrained``): it is loaded with
     ``AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")`` and its
     tokenizer with ``AutoTokenizer`` (a hub name downloads; never in tests). Memory: the source model
-    and the weight view are both held while translating (about twice the checkpoint in ``dtype``)."""
+    and the weight view are both held while translating (about twice the checkpoint in ``dtype``);
+    for weight-only analyses of a large checkpoint, ``from_safetensors`` reads it layer by layer.
+
+    A model placed by accelerate (``from_pretrained(..., device_map=...)``, CPU or disk offload included)
+    is read from wherever its weights are (offloaded ones from their hooks' weight maps) and its weight
+    view gathered on the map's first accelerator, else the CPU; the probe runs the source's own
+    dispatched forward. ``pcw.run`` then runs the weight view (in memory), not the source's dispatch."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")
@@ -283,6 +310,8 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
         cfg, folds = read_config(model.config, family, mlp_width(model, family))
         check_module_heads(model, family, cfg)
         raw = read_weights(model, family, cfg, folds)
+        if getattr(model, "hf_device_map", None):  # placed by accelerate: gather the weights on one device
+            raw = {k: None if v is None else v.to(_main_device(model.hf_device_map)) for k, v in raw.items()}
         circuit = build(cfg, raw, as_tokenizer(tokenizer), f"hf:{model_type}")
     circuit.metadata["folded"] = {k: float(v) for k, v in folds.items()}
     if verify:
