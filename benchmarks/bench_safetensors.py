@@ -17,7 +17,7 @@ route in its own process (a child's ``ru_maxrss`` would start at a heavy parent'
 
 Columns (GB = 1e9 bytes): wall time (load + analyses; torch, transformers and this package imported
 before the clock starts, in every route), peak RSS (``ru_maxrss``, whole process, imports included)
-and the peak above the RSS after imports, the checkpoint's size, and whether the scores agree
+the peak above the RSS after imports and the peak by the end of V-composition, the checkpoint's size, and whether the scores agree
 with the ``from_safetensors`` route's (max |difference| over the defined pairs and heads; fp32
 routes must agree to 1e-4). ``small``: 4 layers x 8 heads, d_model 256 (seconds). ``llama-1.7b``:
 16 layers x 32 heads (GQA 8), d_model 2048, d_mlp 5632, vocab 32000 (1.7 GB). ``llama3-8b``:
@@ -129,12 +129,13 @@ def child(route: str, folder: str, out: str) -> None:
         loaded = time.perf_counter() - t
         V = pcw.composition_scores(model, "V", baseline=False)
         composed = time.perf_counter() - t - loaded
+        peak_V = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
         P = pcw.eigenvalue_positivity(model, "OV")
     seconds = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is in KiB
     torch.save({"V": V.float(), "P": P.float()}, out)
     print(json.dumps({"s": seconds, "load_s": loaded, "V_s": composed, "OV_s": seconds - loaded - composed,
-                      "peak_gb": peak, "peak_plus_gb": peak - before}))
+                      "peak_gb": peak, "peak_plus_gb": peak - before, "peak_V_gb": peak_V}))
 
 
 def measure(route: str, folder: Path) -> dict:
@@ -189,7 +190,8 @@ def main():
     routes = ["from_safetensors", "transformers fp32"] + (["transformers bf16"] if a.bf16_route else [])
     if a.size == "llama3-8b" and not a.all_routes:
         routes = routes[:1]
-    print(f"| route | time (load + V-comp + OV) | peak RSS (above imports) | checkpoint | peak / checkpoint | "
+    print(f"| route | time (load + V-comp + OV) | peak RSS (above imports; peak by the end of V) | checkpoint | "
+          f"peak / checkpoint | "
           f"scores agree |\n|---|---|---|---|---|---|")
     results = {}
     for route in routes:
@@ -202,7 +204,8 @@ def main():
             agreement(results["from_safetensors"]["scores"], r["scores"]) if "scores" in results["from_safetensors"]
             else "n/a")
         print(f"| {route} | {r['s']:.1f} s ({r['load_s']:.1f} + {r['V_s']:.1f} + {r['OV_s']:.1f}) | "
-              f"{r['peak_gb']:.2f} GB ({r['peak_plus_gb']:.2f} GB) | {size_gb:.2f} GB | "
+              f"{r['peak_gb']:.2f} GB ({r['peak_plus_gb']:.2f} GB; {r['peak_V_gb']:.2f} GB by the end of V) | "
+              f"{size_gb:.2f} GB | "
               f"{r['peak_gb'] / size_gb:.2f} | {agree} |", flush=True)
     if all("error" not in results.get(k, {"error": 1}) for k in routes[:2]) and len(routes) > 1:
         ours, hf = results["from_safetensors"], results["transformers fp32"]
