@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.models.adapters import checkpoint_model
@@ -135,9 +136,21 @@ def test_float64_view_matches_a_float64_model(tmp_path):
     folder, hf = save(tmp_path, "gpt2")
     ours = pcw.from_safetensors(folder, dtype=torch.float64)
     ref = pcw.from_hf(hf.double())
-    assert ours.to(torch.float32).dtype == torch.float32
+    assert ours.to(torch.float32).W_V[0].dtype == torch.float32
     torch.testing.assert_close(pcw.eigenvalue_positivity(ours, "QK"), pcw.eigenvalue_positivity(ref, "QK"),
                                rtol=1e-10, atol=1e-12)
+
+
+def test_the_folders_own_tokenizer_is_loaded(tmp_path):
+    folder, hf = save(tmp_path, "gpt2")
+    words = ["<unk>"] + [f"w{i}" for i in range(hf.config.vocab_size - 1)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(folder)
+    ours = pcw.from_safetensors(folder)
+    assert ours.to_tokens("w3 w7 w3").tolist() == [4, 8, 4]
+    got = pcw.skip_trigrams(ours, 0, 1, k=5, approximate=True)
+    assert [(t.source_str, t.out_str) for t in got] == [(words[t.source], words[t.out]) for t in got]
 
 
 def test_forward_needs_the_model(tmp_path):

@@ -27,6 +27,7 @@ verified against each family's own forward; shapes are checked against the confi
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from pathlib import Path
@@ -69,11 +70,13 @@ class LayerStack:
 
     def __getitem__(self, key):
         layer, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
-        if isinstance(layer, bool) or not isinstance(layer, int) and not (
-                isinstance(layer, torch.Tensor) and layer.ndim == 0 and not layer.is_floating_point()):
+        try:
+            if isinstance(layer, bool):
+                raise TypeError
+            layer = operator.index(layer)  # int, numpy integer, 0-d integer tensor
+        except TypeError:
             raise TypeError(f"{self.name} of a checkpoint view is read one layer at a time: index it with one layer "
-                            f"(an int), got {key!r}; {self.name}.stack() gives every layer at once")
-        layer = int(layer)
+                            f"(an int), got {key!r}; {self.name}.stack() gives every layer at once") from None
         if not -len(self) <= layer < len(self):
             raise IndexError(f"{self.name}: layer {layer} out of range for {len(self)} layers")
         weight = self._model.layer(layer % len(self), mlp=self.name not in ATTENTION_KEYS)[self.name]
@@ -102,7 +105,6 @@ class CheckpointModel(CircuitModel):
 
     def __init__(self, files: CheckpointFiles, tree: ModuleTree, family_name: str, config, tokenizer=None):
         self.files, self._tree, self._family = files, tree, FAMILIES[family_name]
-        self._family_name, self._config = family_name, config
         layers = _module(_module(tree, self._family.body), self._family.layers)
         d_mlp = self._mlp_width(layers)
         self.cfg, self._folds = read_config(config, self._family, d_mlp)
@@ -225,9 +227,7 @@ class CheckpointModel(CircuitModel):
     def to(self, *args, **kwargs) -> "CheckpointModel":
         """The same checkpoint read onto another device or float dtype (arguments as ``Tensor.to``)."""
         like = torch.empty(0, dtype=self.dtype, device=self.device).to(*args, **kwargs)
-        files = CheckpointFiles(self.files.folder, like.dtype, like.device)
-        tree = ModuleTree(files, conv1d=self._tree.conv1d, output=self._tree.output)
-        return CheckpointModel(files, tree, self._family_name, self._config, self.tokenizer)
+        return from_safetensors(self.files.folder, self.tokenizer, device=like.device, dtype=like.dtype)
 
     # --- no forward -----------------------------------------------------------------------------
     def run_with_cache(self, tokens):
