@@ -81,11 +81,14 @@ class CheckpointFiles:
         if not tensor.dtype.is_floating_point:
             raise TypeError(f"from_safetensors: {stored} in {self.shard[stored].name} has dtype {tensor.dtype}; "
                             "expected floating-point weights (quantized checkpoints are not read)")
-        bad = int((~torch.isfinite(tensor)).sum())
-        if bad:
-            raise ValueError(f"from_safetensors: {stored} in {self.shard[stored].name} has {bad} non-finite values "
-                             "(NaN or inf); weights must be finite")
-        return tensor.to(device=self.device, dtype=self.dtype)
+        tensor = tensor.to(device=self.device, dtype=self.dtype)
+        # one pass: a NaN or inf makes the sum non-finite (so does an overflowing sum, then counted exactly)
+        if not bool(torch.isfinite(tensor.sum())):
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ValueError(f"from_safetensors: {stored} in {self.shard[stored].name} has {bad} non-finite "
+                                 "values (NaN or inf); weights must be finite")
+        return tensor
 
 
 class ModuleTree:
