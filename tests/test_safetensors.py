@@ -59,6 +59,7 @@ def pair(request, tmp_path):
 def test_weights_equal_from_hf_layer_by_layer(pair):
     ours, ref = pair
     assert ours.cfg.n_layers == ref.cfg.n_layers and ours.dtype == torch.float32
+    assert ours.metadata["notes"][1:] == ref.metadata["notes"]
     for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_V", "b_O", "W_in", "W_out"):
         expected = getattr(ref, name)
         assert (getattr(ours, name) is None) == (expected is None), name

@@ -41,7 +41,7 @@ from .families import FAMILIES
 from .hf import (ATTENTION_KEYS, LAYER_KEYS, _module, apply_folds, layer_weights, read_config, token_embedding,
                  unembedding)
 from .hf_tokenizer import as_tokenizer
-from .weight_view import fold_norms
+from .weight_view import BIASES, circuit_notes, fold_norms
 
 
 VOCAB_BLOCK = 8192  # token ids per block of a vocab-sized contraction (67 MB of float32 W_E at d_model 2048)
@@ -126,7 +126,15 @@ class CheckpointModel(CircuitModel):
             setattr(self, name, None)  # read by the forward only, which a checkpoint view refuses
         self.metadata = {"source": f"safetensors:{family_name}", "folder": str(files.folder),
                          "folded": {k: float(v) for k, v in self._folds.items()},
-                         "notes": ["weights read per layer from the checkpoint (from_safetensors); no forward"]}
+                         "notes": ["weights read per layer from the checkpoint (from_safetensors); no forward",
+                                   *circuit_notes(self.cfg, self._biased(present))]}
+
+    def _biased(self, layer0: dict) -> bool:
+        """Whether the view has a bias: layer 0's, the unembedding's or the final norm's (which folds into
+        ``b_U``), from the shards' names (``b_U`` itself is not read for this)."""
+        family, files = self._family, self.files
+        return (any(layer0.get(b) is not None for b in BIASES[:-1]) or f"{self._tree.output}.bias" in files
+                or f"{family.body}.{family.final_norm}.bias" in files)
 
     def _mlp_width(self, layers) -> int:
         """``hf.mlp_width`` from the header: layer 0's last MLP projection, not read."""
