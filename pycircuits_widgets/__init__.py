@@ -14,6 +14,7 @@ _EXPORTS = {
     "load_pretrained": "pycircuits_widgets.models",
     "from_transformer_lens": "pycircuits_widgets.models",
     "from_hf": "pycircuits_widgets.models",
+    "from_safetensors": "pycircuits_widgets.models",
     "run": "pycircuits_widgets.analysis",
     "composition_scores": "pycircuits_widgets.analysis",
     "eigenvalue_positivity": "pycircuits_widgets.analysis",

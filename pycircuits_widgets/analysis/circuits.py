@@ -141,9 +141,10 @@ def embedding_is_normalized(model, layer: int) -> bool:
     return layer == 0 and reads_normalized and cfg.normalization is not None and cfg.positional != "learned"
 
 
-def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+def embedding(model, layer: int, dtype: torch.dtype | None = None, rows: slice | None = None) -> torch.Tensor:
     """The token embedding as the heads of ``layer`` read it, ``[d_vocab, d_model]``
-    (``layer == n_layers``: as the unembedding reads it).
+    (``layer == n_layers``: as the unembedding reads it; ``rows``: only that block of token ids,
+    ``model.token_rows``).
 
     Where that is exact (``embedding_is_normalized``: the first read, positions outside the
     residual stream) each row is normalised as the model's forward normalises it,
@@ -155,15 +156,16 @@ def embedding(model, layer: int, dtype: torch.dtype | None = None) -> torch.Tens
     """
     if not 0 <= layer <= model.cfg.n_layers:
         raise ValueError(f"layer must be in 0..{model.cfg.n_layers} (n_layers: the unembedding), got {layer}")
-    dtype = dtype or model.W_E.dtype
+    W_E = model.W_E if rows is None else model.token_rows("W_E", rows)  # once: a checkpoint view reads it
+    dtype = dtype or W_E.dtype
     if not embedding_is_normalized(model, layer):
-        return model.W_E.to(dtype)
-    work = linalg_dtype(model.W_E.dtype)
-    normed, scale = model.read(model.W_E.to(work), work)
-    if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(model.W_E).all()):
+        return W_E.to(dtype)
+    work = linalg_dtype(W_E.dtype)
+    normed, scale = model.read(W_E.to(work), work)
+    if not bool(torch.isfinite(scale).all()) and bool(torch.isfinite(W_E).all()):
         raise NonFiniteError(
             f"the normalised embedding is not finite: the norm of W_E's rows overflows {scale.dtype} "
-            f"(largest |W_E| entry {float(model.W_E.abs().max()):.3g}; squares above "
+            f"(largest |W_E| entry {float(W_E.abs().max()):.3g}; squares above "
             f"{torch.finfo(scale.dtype).max:.3g} overflow). Rescale W_E, or convert the model to float64")
     return normed.to(dtype)
 

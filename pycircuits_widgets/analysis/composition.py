@@ -71,6 +71,7 @@ TILE = 160  # width of the d_model tiles of the Gram route (a [heads, TILE^2] bl
 ROW_CHUNKS = 8  # earlier-layer heads scored in this many chunks, so few pairs with l1 >= l2 are computed
 MIN_CHUNK_ROWS = 128
 FALLBACK_RELATIVE_ERROR = 1e-3  # recompute a pair exactly when the Gram route could be off by more than this
+FALLBACK_BATCH = 64  # pairs per exact recompute: two [64, d_model, r] gathers, 67 MB at d_model 2048 (256 took 0.27 GB)
 
 
 def _check(kind: str, norm: str) -> None:
@@ -173,7 +174,7 @@ def _thin_factors(model, kind: str, offset: int | None):
     L, H, d, r = cfg.n_layers, cfg.n_heads, cfg.d_model, model.W_V.shape[-1]
     center = cfg.normalization == "layernorm"
     work = linalg_dtype(model.W_V.dtype)  # 16-bit weights: float32 (a bf16 Gram loses the score)
-    X, Y = (model.W_V.new_empty(L * H, d, r, dtype=work) for _ in range(2))
+    X, Y = (torch.empty(L * H, d, r, dtype=work, device=model.W_V.device) for _ in range(2))
     nx, ny = (torch.empty(L * H, dtype=torch.float64, device=X.device) for _ in range(2))
     for layer in range(L):
         W_Q, W_K, W_V, W_O = (W[layer].to(work) for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
@@ -294,8 +295,8 @@ def _correct_scores(model, kind: str, offset: int | None = None) -> torch.Tensor
     eps = 4 * u * (max(t.stop - t.start for t in _tiles(X.shape[1])) + X.shape[-1] ** 0.5) * g1[:, None] * g2[None, :] / denom
     unsure = defined & (eps > 2 * FALLBACK_RELATIVE_ERROR * squared.clamp_min(0))
     h1, h2 = unsure.nonzero(as_tuple=True)
-    for start in range(0, h1.numel(), 256):  # exact, in batches of [256, r, d_model] copies
-        a, b = h1[start: start + 256], h2[start: start + 256]
+    for start in range(0, h1.numel(), FALLBACK_BATCH):  # exact, in batches of [FALLBACK_BATCH, r, d_model] copies
+        a, b = h1[start: start + FALLBACK_BATCH], h2[start: start + FALLBACK_BATCH]
         squared[a, b] = (X[a].mT @ Y[b]).double().square().sum((1, 2)) / denom[a, b]
     scores = squared.clamp_min(0).sqrt().masked_fill(~defined, float("nan"))
     return scores.reshape(L, H, L, H).to(X.dtype)

@@ -49,7 +49,7 @@ def _check_kind(kind: str) -> str:
 
 def _compute_dtype(model) -> torch.dtype:
     """float64 for float64 weights, else float32 (half-precision weights are widened)."""
-    return torch.float64 if model.W_E.dtype == torch.float64 else torch.float32
+    return torch.float64 if model.dtype == torch.float64 else torch.float32
 
 
 def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -59,10 +59,15 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     symmetric, so only its upper block triangle is multiplied. ``layer``: ``W_E`` as that
     layer's heads read it (``circuits.embedding``); None: the raw ``W_E``. The vocab-sized
     contraction runs in float32 (float64 weights: float64); see the module docstring for its error.
+    It runs over ``model.vocab_blocks()``, summed: one block for a ``CircuitModel``; a checkpoint view
+    reads ``VOCAB_BLOCK`` tokens of ``W_E``/``W_U`` at a time, never the whole embeddings.
     """
-    work = _compute_dtype(model)
-    W_E = model.W_E.to(work) if layer is None else embedding(model, layer, work)
-    G = model.W_U.to(work) @ W_E if _check_kind(kind) == "OV" else gram(W_E)
+    work, G = _compute_dtype(model), None
+    _check_kind(kind)
+    for rows in model.vocab_blocks():
+        W_E = model.token_rows("W_E", rows).to(work) if layer is None else embedding(model, layer, work, rows)
+        part = model.token_rows("W_U", rows).to(work) @ W_E if kind == "OV" else gram(W_E)
+        G = part if G is None else G.add_(part)
     return G.to(dtype)
 
 
@@ -93,19 +98,24 @@ def _head_circuits(model, kind: str, work: torch.dtype) -> torch.Tensor:
     """Every head's ``d_head x d_head`` rotation of its full circuit, ``[L, H, d_head, d_head]`` in ``work``:
     ``W_O G W_V`` (OV) or ``W_K^T G W_Q`` (QK), ``G`` the ``token_gram`` of the embedding the layer
     reads. Only layer 0 can read a different embedding (``circuits.embedding``), so at most two
-    vocab-sized products; each multiplies all its heads in one GEMM (a batched matmul against
-    ``G`` would broadcast it into one ``d_model x d_model`` copy per head)."""
-    left, right = (model.W_O, model.W_V) if kind == "OV" else (model.W_K.mT, model.W_Q)
-    left, right = left.to(work), right.to(work)
-    L, H, d_head, d_model = left.shape
-    mid = left.new_empty(L, H, d_head, d_model)
-    first = 1 if L and embedding_is_normalized(model, 0) else 0
-    if first:
-        torch.matmul(left[0].reshape(-1, d_model), token_gram(model, kind, 0, work), out=mid[0].view(-1, d_model))
-    if first < L:
-        torch.matmul(left[first:].reshape(-1, d_model), token_gram(model, kind, dtype=work),
-                     out=mid[first:].view(-1, d_model))
-    return mid @ right
+    vocab-sized products. One layer at a time, all its heads in one GEMM (a batched matmul against
+    ``G`` would broadcast it into one ``d_model x d_model`` copy per head): besides the two Grams
+    this holds one layer's weights, which is all a checkpoint view (``from_safetensors``) reads."""
+    L, H, d_head = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
+    out = torch.empty(L, H, d_head, d_head, dtype=work, device=model.W_V.device)
+    normalized = L and embedding_is_normalized(model, 0)
+    grams = {}
+    for layer in range(L):
+        first = normalized and layer == 0
+        if first not in grams:
+            grams = {first: token_gram(model, kind, 0 if first else None, work)}  # the layer-0 Gram is dropped after
+        if kind == "OV":
+            left, right = model.W_O[layer].to(work), model.W_V[layer].to(work)
+        else:
+            left, right = model.W_K[layer].to(work).mT, model.W_Q[layer].to(work)
+        d_model = left.shape[-1]
+        torch.matmul((left.reshape(-1, d_model) @ grams[first]).view(H, d_head, d_model), right, out=out[layer])
+    return out
 
 
 def positivity(eigs: torch.Tensor) -> torch.Tensor:

@@ -16,16 +16,22 @@ class NonFiniteError(ValueError):
     """An analysis result would hold NaN or inf (the message names the weight or the overflow)."""
 
 
+def _parts(weight):
+    """A weight as tensors to scan: itself, or one layer at a time (a checkpoint view's ``LayerStack``)."""
+    return (weight,) if isinstance(weight, torch.Tensor) else iter(weight)
+
+
 def non_finite_error(what: str, model, weights, dtype: torch.dtype) -> NonFiniteError:
     """The error for ``what`` (computed from ``model``'s ``weights``, names like ``"W_E"``, in
     ``dtype``) holding NaN or inf: the first weight with NaN/inf entries, else an overflow."""
     for name in weights:
         w = getattr(model, name)
-        bad = ~torch.isfinite(w)
-        if bool(bad.any()):
+        n_bad = sum(int((~torch.isfinite(part)).sum()) for part in _parts(w))
+        if n_bad:
             return NonFiniteError(f"{what} are not finite: weight {name} {tuple(w.shape)} holds "
-                                  f"{int(bad.sum())} NaN/inf entries")
-    largest = ", ".join(f"{name} {float(getattr(model, name).abs().max()):.3g}" for name in weights)
+                                  f"{n_bad} NaN/inf entries")
+    largest = ", ".join(f"{name} {max(float(p.abs().max()) for p in _parts(getattr(model, name))):.3g}"
+                        for name in weights)
     return NonFiniteError(
         f"{what} are not finite: the computation overflows {dtype} (largest finite value "
         f"{torch.finfo(dtype).max:.3g}) although every weight is finite; largest |entry|: {largest}. "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .adapters import from_hf, from_transformer_lens
+from .adapters import CheckpointModel, from_hf, from_safetensors, from_transformer_lens
 from .attn_only import AttnOnlyTransformer, attn_only_config
 from .checkpoints import CheckpointError, load_json, load_tensors
 from .circuit_model import ActivationCache, CircuitModel
@@ -22,8 +22,9 @@ from .tokenizer import Tokenizer
 CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 PRETRAINED = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
 
-__all__ = ["ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CircuitModel", "ModelConfig",
-           "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "load_attn_only", "load_pretrained", "rotary_frequencies"]
+__all__ = ["ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CheckpointModel", "CircuitModel",
+           "ModelConfig", "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "from_hf",
+           "from_safetensors", "from_transformer_lens", "load_attn_only", "load_pretrained", "rotary_frequencies"]
 
 
 def from_attn_only(model: AttnOnlyTransformer, tokenizer: Tokenizer | None = None) -> CircuitModel:

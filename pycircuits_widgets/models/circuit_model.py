@@ -254,6 +254,15 @@ class CircuitModel:
         Scores are ``x_dest @ QK @ x_src^T / attn_scale`` (plus positional terms)."""
         return FactoredMatrix(self.W_Q, self.W_K.transpose(-1, -2))
 
+    def vocab_blocks(self) -> list[slice]:
+        """The blocks of token ids vocab-sized contractions run over (``token_gram``): one, the whole
+        vocabulary; a checkpoint view (``from_safetensors``) reads its embeddings a block at a time."""
+        return [slice(None)]
+
+    def token_rows(self, name: str, rows: slice) -> torch.Tensor:
+        """``W_E[rows]`` (``name == "W_E"``) or ``W_U[:, rows]`` (``"W_U"``): one block of the vocabulary."""
+        return self.W_E[rows] if name == "W_E" else self.W_U[:, rows]
+
     @property
     def device(self) -> torch.device:
         return self.W_E.device

@@ -46,11 +46,24 @@ def _first(root, names):
     return None
 
 
+def _tensor(module, name: str = "weight") -> torch.Tensor | None:
+    """``module.<name>`` (None if absent) wherever accelerate placed it: a parameter offloaded to CPU or
+    disk (``device_map`` with offload) is a meta tensor on the module, its values in the module's
+    ``_hf_hook.weights_map``, read from there."""
+    value = getattr(module, name, None)
+    if value is not None and value.device.type == "meta":
+        weights = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
+        if weights is not None and name in weights:
+            return weights[name]
+    return value
+
+
 def _linear(module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``nn.Linear`` (or GPT-2's ``Conv1D``, stored ``[in, out]``) -> (weight in the row convention
     ``[in, out]``, bias or None)."""
-    W = module.weight if type(module).__name__ == "Conv1D" else module.weight.T
-    return W, getattr(module, "bias", None)
+    conv1d = getattr(module, "conv1d", type(module).__name__ == "Conv1D")  # checkpoint trees say so themselves
+    W = _tensor(module)
+    return (W if conv1d else W.T), _tensor(module, "bias")
 
 
 def _heads(W: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -64,8 +77,8 @@ def _norm(module, offset: bool) -> tuple[torch.Tensor | None, torch.Tensor | Non
     if module is None:
         return None, None
     if hasattr(module, "norms"):  # StableLM's per-head layer norms
-        return torch.stack([n.weight for n in module.norms]), None
-    w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+        return torch.stack([_tensor(n) for n in module.norms]), None
+    w, b = _tensor(module), _tensor(module, "bias")
     return (w + 1 if offset and w is not None else w), b
 
 
@@ -89,18 +102,25 @@ def _rope(config, d_head: int) -> tuple[dict, int]:
     return fields, int(d_head * partial)
 
 
-def read_config(model, family: Family) -> tuple[ModelConfig, dict]:
-    """(``ModelConfig``, fold factors) of a Hugging Face model under ``family``."""
-    c = model.config
+def mlp_width(model, family: Family) -> int:
+    """``d_mlp``: the input width of layer 0's last MLP projection (a mixture of experts: every
+    expert's ``down_proj [E, d_model, d_e]`` side by side, ``E d_e``)."""
+    mlp = _module(_module(_module(model, family.body), family.layers)[0], family.mlp)
+    if family.mlp_layout == "moe":
+        n, _, d_e = _tensor(_module(mlp, family.mlp_names[1]), "down_proj").shape
+        return n * d_e
+    return _linear(_module(mlp, family.mlp_names[-1]))[0].shape[0]
+
+
+def read_config(c, family: Family, d_mlp: int) -> tuple[ModelConfig, dict]:
+    """(``ModelConfig``, fold factors) of a Hugging Face config ``c`` under ``family``; ``d_mlp``
+    from the weights (``mlp_width``), which some families' configs do not state."""
     features = dict(family.features(c))
     folds = {k: features.pop(k) for k in FOLDED if k in features}
     H = get(c, "num_attention_heads", "n_head", "num_heads", "n_heads")
     d = get(c, "hidden_size", "n_embd", "d_model")
     d_head = get(c, "head_dim", default=d // H)
     n_kv = features.pop("n_kv_heads", None) or get(c, "num_key_value_heads", "num_kv_heads", default=H)
-    body = _module(model, family.body)
-    layer0 = _module(body, family.layers)[0]
-    mlp = _mlp_weights(_module(layer0, family.mlp), family)
     alibi = features.get("alibi_slopes") is not None
     positional = "learned" if family.pos_embed else "none" if alibi else "rotary"
     rotary, rotary_dim = _rope(c, d_head) if positional == "rotary" else ({}, None)
@@ -114,7 +134,7 @@ def read_config(model, family: Family) -> tuple[ModelConfig, dict]:
         d_head=d_head, d_vocab=c.vocab_size,
         n_ctx=get(c, "max_position_embeddings", "n_positions", "max_seq_len", default=2048),
         n_kv_heads=n_kv if n_kv < H else None, positional=positional, normalization=family.norm,
-        attn_only=False, d_mlp=mlp["W_out"].shape[0],
+        attn_only=False, d_mlp=d_mlp,
         act_fn=get(c, "hidden_act", "activation_function", "hidden_activation", default="gelu"),
         gated_mlp=family.mlp_layout != "plain",
         eps=float(get(c, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps",
@@ -200,56 +220,91 @@ def _mlp_weights(mlp, family: Family) -> dict:
     return {**rows, "W_out": Wo, "b_out": bo, "W_router": None}
 
 
-def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
-    """The unfolded weights (``weight_view`` table) of every layer, multipliers folded."""
+ATTENTION_KEYS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "ln1_w", "ln1_b")
+LAYER_KEYS = ATTENTION_KEYS + ("W_in", "b_in", "W_gate", "b_gate", "W_out", "b_out", "W_router", "ln2_w", "ln2_b",
+                               "w_post_attn", "w_post_mlp", "w_qnorm", "b_qnorm", "w_knorm", "b_knorm")
+
+
+def layer_weights(layer, family: Family, cfg: ModelConfig, attention_only: bool = False) -> dict:
+    """One layer's unfolded weights (``weight_view`` table without the leading ``L``): ``ATTENTION_KEYS``
+    (``attention_only``: what the weight-only analyses read, never the MLP) or ``LAYER_KEYS``."""
+    H, n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
+    row: dict = {}
+    attn = _module(layer, family.attn)
+    for key, (W, b), n in zip("QKV", _qkv(attn, family, cfg), (H, n_kv, n_kv)):
+        row[f"W_{key}"] = expand_kv_heads(_heads(W, n)[None], H)[0]
+        row[f"b_{key}"] = None if b is None else expand_kv_heads(_heads(b, n)[None], H)[0]
+    W_O, row["b_O"] = _linear(_module(attn, family.o_proj))
+    row["W_O"] = W_O.reshape(H, cfg.d_head, -1)
+    ln1 = _norm(_first(layer, family.ln1), family.norm_offset)
+    row["ln1_w"], row["ln1_b"] = ln1
+    if attention_only:
+        return row
+    row.update(_mlp_weights(_module(layer, family.mlp), family))
+    ln2_module = _first(layer, family.ln2)
+    row["ln2_w"], row["ln2_b"] = ln1 if ln2_module is None else _norm(ln2_module, family.norm_offset)  # parallel: one norm
+    for key, name in (("w_post_attn", family.post_attn_norm), ("w_post_mlp", family.post_mlp_norm)):
+        row[key] = _norm(_module(layer, name), family.norm_offset)[0] if name else None
+    norms = _qk_norm_weights(attn, family, cfg) if cfg.qk_norm else {}
+    for key in ("w_qnorm", "b_qnorm", "w_knorm", "b_knorm"):
+        row[key] = norms.get(key)
+    return row
+
+
+def token_embedding(model, family: Family, cfg: ModelConfig) -> dict:
+    """The unfolded ``W_E`` (BLOOM: its embedding norm applied) and ``W_pos`` (learned positions only)."""
     body = _module(model, family.body)
-    H = cfg.n_heads
-    keys = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O", "W_in", "b_in", "W_gate", "b_gate", "W_out",
-            "b_out", "W_router", "ln1_w", "ln1_b", "ln2_w", "ln2_b", "w_post_attn", "w_post_mlp",
-            "w_qnorm", "b_qnorm", "w_knorm", "b_knorm")
-    rows: dict[str, list] = {k: [] for k in keys}
-    for layer in _module(body, family.layers):
-        attn = _module(layer, family.attn)
-        for key, (W, b), n in zip("QKV", _qkv(attn, family, cfg), (H, cfg.n_kv_heads or H, cfg.n_kv_heads or H)):
-            rows[f"W_{key}"].append(expand_kv_heads(_heads(W, n)[None], H)[0])
-            rows[f"b_{key}"].append(None if b is None else expand_kv_heads(_heads(b, n)[None], H)[0])
-        W_O, b_O = _linear(_module(attn, family.o_proj))
-        rows["W_O"].append(W_O.reshape(H, cfg.d_head, -1))
-        rows["b_O"].append(b_O)
-        mlp_rows = _mlp_weights(_module(layer, family.mlp), family)
-        for k, v in mlp_rows.items():
-            rows[k].append(v)
-        ln1 = _norm(_first(layer, family.ln1), family.norm_offset)
-        ln2_module = _first(layer, family.ln2)
-        ln2 = ln1 if ln2_module is None else _norm(ln2_module, family.norm_offset)  # parallel blocks: one norm
-        for name, (w, b) in (("ln1", ln1), ("ln2", ln2)):
-            rows[f"{name}_w"].append(w)
-            rows[f"{name}_b"].append(b)
-        for key, name in (("w_post_attn", family.post_attn_norm), ("w_post_mlp", family.post_mlp_norm)):
-            rows[key].append(_norm(_module(layer, name), family.norm_offset)[0] if name else None)
-        norms = _qk_norm_weights(attn, family, cfg) if cfg.qk_norm else {}
-        for key in ("w_qnorm", "b_qnorm", "w_knorm", "b_knorm"):
-            rows[key].append(norms.get(key))
-    raw = {k: None if not v or v[0] is None else torch.stack(v) for k, v in rows.items()}
-    if family.interleaved_rotary:
-        for key in ("W_Q", "W_K", "b_Q", "b_K", "w_qnorm", "b_qnorm", "w_knorm", "b_knorm"):
-            raw[key] = adjacent_pairs_to_halves(raw[key], cfg.rotary_dim)
-    W_E = _module(body, family.embed).weight
+    W_E = _tensor(_module(body, family.embed))
     if family.embed_norm:  # BLOOM: a layer norm of each token's embedding, a function of the token alone
         norm = _module(body, family.embed_norm)
-        W_E = F.layer_norm(W_E, (cfg.d_model,), norm.weight, norm.bias, norm.eps)
-    raw["W_E"] = W_E * folds["embed_scale"] if "embed_scale" in folds else W_E
+        W_E = F.layer_norm(W_E, (cfg.d_model,), _tensor(norm), _tensor(norm, "bias"), cfg.eps)
+    raw = {"W_E": W_E}
     if family.pos_embed:
-        raw["W_pos"] = _module(body, family.pos_embed).weight[family.pos_offset:family.pos_offset + cfg.n_ctx]
-    raw["lnf_w"], raw["lnf_b"] = _norm(_module(body, family.final_norm), family.norm_offset)
-    output = _unwrap(model.get_output_embeddings())
-    raw["W_U"], raw["b_U"] = output.weight.T, getattr(output, "bias", None)  # the embedding itself when tied
-    for key, factor in (("residual_scale", ("W_O", "b_O", "W_out", "b_out")), ("logit_scale", ("W_U", "b_U"))):
-        if key in folds:
-            for name in factor:
-                if raw[name] is not None:
-                    raw[name] = raw[name] * folds[key]
+        raw["W_pos"] = _tensor(_module(body, family.pos_embed))[family.pos_offset:family.pos_offset + cfg.n_ctx]
     return raw
+
+
+def unembedding(model, family: Family) -> dict:
+    """The unfolded ``W_U``, ``b_U`` and the final norm ``lnf_w/lnf_b`` it reads through."""
+    raw = dict(zip(("lnf_w", "lnf_b"), _norm(_module(_module(model, family.body), family.final_norm),
+                                            family.norm_offset)))
+    output = _unwrap(model.get_output_embeddings())
+    raw["W_U"], raw["b_U"] = _tensor(output).T, _tensor(output, "bias")  # the embedding itself when tied
+    return raw
+
+
+def apply_folds(raw: dict, family: Family, cfg: ModelConfig, folds: dict) -> dict:
+    """``raw`` (any subset of the ``weight_view`` keys, any leading dims) with the GPT-J rotary layout
+    turned into GPT-NeoX's and the multipliers (``folds``) folded in; absent keys stay absent."""
+    raw = dict(raw)
+    if family.interleaved_rotary:
+        for key in ("W_Q", "W_K", "b_Q", "b_K", "w_qnorm", "b_qnorm", "w_knorm", "b_knorm"):
+            if key in raw:
+                raw[key] = adjacent_pairs_to_halves(raw[key], cfg.rotary_dim)
+    scaled = {"embed_scale": ("W_E",), "residual_scale": ("W_O", "b_O", "W_out", "b_out"),
+              "logit_scale": ("W_U", "b_U")}
+    for key, names in scaled.items():
+        for name in names if key in folds else ():
+            if raw.get(name) is not None:
+                raw[name] = raw[name] * folds[key]
+    return raw
+
+
+def read_weights(model, family: Family, cfg: ModelConfig, folds: dict) -> dict:
+    """The unfolded weights (``weight_view`` table) of every layer, multipliers folded."""
+    rows = [layer_weights(layer, family, cfg) for layer in _module(_module(model, family.body), family.layers)]
+    raw = {k: None if not rows or rows[0][k] is None else torch.stack([r[k] for r in rows]) for k in LAYER_KEYS}
+    raw.update(token_embedding(model, family, cfg), **unembedding(model, family))
+    return apply_folds(raw, family, cfg, folds)
+
+
+def _main_device(device_map: dict) -> torch.device:
+    """The first accelerator in an accelerate ``device_map`` (its values: indices, device names, "cpu",
+    "disk"), else the CPU: where a device-mapped model's weight view is gathered."""
+    for place in device_map.values():
+        if place not in ("cpu", "disk"):
+            return torch.device(f"cuda:{place}" if isinstance(place, int) else place)
+    return torch.device("cpu")
 
 
 def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | None = None) -> CircuitModel:
@@ -267,7 +322,13 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
     ``model`` may be a hub name or a local folder (``save_pretrained``): it is loaded with
     ``AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")`` and its
     tokenizer with ``AutoTokenizer`` (a hub name downloads; never in tests). Memory: the source model
-    and the weight view are both held while translating (about twice the checkpoint in ``dtype``)."""
+    and the weight view are both held while translating (about twice the checkpoint in ``dtype``);
+    for weight-only analyses of a large checkpoint, ``from_safetensors`` reads it layer by layer.
+
+    A model placed by accelerate (``from_pretrained(..., device_map=...)``, CPU or disk offload included)
+    is read from wherever its weights are (offloaded ones from their hooks' weight maps) and its weight
+    view gathered on the map's first accelerator, else the CPU; the probe runs the source's own
+    dispatched forward. ``pcw.run`` then runs the weight view (in memory), not the source's dispatch."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")
@@ -285,9 +346,11 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
         raise ValueError(f"from_hf: {model_type} with {missing} is not supported: the weight view's forward has "
                          "no such feature")
     with torch.no_grad():
-        cfg, folds = read_config(model, family)
+        cfg, folds = read_config(model.config, family, mlp_width(model, family))
         check_module_heads(model, family, cfg)
         raw = read_weights(model, family, cfg, folds)
+        if getattr(model, "hf_device_map", None):  # placed by accelerate: gather the weights on one device
+            raw = {k: None if v is None else v.to(_main_device(model.hf_device_map)) for k, v in raw.items()}
         circuit = build(cfg, raw, as_tokenizer(tokenizer), f"hf:{model_type}")
     circuit.metadata["folded"] = {k: float(v) for k, v in folds.items()}
     if verify:

@@ -31,6 +31,7 @@ from ..config import ModelConfig
 from ..folding import center_readers, center_writing_weights, fold_bias_into_reader, fold_scale_into_reader
 
 NORM_KEYS = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "lnf_w", "lnf_b")
+BIASES = ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")
 # activation names in Hugging Face and TransformerLens -> ModelConfig.act_fn (the tanh
 # approximations of GELU are one formula)
 _ACT_FNS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new",
@@ -132,8 +133,16 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
         raw = {k: None if v is None else v.float() for k, v in raw.items()}
     weights = {k: v.detach().to(dtype, copy=True) for k, v in fold_norms(raw, cfg).items()}
     model = CircuitModel(cfg, tokenizer=tokenizer, **weights)
+    biased = any(weights.get(b) is not None for b in BIASES)
+    model.metadata = {"source": source, "notes": circuit_notes(cfg, biased)}
+    return model
+
+
+def circuit_notes(cfg: ModelConfig, biased: bool) -> list[str]:
+    """What the circuit matrices of a model with ``cfg`` (and biases, if ``biased``) leave out, one
+    sentence each (``model.metadata["notes"]``)."""
     notes = []
-    if any(weights.get(b) is not None for b in ("b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")):
+    if biased:
         notes.append("biases (b_*) are applied in the forward; OV and QK are the weight matrices only")
     if cfg.n_kv_heads is not None:
         notes.append(f"grouped-query attention: {cfg.n_kv_heads} key/value heads shared by {cfg.n_heads} "
@@ -155,5 +164,4 @@ def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, sour
                      f"({cfg.d_mlp // cfg.n_experts} neurons each), {cfg.experts_per_token} chosen per token by W_router")
     if cfg.clip_qkv is not None:
         notes.append(f"queries, keys and values are clamped to +-{cfg.clip_qkv:g}")
-    model.metadata = {"source": source, "notes": notes}
-    return model
+    return notes
