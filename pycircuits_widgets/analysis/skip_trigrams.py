@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from ..screen import ProductScreen
+from .cache import cached
 from .circuits import check_head, check_index, embedding, model_name
 from .finite import NonFiniteError, non_finite_error
 from .rotary import check_reduce, offset_window, rotations
@@ -97,8 +98,17 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
 
     ``QKc = q @ k.T`` ``[dest, src]`` and ``OVc = v @ u`` ``[src, out]`` (see module docstring).
     ``vocab`` (token ids) restricts all three roles to a sub-vocabulary, ``V = len(vocab)``,
-    and the centring means run over it.
+    and the centring means run over it. The whole vocabulary's factors are kept per model and head
+    (``cache``; 51 MB a head at GPT-2 shapes): do not modify them in place.
     """
+    if vocab is None:
+        layer, head = check_head(model, (layer, head))
+        return cached(model, ("centred_factors", layer, head), lambda: _centred_factors(model, layer, head, None))
+    return _centred_factors(model, layer, head, vocab)
+
+
+def _centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
+    """``centred_factors`` (uncached)."""
     W_E, W_U = embedding(model, layer, torch.float32), model.W_U.float()  # per-token scale where exact
     if vocab is not None:
         W_E, W_U = W_E[vocab], W_U[:, vocab]
@@ -366,11 +376,16 @@ def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, floor: float = 0.0
     return score, idx
 
 
-def copied_tokens(model, layer: int, head: int, n: int, factors=None):
+def copied_tokens(model, layer: int, head: int, n: int):
     """The ``n`` tokens whose own logit head ``(layer, head)`` raises most when attending to
     them: top of the diagonal of the centred full OV circuit, ``OVc[t, t] = v[t] . u[:, t]``.
-    Returns ``(ids [n], values [n])``."""
-    with torch.no_grad():
-        _, _, v, u = factors if factors is not None else centred_factors(model, layer, head)
-        values, ids = torch.topk((v * u.mT).sum(1), n)
+    Returns ``(ids [n], values [n])``. The diagonal ``[d_vocab]`` is kept per model and head (``cache``)."""
+    layer, head = check_head(model, (layer, head))
+
+    def diagonal():
+        with torch.no_grad():
+            _, _, v, u = centred_factors(model, layer, head)
+            return (v * u.mT).sum(1)
+
+    values, ids = torch.topk(cached(model, ("ov_diagonal", layer, head), diagonal), n)
     return ids, values
