@@ -23,8 +23,8 @@ worker threads and the clock stops when every view shows the new head (no view b
 * revisit: back to a head shown before (the explorer's initial head), every view final.
 
 Targets (issue 25): revisit <= 0.3 forwards; first visit <= 8 forwards, all but the exact
-table <= 1 forward. ``--profile`` prints where the first visit spends its time (cProfile of
-this thread and the views' worker threads, cumulative).
+table <= 1 forward. ``--profile`` prints where the first visit and the revisit spend their time
+(cProfile of this thread and the views' worker threads, cumulative).
 """
 
 from __future__ import annotations
@@ -50,10 +50,6 @@ from peaks import best_seconds  # noqa: E402
 SHAPES = {**bench_build.SHAPES, "gpt2-small": lambda: transformers.GPT2Config(vocab_size=49152)}
 """``bench_build``'s shapes, GPT-2 small with a vocabulary the explorer accepts with the shipped
 1024-token tokenizer (a multiple of 64)."""
-MODEL_LEVEL = {"token_gram", "eigenvalues", "composition_scores"}
-"""Cache entries that depend on the model only (kept for a first visit)."""
-
-
 def click(explorer, layer: int, head: int) -> dict:
     """Select ``(layer, head)`` and apply the views' results until every view is final; returns
     seconds until every view but the skip-trigram table is final ("others") and until all are."""
@@ -121,9 +117,9 @@ def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
     cfg = model.cfg
     target = (cfg.n_layers // 2, cfg.n_heads // 2 + 1)  # not the initial head, a layer with writers before it
     # the target's per-head and per-pair entries (those of heads shown before stay, for the revisit)
-    cache.discard(model, lambda key: key[0] not in MODEL_LEVEL and (target in key or key[1:3] == target))
+    cache.discard(model, lambda key: target in key or key[1:3] == target)
     first = profiled(lambda: click(explorer, *target)) if profile else click(explorer, *target)
-    revisit = click(explorer, *start)
+    revisit = profiled(lambda: click(explorer, *start)) if profile else click(explorer, *start)
     return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", d_model=cfg.d_model, vocab=cfg.d_vocab,
                 n=ids.shape[1], forward=forward, shown=shown, complete=complete, first=first, revisit=revisit,
                 cached=cache.stored_bytes(model))

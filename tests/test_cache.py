@@ -106,18 +106,24 @@ def test_the_byte_budget_holds_and_the_least_recently_used_entry_goes_first(budg
     model = paper_model(n_layers=2, n_heads=3, d_vocab=200)
     one_head = cache.nbytes(centred_factors(model, 0, 0)) + cache.ENTRY_OVERHEAD
     cache.clear(model)
-    budget(2 * one_head)
+    eigenvalues(model, "OV")  # model-level (with its token Grams): the oldest entries, yet the factors go first
+    model_level, spectra = cache.keys(model), cache.stored_bytes(model)
+    assert ("eigenvalues", "OV", None, True) in model_level
+    budget(2 * one_head + spectra)
     for head in range(3):
         centred_factors(model, 0, head)
         assert cache.stored_bytes(model) <= cache.budget()
-    assert cache.keys(model) == [("centred_factors", 0, 1), ("centred_factors", 0, 2)]
+    assert cache.keys(model) == [*model_level, ("centred_factors", 0, 1), ("centred_factors", 0, 2)]
     centred_factors(model, 0, 1)  # used again: now the newest
     centred_factors(model, 1, 0)
-    assert cache.keys(model) == [("centred_factors", 0, 1), ("centred_factors", 1, 0)]
-    budget(one_head - 1)  # smaller than one entry: evicted at once, and nothing new is kept
-    assert cache.keys(model) == [] and cache.stored_bytes(model) == 0
+    assert cache.keys(model) == [*model_level, ("centred_factors", 0, 1), ("centred_factors", 1, 0)]
+    assert cache.stored_bytes(model) == 2 * one_head + spectra
+    budget(one_head - 1)  # smaller than a head's entry: those go at once, and no new one is kept
+    assert cache.keys(model) == model_level and cache.stored_bytes(model) == spectra
     q, k, v, u = centred_factors(model, 1, 1)
-    assert cache.keys(model) == []
+    assert cache.keys(model) == model_level
+    budget(0)
+    assert cache.keys(model) == [] and cache.stored_bytes(model) == 0
     W_E = embedding(model, 1, torch.float64)  # the result is still right when not kept
     torch.testing.assert_close(v.double(), W_E @ model.W_V[1, 1], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="non-negative int of bytes"):
@@ -137,3 +143,14 @@ def test_two_models_never_share_entries_and_a_dropped_model_takes_its_entries():
     gc.collect()
     assert gone() is None  # the cache holds no reference that keeps a model alive
     assert eigenvalues(b, "OV") is eb
+
+
+def test_large_factors_go_before_the_small_results_computed_from_them(budget):
+    model = paper_model(n_layers=2, n_heads=3, d_vocab=200)
+    copied_tokens(model, 0, 0, 3)  # the head's factors, then its OV diagonal
+    assert cache.keys(model) == [("centred_factors", 0, 0), ("ov_diagonal", 0, 0)]
+    one_head = cache.nbytes(centred_factors(model, 0, 0)) + cache.ENTRY_OVERHEAD
+    budget(cache.stored_bytes(model) + one_head)  # room for one more head's factors
+    centred_factors(model, 0, 1)
+    centred_factors(model, 0, 2)
+    assert cache.keys(model) == [("ov_diagonal", 0, 0), ("centred_factors", 0, 1), ("centred_factors", 0, 2)]

@@ -15,10 +15,11 @@ head, or a second view of the same head, gets the stored result.
   ``model.W_E = new`` invalidates. Writes that bypass the version counter (through ``.data``,
   a numpy view, a ``torch.from_numpy`` buffer) are not seen: after those, call ``clear(model)``.
 * **Bounded memory**: at most ``budget()`` bytes of tensors per model (default
-  ``BUDGET_BYTES``, 512 MiB, ``set_budget`` changes it), least recently used entries evicted
-  first; a result larger than the budget is returned and not kept. At GPT-2-small shapes
+  ``BUDGET_BYTES``, 512 MiB, ``set_budget`` changes it), evicted by tier (``FACTORS``, then
+  ``RESULT``, then ``MODEL``) and least recently used first within one; a result larger than the
+  budget is returned and not kept. At GPT-2-small shapes
   (d_vocab 50257, d_head 64) a head's centred factors take 51 MB, so about nine heads' factors
-  stay next to the model-level results (token Grams 2.4-4.7 MB each, spectra and score
+  stay next to the model-level results (token Grams 2.4 MB each in float32, spectra and score
   tables under 1 MB) and every head's OV diagonal (0.2 MB each).
 * **Computed once under threads**: views compute on worker threads; a second request for a
   key being computed waits for the first instead of repeating it.
@@ -37,6 +38,10 @@ import torch
 
 BUDGET_BYTES = 512 << 20
 """Default bytes of cached tensors kept per model."""
+FACTORS, RESULT, MODEL = 0, 1, 2
+"""Eviction tiers, first evicted first: per-head inputs that are large and quick to recompute
+(centred factors, 51 MB a head at GPT-2 shapes), per-head and per-pair results (a diagonal, a
+detail: kilobytes), and results every head shares (token Grams, all spectra, score tables)."""
 ENTRY_OVERHEAD = 1024
 """Bytes each entry is charged beyond its tensors (its key and Python objects), so that many
 small results are bounded too."""
@@ -91,7 +96,7 @@ class _Store:
     def __init__(self, stamp: tuple):
         self.lock = threading.Lock()
         self.stamp = stamp
-        self.entries: OrderedDict = OrderedDict()  # key -> (value, bytes)
+        self.entries: OrderedDict = OrderedDict()  # key -> (value, bytes, tier)
         self.bytes = 0
         self.computing: dict = {}  # key -> Event of the thread computing it
 
@@ -101,18 +106,23 @@ class _Store:
         self.bytes = 0
 
     def evict(self) -> None:
-        while self.bytes > _budget and self.entries:
-            _, (_, size) = self.entries.popitem(last=False)
-            self.bytes -= size
+        """Tier by tier (``FACTORS`` first), least recently used first within a tier."""
+        if self.bytes <= _budget:
+            return
+        for tier in (FACTORS, RESULT, MODEL):
+            for key in [key for key, entry in self.entries.items() if entry[2] == tier]:
+                if self.bytes <= _budget:
+                    return
+                self.bytes -= self.entries.pop(key)[1]
 
-    def put(self, key, value) -> None:
+    def put(self, key, value, tier: int) -> None:
         size = nbytes(value) + ENTRY_OVERHEAD
         if size > _budget:
             return
         old = self.entries.pop(key, None)
         if old is not None:
             self.bytes -= old[1]
-        self.entries[key] = (value, size)
+        self.entries[key] = (value, size, tier)
         self.bytes += size
         self.evict()
 
@@ -131,10 +141,12 @@ def _store(model) -> _Store:
     return store
 
 
-def cached(model, key: tuple, compute):
+def cached(model, key: tuple, compute, tier: int = RESULT):
     """``compute()``'s result for ``model`` under ``key`` (a hashable tuple naming the function
     and its arguments): stored the first time, returned from the store after that while the
-    model's weights are unchanged (module docstring)."""
+    model's weights are unchanged (module docstring). ``tier`` (``FACTORS``, ``RESULT``, ``MODEL``)
+    orders eviction, so that visiting many heads never pushes out what every head shares, nor
+    their small results to make room for large factors."""
     store = _store(model)
     while True:
         with store.lock:
@@ -151,7 +163,7 @@ def cached(model, key: tuple, compute):
         value = compute()
         with store.lock:
             if store.stamp == stamp == _stamp(model):  # not a result of weights edited meanwhile
-                store.put(key, value)
+                store.put(key, value, tier)
         return value
     finally:
         with store.lock:

@@ -55,7 +55,7 @@ import torch
 
 from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of_product, linalg_dtype
 from ..models.folding import center_reading_weights, center_writing_weights
-from .cache import cached
+from .cache import MODEL, cached
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 from .finite import NonFiniteError, non_finite_error, require_finite
@@ -426,7 +426,7 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     _check(kind, norm)
     offsets = _check_offsets(model, kind, offsets)
     key = ("composition_scores", kind, norm, None if offsets is None else tuple(offsets))
-    scores = cached(model, key, lambda: _composition_scores(model, kind, norm, offsets))
+    scores = cached(model, key, lambda: _composition_scores(model, kind, norm, offsets), tier=MODEL)
     if baseline:
         scores = scores - composition_baseline(model, norm)
     return scores

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from ..factored import eigvals, gram
-from .cache import cached
+from .cache import MODEL, cached
 from .circuits import embedding, embedding_is_normalized
 from .finite import non_finite_error
 from .rotary import offset_window, reduce_offsets, rotations
@@ -60,16 +60,17 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     symmetric, so only its upper block triangle is multiplied. ``layer``: ``W_E`` as that
     layer's heads read it (``circuits.embedding``); None: the raw ``W_E``. The vocab-sized
     contraction runs in float32 (float64 weights: float64); see the module docstring for its error.
-    Computed once per model (``cache``; 2.4 MB in float32 at GPT-2 shapes): do not modify it in place.
+    Computed once per model in the working dtype (``cache``; 2.4 MB in float32 at GPT-2 shapes)
+    and cast to ``dtype``: do not modify it in place.
     """
     _check_kind(kind)
 
     def compute():
         work = _compute_dtype(model)
         W_E = model.W_E.to(work) if layer is None else embedding(model, layer, work)
-        return (model.W_U.to(work) @ W_E if kind == "OV" else gram(W_E)).to(dtype)
+        return model.W_U.to(work) @ W_E if kind == "OV" else gram(W_E)
 
-    return cached(model, ("token_gram", kind, layer, dtype), compute)
+    return cached(model, ("token_gram", kind, layer), compute, tier=MODEL).to(dtype)
 
 
 def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
@@ -86,7 +87,7 @@ def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
         raise ValueError("offset only applies to the QK circuit: the OV circuit does not depend on position")
     window = hasattr(offset, "__iter__") or offset is None
     key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window)
-    return cached(model, key, lambda: _eigenvalues(model, kind, offsets, window))
+    return cached(model, key, lambda: _eigenvalues(model, kind, offsets, window), tier=MODEL)
 
 
 def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> torch.Tensor:

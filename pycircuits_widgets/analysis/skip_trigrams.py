@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from ..screen import ProductScreen
-from .cache import cached
+from .cache import FACTORS, cached
 from .circuits import check_head, check_index, embedding, model_name
 from .finite import NonFiniteError, non_finite_error
 from .rotary import check_reduce, offset_window, rotations
@@ -103,7 +103,8 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     """
     if vocab is None:
         layer, head = check_head(model, (layer, head))
-        return cached(model, ("centred_factors", layer, head), lambda: _centred_factors(model, layer, head, None))
+        return cached(model, ("centred_factors", layer, head), lambda: _centred_factors(model, layer, head, None),
+                      tier=FACTORS)
     return _centred_factors(model, layer, head, vocab)
 
 

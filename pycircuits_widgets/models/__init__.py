@@ -85,9 +85,8 @@ def weight_view_hint(value) -> str:
     of one, instead of a weight view: how to read it (``pcw.from_hf``, ``pcw.from_transformer_lens``);
     "" for anything else."""
     if isinstance(value, str):
-        return (f". For a Hugging Face model ({value!r} as a hub name or a local folder) read it through "
-                f"pcw.from_hf: pcw.from_hf(transformers.AutoModelForCausalLM.from_pretrained({value!r}), "
-                f"transformers.AutoTokenizer.from_pretrained({value!r}))")
+        return (f". For a Hugging Face model ({value!r} as a hub name or a local folder) use "
+                f"pcw.from_hf({value!r}): it loads the model and its tokenizer with transformers and reads them")
     if isinstance(value, torch.nn.Module) and hasattr(value, "config"):
         return (f". {type(value).__name__} is a Hugging Face model: read it through pcw.from_hf(model, tokenizer) "
                 "(the tokenizer: transformers.AutoTokenizer.from_pretrained of the same name)")
