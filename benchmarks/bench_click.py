@@ -40,12 +40,11 @@ import time
 import torch
 
 import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-from bench_build import KernelLoop, text_of, tokenizer, until_shown  # noqa: E402
+from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
 import transformers  # noqa: E402
 from pycircuits_widgets.analysis import cache  # noqa: E402
-from peaks import best_seconds  # noqa: E402
 
 SHAPES = {**bench_build.SHAPES, "gpt2-small": lambda: transformers.GPT2Config(vocab_size=49152)}
 """``bench_build``'s shapes, GPT-2 small with a vocabulary the explorer accepts with the shipped
@@ -100,13 +99,7 @@ def profiled(fn):
 
 
 def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(SHAPES[shape](), attn_implementation="eager").eval()
-    model = pcw.from_hf(hf, tok)
-    text = text_of(tok, n_tokens)
-    ids = model.to_tokens(text).reshape(1, -1)
-    with torch.no_grad():
-        forward = best_seconds(lambda: hf(ids, output_attentions=True), 3)
+    model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
     t0 = time.perf_counter()
     explorer = pcw.CircuitExplorer(model, text)
     until_shown(explorer)
