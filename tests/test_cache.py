@@ -97,7 +97,8 @@ def test_a_weight_edit_in_place_or_a_new_weight_invalidates():
     torch.testing.assert_close(values2.double(), new_values, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(values2, values)
     assert token_gram(model, "OV") is not gram_before  # every entry went, not only the edited head's
-    model.W_U = model.W_U * 2.0  # a new tensor in place of the old one
+    old_W_U = model.W_U
+    model.W_U = old_W_U * 2.0  # a new tensor in place of the old one (which stays alive)
     torch.testing.assert_close(token_gram(model, "OV"), 2.0 * gram_before, rtol=1e-12, atol=1e-12)
     check_ov_spectra(model, eigenvalues(model, "OV"))
 

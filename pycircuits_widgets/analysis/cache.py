@@ -82,12 +82,23 @@ def nbytes(value) -> int:
     return 0
 
 
+def _tensors(model) -> list:
+    """``(name, tensor)`` of every tensor attribute of ``model`` (its weights), by name."""
+    return sorted(((name, t) for name, t in vars(model).items() if isinstance(t, torch.Tensor)), key=lambda x: x[0])
+
+
 def _stamp(model) -> tuple:
-    """What the entries of ``model`` were computed from: the config object and, per weight (every
-    tensor attribute), the tensor and its in-place version counter. Weak references compare by
-    identity once the tensor is gone, and hold nothing alive. Cheap: no weight is read."""
-    tensors = sorted((name, t) for name, t in vars(model).items() if isinstance(t, torch.Tensor))
-    return (weakref.ref(model.cfg), *((name, weakref.ref(t), t._version) for name, t in tensors))
+    """What the entries of ``model`` were computed from: weak references to the config and to every
+    weight tensor, and each tensor's in-place version counter. Holds nothing alive."""
+    return (weakref.ref(model.cfg), *((name, weakref.ref(t), t._version) for name, t in _tensors(model)))
+
+
+def _matches(stamp: tuple, model) -> bool:
+    """Whether ``model`` still has the config, the tensors and the versions ``stamp`` recorded.
+    Compares by identity (a dead reference matches nothing), never tensor values: cheap."""
+    tensors = _tensors(model)
+    return (stamp[0]() is model.cfg and len(stamp) == 1 + len(tensors)
+            and all(n == name and ref() is t and v == t._version for (n, ref, v), (name, t) in zip(stamp[1:], tensors)))
 
 
 class _Store:
@@ -129,15 +140,14 @@ class _Store:
 
 def _store(model) -> _Store:
     """``model``'s store, emptied first if its weights changed since its entries were computed."""
-    stamp = _stamp(model)
     with _models_lock:
         store = _models.get(model)
         if store is None:
-            store = _models[model] = _Store(stamp)
+            store = _models[model] = _Store(_stamp(model))
             return store
     with store.lock:
-        if store.stamp != stamp:
-            store.reset(stamp)
+        if not _matches(store.stamp, model):
+            store.reset(_stamp(model))
     return store
 
 
@@ -162,7 +172,7 @@ def cached(model, key: tuple, compute, tier: int = RESULT):
     try:
         value = compute()
         with store.lock:
-            if store.stamp == stamp == _stamp(model):  # not a result of weights edited meanwhile
+            if store.stamp is stamp and _matches(stamp, model):  # not a result of weights edited meanwhile
                 store.put(key, value, tier)
         return value
     finally:
