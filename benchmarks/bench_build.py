@@ -101,9 +101,9 @@ def text_of(tok, n_tokens: int) -> str:
 
 
 def model_and_forward(config, tok, n_tokens: int):
-    """``(model, text, ids, forward)``: a random-weight Hugging Face model of ``config`` read through
-    ``pcw.from_hf``, the text of ``n_tokens`` tokens and its ids ``[1, n]``, and the best of 3 seconds
-    of the model's eager forward with attentions."""
+    """``(hf, model, text, ids, forward)``: a random-weight Hugging Face model of ``config`` and its
+    weight view (``pcw.from_hf``), the text of ``n_tokens`` tokens and its ids ``[1, n]``, and the
+    best of 3 seconds of the model's eager forward with attentions."""
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model = pcw.from_hf(hf, tok)
@@ -112,11 +112,11 @@ def model_and_forward(config, tok, n_tokens: int):
     with torch.no_grad():
         hf(ids, output_attentions=True)  # warm-up (allocator, kernels)
         forward = best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False)
-    return model, text, ids, forward
+    return hf, model, text, ids, forward
 
 
 def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
-    model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
+    _, model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
     pcw.run(model, text)
     run = best_seconds(lambda: pcw.run(model, text), 3, warmup=False)
     profiler = cProfile.Profile() if profile else None
