@@ -60,8 +60,8 @@ def test_hits_return_the_stored_result_which_equals_a_fresh_computation():
     ]
     first = [call() for call in calls]
     again = [call() for call in calls]
-    for a, b in zip(first[:-1], again[:-1]):
-        assert a is b  # served from the store, not recomputed
+    for a, b in zip(first[:-1], again[:-1]):  # served from the store, not recomputed
+        assert all(x is y for x, y in zip(a, b)) if isinstance(a, tuple) else a is b
     cache.clear(model)
     fresh = [call() for call in calls]
     for a, b in zip(first, fresh):
@@ -103,9 +103,14 @@ def test_a_weight_edit_in_place_or_a_new_weight_invalidates():
     check_ov_spectra(model, eigenvalues(model, "OV"))
 
 
+def factor_keys(layer: int, head: int) -> list[tuple]:
+    """Cache keys of one head's centred factors, in the order they are computed."""
+    return [("ov_factors", layer, head), ("qk_factors", layer, head)]
+
+
 def test_the_byte_budget_holds_and_the_least_recently_used_entry_goes_first(budget):
     model = paper_model(n_layers=2, n_heads=3, d_vocab=200)
-    one_head = cache.nbytes(centred_factors(model, 0, 0)) + cache.ENTRY_OVERHEAD
+    one_head = cache.nbytes(centred_factors(model, 0, 0)) + 2 * cache.ENTRY_OVERHEAD  # its QK and OV factors
     cache.clear(model)
     eigenvalues(model, "OV")  # model-level (with its token Grams): the oldest entries, yet the factors go first
     model_level, spectra = cache.keys(model), cache.stored_bytes(model)
@@ -114,10 +119,10 @@ def test_the_byte_budget_holds_and_the_least_recently_used_entry_goes_first(budg
     for head in range(3):
         centred_factors(model, 0, head)
         assert cache.stored_bytes(model) <= cache.budget()
-    assert cache.keys(model) == [*model_level, ("centred_factors", 0, 1), ("centred_factors", 0, 2)]
+    assert cache.keys(model) == [*model_level, *factor_keys(0, 1), *factor_keys(0, 2)]
     centred_factors(model, 0, 1)  # used again: now the newest
     centred_factors(model, 1, 0)
-    assert cache.keys(model) == [*model_level, ("centred_factors", 0, 1), ("centred_factors", 1, 0)]
+    assert cache.keys(model) == [*model_level, *factor_keys(0, 1), *factor_keys(1, 0)]
     assert cache.stored_bytes(model) == 2 * one_head + spectra
     budget(one_head - 1)  # smaller than a head's entry: those go at once, and no new one is kept
     assert cache.keys(model) == model_level and cache.stored_bytes(model) == spectra
@@ -148,10 +153,12 @@ def test_two_models_never_share_entries_and_a_dropped_model_takes_its_entries():
 
 def test_large_factors_go_before_the_small_results_computed_from_them(budget):
     model = paper_model(n_layers=2, n_heads=3, d_vocab=200)
-    copied_tokens(model, 0, 0, 3)  # the head's factors, then its OV diagonal
-    assert cache.keys(model) == [("centred_factors", 0, 0), ("ov_diagonal", 0, 0)]
-    one_head = cache.nbytes(centred_factors(model, 0, 0)) + cache.ENTRY_OVERHEAD
-    budget(cache.stored_bytes(model) + one_head)  # room for one more head's factors
+    copied_tokens(model, 0, 0, 3)  # the head's OV factors, then its OV diagonal
+    assert cache.keys(model) == [("ov_factors", 0, 0), ("ov_diagonal", 0, 0)]
+    centred_factors(model, 0, 0)  # adds the QK factors
+    one_head = cache.nbytes(centred_factors(model, 0, 0)) + 2 * cache.ENTRY_OVERHEAD
+    budget(cache.stored_bytes(model))  # room for one head's factors next to the diagonal
     centred_factors(model, 0, 1)
     centred_factors(model, 0, 2)
-    assert cache.keys(model) == [("ov_diagonal", 0, 0), ("centred_factors", 0, 1), ("centred_factors", 0, 2)]
+    assert cache.keys(model) == [("ov_diagonal", 0, 0), *factor_keys(0, 2)]
+    assert cache.stored_bytes(model) <= cache.budget() < cache.stored_bytes(model) + one_head

@@ -101,30 +101,48 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
     and the centring means run over it. The whole vocabulary's factors are kept per model and head
     (``cache``; 51 MB a head at GPT-2 shapes): do not modify them in place.
     """
-    if vocab is None:
-        layer, head = check_head(model, (layer, head))
-        return cached(model, ("centred_factors", layer, head), lambda: _centred_factors(model, layer, head, None),
-                      tier=FACTORS)
-    return _centred_factors(model, layer, head, vocab)
-
-
-def _centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
-    """``centred_factors`` (uncached)."""
-    W_E, W_U = embedding(model, layer, torch.float32), model.W_U.float()  # per-token scale where exact
     if vocab is not None:
-        W_E, W_U = W_E[vocab], W_U[:, vocab]
-    reads = [model.W_Q[layer, head], model.W_K[layer, head], model.W_V[layer, head]]
-    # one GEMM for the three reads (a wider product runs faster than three thin ones)
-    q, k, v = (W_E @ torch.cat(reads, 1).float()).split([w.shape[-1] for w in reads], 1)
-    q, v = q.contiguous(), v.contiguous()
-    k = k - k.mean(0, keepdim=True)
+        return (*_qk_factors(model, layer, head, vocab), *_ov_factors(model, layer, head, vocab))
+    layer, head = check_head(model, (layer, head))
+    ov = _kept_ov_factors(model, layer, head)  # first: what copied_tokens, on another thread, waits for
+    qk = cached(model, ("qk_factors", layer, head), lambda: _qk_factors(model, layer, head, None), tier=FACTORS)
+    return (*qk, *ov)
+
+
+def _kept_ov_factors(model, layer: int, head: int):
+    """``(v, u)`` of the whole vocabulary, kept per model and head (``cache``)."""
+    layer, head = check_head(model, (layer, head))
+    return cached(model, ("ov_factors", layer, head), lambda: _ov_factors(model, layer, head, None), tier=FACTORS)
+
+
+def _read_embedding(model, layer: int, vocab: torch.Tensor | None) -> torch.Tensor:
+    W_E = embedding(model, layer, torch.float32)  # per-token scale where exact
+    return W_E if vocab is None else W_E[vocab]
+
+
+def _qk_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
+    """``(q, k)`` of the centred QK circuit (``centred_factors``)."""
+    reads = [model.W_Q[layer, head], model.W_K[layer, head]]
+    # one GEMM for both reads (a wider product runs faster than two thin ones)
+    q, k = (_read_embedding(model, layer, vocab) @ torch.cat(reads, 1).float()).split([w.shape[-1] for w in reads], 1)
+    return _finite(model, layer, head, q.contiguous(), k - k.mean(0, keepdim=True))
+
+
+def _ov_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
+    """``(v, u)`` of the centred OV circuit (``centred_factors``)."""
+    W_U = model.W_U.float() if vocab is None else model.W_U.float()[:, vocab]
+    v = _read_embedding(model, layer, vocab) @ model.W_V[layer, head].float()
     u = model.W_O[layer, head].float() @ W_U
-    u = u - u.mean(1, keepdim=True)
+    return _finite(model, layer, head, v, u - u.mean(1, keepdim=True))
+
+
+def _finite(model, layer: int, head: int, *factors: torch.Tensor) -> tuple:
+    """``factors``, refused if any entry is not finite."""
     # min and max propagate NaN and show +-inf: one cheap pass instead of a bool tensor per factor
-    if not bool(torch.isfinite(torch.stack([torch.stack(torch.aminmax(f)) for f in (q, k, v, u)])).all()):
+    if not bool(torch.isfinite(torch.stack([torch.stack(torch.aminmax(f)) for f in factors])).all()):
         # NaN compares false everywhere: the top-k would silently come back empty
-        raise non_finite_error(f"the circuits of L{layer}.H{head}", model, WEIGHTS, q.dtype)
-    return q, k, v, u
+        raise non_finite_error(f"the circuits of L{layer}.H{head}", model, WEIGHTS, factors[0].dtype)
+    return factors
 
 
 class _TopTriples:
@@ -385,7 +403,7 @@ def copied_tokens(model, layer: int, head: int, n: int):
 
     def diagonal():
         with torch.no_grad():
-            _, _, v, u = centred_factors(model, layer, head)
+            v, u = _kept_ov_factors(model, layer, head)
             return (v * u.mT).sum(1)
 
     values, ids = torch.topk(cached(model, ("ov_diagonal", layer, head), diagonal), n)
