@@ -100,15 +100,23 @@ def text_of(tok, n_tokens: int) -> str:
     return tok.decode(ids)
 
 
-def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
+def model_and_forward(config, tok, n_tokens: int):
+    """``(hf, model, text, ids, forward)``: a random-weight Hugging Face model of ``config`` and its
+    weight view (``pcw.from_hf``), the text of ``n_tokens`` tokens and its ids ``[1, n]``, and the
+    best of 3 seconds of the model's eager forward with attentions."""
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(SHAPES[shape](), attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     model = pcw.from_hf(hf, tok)
     text = text_of(tok, n_tokens)
     ids = model.to_tokens(text).reshape(1, -1)
     with torch.no_grad():
         hf(ids, output_attentions=True)  # warm-up (allocator, kernels)
         forward = best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False)
+    return hf, model, text, ids, forward
+
+
+def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
+    _, model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
     pcw.run(model, text)
     run = best_seconds(lambda: pcw.run(model, text), 3, warmup=False)
     profiler = cProfile.Profile() if profile else None

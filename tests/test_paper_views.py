@@ -171,3 +171,15 @@ def test_bigram_table_embeds_every_row_for_small_vocabularies_and_computes_other
     small = pcw.BigramTable(m0, k=4, active=False)
     small.set_state({"token": 5})
     assert small.wait(10) and small.active and small.complete and small.row_tokens() == list(range(m0.cfg.d_vocab))
+
+
+def test_the_readme_paper_views_example_runs_as_written():
+    """The README's "Path expansion ..." block is self-contained: it defines what it uses."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Path expansion, the induction mechanism, positions\n", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(block, "README.md (paper views example)", "exec"), namespace)
+    assert isinstance(namespace["model"], pcw.models.CircuitModel)

@@ -53,3 +53,19 @@ def test_circuit_views_say_which_embedding_they_read(show):
     notes = view.page.get_by_test_id("embedding-note")
     view.wait_until(lambda: notes.count() == 2, what="two embedding notes")
     assert notes.all_inner_texts() == [embedding_note(m1), embedding_note(m2)]
+
+
+def test_a_raw_hugging_face_model_or_a_hub_name_points_to_from_hf():
+    import transformers  # a test dependency (tests/test_adapters_hf.py)
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8, bos_token_id=0,
+                                  eos_token_id=0)
+    hf = transformers.GPT2LMHeadModel(cfg)
+    with pytest.raises(TypeError, match=r"weight view .*GPT2LMHeadModel is a Hugging Face model: read it through "
+                                        r"pcw\.from_hf\(model, tokenizer\)"):
+        pcw.EigenvaluePlot(hf)
+    with pytest.raises(TypeError, match=r"got str without .*use pcw\.from_hf\('gpt2'\)"):
+        pcw.CircuitExplorer("gpt2", "some text")
+    with pytest.raises(ValueError, match=r"unknown pretrained model 'gpt2'; valid names: .*use pcw\.from_hf\('gpt2'\)"):
+        pcw.load_pretrained("gpt2")
+    with pytest.raises(TypeError, match=r"takes the name of a shipped model .*got GPT2LMHeadModel.*pcw\.from_hf"):
+        pcw.load_pretrained(hf)

@@ -55,6 +55,7 @@ import torch
 
 from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of_product, linalg_dtype
 from ..models.folding import center_reading_weights, center_writing_weights
+from .cache import MODEL, cached
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 from .finite import NonFiniteError, non_finite_error, require_finite
@@ -420,10 +421,20 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     ``offsets`` (e.g. ``range(0, 33)``) and return ``[n_offsets, L, H, L, H]``; without it they are
     refused, never silently taken at offset 0. Entries with ``l1 >= l2`` are NaN. Computed in the
     weights' dtype (16-bit weights: in float32, returned as float32); float32 precision of the
-    correct score: see ``_correct_scores``.
+    correct score: see ``_correct_scores``. The table without baseline is computed once per model
+    (``cache``).
     """
     _check(kind, norm)
     offsets = _check_offsets(model, kind, offsets)
+    key = ("composition_scores", kind, norm, None if offsets is None else tuple(offsets))
+    scores = cached(model, key, lambda: _composition_scores(model, kind, norm, offsets), tier=MODEL)
+    if baseline:
+        scores = scores - composition_baseline(model, norm)
+    return scores
+
+
+def _composition_scores(model, kind: str, norm: str, offsets: list[int] | None) -> torch.Tensor:
+    """``composition_scores`` without baseline at the validated ``offsets``."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
 
     def at(offset):
@@ -438,8 +449,6 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
         scores = at(None) if offsets is None else torch.stack([at(o) for o in offsets])
     except NonFiniteError as err:
         raise non_finite_error(what, model, WEIGHTS, linalg_dtype(model.W_Q.dtype)) from err
-    if baseline:
-        scores = scores - composition_baseline(model, norm)
     return scores
 
 
@@ -493,15 +502,25 @@ def composition_detail(model, kind: str, h1: Head, h2: Head, offset=None) -> Com
 
     Rotary Q/K-composition is read at ``offset``: an int, or a window of offsets (default
     ``rotary.DEFAULT_OFFSETS``), in which case the detail is at the window's offset with the largest
-    score and ``scores_by_offset`` holds every offset's score (``CompositionDetail``)."""
+    score and ``scores_by_offset`` holds every offset's score (``CompositionDetail``). Computed once
+    per model and pair (``cache``)."""
     _check(kind, "correct")
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
-    offsets, by_offset = None, None
+    offsets = None
     if kind == "V" or model.cfg.positional != "rotary":
         _check_offsets(model, kind, None if offset is None else _as_list(offset))
-        best = None
     else:
         offsets = offset_window(model, offset, f"{kind}-composition")
+    return cached(model, ("composition_detail", kind, (l1, i1), (l2, i2), None if offsets is None else tuple(offsets)),
+                  lambda: _composition_detail(model, kind, (l1, i1), (l2, i2), offsets))
+
+
+def _composition_detail(model, kind: str, h1: Head, h2: Head, offsets: list[int] | None) -> CompositionDetail:
+    """``composition_detail`` of the checked pair ``h1 -> h2`` over the validated ``offsets`` (None: the
+    composition has no offset)."""
+    (l1, i1), (l2, i2) = h1, h2
+    by_offset, best = None, None
+    if offsets is not None:
         by_offset = torch.tensor([float(_pair_scores(*_pair_factors(model, kind, l1, i1, l2, i2, o), "correct"))
                                   for o in offsets], dtype=torch.float64)
         best = offsets[int(by_offset.nan_to_num(float("-inf")).argmax())]

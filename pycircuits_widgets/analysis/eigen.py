@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from ..factored import eigvals, gram
+from .cache import MODEL, cached
 from .circuits import embedding, embedding_is_normalized
 from .finite import non_finite_error
 from .rotary import offset_window, reduce_offsets, rotations
@@ -60,15 +61,21 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     layer's heads read it (``circuits.embedding``); None: the raw ``W_E``. The vocab-sized
     contraction runs in float32 (float64 weights: float64); see the module docstring for its error.
     It runs over ``model.vocab_blocks()``, summed: one block for a ``CircuitModel``; a checkpoint view
-    reads ``VOCAB_BLOCK`` tokens of ``W_E``/``W_U`` at a time, never the whole embeddings.
+    reads ``VOCAB_BLOCK`` tokens of ``W_E``/``W_U`` at a time, never the whole embeddings. Computed
+    once per model in the working dtype (``cache``; 2.4 MB in float32 at GPT-2 shapes) and cast to
+    ``dtype``: do not modify it in place.
     """
-    work, G = _compute_dtype(model), None
     _check_kind(kind)
-    for rows in model.vocab_blocks():
-        W_E = model.token_rows("W_E", rows).to(work) if layer is None else embedding(model, layer, work, rows)
-        part = model.token_rows("W_U", rows).to(work) @ W_E if kind == "OV" else gram(W_E)
-        G = part if G is None else G.add_(part)
-    return G.to(dtype)
+
+    def compute():
+        work, G = _compute_dtype(model), None
+        for rows in model.vocab_blocks():
+            W_E = model.token_rows("W_E", rows).to(work) if layer is None else embedding(model, layer, work, rows)
+            part = model.token_rows("W_U", rows).to(work) @ W_E if kind == "OV" else gram(W_E)
+            G = part if G is None else G.add_(part)
+        return G
+
+    return cached(model, ("token_gram", kind, layer), compute, tier=MODEL).to(dtype)
 
 
 def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
@@ -78,10 +85,18 @@ def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
     ``W_U W_OV W_E`` and ``W_E^T W_QK W_E``). The remaining ``d_vocab - d_head`` eigenvalues are 0.
     Rotary QK: at query - key ``offset``, ``W_E W_Q R(offset) W_K^T W_E^T``; an int gives
     ``[L, H, d_head]``, a window (default ``rotary.DEFAULT_OFFSETS``) ``[n_offsets, L, H, d_head]``.
+    Computed once per model and window (``cache``): do not modify the result in place.
     """
     offsets = offset_window(model, offset, "the QK spectrum") if _check_kind(kind) == "QK" else None
     if kind == "OV" and offset is not None:
         raise ValueError("offset only applies to the QK circuit: the OV circuit does not depend on position")
+    window = hasattr(offset, "__iter__") or offset is None
+    key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window)
+    return cached(model, key, lambda: _eigenvalues(model, kind, offsets, window), tier=MODEL)
+
+
+def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> torch.Tensor:
+    """``eigenvalues`` at the validated ``offsets`` (``window``: keep the offset dimension)."""
     small = _head_circuits(model, kind, _compute_dtype(model))
     if not bool(torch.isfinite(small).all()):
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
@@ -91,7 +106,7 @@ def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
         return eigvals(small.double())
     R = rotations(model.cfg, offsets, device=small.device, layer=None)[:, :, None]  # [n, L, 1, d_head, d_head]
     eigs = eigvals(small.double()[None] @ R)
-    return eigs if hasattr(offset, "__iter__") or offset is None else eigs[0]
+    return eigs if window else eigs[0]
 
 
 def _head_circuits(model, kind: str, work: torch.dtype) -> torch.Tensor:

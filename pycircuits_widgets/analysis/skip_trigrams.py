@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from ..screen import ProductScreen
+from .cache import FACTORS, cached
 from .circuits import check_head, check_index, embedding, model_name
 from .finite import NonFiniteError, non_finite_error
 from .rotary import check_reduce, offset_window, rotations
@@ -97,23 +98,51 @@ def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = N
 
     ``QKc = q @ k.T`` ``[dest, src]`` and ``OVc = v @ u`` ``[src, out]`` (see module docstring).
     ``vocab`` (token ids) restricts all three roles to a sub-vocabulary, ``V = len(vocab)``,
-    and the centring means run over it.
+    and the centring means run over it. The whole vocabulary's factors are kept per model and head
+    (``cache``; 51 MB a head at GPT-2 shapes): do not modify them in place.
     """
-    W_E, W_U = embedding(model, layer, torch.float32), model.W_U.float()  # per-token scale where exact
     if vocab is not None:
-        W_E, W_U = W_E[vocab], W_U[:, vocab]
-    reads = [model.W_Q[layer, head], model.W_K[layer, head], model.W_V[layer, head]]
-    # one GEMM for the three reads (a wider product runs faster than three thin ones)
-    q, k, v = (W_E @ torch.cat(reads, 1).float()).split([w.shape[-1] for w in reads], 1)
-    q, v = q.contiguous(), v.contiguous()
-    k = k - k.mean(0, keepdim=True)
+        return (*_qk_factors(model, layer, head, vocab), *_ov_factors(model, layer, head, vocab))
+    layer, head = check_head(model, (layer, head))
+    ov = _kept_ov_factors(model, layer, head)  # first: what copied_tokens, on another thread, waits for
+    qk = cached(model, ("qk_factors", layer, head), lambda: _qk_factors(model, layer, head, None), tier=FACTORS)
+    return (*qk, *ov)
+
+
+def _kept_ov_factors(model, layer: int, head: int):
+    """``(v, u)`` of the whole vocabulary, kept per model and head (``cache``)."""
+    layer, head = check_head(model, (layer, head))
+    return cached(model, ("ov_factors", layer, head), lambda: _ov_factors(model, layer, head, None), tier=FACTORS)
+
+
+def _read_embedding(model, layer: int, vocab: torch.Tensor | None) -> torch.Tensor:
+    W_E = embedding(model, layer, torch.float32)  # per-token scale where exact
+    return W_E if vocab is None else W_E[vocab]
+
+
+def _qk_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
+    """``(q, k)`` of the centred QK circuit (``centred_factors``)."""
+    reads = [model.W_Q[layer, head], model.W_K[layer, head]]
+    # one GEMM for both reads (a wider product runs faster than two thin ones)
+    q, k = (_read_embedding(model, layer, vocab) @ torch.cat(reads, 1).float()).split([w.shape[-1] for w in reads], 1)
+    return _finite(model, layer, head, q.contiguous(), k - k.mean(0, keepdim=True))
+
+
+def _ov_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
+    """``(v, u)`` of the centred OV circuit (``centred_factors``)."""
+    W_U = model.W_U.float() if vocab is None else model.W_U.float()[:, vocab]
+    v = _read_embedding(model, layer, vocab) @ model.W_V[layer, head].float()
     u = model.W_O[layer, head].float() @ W_U
-    u = u - u.mean(1, keepdim=True)
+    return _finite(model, layer, head, v, u - u.mean(1, keepdim=True))
+
+
+def _finite(model, layer: int, head: int, *factors: torch.Tensor) -> tuple:
+    """``factors``, refused if any entry is not finite."""
     # min and max propagate NaN and show +-inf: one cheap pass instead of a bool tensor per factor
-    if not bool(torch.isfinite(torch.stack([torch.stack(torch.aminmax(f)) for f in (q, k, v, u)])).all()):
+    if not bool(torch.isfinite(torch.stack([torch.stack(torch.aminmax(f)) for f in factors])).all()):
         # NaN compares false everywhere: the top-k would silently come back empty
-        raise non_finite_error(f"the circuits of L{layer}.H{head}", model, WEIGHTS, q.dtype)
-    return q, k, v, u
+        raise non_finite_error(f"the circuits of L{layer}.H{head}", model, WEIGHTS, factors[0].dtype)
+    return factors
 
 
 class _TopTriples:
@@ -366,11 +395,16 @@ def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, floor: float = 0.0
     return score, idx
 
 
-def copied_tokens(model, layer: int, head: int, n: int, factors=None):
+def copied_tokens(model, layer: int, head: int, n: int):
     """The ``n`` tokens whose own logit head ``(layer, head)`` raises most when attending to
     them: top of the diagonal of the centred full OV circuit, ``OVc[t, t] = v[t] . u[:, t]``.
-    Returns ``(ids [n], values [n])``."""
-    with torch.no_grad():
-        _, _, v, u = factors if factors is not None else centred_factors(model, layer, head)
-        values, ids = torch.topk((v * u.mT).sum(1), n)
+    Returns ``(ids [n], values [n])``. The diagonal ``[d_vocab]`` is kept per model and head (``cache``)."""
+    layer, head = check_head(model, (layer, head))
+
+    def diagonal():
+        with torch.no_grad():
+            v, u = _kept_ov_factors(model, layer, head)
+            return (v * u.mT).sum(1)
+
+    values, ids = torch.topk(cached(model, ("ov_diagonal", layer, head), diagonal), n)
     return ids, values

@@ -24,7 +24,8 @@ PRETRAINED = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
 
 __all__ = ["ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CheckpointModel", "CircuitModel",
            "ModelConfig", "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "from_hf",
-           "from_safetensors", "from_transformer_lens", "load_attn_only", "load_pretrained", "rotary_frequencies"]
+           "from_safetensors", "from_transformer_lens", "load_attn_only", "load_pretrained", "rotary_frequencies",
+           "weight_view_hint"]
 
 
 def from_attn_only(model: AttnOnlyTransformer, tokenizer: Tokenizer | None = None) -> CircuitModel:
@@ -67,10 +68,29 @@ def load_pretrained(name: str) -> CircuitModel:
     """One of the shipped models, ``"attn-only-0l"``, ``"attn-only-1l"``, ``"attn-only-2l"``, as a
     ``CircuitModel`` (float32; stored as float16). ``model.metadata`` holds the training record
     (corpus sha256, validation loss, training arguments)."""
+    if not isinstance(name, str):
+        raise TypeError(f"load_pretrained takes the name of a shipped model ({', '.join(PRETRAINED)}), "
+                        f"got {type(name).__name__}{weight_view_hint(name)}")
     if name not in PRETRAINED:
-        raise ValueError(f"unknown pretrained model {name!r}; valid names: {', '.join(PRETRAINED)}")
+        raise ValueError(f"unknown pretrained model {name!r}; valid names: {', '.join(PRETRAINED)}"
+                         f"{weight_view_hint(name)}")
     raw, meta, tok = load_attn_only(CHECKPOINT_DIR / f"{name}.safetensors", CHECKPOINT_DIR / f"{name}.json",
                                     CHECKPOINT_DIR / "tokenizer.json")
     model = from_attn_only(raw, tok)
     model.metadata = meta
     return model
+
+
+def weight_view_hint(value) -> str:
+    """The clause an error appends when ``value`` is a model in another library's form, or the name
+    of one, instead of a weight view: how to read it (``pcw.from_hf``, ``pcw.from_transformer_lens``);
+    "" for anything else."""
+    if isinstance(value, str):
+        return (f". For a Hugging Face model ({value!r} as a hub name or a local folder) use "
+                f"pcw.from_hf({value!r}): it loads the model and its tokenizer with transformers and reads them")
+    if isinstance(value, torch.nn.Module) and hasattr(value, "config"):
+        return (f". {type(value).__name__} is a Hugging Face model: read it through pcw.from_hf(model, tokenizer) "
+                "(the tokenizer: transformers.AutoTokenizer.from_pretrained of the same name)")
+    if isinstance(value, torch.nn.Module) and type(value).__module__.startswith("transformer_lens"):
+        return f". {type(value).__name__} is a TransformerLens model: read it through pcw.from_transformer_lens(model)"
+    return ""

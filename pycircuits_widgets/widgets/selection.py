@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 
 import traitlets
 
+from ..models import weight_view_hint
 from .base import check_range
 
 
@@ -121,10 +122,12 @@ class PositionSelection(Selection):
 def check_model(model, owner: str) -> None:
     """A clear error when ``model`` is not a weight view (``pcw.load_pretrained(...)`` etc.)."""
     missing = [a for a in ("cfg", "W_E", "W_Q", "W_K", "W_V", "W_O", "W_U") if not hasattr(model, a)]
-    if missing:
+    hint = weight_view_hint(model)
+    if missing or hint:
         raise TypeError(
-            f"{owner} needs a model with the weight view (e.g. pcw.load_pretrained('attn-only-2l')); "
-            f"got {type(model).__name__} without {', '.join(missing)}"
+            f"{owner} needs a model with the weight view (e.g. pcw.load_pretrained('attn-only-2l'), "
+            f"pcw.from_hf(hf_model, tokenizer)); got {type(model).__name__}"
+            f"{' without ' + ', '.join(missing) if missing else ''}{hint}"
         )
     if model.cfg.n_layers < 1:
         raise ValueError(f"{owner} needs a model with attention layers, got n_layers=0")

@@ -88,7 +88,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         window = self._init_window(offsets, "a skip-trigram table")
         self._rotations()
         self._strings = model.token_strings
-        self._factors = None  # ((layer, head), (q, k, v, u)) of the last head
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
@@ -215,16 +214,9 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     # -- the work ------------------------------------------------------------------------
     def _centred(self, layer: int, head: int):
-        """The head's centred circuit factors, cached for the last head asked for. Requests
-        run on several threads (a stale one may still be finishing): key and value are
-        stored as one tuple, so a thread never reads another head's factors."""
-        cached = self._factors
-        if cached is not None and cached[0] == (layer, head):
-            return cached[1]
+        """The head's centred circuit factors (kept per model and head: ``analysis.cache``)."""
         with torch.no_grad():
-            factors = centred_factors(self.model, layer, head)
-        self._factors = ((layer, head), factors)
-        return factors
+            return centred_factors(self.model, layer, head)
 
     def _table_steps(self, layer, head, k):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""

@@ -1,0 +1,156 @@
+"""A head change in the CircuitExplorer (a click) on real model shapes, as multiples of one
+forward pass of the same Hugging Face model measured in the same run.
+
+Run:  .venv/bin/python benchmarks/bench_click.py [--shapes gpt2-small] [--tokens 100] [--threads 2]
+      [--profile]
+
+Models (random weights, nothing downloaded): GPT-2 small (12 x 12 heads, d_model 768, MLPs) with
+d_vocab 49152 (the explorer reads the shipped 1024-token tokenizer only for a vocabulary padded to a
+multiple of 64, so not 50257), and ``bench_build``'s 135M LLaMA shape; text and the kernel stand-in are
+``bench_build``'s.
+The explorer is built and ``explorer.wait(None)`` lets every background job finish (the
+kernel-less answers included) before any click is timed, so no click shares the CPU with them.
+A click sets the explorer's ``(layer, head)`` as the page does; the views' runners compute on
+worker threads and the clock stops when every view shows the new head (no view busy):
+
+* forward: ``hf_model(ids, output_attentions=True)``, eager attention, the best of 3 before the
+  build and 3 just before the clicks (on a loaded machine a 2-thread forward varies several-fold);
+* first visit: a head never computed: its per-head and per-pair entries are dropped from the
+  analysis cache (``analysis.cache``) first (the background jobs computed some of them; the
+  model-level ones, token Grams, spectra and score tables, stay: they are computed once, for
+  the first head shown). "all views" until
+  every view is final, the exact skip-trigram table included; "all but the exact table" until
+  every other view is final (the table then shows its partial, labelled, answer);
+* revisit: back to a head shown before (the explorer's initial head), every view final.
+
+Targets (issue 25): revisit <= 0.3 forwards; first visit <= 8 forwards, all but the exact
+table <= 1 forward. ``--profile`` prints where the first visit and the revisit spend their time
+(cProfile of this thread and the views' worker threads, cumulative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import threading
+import time
+
+import torch
+
+import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
+from peaks import best_seconds  # noqa: E402
+
+import pycircuits_widgets as pcw  # noqa: E402
+import transformers  # noqa: E402
+from pycircuits_widgets.analysis import cache  # noqa: E402
+
+SHAPES = {**bench_build.SHAPES, "gpt2-small": lambda: transformers.GPT2Config(vocab_size=49152)}
+"""``bench_build``'s shapes, GPT-2 small with a vocabulary the explorer accepts with the shipped
+1024-token tokenizer (a multiple of 64)."""
+def click(explorer, layer: int, head: int) -> dict:
+    """Select ``(layer, head)`` and apply the views' results until every view is final; returns
+    seconds until every view but the skip-trigram table is final ("others") and until all are."""
+    views = explorer.views()
+    runners = [v._runner for v in views.values() if hasattr(v, "_runner")]
+    table = views["trigrams"]
+    t0 = time.perf_counter()
+    with explorer.hold_trait_notifications():
+        explorer.layer, explorer.head = layer, head
+    others = None
+    while True:
+        for runner in runners:
+            runner._drain()
+        if others is None and not any(v.busy for name, v in views.items() if name != "trigrams"):
+            others = time.perf_counter() - t0
+        if others is not None and not table.busy:
+            return {"others": others, "all": time.perf_counter() - t0}
+        time.sleep(0.002)
+
+
+def profiled(fn):
+    """Run ``fn()`` with cProfile on this thread and on every thread started meanwhile."""
+    profilers = []
+
+    def trace(*_):
+        p = cProfile.Profile()
+        profilers.append(p)
+        p.enable()
+
+    main = cProfile.Profile()
+    profilers.append(main)
+    threading.setprofile(trace)
+    main.enable()
+    try:
+        return fn()
+    finally:
+        main.disable()
+        threading.setprofile(None)
+        for p in profilers[1:]:
+            p.disable()
+        stats = pstats.Stats(main)
+        for p in profilers[1:]:
+            try:
+                stats.add(p)
+            except TypeError:  # a thread that never ran under its profiler
+                pass
+        stats.sort_stats("cumulative").print_stats(30)
+
+
+def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
+    hf, model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
+    t0 = time.perf_counter()
+    explorer = pcw.CircuitExplorer(model, text)
+    until_shown(explorer)
+    shown = time.perf_counter() - t0
+    explorer.wait(None)
+    complete = time.perf_counter() - t0
+    start = (explorer.layer, explorer.head)
+    cfg = model.cfg
+    target = (cfg.n_layers // 2, cfg.n_heads // 2 + 1)  # not the initial head, a layer with writers before it
+    # the target's per-head and per-pair entries (those of heads shown before stay, for the revisit)
+    cache.discard(model, lambda key: target in key or key[1:3] == target)
+    with torch.no_grad():  # again next to the clicks: the least disturbed of both runs is the yardstick
+        forward = min(forward, best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False))
+    first = profiled(lambda: click(explorer, *target)) if profile else click(explorer, *target)
+    revisit = profiled(lambda: click(explorer, *start)) if profile else click(explorer, *start)
+    return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", d_model=cfg.d_model, vocab=cfg.d_vocab,
+                n=ids.shape[1], forward=forward, shown=shown, complete=complete, first=first, revisit=revisit,
+                cached=cache.stored_bytes(model))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["gpt2-small"])
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from pycircuits_widgets.widgets import selection  # the widget layer
+
+    selection._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
+    tok = tokenizer()
+    print(f"CircuitExplorer head change vs one eager HF forward with attentions, {args.tokens} tokens, random weights; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, "
+          f"cache budget {cache.budget() >> 20} MiB")
+    print("| shape | heads | d_model | vocab | tokens | forward (s) | first visit, all views (s / fwd) "
+          "| first visit, all but the exact table (s / fwd) | revisit (s / fwd) | build shown / complete (s) "
+          "| cached (MiB) | load avg (1 min) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for shape in args.shapes:
+        r = measure(shape, tok, args.tokens, args.profile)
+        f = r["forward"]
+        print(f"| {r['shape']} | {r['heads']} | {r['d_model']} | {r['vocab']} | {r['n']} | {f:.3f} "
+              f"| {r['first']['all']:.2f} ({r['first']['all'] / f:.1f}) "
+              f"| {r['first']['others']:.2f} ({r['first']['others'] / f:.1f}) "
+              f"| {r['revisit']['all']:.3f} ({r['revisit']['all'] / f:.2f}) "
+              f"| {r['shown']:.1f} / {r['complete']:.1f} | {r['cached'] / 2**20:.0f} "
+              f"| {os.getloadavg()[0]:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
