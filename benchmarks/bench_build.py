@@ -6,7 +6,7 @@ Run:  .venv/bin/python benchmarks/bench_build.py [--shapes gpt2-small gpt2-mediu
 
 Models are built locally from configs with random weights (random weights cost the same as
 trained ones; nothing is downloaded): GPT-2 small (12 x 12 heads, d_model 768) and medium
-(24 x 16, d_model 1024), d_vocab 50257; and the 135M LLaMA-family shape (30 x 9 heads, 3
+(24 x 16, d_model 1024), d_vocab 50304 (GPT-2's 50257 padded to a multiple of 64); and the 135M LLaMA-family shape (30 x 9 heads, 3
 key-value heads, d_model 576, MLP 1536, d_vocab 49152, rotary, tied embeddings). Each is read
 through ``pcw.from_hf`` with the package's shipped byte-level tokenizer (ids past its
 vocabulary display as ``<id N>``). The text is the quick start's, cut to ``--tokens`` tokens.
@@ -56,8 +56,10 @@ from pycircuits_widgets.demo import SAMPLE_TEXT  # noqa: E402
 from peaks import best_seconds  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 SHAPES = {
-    "gpt2-small": lambda: transformers.GPT2Config(),
-    "gpt2-medium": lambda: transformers.GPT2Config(n_embd=1024, n_layer=24, n_head=16),
+    # GPT-2's 50257 padded to a multiple of 64 (as nanoGPT trains it): the explorer refuses a tokenizer
+    # (here the shipped 1024-token one) on a vocabulary it neither fills nor pads to such a multiple
+    "gpt2-small": lambda: transformers.GPT2Config(vocab_size=50304),
+    "gpt2-medium": lambda: transformers.GPT2Config(vocab_size=50304, n_embd=1024, n_layer=24, n_head=16),
     "llama-135m": lambda: transformers.LlamaConfig(
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
         num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=2048, rms_norm_eps=1e-5),

@@ -162,3 +162,12 @@ def test_large_factors_go_before_the_small_results_computed_from_them(budget):
     centred_factors(model, 0, 2)
     assert cache.keys(model) == [("ov_diagonal", 0, 0), *factor_keys(0, 2)]
     assert cache.stored_bytes(model) <= cache.budget() < cache.stored_bytes(model) + one_head
+
+
+def test_a_weight_namespace_without_weak_references_is_computed_every_time():
+    # the analyses run on duck-typed weight holders too (benchmarks build types.SimpleNamespace ones)
+    import types
+    holder, calls = types.SimpleNamespace(W_E=torch.ones(2)), []
+    for _ in range(2):
+        assert cache.cached(holder, ("k",), lambda: calls.append(1) or torch.zeros(1)).shape == (1,)
+    assert len(calls) == 2

@@ -156,7 +156,13 @@ def cached(model, key: tuple, compute, tier: int = RESULT):
     and its arguments): stored the first time, returned from the store after that while the
     model's weights are unchanged (module docstring). ``tier`` (``FACTORS``, ``RESULT``, ``MODEL``)
     orders eviction, so that visiting many heads never pushes out what every head shares, nor
-    their small results to make room for large factors."""
+    their small results to make room for large factors. An object that cannot be weakly referenced
+    (a ``types.SimpleNamespace`` of weights, say) is computed for every call: keeping its entries
+    would keep it alive."""
+    try:
+        weakref.ref(model)
+    except TypeError:
+        return compute()
     store = _store(model)
     while True:
         with store.lock:
