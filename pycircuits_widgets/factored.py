@@ -1,4 +1,4 @@
-"""FactoredMatrix: a low-rank product ``A @ B`` kept unmultiplied (DESIGN.md section 4).
+"""FactoredMatrix: a low-rank product ``A @ B`` kept unmultiplied.
 
 ``FactoredMatrix(A, B)`` stands for ``M = A [..., m, k] @ B [..., k, n]``; leading dims
 (e.g. ``[n_layers, n_heads]``) broadcast between ``A`` and ``B`` as in ``torch.matmul``.
@@ -120,7 +120,7 @@ GRAM_REL_TOL = 1e-3
 def frobenius_norm_of_product(*factors: torch.Tensor) -> torch.Tensor:
     """``||X1 X2 ... Xr||_F`` without forming the product; batched over leading dims.
 
-    QR route (DESIGN.md section 4): with ``X1 = Q1 R1`` and ``Xr^T = Qr Rr``,
+    QR route: with ``X1 = Q1 R1`` and ``Xr^T = Qr Rr``,
     ``||X1 M Xr||_F = ||R1 M Rr^T||_F`` because orthonormal columns preserve the norm; its
     error is about ``u ||X1|| ... ||Xr||`` (``u`` the unit roundoff), as for the dense product.
     A low-rank pair ``A [m, k] B [k, n]`` (k <= m, n) first takes the cheaper Gram route
@@ -436,7 +436,7 @@ class FactoredMatrix:
         ``torch.linalg.svd``'s ``Vh``): ``U [..., m, r]``, ``S [..., r]`` descending,
         ``V [..., n, r]``, ``r = min(m, k, n)``. Cached per object.
 
-        From the factors' SVDs (DESIGN.md section 4): ``A = U_A S_A Vh_A``, ``B = U_B S_B Vh_B``,
+        From the factors' SVDs: ``A = U_A S_A Vh_A``, ``B = U_B S_B Vh_B``,
         ``C = S_A Vh_A U_B S_B = U_C S_C Vh_C``, so ``U = U_A U_C``, ``S = S_C``,
         ``V = (Vh_C Vh_B)^T``. 16-bit factors: computed and returned in float32.
         """

@@ -1,6 +1,6 @@
 """The paper's circuits as factored matrices (Elhage et al., 2021, "Path expansion" sections).
 
-Row-vector convention (DESIGN.md section 3): ``OV = W_V @ W_O`` and ``QK = W_Q @ W_K^T``,
+Row-vector convention (README, "Notation: paper → code"): ``OV = W_V @ W_O`` and ``QK = W_Q @ W_K^T``,
 both ``[d_model, d_model]``; a circuit over tokens reads ``[input token, output token]``
 (OV: ``[src, out]``, QK: ``[dest, src]``). The paper writes the transposes.
 
