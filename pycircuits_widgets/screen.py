@@ -147,9 +147,9 @@ def exact_route(device_type: str = "cpu") -> str:
     """
     if device_type != "cpu":
         return "bfloat16"
-    for route, weight_max in INT8_WEIGHT_MAX.items():
-        if _int8_route_is_exact(weight_max):
-            return route
+    int8 = [route for route in exact_routes() if route in INT8_WEIGHT_MAX]  # fastest first
+    if int8:
+        return int8[0]
     return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 

@@ -86,7 +86,7 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         check_model(model, "SkipTrigramTable")
         self.model = model
         window = self._init_window(offsets, "a skip-trigram table")
-        self._rotations()
+        self._snapshot_window()
         self._strings = model.token_strings
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
@@ -110,17 +110,13 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
                     "is scored at its strongest offset (column \"offset\"), and a token's query takes each entry's "
                     "largest value over them.")
 
-    def _rotations(self) -> None:
-        """The window and every layer's rotations ``[n_offsets, n_layers, d_head, d_head]`` as one tuple (a
-        job reads both at once, so a window changed meanwhile never mixes into its table); (None, None)
-        when not rotary."""
-        offsets = self._offsets
-        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device,
-                                                   layer=None)
-        self._window = (offsets, R)
+    def _snapshot_window(self) -> None:
+        """The window as one snapshot (a job reads it once, so a window changed meanwhile never mixes
+        into its table; the job rotates by its own layer's rule); None when not rotary."""
+        self._window = self._offsets
 
     def _on_window(self) -> None:
-        self._rotations()
+        self._snapshot_window()
         self._on_head({"name": "offsets"})
 
     @traitlets.validate("k")
@@ -220,8 +216,10 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     def _table_steps(self, layer, head, k):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
-        offsets, R = self._window
-        window = (offsets, None if R is None else R[:, layer])
+        offsets = self._window
+        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device,
+                                                   layer=layer)
+        window = (offsets, R)
         cache_key = (layer, head, k, tuple(offsets or ()))
         table = self._tables.get(cache_key)
         if table is not None:  # a revisited head answers at once
