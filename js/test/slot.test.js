@@ -78,3 +78,33 @@ describe("bundle slot", () => {
     expect(b.log).toEqual([]);
   });
 });
+
+describe("bundle slot, a broken edit", () => {
+  it("shows the error in the view that failed and still re-mounts the others", async () => {
+    const render = (await stub(DEV_KEY)).render;
+    const a = bundle("A", DEV_KEY);
+    publish(DEV_KEY, a.definition, a.mount);
+    const [one, two] = [view("one"), view("two")];
+    await render(one);
+    await render(two);
+    const broken = (ctx) => {
+      if (ctx.model.state === "one") throw new Error("boom");
+      return a.mount(ctx);
+    };
+    const errors = [];
+    const consoleError = console.error;
+    console.error = (e) => errors.push(String(e));
+    try {
+      publish(DEV_KEY, { render: (ctx) => mountTracked(DEV_KEY, ctx, broken) }, broken);
+    } finally {
+      console.error = consoleError;
+    }
+    expect(one.el.textContent).toContain("failed to mount: Error: boom");
+    expect(two.el.textContent).toBe("A:two");
+    expect(errors).toEqual(["Error: boom"]);
+    const fixed = bundle("F", DEV_KEY);
+    publish(DEV_KEY, fixed.definition, fixed.mount); // the failed view comes back, nothing cleaned twice
+    expect([one.el.textContent, two.el.textContent]).toEqual(["F:one", "F:two"]);
+    expect(a.log.filter((entry) => entry === "cleanup one")).toHaveLength(1);
+  });
+});

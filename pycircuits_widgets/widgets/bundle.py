@@ -78,6 +78,7 @@ def _stamp(path: pathlib.Path) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=1)
 def _read(js: pathlib.Path, css: pathlib.Path, *stamps) -> tuple[str, str]:
+    # the files' (mtime, size) stamps are only the cache key: a rebuild reads them again
     return js.read_text(encoding="utf-8"), css.read_text(encoding="utf-8")
 
 
@@ -165,7 +166,8 @@ def watching_carrier() -> type[anywidget.AnyWidget]:
     ``ANYWIDGET_HMR=1``, watches, setting the traits on every change."""
 
     class WatchingBundleCarrier(anywidget.AnyWidget):
-        __doc__ = f"Development carrier: the bundle's files, watched (stubs wait under {DEV_KEY!r})."
+        """Development carrier: the bundle's files, watched; the stubs wait under ``DEV_KEY``."""
+
         _esm = bundle_file("widget.js")
         _css = bundle_file("widget.css")
         bundle_key = traitlets.Unicode(DEV_KEY).tag(sync=True)

@@ -39,10 +39,17 @@ export function publish(key, definition, mount) {
   slot.promise = Promise.resolve(definition);
   slot.mounted ??= new Set();
   for (const view of [...slot.mounted]) {
-    if (!slot.mounted.has(view)) continue; // unmounted by a view re-mounted before it (its parent)
+    if (!slot.mounted.has(view)) continue; // removed while an earlier view re-mounted
     view.cleanup();
+    view.cleanup = () => {};
     view.ctx.el.replaceChildren();
-    view.cleanup = mount(view.ctx);
+    try {
+      view.cleanup = mount(view.ctx);
+    } catch (error) {
+      // an edit that breaks one view: say so in its place, and re-mount the others
+      console.error(error);
+      view.ctx.el.textContent = `pycircuits_widgets (development mode): this view failed to mount: ${error}`;
+    }
   }
 }
 
