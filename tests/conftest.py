@@ -1,6 +1,13 @@
+import os
+
 import pytest
 
 from harness import CHROMIUM, CHROMIUM_ARGS, WidgetView
+
+# A developer's shell may export anywidget's hot-reload switch (README, "Developing a view"):
+# the tests (and the notebook servers they start) check the packed bundle, so it is off here;
+# tests/e2e/test_dev_loop_live.py turns it on in its own kernel.
+os.environ.pop("ANYWIDGET_HMR", None)
 
 
 @pytest.fixture(scope="session")

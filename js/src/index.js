@@ -5,6 +5,7 @@ import { defineWidget } from "@anywidget/svelte";
 import { createHost } from "./lib/host.js";
 import { answerOffline, parseTagged } from "./lib/offline.js";
 import { SELECTION_KEYS } from "./lib/selection.js";
+import { mountTracked, publish } from "./lib/slot.js";
 
 const modules = import.meta.glob("./views/*.svelte", { eager: true });
 
@@ -60,28 +61,20 @@ export function mountView({ model, el, host, select = null }) {
   };
 }
 
-/**
- * The slot a view's `_esm` stub awaits (pycircuits_widgets/widgets/bundle.py): one per
- * bundle hash, on `globalThis` so that every module of the page shares it.
- * @param {string} key  the bundle's hash
- */
-function bundleSlot(key) {
-  const sym = Symbol.for(`pycircuits_widgets:${key}`);
-  return (globalThis[sym] ??= (() => {
-    let resolve;
-    const promise = new Promise((r) => (resolve = r));
-    return { promise, resolve };
-  })());
-}
+// The bundle's key once its carrier published it (lib/slot.js); null for a view whose
+// `_esm` is the whole bundle (marimo) or on a kernel-less page.
+let published = null;
 
 const definition = {
-  // Only the kernel's hidden BundleCarrier has `bundle_key`: anywidget calls initialize
-  // when it creates the model, and the views' stubs then render with this bundle.
+  // Only the kernel's hidden carrier has `bundle_key`: anywidget calls initialize when it
+  // creates the model, and the views' stubs then render with this bundle.
   initialize({ model }) {
     const key = model.get("bundle_key");
-    if (key) bundleSlot(key).resolve(definition);
+    if (!key) return;
+    published = key;
+    publish(key, definition, mountView);
   },
-  render: mountView,
+  render: (ctx) => mountTracked(published, ctx, mountView),
 };
 
 export default definition;

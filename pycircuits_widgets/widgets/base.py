@@ -18,7 +18,7 @@ import anywidget
 import traitlets
 
 from . import offline, standalone
-from .bundle import bundle_code, ensure_carrier, stub_esm
+from .bundle import BundleMissing, bundle_code, bundle_file, ensure_carrier, stub_esm
 from .fallback import fallback_html
 
 
@@ -30,10 +30,6 @@ def _in_marimo() -> bool:
 
 class CircuitWidget(anywidget.AnyWidget):
     """Base of all views. Subclasses set ``_view`` to the name of their Svelte file."""
-
-    # A stub that renders with the bundle of the kernel's one BundleCarrier: the bundle is
-    # sent and saved once, not once per view (no ``_css`` either: the carrier has it).
-    _esm = stub_esm()
 
     _view = traitlets.Unicode("").tag(sync=True)
     """str: name of the Svelte view (file name in js/src/views/ without extension)."""
@@ -53,6 +49,8 @@ class CircuitWidget(anywidget.AnyWidget):
     _offline_inputs: tuple = ()
     """Traits besides the selection whose change makes ``_offline`` stale (it is recomputed)."""
     _offline_fresh = True
+    _has_front_end = True
+    """False for a view made without a built front end (it cannot be shown)."""
 
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - set(self.trait_names()))
@@ -65,7 +63,13 @@ class CircuitWidget(anywidget.AnyWidget):
             # carrier, so a stub would wait forever: carry the whole front end instead.
             self._esm, self._css = bundle_code()
         else:
-            ensure_carrier()  # its comm opens before this view's
+            try:
+                # A stub that renders with the bundle of the kernel's one carrier (its comm
+                # opens before this view's): the bundle is sent and saved once, not once per
+                # view (no ``_css`` either: the carrier has it).
+                self._esm = stub_esm(ensure_carrier().bundle_key)
+            except BundleMissing:  # the analysis works without a front end; showing the view says how to build it
+                self._has_front_end = False
         super().__init__(**kwargs)
 
     # -- browser input ---------------------------------------------------------------
@@ -137,7 +141,12 @@ class CircuitWidget(anywidget.AnyWidget):
     # -- sharing ---------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):
         """The widget view plus a static ``text/html`` fallback, which renderers without
-        JavaScript (a code host's notebook preview) show instead of an empty cell."""
+        JavaScript (a code host's notebook preview) show instead of an empty cell.
+        :class:`~.bundle.BundleMissing`, naming the build command, for a view made without
+        a built front end."""
+        if not self._has_front_end:
+            bundle_file("widget.js")  # raises while the front end is still missing
+            raise BundleMissing(f"{type(self).__name__} was made before the front end was built: make it again to show it")
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
@@ -157,6 +166,7 @@ class CircuitWidget(anywidget.AnyWidget):
         per view) are made current first: seconds of work for a 2-layer model in a script,
         already done in the background under a kernel."""
         standalone.refuse_notebook_target(path)  # before any work
+        bundle_code()  # BundleMissing, naming the build command, before any work too
         self.wait(None)  # the page holds finished state, never busy
         return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline)
 

@@ -7,9 +7,19 @@ every view's ``_esm`` is a stub of a few hundred bytes that waits for it; the ca
 ``_esm`` holds the bundle gzipped (:func:`carrier_esm`). In the browser the carrier's model
 loads the bundle when it is created (anywidget loads ``_esm`` at
 model creation, displayed or not), and the bundle's ``initialize`` resolves a slot on
-``globalThis`` keyed by the bundle's hash (``js/src/index.js``); a stub's ``render``
+``globalThis`` keyed by the bundle's hash (``js/src/lib/slot.js``); a stub's ``render``
 awaits that slot and renders with the bundle. The carrier also carries the CSS, which
 anywidget puts in the document once at model creation.
+
+Nothing here reads the bundle at import: the analysis core and the widget classes work
+without a built front end, and the first view that needs it (its carrier, a page written by
+:mod:`.standalone`) raises :class:`BundleMissing`, naming the build command.
+
+Development mode (:func:`dev_mode`: anywidget's own hot-reload switch ``ANYWIDGET_HMR=1``,
+and this package used from a checkout): the carrier's ``_esm``/``_css`` are the built files
+themselves, which anywidget watches and re-sends on every change (``npm run dev`` in
+``js/`` rebuilds them on every save); the stubs wait under the key :data:`DEV_KEY`, and
+each new bundle re-mounts the views already shown, with their current state.
 
 Pages written by :mod:`.standalone` and :mod:`.notebook_export` inline the bundle
 (gzipped too) and never use the stub or the carrier.
@@ -21,6 +31,7 @@ import base64
 import functools
 import gzip
 import hashlib
+import os
 import pathlib
 import threading
 
@@ -29,7 +40,69 @@ import traitlets
 
 STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
 
-# The slot shape is shared with js/src/index.js (`bundleSlot`): {promise, resolve}.
+DEV_KEY = "dev"
+"""str: the key the stubs wait under in development mode (the bundle changes, its hash too)."""
+
+BUILD = "cd js && npm ci && npm run build"
+"""The command (from the repository root) that builds the front end into ``static/``."""
+
+
+class BundleMissing(FileNotFoundError):
+    """The built front end is not there: views cannot be shown or saved (the analysis core
+    and the widget classes work without it)."""
+
+
+def bundle_file(name: str) -> pathlib.Path:
+    """Path of a built front-end file (``widget.js``, ``widget.css``); :class:`BundleMissing`,
+    naming the fix, if the front end was never built."""
+    path = STATIC / name
+    if not path.is_file():
+        raise BundleMissing(
+            f"the built front end {path} is missing, so views cannot be shown or saved (the analysis "
+            f"works without it): build it with `{BUILD}` in the repository, or install the package "
+            "with pip (`pip install .` builds it; a wheel carries it)"
+        )
+    return path
+
+
+def bundle_code() -> tuple[str, str]:
+    """(javascript, css) of the built front end, read again when a rebuild changed the files."""
+    js, css = bundle_file("widget.js"), bundle_file("widget.css")
+    return _read(js, css, _stamp(js), _stamp(css))
+
+
+def _stamp(path: pathlib.Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=1)
+def _read(js: pathlib.Path, css: pathlib.Path, *stamps) -> tuple[str, str]:
+    # the files' (mtime, size) stamps are only the cache key: a rebuild reads them again
+    return js.read_text(encoding="utf-8"), css.read_text(encoding="utf-8")
+
+
+def bundle_key() -> str:
+    """Hash of the bundle: a page holding views of two builds keeps them apart."""
+    return _key(*bundle_code())
+
+
+@functools.lru_cache(maxsize=1)
+def _key(js: str, css: str) -> str:
+    return hashlib.sha256((js + "\0" + css).encode("utf-8")).hexdigest()[:16]
+
+
+def dev_mode() -> bool:
+    """True when anywidget hot-reloads files (``ANYWIDGET_HMR=1``) and this package is used
+    from a checkout: the carrier then carries the bundle's files, which anywidget watches.
+    (anywidget watches no file under ``site-packages``/``dist-packages``: an installed
+    package keeps its packed bundle.)"""
+    installed = {"site-packages", "dist-packages"} & set(STATIC.parts)
+    return os.environ.get("ANYWIDGET_HMR") == "1" and not installed
+
+
+# The slot shape is shared with js/src/lib/slot.js: {promise, resolve}; the promise read at
+# each render, as development mode replaces it with each new bundle's.
 _STUB = """// pycircuits_widgets view: renders with the bundle its kernel's BundleCarrier loads.
 const key = Symbol.for("pycircuits_widgets:%(key)s");
 const slot = (globalThis[key] ??= (() => { let resolve; const promise = new Promise((r) => (resolve = r)); return { promise, resolve }; })());
@@ -37,34 +110,10 @@ export default { async render(ctx) { return (await slot.promise).render(ctx); } 
 """
 
 
-def bundle_file(name: str) -> pathlib.Path:
-    """Path of a built front-end file (``widget.js``, ``widget.css``); a clear error if
-    the front end was never built."""
-    path = STATIC / name
-    if not path.exists():
-        raise FileNotFoundError(
-            f"the built front end {path} is missing: install the package with pip (which builds it) "
-            "or run `npm --prefix js install && npm --prefix js run build`"
-        )
-    return path
-
-
-@functools.cache
-def bundle_code() -> tuple[str, str]:
-    """(javascript, css) of the built front end."""
-    return bundle_file("widget.js").read_text(encoding="utf-8"), bundle_file("widget.css").read_text(encoding="utf-8")
-
-
-@functools.cache
-def bundle_key() -> str:
-    """Hash of the bundle: a page holding views of two builds keeps them apart."""
-    js, css = bundle_code()
-    return hashlib.sha256((js + "\0" + css).encode("utf-8")).hexdigest()[:16]
-
-
-def stub_esm() -> str:
-    """The ``_esm`` of every view: waits for the bundle of the same hash, then renders."""
-    return _STUB % {"key": bundle_key()}
+def stub_esm(key: str | None = None) -> str:
+    """The ``_esm`` of every view: waits for the bundle under ``key`` (default: the bundle's
+    hash; a view uses its carrier's ``bundle_key``), then renders."""
+    return _STUB % {"key": key or bundle_key()}
 
 
 # The carrier's `_esm`: the bundle gzipped (a third of its size in a saved notebook, even
@@ -81,37 +130,62 @@ export default bundle.default;
 """
 
 
-@functools.cache
 def bundle_packed() -> str:
     """The bundle's javascript gzipped, as base64 (unpacked with the browser's
     DecompressionStream): what the carrier and the pages written by :mod:`.standalone` hold."""
-    return base64.b64encode(gzip.compress(bundle_code()[0].encode("utf-8"), 9, mtime=0)).decode("ascii")
+    return _packed(bundle_code()[0])
 
 
-@functools.cache
+@functools.lru_cache(maxsize=1)
+def _packed(js: str) -> str:
+    return base64.b64encode(gzip.compress(js.encode("utf-8"), 9, mtime=0)).decode("ascii")
+
+
 def carrier_esm() -> str:
     """The carrier's ``_esm``: a loader holding the gzipped bundle."""
     return _LOADER % {"packed": bundle_packed()}
 
 
 class BundleCarrier(anywidget.AnyWidget):
-    """Hidden widget (never displayed) whose ``_esm``/``_css`` are the whole front end."""
+    """Hidden widget (never displayed) whose ``_esm``/``_css`` are the whole front end: the
+    bundle packed (:func:`carrier_esm`), read when the first view is made."""
 
-    _esm = carrier_esm()
-    _css = bundle_file("widget.css")
-    bundle_key = traitlets.Unicode(bundle_key()).tag(sync=True)
-    """str: the hash the views' stubs wait for."""
+    bundle_key = traitlets.Unicode().tag(sync=True)
+    """str: the key the views' stubs wait for (the bundle's hash, or :data:`DEV_KEY`)."""
+
+    def __init__(self):
+        # instance attributes before anywidget's __init__, which makes synced traits of them
+        self._esm, self._css = carrier_esm(), bundle_code()[1]
+        super().__init__(bundle_key=bundle_key())
 
 
-_carrier: BundleCarrier | None = None
+@functools.cache
+def watching_carrier() -> type[anywidget.AnyWidget]:
+    """The development carrier's class, made on first use (the files must exist): its
+    ``_esm``/``_css`` are the bundle's file paths, which anywidget reads and, under
+    ``ANYWIDGET_HMR=1``, watches, setting the traits on every change."""
+
+    class WatchingBundleCarrier(anywidget.AnyWidget):
+        """Development carrier: the bundle's files, watched; the stubs wait under ``DEV_KEY``."""
+
+        _esm = bundle_file("widget.js")
+        _css = bundle_file("widget.css")
+        bundle_key = traitlets.Unicode(DEV_KEY).tag(sync=True)
+
+    return WatchingBundleCarrier
+
+
+_carrier: anywidget.AnyWidget | None = None
 _lock = threading.Lock()
 
 
-def ensure_carrier() -> BundleCarrier:
-    """The kernel's carrier, created (its comm opened before any view's) when there is
-    none or it was closed (``Widget.close_all()``)."""
+def ensure_carrier() -> anywidget.AnyWidget:
+    """The kernel's carrier (a :class:`BundleCarrier`, or in :func:`dev_mode` a
+    :func:`watching_carrier`), created (its comm opened before any view's) when there is
+    none or it was closed (``Widget.close_all()``); :class:`BundleMissing` if the front end
+    was never built."""
     global _carrier
     with _lock:
         if _carrier is None or _carrier.comm is None:
-            _carrier = BundleCarrier()
+            _carrier = watching_carrier()() if dev_mode() else BundleCarrier()
         return _carrier
