@@ -3,13 +3,14 @@
 // (pycircuits_widgets.models.tokenizer): space "·", newline "↵", tab "→"; and, as its
 // `escape_invisible`, every character that draws nothing or reorders the text after it
 // (bidi controls, zero-width and other format characters, controls, separators, lone
-// surrogates, Hangul fillers) as its escape "\u202e". That string is exact; a view shows
+// surrogates, Hangul fillers) and the replacement character U+FFFD as its escape "\u202e". That string is exact; a view shows
 // `compactToken`, which counts long whitespace runs ("↵·×23"), and keeps the exact one in
 // the token's title.
 
 const VISIBLE = { " ": "·", "\n": "↵", "\t": "→", "\r": "␍" };
-// Python's "not str.isprintable()" (categories C* and Z*), plus letters that draw nothing.
-const INVISIBLE = /[\p{C}\p{Z}\u115F\u1160\u3164\uFFA0]/gu;
+// Python's "not str.isprintable()" (categories C* and Z*), plus letters that draw nothing
+// and the replacement character (bytes a decoder lost: a box to a reader, not text).
+const INVISIBLE = /[\p{C}\p{Z}\u115F\u1160\u3164\uFFA0\uFFFD]/gu;
 
 function escapeCode(c) {
   const code = c.codePointAt(0);
