@@ -78,7 +78,7 @@ describe("circuitPlot", () => {
     // a dense random cloud: brute-force check of every pair of placed boxes
     let seed = 7;
     const rand = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
-    const n = 300;
+    const n = 120;
     const px = Array.from({ length: n }, () => 34 + rand() * 280);
     const py = Array.from({ length: n }, () => rand() * 280);
     const widths = Array.from({ length: n }, (_, i) => 6.2 * (i % 3 ? 6 : 7));
@@ -86,12 +86,12 @@ describe("circuitPlot", () => {
     const bounds = [34, 0, 320, 286];
     const placed = placeLabels(px, py, widths, order, { always: [5], bounds, radius: 4 });
     expect(placed.has(5)).toBe(true);
-    expect(placed.size).toBeGreaterThan(10);
+    expect(placed.size).toBeGreaterThan(5); // not vacuous
     expect(placed.size).toBeLessThan(n);
     const items = [...placed];
     for (const [i, { box }] of items) {
       expect(box[0] >= bounds[0] && box[1] >= bounds[1] && box[2] <= bounds[2] && box[3] <= bounds[3]).toBe(true);
-      expect(box[2] - box[0]).toBeCloseTo(widths[i]);
+      expect(box[2] - box[0]).toBeCloseTo(widths[i] + 3); // and its halo, 1.5 px each side
       for (const [j, other] of items) if (j !== i) expect(overlap(box, other.box)).toBe(false);
       if (i === 5) continue; // the always-shown label may cover a point
       for (let j = 0; j < n; j++) if (j !== i) expect(overlap(box, [px[j] - 4, py[j] - 4, px[j] + 4, py[j] + 4])).toBe(false);

@@ -197,6 +197,30 @@ def test_offline_token_search_and_text_box_say_they_need_a_kernel(page, shipped_
     assert table.get_by_test_id("error").count() == 0  # never read as a token query needing a kernel
 
 
+def test_offline_limits_are_neutral_notes_and_the_table_keeps_its_size(page, shipped_explorer_page):
+    """Clicking a token of the saved page's skip-trigram table (its query reads the whole
+    vocabulary) says so in a neutral note, not the error panel; another head's saved table
+    has as many rows as the kernel's; its answer clears the note."""
+    _, e, path = shipped_explorer_page
+    attempted, errors = open_offline(page, path)
+    table = page.locator(".pcw-explorer section[data-view=trigrams]")
+    caption = table.locator("caption")
+    top = f"Top {e.trigrams.k} skip-trigrams of head "
+    assert caption.inner_text().startswith(top + f"L{e.layer}.H{e.head}")
+    table.locator("tr.trigram .pcw-tok").first.click()
+    note = table.get_by_test_id("offline-note")
+    assert note.inner_text() == NEEDS_KERNEL["token"]
+    assert note.get_attribute("role") == "note" and page.locator("[data-testid=error], [role=alert]").count() == 0
+    red = "rgb(211, 47, 47)"  # the error panel's colour (var(--jp-error-color1) on this page)
+    assert red not in note.evaluate("n => [getComputedStyle(n).borderLeftColor, getComputedStyle(n).color].join()")
+    other = (e.head + 3) % e.model.cfg.n_heads
+    table.get_by_test_id("head-picker").select_option(str(other))
+    assert caption.inner_text().startswith(top + f"L{e.layer}.H{other}")
+    assert table.locator("tr.trigram").count() == min(e.trigrams.k, e.trigrams.page_size)
+    assert table.get_by_test_id("offline-note").count() == 0
+    assert attempted == [] and errors == []
+
+
 def visible(s: str) -> str:
     """A token as the views print it (spaces as "·", newlines as "↵")."""
     return s.replace(" ", "·").replace("\n", "↵")
