@@ -142,23 +142,25 @@ export function extremeOrder(xs, ys, k) {
  * first spot inside the plot, whatever it covers (labels placed after it avoid it); a
  * `loose` point (e.g. an extreme one, in a cloud too dense for any label to miss every dot)
  * still unlabelled after `order` takes a spot that hits no label, over dots if it must.
- * Text is `height` px tall, its baseline at y; `widths[i]` is label i's estimated width.
+ * Text is `height` px tall, its baseline at y; `widths[i]` is label i's estimated width;
+ * `pad` px around it stay clear too (a label's halo).
  * @param {ArrayLike<number>} px  @param {ArrayLike<number>} py  point centres, pixels
  * @param {[number, number, number, number]} bounds  [x0, y0, x1, y1] the labels stay in
  * @returns {Map<number, {x: number, y: number, anchor: "start" | "middle" | "end", box: number[]}>}
  */
-export function placeLabels(px, py, widths, order, { always = [], loose = [], bounds, radius = 5, height = 10, gap = 2 }) {
+export function placeLabels(px, py, widths, order, { always = [], loose = [], bounds, radius = 5, height = 10, gap = 2, pad = 1.5 }) {
   const points = Array.from(px, (x, i) => [x - radius, py[i] - radius, x + radius, py[i] + radius]);
   const placed = new Map();
   const spots = (i) => {
-    const w = widths[i], x = px[i], y = py[i], d = radius + gap;
+    const w = widths[i], x = px[i], y = py[i], d = radius + gap + pad;
     const mid = y + height / 2 - 1; // baseline that centres the text on the point
+    const padded = ([x0, y0, x1, y1]) => [x0 - pad, y0 - pad, x1 + pad, y1 + pad];
     return [
       { x: x + d, y: mid, anchor: "start", box: [x + d, mid - height + 1, x + d + w, mid + 2] },
       { x: x - d, y: mid, anchor: "end", box: [x - d - w, mid - height + 1, x - d, mid + 2] },
       { x, y: y - d - 2, anchor: "middle", box: [x - w / 2, y - d - height - 1, x + w / 2, y - d] },
       { x, y: y + d + height - 1, anchor: "middle", box: [x - w / 2, y + d, x + w / 2, y + d + height + 1] },
-    ].filter(({ box }) => box[0] >= bounds[0] && box[1] >= bounds[1] && box[2] <= bounds[2] && box[3] <= bounds[3]);
+    ].map((s) => ({ ...s, box: padded(s.box) })).filter(({ box }) => box[0] >= bounds[0] && box[1] >= bounds[1] && box[2] <= bounds[2] && box[3] <= bounds[3]);
   };
   const clear = (box) => [...placed.values()].every((p) => !hits(p.box, box));
   const free = (i, box) => clear(box) && points.every((b, j) => j === i || !hits(b, box));
