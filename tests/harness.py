@@ -37,6 +37,13 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 
+def token_as_shown(display: str) -> str:
+    """How a view prints a token's display string (oracle of js/src/lib/tokens.js
+    ``compactToken``): each run of 5 or more of one whitespace glyph written once with its
+    length, e.g. "↵" + 23 "·" -> "↵·×23"; the exact string stays in the token's title."""
+    return re.sub(r"([·↵→␍])\1{4,}", lambda m: f"{m.group(1)}×{len(m.group(0))}", display)
+
+
 _BRIDGE_JS = """
 window.pcwPending = [];
 window.pcwApply = (messages) => {

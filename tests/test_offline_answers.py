@@ -70,6 +70,20 @@ def test_each_heads_table_is_what_the_widget_computes_for_that_head():
         assert got["error"] == "" and got["related"] == {} and got["token"] == -1
 
 
+def test_saved_tables_are_as_long_as_the_views_and_a_longer_k_is_cut_and_said():
+    model = paper_model(n_layers=2, n_heads=3)
+    table = pcw.SkipTrigramTable(model, k=30)
+    got = answer(offline.fill(table), 0, key(1, 2))
+    assert got["k"] == 30 and len(got["trigrams"]["score"]) == 30 and "_offline_note" not in got
+    table.k = offline.TABLE_K + 20  # an offline input: the saved answers follow it
+    assert not table._offline_fresh
+    table._offline_ready()  # as save_html does before writing a page
+    got = answer(table._offline, 0, key(1, 2))
+    assert got["k"] == len(got["trigrams"]["score"]) == offline.TABLE_K
+    assert f"top {offline.TABLE_K} " in got["_offline_note"] and f"top {table.k})" in got["_offline_note"]
+    assert got["error"] == ""
+
+
 def test_answers_stop_at_the_budget_current_selection_first_and_say_the_rest_needs_a_kernel():
     model = paper_model(n_layers=2, n_heads=3)
     eigen = pcw.EigenvaluePlot(model, scores={}, layer=1, head=1)

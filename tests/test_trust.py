@@ -107,10 +107,10 @@ def test_the_browser_cannot_turn_off_an_on_demand_view(m1):
 
 # -- #6, #7: text made displayable, invisible and bidi characters shown as escapes -----------
 HOSTILE = {"lone": "lo\ud800ne", "rlo": "\u202e", "zwsp": "a\u200bb", "bom": "\ufeff", "filler": "\u3164",
-           "nul": "x\x00", "astral": "\U000e0041", "separators": "\u00a0x\u2028"}
+           "nul": "x\x00", "astral": "\U000e0041", "separators": "\u00a0x\u2028", "replacement": "\ufffd"}
 SHOWN = {"lone": "lo\\ud800ne", "rlo": "\\u202e", "zwsp": "a\\u200bb", "bom": "\\ufeff", "filler": "\\u3164",
          "nul": "x\\u0000", "astral": "\\U000e0041",
-         "separators": "\\u00a0x\\u2028"}  # as js/test/tokens.test.js
+         "separators": "\\u00a0x\\u2028", "replacement": "\\ufffd"}  # as js/test/tokens.test.js
 
 
 def test_escape_invisible_shows_each_character_that_draws_nothing_or_reorders():

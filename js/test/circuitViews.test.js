@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { orderBy, paginate } from "../src/lib/circuitTable.js";
 import { linearScale, plotPoint, symmetricExtent, nearestPoint, pairGrid, headLabel, layerColor,
-  layerSummary, labelStep, labelPlacement, declutterBoxes } from "../src/lib/circuitPlot.js";
+  layerSummary, labelStep, extremeOrder, placeLabels } from "../src/lib/circuitPlot.js";
 
 describe("circuitTable", () => {
   it("orders descending, NaN last, stable on ties", () => {
@@ -60,22 +60,54 @@ describe("circuitPlot", () => {
     expect(Number.isNaN(s[2])).toBe(true); // L1 -> L1 undefined
     expect(s[3]).toBe(1121); // L1 -> L2
   });
-  it("keeps label boxes that overlap no earlier one, in priority order, after the always-shown", () => {
-    const boxes = [[0, 0, 40, 10], [30, 5, 70, 15], [100, 0, 140, 10], [35, 0, 60, 10]];
-    expect(declutterBoxes(boxes, [1, 0, 2, 3])).toEqual([false, true, true, false]);
-    expect(declutterBoxes(boxes, [1, 0, 2, 3], [0])).toEqual([false, false, true, false]); // 0 drawn anyway
-  });
   it("steps axis labels so they never overlap", () => {
     expect(labelStep(30, 22)).toBe(1);
     expect(labelStep(9, 22)).toBe(3);
     expect(labelStep(0, 22)).toBeGreaterThan(1000);
   });
-  it("keeps point labels inside the plot", () => {
-    const inside = ({ x, y, anchor }, w) => (anchor === "start" ? x + w : x) <= 320 && (anchor === "end" ? x - w : x) >= 0 && y - 10 >= 0;
-    for (const [px, py] of [[316, 8], [4, 8], [160, 160], [316, 300]]) {
-      expect(inside(labelPlacement(px, py, 40, [0, 320], [0, 320]), 40)).toBe(true);
+  it("orders labels by extremity on each axis in turn, each point once", () => {
+    const xs = [0.9, -0.8, 0.1, 0.2, -0.1];
+    const ys = [0.0, 0.1, 0.95, -0.9, 0.5];
+    expect(extremeOrder(xs, ys, 1)).toEqual([0, 1, 2, 3]);
+    expect(extremeOrder(xs, ys, 2)).toEqual([0, 1, 2, 3, 4]);
+    expect(extremeOrder(xs, null, 2)).toEqual([0, 1, 3, 4]);
+    expect(extremeOrder([NaN, 1, 2], null, 5)).toEqual([2, 1]); // unknown values get no label
+  });
+  const overlap = (a, b) => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3];
+  it("places labels that overlap no other label nor another point, inside the bounds", () => {
+    // a dense random cloud: brute-force check of every pair of placed boxes
+    let seed = 7;
+    const rand = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
+    const n = 120;
+    const px = Array.from({ length: n }, () => 34 + rand() * 280);
+    const py = Array.from({ length: n }, () => rand() * 280);
+    const widths = Array.from({ length: n }, (_, i) => 6.2 * (i % 3 ? 6 : 7));
+    const order = Array.from({ length: n }, (_, i) => i);
+    const bounds = [34, 0, 320, 286];
+    const placed = placeLabels(px, py, widths, order, { always: [5], bounds, radius: 4 });
+    expect(placed.has(5)).toBe(true);
+    expect(placed.size).toBeGreaterThan(5); // not vacuous
+    expect(placed.size).toBeLessThan(n);
+    const items = [...placed];
+    for (const [i, { box }] of items) {
+      expect(box[0] >= bounds[0] && box[1] >= bounds[1] && box[2] <= bounds[2] && box[3] <= bounds[3]).toBe(true);
+      expect(box[2] - box[0]).toBeCloseTo(widths[i] + 3); // and its halo, 1.5 px each side
+      for (const [j, other] of items) if (j !== i) expect(overlap(box, other.box)).toBe(false);
+      if (i === 5) continue; // the always-shown label may cover a point
+      for (let j = 0; j < n; j++) if (j !== i) expect(overlap(box, [px[j] - 4, py[j] - 4, px[j] + 4, py[j] + 4])).toBe(false);
     }
-    expect(labelPlacement(100, 100, 40, [0, 320], [0, 320]).anchor).toBe("start");
-    expect(labelPlacement(300, 100, 40, [0, 320], [0, 320]).anchor).toBe("end");
+  });
+  it("flips a label to the side that stays inside the plot, and shows an always label even when crowded", () => {
+    const bounds = [0, 0, 320, 320];
+    expect(placeLabels([310], [100], [40], [0], { bounds }).get(0).anchor).toBe("end");
+    expect(placeLabels([100], [100], [40], [0], { bounds }).get(0).anchor).toBe("start");
+    // point 0 boxed in by neighbours on every side: unlabelled unless always shown
+    const px = [100, 120, 80, 100, 100], py = [100, 100, 100, 88, 112];
+    expect(placeLabels(px, py, px.map(() => 30), [0], { bounds, radius: 5 }).has(0)).toBe(false);
+    expect(placeLabels(px, py, px.map(() => 30), [], { always: [0], bounds, radius: 5 }).has(0)).toBe(true);
+    // loose: over dots, never over another label
+    const loose = placeLabels(px, py, px.map(() => 30), [1], { loose: [0], bounds, radius: 5 });
+    expect(loose.has(0)).toBe(true);
+    expect(overlap(loose.get(0).box, loose.get(1).box)).toBe(false);
   });
 });

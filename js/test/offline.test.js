@@ -25,12 +25,14 @@ describe("kernel-less answers", () => {
     const m = new HostModel("m", { layer: 1, head: 2, _offline: saved() });
     const patch = offlinePatch(m, ["head"]);
     expect(patch.error).toBe("");
+    expect(patch._offline_note).toBe(""); // an answer clears the last limit's note
     expect(patch.table.strings).toEqual({ 7: "a" });
     expect(Array.from(decodeArray(patch.table.score).data)).toEqual([1.5, -2, Math.fround(0.099975586)]);
     expect(Array.from(decodeArray(patch.table.ids).data)).toEqual([7, 300]);
     m.update({ head: 0 });
-    expect(offlinePatch(m, ["head"])).toEqual({ error: "needs a kernel" });
-    expect(offlinePatch(m, ["query"])).toEqual({ error: "search needs a kernel" });
+    // a page without a kernel's limits are notes, never the view's error
+    expect(offlinePatch(m, ["head"])).toEqual({ _offline_note: "needs a kernel" });
+    expect(offlinePatch(m, ["query"])).toEqual({ _offline_note: "search needs a kernel" });
   });
 
   it("answers a kernel-less model once per burst of changes, and never a live one", async () => {

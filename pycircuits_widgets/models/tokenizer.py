@@ -15,9 +15,13 @@ the whitespace mapping is defined:
 A token whose bytes are not valid UTF-8 on their own (part of a multi-byte character) shows
 the undecodable bytes as ``\\xNN``. Characters that draw nothing or reorder what follows
 (bidi controls such as U+202E, zero-width characters, other controls and separators, lone
-surrogates, Hangul fillers) show as their escape, ``\\u202e`` (``escape_invisible``): a
-token ``"\\u202e"`` cannot mirror the tokens after it, ``"a\\u200bb"`` does not look like ``"ab"``,
-and every display string is valid Unicode. ``js/src/lib/tokens.js`` shows tokens the same way.
+surrogates, Hangul fillers) and the replacement character U+FFFD (bytes some decoder already
+lost) show as their escape, ``\\u202e`` (``escape_invisible``): a token ``"\\u202e"`` cannot
+mirror the tokens after it, ``"a\\u200bb"`` does not look like ``"ab"``, no token is a box or a
+blank, and every display string is valid Unicode. :func:`display_bytes` is the rule for a
+token's bytes (every tokenizer here uses it); ``js/src/lib/tokens.js`` shows tokens the same
+way and, on screen only, counts long whitespace runs (``"↵·×23"``, the exact string in the
+title). ``tests/token_display_cases.json`` holds the cases both sides are tested on.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ def visible_whitespace(text: str) -> str:
     return text.translate(_VISIBLE_TABLE)
 
 
-# Letters (category Lo, so "printable") that draw nothing.
-_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+# Printable characters shown as escapes: letters (category Lo) that draw nothing, and the
+# replacement character (what a decoder left for bytes it could not read).
+_ESCAPED_PRINTABLE = frozenset("\u115f\u1160\u3164\uffa0\ufffd")
 
 
 def _escape(ch: str) -> str:
@@ -53,12 +58,19 @@ def escape_invisible(text: str) -> str:
     """``text`` with every character that is not printable (``str.isprintable``: controls,
     format characters such as bidi overrides and zero-width spaces, separators other than the
     space, surrogates, unassigned code points) or draws nothing written as its escape
-    (``\\u202e``). Space, newline, tab and carriage return are kept (``visible_whitespace``
-    shows them). The result is always valid Unicode."""
-    if text.isprintable() and not _BLANK_LETTERS.intersection(text):
+    (``\\u202e``), as is the replacement character U+FFFD. Space, newline, tab and carriage
+    return are kept (``visible_whitespace`` shows them). The result is always valid Unicode."""
+    if text.isprintable() and not _ESCAPED_PRINTABLE.intersection(text):
         return text
-    return "".join(ch if (ch.isprintable() or ch in VISIBLE_WHITESPACE) and ch not in _BLANK_LETTERS
+    return "".join(ch if (ch.isprintable() or ch in VISIBLE_WHITESPACE) and ch not in _ESCAPED_PRINTABLE
                    else _escape(ch) for ch in text)
+
+
+def display_bytes(raw: bytes) -> str:
+    """Display string of a token's bytes: UTF-8, each byte that starts no complete character
+    as ``\\xNN`` (a GPT-2 byte token such as ``b"\\xe2"``), whitespace visible, invisible
+    characters escaped (``escape_invisible``)."""
+    return escape_invisible(visible_whitespace(raw.decode("utf-8", errors="backslashreplace")))
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,9 +151,8 @@ class Tokenizer:
         return bytes(table[ch] for ch in piece)
 
     def display_token(self, token_id: int) -> str:
-        """Display string of one token: visible whitespace, undecodable bytes as ``\\xNN``."""
-        text = self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
-        return visible_whitespace(text)
+        """Display string of one token (``display_bytes`` of its bytes)."""
+        return display_bytes(self.token_bytes(token_id))
 
     def token_strings(self) -> list[str]:
         """Display string of every id, ``[d_vocab]``."""

@@ -12,7 +12,9 @@ the model has no live kernel connection, it sets the precomputed patch for the n
 selection, as the kernel would; with a live kernel it does nothing (the kernel answers
 fresh). A selection without an answer (over :data:`BUDGET`) shows the rule's one-line
 reason that it needs a kernel, and controls that always need one (whole-vocabulary token
-search, new text) are disabled with their reason (:data:`NEEDS_KERNEL`).
+search, new text) are disabled with their reason (:data:`NEEDS_KERNEL`); these reasons are
+limits of a page without a kernel, shown as a neutral note (the front end's
+``_offline_note``), not as the view's ``error``.
 
 The protocol for a view: override ``CircuitWidget.offline_answers(answers)`` and add rules
 with :meth:`Answers.rule`; see README "Adding a view".
@@ -43,8 +45,10 @@ from .payload import decode_array, decode_json, encode_json, half_or_single
 BUDGET = 64_000
 """Most bytes of kernel-less answers one view carries (JSON plus packed arrays, before a
 notebook's base64): the quick start's explorer stays well under 0.4 MB saved."""
-TABLE_K = 40
-"""Rows of each precomputed skip-trigram table (two pages of the view)."""
+TABLE_K = 100
+"""Most rows of each precomputed skip-trigram table: the view's own ``k`` up to this (its
+default), so a saved page's tables are as long as the kernel's; a larger ``k`` is cut to it
+and the page says so."""
 
 NEEDS_KERNEL = {
     "query": "Token search reads the whole vocabulary: it needs a running kernel.",

@@ -82,6 +82,8 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     page_size = traitlets.Int(20).tag(sync=True)
     """int, default 20: rows per page."""
 
+    _offline_inputs = ("k",)  # the saved tables are k rows long
+
     def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
         self.model = model
@@ -166,19 +168,24 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         return self._runner.wait(timeout)
 
     def offline_answers(self, answers) -> None:
-        """Kernel-less: every head's table (top ``offline.TABLE_K``; the token strings of all
-        tables once, in the rule's base); token search and token queries need a kernel."""
+        """Kernel-less: every head's table, as many rows as the kernel's (``k``, at most
+        ``offline.TABLE_K``; the token strings of all tables once, in the rule's base); token
+        search and token queries need a kernel."""
         answers.needs_kernel("query", "token", *self._window_needs_kernel())
         if self.model.cfg.d_vocab > self.partial_above:  # seconds per head: minutes for every head
             answers.rule(["layer", "head"], [], missing="Skip-trigram tables of other heads need a running "
                                                         "kernel (large vocabulary).")
             return
-        base = {"trigrams": {"strings": {}, "exact": True, "progress": 1.0}, "k": offline.TABLE_K,
+        rows = min(self.k, offline.TABLE_K)
+        base = {"trigrams": {"strings": {}, "exact": True, "progress": 1.0}, "k": rows,
                 "related": {}, "token": -1, "error": ""}
+        if rows < self.k:  # the page says why another head's table is shorter
+            base["_offline_note"] = (f"This page saved each head's top {rows} skip-trigrams "
+                                     f"(a running kernel computes the top {self.k}).")
 
         def tables():
             for layer, head in offline.heads(self):
-                table = dict(offline.last(self._table_steps(layer, head, offline.TABLE_K))["trigrams"])
+                table = dict(offline.last(self._table_steps(layer, head, rows))["trigrams"])
                 strings = table.pop("strings")
                 for name in ("exact", "progress"):
                     del table[name]

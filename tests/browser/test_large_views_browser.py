@@ -46,8 +46,13 @@ def test_composition_labels_layers_on_both_axes_and_leaves_the_undefined_half_bl
     w = pcw.CompositionMatrix(m3)
     view = show(w)
     page = view.page
-    assert page.get_by_test_id("row-labels-heads").locator("span").all_inner_texts() == ["L0", "L1"]
-    assert page.get_by_test_id("col-labels-heads").locator("span").all_inner_texts() == ["L1", "L2"]
+    # every head labelled (room for each), each layer's first head marked as its boundary
+    rows = page.get_by_test_id("row-labels-heads")
+    cols = page.get_by_test_id("col-labels-heads")
+    assert rows.locator("span").all_inner_texts() == [f"L{l}.H{h}" for l in (0, 1) for h in range(4)]
+    assert cols.locator("span").all_inner_texts() == [f"L{l}.H{h}" for l in (1, 2) for h in range(4)]
+    assert rows.locator("span.layer-start").all_inner_texts() == ["L0.H0", "L1.H0"]
+    assert cols.locator("span.layer-start").all_inner_texts() == ["L1.H0", "L2.H0"]
     canvas = page.get_by_test_id("heatmap-correct")
     cell = canvas.bounding_box()["width"] / 8
     # row 4 = L1.H0, column 0 = L1.H0: same layer, undefined -> not drawn (transparent)
@@ -184,5 +189,5 @@ def test_rotary_eigenvalue_plot_shows_qk_at_each_heads_strongest_offset(show):
     assert f"at offset {w.detail['qk_offset']}" in page.get_by_test_id("detail").inner_text()
     # labels stay inside the plot
     svg = page.get_by_test_id("scatter").bounding_box()
-    for b in boxes(page.locator("g.head text.label")):
+    for b in boxes(page.get_by_test_id("head-labels").locator("text.label")):
         assert svg["x"] <= b["x"] and b["x"] + b["width"] <= svg["x"] + svg["width"] + 0.5

@@ -10,7 +10,7 @@ import re
 
 import nbformat
 import pytest
-from harness import open_offline
+from harness import open_offline, token_as_shown
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
@@ -112,16 +112,21 @@ def click_through_three_heads(page, model, e):
     analysis functions."""
     table = page.locator(".pcw-explorer section[data-view=trigrams]")
     eigen = page.locator(".pcw-explorer section[data-view=eigen]")
+    k = e.trigrams.k  # the saved page's tables are as long as the kernel's
+    assert table.locator("caption").inner_text().startswith(f"Top {k} skip-trigrams of head L{e.layer}.H{e.head}")
     for layer, head in [(0, 3), (1, 6), (1, 2)]:
         assert (layer, head) != (e.layer, e.head)
         table.get_by_test_id("layer-picker").select_option(str(layer))
         table.get_by_test_id("head-picker").select_option(str(head))
         caption = table.locator("caption")
-        assert caption.inner_text().startswith(f"Top 40 skip-trigrams of head L{layer}.H{head}")
+        assert caption.inner_text().startswith(f"Top {k} skip-trigrams of head L{layer}.H{head}")
         rows = table.locator("tr.trigram")
-        shown = [tuple(rows.nth(i).locator(".pcw-tok").all_inner_texts()) for i in range(5)]
+        tokens = [rows.nth(i).locator(".pcw-tok") for i in range(5)]
         direct = pcw.skip_trigrams(model, layer, head, k=5, approximate=True)
-        assert shown == [tuple(visible(s) for s in (t.source_str, t.destination_str, t.out_str)) for t in direct]
+        exact = [tuple(visible(s) for s in (t.source_str, t.destination_str, t.out_str)) for t in direct]
+        assert [tuple(t.all_inner_texts()) for t in tokens] == [tuple(map(token_as_shown, row)) for row in exact]
+        titles = [tuple(t.nth(j).get_attribute("title") for j in range(3)) for t in tokens]
+        assert all(title.endswith(f": {s}") for row, ts in zip(exact, titles) for s, title in zip(row, ts))
 
         point = eigen.locator(f"[data-testid=scatter] g.head[data-label='L{layer}.H{head}'], "
                               f"[data-testid=scatter] g.head[data-label='{layer}.{head}']").first
@@ -161,7 +166,7 @@ def test_exported_saved_notebook_clicks_through_three_heads_offline(page, tmp_pa
 def test_a_page_over_the_answers_budget_says_which_selections_need_a_kernel(page, tmp_path, monkeypatch):
     model = pcw.load_pretrained("attn-only-2l")
     monkeypatch.setattr(offline, "BUDGET", 3000)  # room for the saved head's table and one more at most
-    table = pcw.SkipTrigramTable(model, layer=1, head=6)
+    table = pcw.SkipTrigramTable(model, layer=1, head=6, k=40)  # each saved table 40 rows
     path = table.save_html(tmp_path / "small.html")
     kept = [tuple(json.loads(f"[{k}]")) for k in offline.rules(table._offline)[0]["patches"]]
     assert kept[0] == (1, 6) and len(kept) < 16
@@ -170,8 +175,10 @@ def test_a_page_over_the_answers_budget_says_which_selections_need_a_kernel(page
     missing = next((l, h) for l in range(2) for h in range(8) if (l, h) not in kept)
     view.get_by_test_id("layer-picker").select_option(str(missing[0]))
     view.get_by_test_id("head-picker").select_option(str(missing[1]))
-    assert view.get_by_test_id("error").inner_text() == offline.over_budget("This head's skip-trigram table")
-    assert "over its 3 KB budget" in view.get_by_test_id("error").inner_text()
+    # a limit of the page, not a fault: a neutral note, no error panel
+    assert view.get_by_test_id("offline-note").inner_text() == offline.over_budget("This head's skip-trigram table")
+    assert "over its 3 KB budget" in view.get_by_test_id("offline-note").inner_text()
+    assert view.get_by_test_id("error").count() == 0
     assert view.get_by_test_id("stale-note").is_visible()  # the table shown is captioned with its own head
     assert attempted == [] and errors == []
 
@@ -188,6 +195,30 @@ def test_offline_token_search_and_text_box_say_they_need_a_kernel(page, shipped_
     assert attempted == [] and errors == []
     table.get_by_test_id("layer-picker").select_option("0")  # the head's answer resets the token (-1):
     assert table.get_by_test_id("error").count() == 0  # never read as a token query needing a kernel
+
+
+def test_offline_limits_are_neutral_notes_and_the_table_keeps_its_size(page, shipped_explorer_page):
+    """Clicking a token of the saved page's skip-trigram table (its query reads the whole
+    vocabulary) says so in a neutral note, not the error panel; another head's saved table
+    has as many rows as the kernel's; its answer clears the note."""
+    _, e, path = shipped_explorer_page
+    attempted, errors = open_offline(page, path)
+    table = page.locator(".pcw-explorer section[data-view=trigrams]")
+    caption = table.locator("caption")
+    top = f"Top {e.trigrams.k} skip-trigrams of head "
+    assert caption.inner_text().startswith(top + f"L{e.layer}.H{e.head}")
+    table.locator("tr.trigram .pcw-tok").first.click()
+    note = table.get_by_test_id("offline-note")
+    assert note.inner_text() == NEEDS_KERNEL["token"]
+    assert note.get_attribute("role") == "note" and page.locator("[data-testid=error], [role=alert]").count() == 0
+    red = "rgb(211, 47, 47)"  # the error panel's colour (var(--jp-error-color1) on this page)
+    assert red not in note.evaluate("n => [getComputedStyle(n).borderLeftColor, getComputedStyle(n).color].join()")
+    other = (e.head + 3) % e.model.cfg.n_heads
+    table.get_by_test_id("head-picker").select_option(str(other))
+    assert caption.inner_text().startswith(top + f"L{e.layer}.H{other}")
+    assert table.locator("tr.trigram").count() == min(e.trigrams.k, e.trigrams.page_size)
+    assert table.get_by_test_id("offline-note").count() == 0
+    assert attempted == [] and errors == []
 
 
 def visible(s: str) -> str:

@@ -113,34 +113,72 @@ export function labelStep(blockPx, minPx) {
   return Math.max(1, Math.ceil(minPx / Math.max(blockPx, 1e-9)));
 }
 
+/** Do boxes [x0, y0, x1, y1] a and b overlap? */
+const hits = (a, b) => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3];
+
 /**
- * Where a point's label goes so it stays inside [x0, x1] x [y0, y1]: to the right and above
- * the point, flipped to the left (anchor "end") near the right edge and below near the top.
- * `width` is the label's estimated width in pixels.
- * @returns {{x: number, y: number, anchor: "start" | "end"}}
+ * The order in which a scatter's points get labels: the `k` largest and `k` smallest by
+ * each coordinate, taken in turn (largest x, smallest x, largest y, smallest y, second
+ * largest x, ...), each point once. `ys` may be null (one axis).
+ * @param {ArrayLike<number>} xs  @param {ArrayLike<number> | null} ys
+ * @returns {number[]}
  */
-export function labelPlacement(px, py, width, [x0, x1], [y0, y1], offset = 7) {
-  const right = px + offset + width <= x1 || px - offset - width < x0;
-  const y = py - offset + 2 - 10 < y0 ? py + offset + 8 : py - offset + 2;
-  return { x: right ? px + offset : px - offset, y: Math.min(y, y1), anchor: right ? "start" : "end" };
+export function extremeOrder(xs, ys, k) {
+  const ranked = [xs, ys].filter(Boolean).flatMap((v) => {
+    const up = Array.from(v, (_, i) => i).filter((i) => Number.isFinite(v[i])).sort((a, b) => v[b] - v[a]);
+    return [up, [...up].reverse()];
+  });
+  const out = [];
+  for (let j = 0; j < k; j++) for (const r of ranked) if (j < r.length && !out.includes(r[j])) out.push(r[j]);
+  return out;
 }
 
 /**
- * Which labels to draw so that no two overlap: greedy over `order` (priority; `always` first,
- * e.g. the selected point, drawn whatever it overlaps). `boxes[i]` = [x0, y0, x1, y1].
- * @returns {boolean[]} in index order
+ * Labels of a scatter's points that never overlap one another nor cover another point.
+ * Greedy: `always` (e.g. the selected point) first, then `order`; each label tries four
+ * spots around its point (right, left, above, below) and takes the first inside `bounds`
+ * that hits no label already placed and no other point; a point with no such spot stays
+ * unlabelled (its label shows on hover). An `always` point with no free spot takes its
+ * first spot inside the plot, whatever it covers (labels placed after it avoid it); a
+ * `loose` point (e.g. an extreme one, in a cloud too dense for any label to miss every dot)
+ * still unlabelled after `order` takes a spot that hits no label, over dots if it must.
+ * Text is `height` px tall, its baseline at y; `widths[i]` is label i's estimated width;
+ * `pad` px around it stay clear too (a label's halo).
+ * @param {ArrayLike<number>} px  @param {ArrayLike<number>} py  point centres, pixels
+ * @param {[number, number, number, number]} bounds  [x0, y0, x1, y1] the labels stay in
+ * @returns {Map<number, {x: number, y: number, anchor: "start" | "middle" | "end", box: number[]}>}
  */
-export function declutterBoxes(boxes, order, always = []) {
-  const kept = [];
-  const shown = new Array(boxes.length).fill(false);
-  const hits = (a, b) => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3];
-  for (const i of always) if (i >= 0 && i < boxes.length) kept.push(boxes[i]);
-  for (const i of order) {
-    if (always.includes(i)) continue;
-    if (kept.every((b) => !hits(b, boxes[i]))) {
-      kept.push(boxes[i]);
-      shown[i] = true;
-    }
+export function placeLabels(px, py, widths, order, { always = [], loose = [], bounds, radius = 5, height = 10, gap = 2, pad = 1.5 }) {
+  const points = Array.from(px, (x, i) => [x - radius, py[i] - radius, x + radius, py[i] + radius]);
+  const placed = new Map();
+  const spots = (i) => {
+    const w = widths[i], x = px[i], y = py[i], d = radius + gap + pad;
+    const mid = y + height / 2 - 1; // baseline that centres the text on the point
+    const padded = ([x0, y0, x1, y1]) => [x0 - pad, y0 - pad, x1 + pad, y1 + pad];
+    return [
+      { x: x + d, y: mid, anchor: "start", box: [x + d, mid - height + 1, x + d + w, mid + 2] },
+      { x: x - d, y: mid, anchor: "end", box: [x - d - w, mid - height + 1, x - d, mid + 2] },
+      { x, y: y - d - 2, anchor: "middle", box: [x - w / 2, y - d - height - 1, x + w / 2, y - d] },
+      { x, y: y + d + height - 1, anchor: "middle", box: [x - w / 2, y + d, x + w / 2, y + d + height + 1] },
+    ].map((s) => ({ ...s, box: padded(s.box) })).filter(({ box }) => box[0] >= bounds[0] && box[1] >= bounds[1] && box[2] <= bounds[2] && box[3] <= bounds[3]);
+  };
+  const clear = (box) => [...placed.values()].every((p) => !hits(p.box, box));
+  const free = (i, box) => clear(box) && points.every((b, j) => j === i || !hits(b, box));
+  for (const i of always) {
+    if (i < 0 || i >= points.length || placed.has(i)) continue;
+    const options = spots(i);
+    const spot = options.find((s) => free(i, s.box)) ?? options[0];
+    if (spot) placed.set(i, spot);
   }
-  return shown;
+  for (const i of order) {
+    if (placed.has(i)) continue;
+    const spot = spots(i).find((s) => free(i, s.box));
+    if (spot) placed.set(i, spot);
+  }
+  for (const i of loose) {
+    if (placed.has(i)) continue;
+    const spot = spots(i).find((s) => clear(s.box));
+    if (spot) placed.set(i, spot);
+  }
+  return placed;
 }

@@ -71,7 +71,9 @@ function merged(base, patch) {
 /**
  * The trait patch for the model's current selection under each rule touched by `changed`
  * (trait names), or the rule's reason that it needs a kernel; plus the kernel-only
- * controls among `changed`. Pure: returns the patch, the caller applies it.
+ * controls among `changed`. Pure: returns the patch, the caller applies it. A reason is a
+ * limit of a page without a kernel, not a fault: it goes to `_offline_note` (a front-end-only
+ * value the views show as a neutral note), never to `error`; an answer clears it.
  * @param {{get: (name: string) => any}} model
  * @param {string[]} changed
  */
@@ -90,15 +92,15 @@ export function offlinePatch(model, changed) {
     if (!rule.on.some((name) => changed.includes(name))) continue;
     const answer = rule.patches[selectionKey(model, rule.on)];
     if (!answer) {
-      patch = { ...patch, error: rule.missing };
+      patch = { ...patch, _offline_note: rule.missing };
       continue;
     }
-    const found = unpack(merged(rule.base ?? {}, answer), data);
+    const found = unpack(merged({ _offline_note: "", ...rule.base }, answer), data);
     for (const name of rule.merge ?? []) found[name] = { ...model.get(name), ...found[name] }; // adds entries
     patch = merged(patch, found);
   }
   const kernel = saved.kernel ?? {};
-  for (const name of changed) if (kernel[name]) patch.error = kernel[name];
+  for (const name of changed) if (kernel[name]) patch._offline_note = kernel[name];
   return patch;
 }
 

@@ -3,11 +3,14 @@
 // (pycircuits_widgets.models.tokenizer): space "·", newline "↵", tab "→"; and, as its
 // `escape_invisible`, every character that draws nothing or reorders the text after it
 // (bidi controls, zero-width and other format characters, controls, separators, lone
-// surrogates, Hangul fillers) as its escape "\u202e".
+// surrogates, Hangul fillers) and the replacement character U+FFFD as its escape "\u202e". That string is exact; a view shows
+// `compactToken`, which counts long whitespace runs ("↵·×23"), and keeps the exact one in
+// the token's title.
 
 const VISIBLE = { " ": "·", "\n": "↵", "\t": "→", "\r": "␍" };
-// Python's "not str.isprintable()" (categories C* and Z*), plus letters that draw nothing.
-const INVISIBLE = /[\p{C}\p{Z}\u115F\u1160\u3164\uFFA0]/gu;
+// Python's "not str.isprintable()" (categories C* and Z*), plus letters that draw nothing
+// and the replacement character (bytes a decoder lost: a box to a reader, not text).
+const INVISIBLE = /[\p{C}\p{Z}\u115F\u1160\u3164\uFFA0\uFFFD]/gu;
 
 function escapeCode(c) {
   const code = c.codePointAt(0);
@@ -17,6 +20,20 @@ function escapeCode(c) {
 /** A token as shown: visible whitespace, invisible characters as escapes. @param {string} token */
 export function visibleWhitespace(token) {
   return String(token).replace(/[ \n\t\r]/g, (c) => VISIBLE[c]).replace(INVISIBLE, escapeCode);
+}
+
+/** Runs of at least this many of one whitespace glyph are shown counted ("·×23"): up to
+ * four (a code indent) are read at a glance, more would have to be counted by eye. */
+export const RUN_MIN = 5;
+const RUN = new RegExp(`([·↵→␍])\\1{${RUN_MIN - 1},}`, "g");
+
+/**
+ * A token as a view shows it: `visibleWhitespace`, then each run of RUN_MIN or more of one
+ * whitespace glyph written once with its length ("\n" + 23 spaces -> "↵·×23"). Lossy on
+ * purpose: show `visibleWhitespace(token)` (exact) in its title. @param {string} token
+ */
+export function compactToken(token) {
+  return visibleWhitespace(token).replace(RUN, (run, glyph) => `${glyph}×${run.length}`);
 }
 
 /** Does the token end a line (so the view should break after it)? */

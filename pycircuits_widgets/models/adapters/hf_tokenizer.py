@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 import re
 
-from ..tokenizer import _unicode_to_byte, visible_whitespace
+from ..tokenizer import _unicode_to_byte, display_bytes, escape_invisible, visible_whitespace
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback, e.g. <0x0A>
 _SENTENCEPIECE_SPACE = "\u2581"  # "▁"
 
 
 def _uses_byte_level(hf_tokenizer) -> bool:
-    """Whether pieces are byte-level BPE strings (GPT-2's byte-to-unicode alphabet)."""
+    """Whether pieces are byte-level BPE strings (GPT-2's byte-to-unicode alphabet): a
+    ByteLevel decoder or pre-tokenizer (a tokenizer trained without a decoder still splits
+    text into those pieces, "Ġthe")."""
     backend = getattr(hf_tokenizer, "backend_tokenizer", None)
     if backend is None:
         return False
-    return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
+    spec = json.loads(backend.to_str())
+    return any('"ByteLevel"' in json.dumps(spec.get(part)) for part in ("decoder", "pre_tokenizer"))
 
 
 class HFTokenizer:
@@ -48,12 +51,10 @@ class HFTokenizer:
             return piece
         table = _unicode_to_byte()
         if self._byte_level and all(ch in table for ch in piece):
-            text = bytes(table[ch] for ch in piece).decode("utf-8", errors="backslashreplace")
-        elif (match := _BYTE_PIECE.fullmatch(piece)) is not None:
-            text = bytes([int(match.group(1), 16)]).decode("utf-8", errors="backslashreplace")
-        else:
-            text = piece.replace(_SENTENCEPIECE_SPACE, " ")
-        return visible_whitespace(text)
+            return display_bytes(bytes(table[ch] for ch in piece))
+        if (match := _BYTE_PIECE.fullmatch(piece)) is not None:
+            return display_bytes(bytes([int(match.group(1), 16)]))
+        return escape_invisible(visible_whitespace(piece.replace(_SENTENCEPIECE_SPACE, " ")))
 
 
 def as_tokenizer(tokenizer):
