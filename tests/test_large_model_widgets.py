@@ -15,7 +15,7 @@ from pycircuits_widgets.analysis.composition import random_baseline
 from pycircuits_widgets.analysis.eigen import eigenvalue_positivity, eigenvalues
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.analysis.circuits import short_name
-from pycircuits_widgets.widgets.explorer import TITLES
+from pycircuits_widgets.widgets.registry import BY_NAME
 from pycircuits_widgets.widgets.payload import decode_array
 from random_models import custom_model, paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
@@ -86,7 +86,7 @@ def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monke
 
 def test_explorer_on_a_rotary_mlp_model_shows_every_section(rotary):
     e = pcw.CircuitExplorer(rotary, "t1 t2 t3 t1 t2")
-    assert set(e.views()) == set(TITLES) and not e.notices
+    assert set(e.views()) == set(BY_NAME) and not e.notices
     assert "offsets 0..4" in e.eigen.offset_note and "offsets 0..4" in e.trigrams.offset_note
 
 

@@ -119,6 +119,34 @@ class PositionSelection(Selection):
         return super()._index_bounds(name)
 
 
+def resolve_selection(current: dict, change: dict, token_ids, writer_of=None) -> dict:
+    """The explorer's whole selection after ``change`` (some of ``layer``, ``head``, ``position``,
+    ``token``, ``selected_pair``), kept consistent: a pair selects its later head; a head in layer
+    >= 1 that is not the pair's later head brings the pair of its strongest K-composition writer
+    (``writer_of(layer, head) -> (l1, h1) | None``); a position selects its token; a token selects
+    its last position in the text (-1 if absent) unless the position already holds it; no token,
+    no position. ``js/src/lib/selection.js`` ``resolveSelection`` is this rule for a page without a
+    kernel (tests/test_selection_rules.py runs both on the same cases)."""
+    out = {**current, **change}
+    pair = out.get("selected_pair") or []
+    if "selected_pair" in change and len(pair) == 4:
+        out["layer"], out["head"] = pair[2], pair[3]
+    elif ("layer" in change or "head" in change) and out["layer"] >= 1 and writer_of is not None:
+        if list(pair[2:]) != [out["layer"], out["head"]]:
+            writer = writer_of(out["layer"], out["head"])
+            if writer is not None:
+                out["selected_pair"] = [*writer, out["layer"], out["head"]]
+    if "position" in change and out["position"] >= 0:
+        out["token"] = token_ids[out["position"]] if out["position"] < len(token_ids) else out["token"]
+    elif "token" in change:
+        t, p = out["token"], out["position"]
+        if t < 0:
+            out["position"] = -1
+        elif p < 0 or p >= len(token_ids) or token_ids[p] != t:
+            out["position"] = max((i for i, x in enumerate(token_ids) if x == t), default=-1)
+    return out
+
+
 def check_model(model, owner: str) -> None:
     """A clear error when ``model`` is not a weight view (``pcw.load_pretrained(...)`` etc.)."""
     missing = [a for a in ("cfg", "W_E", "W_Q", "W_K", "W_V", "W_O", "W_U") if not hasattr(model, a)]
