@@ -150,9 +150,9 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    from pycircuits_widgets.widgets import selection  # the widget layer (ipywidgets, anywidget)
+    from pycircuits_widgets.widgets import runner  # the widget layer (ipywidgets, anywidget)
     widgets_import = time.perf_counter() - t0
-    selection._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
+    runner._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
     tok = tokenizer()
     print(f"CircuitExplorer build and pcw.run vs one eager HF forward with attentions, {args.tokens} tokens, "
           "random weights")

@@ -14,7 +14,7 @@ from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
-from pycircuits_widgets.widgets.pair_selection import pair_key
+from pycircuits_widgets.widgets.selection import pair_key
 from pycircuits_widgets.widgets.payload import decode_array
 
 TEXT = "t1 t5 t9 t2 t1 t5 t9 t2 t7 t3"

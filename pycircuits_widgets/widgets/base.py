@@ -20,6 +20,7 @@ import traitlets
 from . import offline, standalone
 from .bundle import bundle_code, ensure_carrier, stub_esm
 from .fallback import fallback_html
+from .runner import Runner
 
 
 def _in_marimo() -> bool:
@@ -52,9 +53,19 @@ class CircuitWidget(anywidget.AnyWidget):
     """Traits the front end may change (selection, text, view controls); the rest are the kernel's."""
     _offline_inputs: tuple = ()
     """Traits besides the selection whose change makes ``_offline`` stale (it is recomputed)."""
+    _answers_offline: str = ""
+    """How the view's kernel-less answers (``offline_answers``) are shared: "" (none), "now" (cheap:
+    computed in the constructor) or "runner" (in the background on the view's runner, see
+    ``_share_offline``). An on-demand view shares them once it starts computing."""
     _offline_fresh = True
 
-    def __init__(self, **kwargs):
+    def __init__(self, model=None, **kwargs):
+        """``model`` (if given) is ``self.model`` before any trait is set (defaults, validators and
+        the selection bounds read it). Then the traits, the view's runner (``self._runner``), the
+        view's own setup (``_started()``) and its kernel-less answers (``_answers_offline``) or,
+        for an on-demand view, its start once ``active``: subclasses only override hooks."""
+        if model is not None:
+            self.model = model
         unknown = sorted(set(kwargs) - set(self.trait_names()))
         if unknown:
             raise TypeError(
@@ -67,6 +78,19 @@ class CircuitWidget(anywidget.AnyWidget):
         else:
             ensure_carrier()  # its comm opens before this view's
         super().__init__(**kwargs)
+        self._runner = Runner(self)
+        self._started()
+        if self._answers_offline and self._offline_inputs:
+            self.observe(self._share_offline, list(self._offline_inputs))
+        self._begin()
+
+    def _started(self) -> None:
+        """The view's setup once its traits are set (observers, first jobs on ``self._runner``)."""
+
+    def _begin(self) -> None:
+        """Start sharing kernel-less answers (an on-demand view: once it is ``active``)."""
+        if self._answers_offline:
+            self._share_offline()
 
     # -- browser input ---------------------------------------------------------------
     def set_state(self, sync_data):
@@ -102,30 +126,27 @@ class CircuitWidget(anywidget.AnyWidget):
             self.error = f"could not restore {', '.join(old)}: {_message(exc)}"
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the kernel-side recomputes are done and applied (True if idle)."""
-        return True
+        """Wait until the view's recomputes (its runner's jobs) are done and applied (True if idle)."""
+        return self._runner.wait(timeout)
 
     # -- kernel-less answers ------------------------------------------------------------
     def offline_answers(self, answers: offline.Answers) -> None:
         """Add this view's kernel-less answers to ``answers``: one ``answers.rule(on, ...)``
         per result that depends on the selection traits ``on`` (the patch the kernel would
         send for each selection, current first), and ``answers.needs_kernel(name)`` for
-        controls that always need a kernel. Default: none. A view that has some calls
-        ``self._share_offline()`` at the end of its constructor."""
+        controls that always need a kernel. Default: none. A view that has some sets
+        ``_answers_offline``."""
 
     def _share_offline(self, change=None) -> None:
-        """(Re)compute ``_offline``: in the background on the view's runner under a kernel
-        (``wait()`` covers it), at the next ``save_html`` in a plain script (nothing saves
-        state before), at once for a view without a runner (cheap answers). Reruns when an
+        """(Re)compute ``_offline``: ``_answers_offline == "runner"``: in the background on the
+        view's runner under a kernel (``wait()`` covers it), at the next ``save_html`` in a plain
+        script (nothing saves state before); "now" (cheap answers): at once. Reruns when an
         ``_offline_inputs`` trait changes."""
-        if change is None and self._offline_inputs:
-            self.observe(self._share_offline, list(self._offline_inputs))
-        runner = getattr(self, "_runner", None)
-        if runner is None:
+        if self._answers_offline == "now":
             self._offline = offline.fill(self)
             self._offline_fresh = True
         else:
-            self._offline_fresh = runner.submit("offline", lambda: offline.steps(self), background=True)
+            self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self), background=True)
 
     def _offline_ready(self) -> None:
         """Make ``_offline`` current (a script computes it here, before a page is written)."""
@@ -192,24 +213,6 @@ def check_range(name: str, value: int, lo: int, hi: int, *, none: bool = False) 
         return value
     allowed = f"-1 (none) or in {lo}..{hi}" if none else f"in {lo}..{hi}"
     raise traitlets.TraitError(f"{name} must be {allowed}, got {value}")
-
-
-def reports_errors(method):
-    """Run a kernel-side recompute; on failure show the error in the view and keep the
-    last good state (traits are only replaced once the new result is complete)."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            result = method(self, *args, **kwargs)
-        except Exception as exc:  # shown to the user in the view, never swallowed
-            self.error = f"{type(exc).__name__}: {exc}"
-            return None
-        if self.error:
-            self.error = ""
-        return result
-
-    return wrapper
 
 
 def rolls_back(method):

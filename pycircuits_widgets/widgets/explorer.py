@@ -14,7 +14,7 @@ from ..analysis.circuits import model_name as name_of_model
 from ..analysis.composition import strongest_writers
 from .base import CircuitWidget, check_text, rolls_back
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
-from .pair_selection import PairSelection
+from .selection import PairSelection
 from .payload import decode_array, encode_array
 from .registry import BY_NAME, ON_DEMAND, VIEWS, ViewSpec
 from .selection import HeadSelection, PositionSelection, TokenSelection, check_model, resolve_selection
@@ -127,12 +127,11 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                                  "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
         else:
             model, text = reading_ids(model, text)
-        self.model = model
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         self._writers = None  # strongest_writers as an array [L, H, 2], once the K scores are in
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
-        super().__init__(text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
+        super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
                          **kwargs)
         # a console bar, shown only when building takes over a second (large models)
         with tqdm(total=len(VIEWS), desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:

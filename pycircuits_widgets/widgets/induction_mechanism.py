@@ -11,7 +11,7 @@ from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair
                                   k_composition_positivity_offsets, k_composition_top)
 from . import offline
 from .base import CircuitWidget, check_range
-from .pair_selection import PairSelection, pair_key
+from .selection import PairSelection, pair_key
 from .payload import JSON_BUFFER, encode_array
 from .offset_window import OffsetWindow
 from .on_demand import OnDemand
@@ -77,8 +77,6 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
         if model.cfg.n_layers < 2:
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
-        self.model = model
-        window = self._init_window(offsets, "the K-composition QK circuit")
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
@@ -88,13 +86,17 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
         self._tables: dict = {}  # pair key -> table: filled by the runner's jobs (one at a time)
         self._strings: dict = {}
         super().__init__(
-            selected_pair=selected_pair or [],
+            model, offsets, selected_pair=selected_pair or [],
             thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
                         "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
-            **window, **kwargs,
+            **kwargs,
         )
+
+    _answers_offline = "runner"
+    _window_what = "the K-composition QK circuit"
+
+    def _started(self) -> None:
         self.observe(self._on_pair, ["selected_pair"])
-        self._init_on_demand()
 
     def _ready(self) -> bool:
         return bool(self.pairs) and bool(self.selected_pair)
@@ -103,12 +105,11 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
         """Every verdict and table again at the new window (the pairs job replaces a running one)."""
         self._pairs, self._tables, self._strings = {}, {}, {}
         if self.active:
-            self._start()
+            self._restart()
 
     def _start(self) -> None:
         pair = list(self.selected_pair)
         self._runner.submit("pairs", lambda: self._pairs_steps(pair))
-        self._share_offline()  # after the pairs job: the runner runs one job at a time, in order
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: the ranked table of every pair not embedded, added to ``tables`` (and its

@@ -63,15 +63,16 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
             raise ValueError(f"model {model_name(model)!r} has no positional information: no positional QK to show")
         if not isinstance(text, str):
             raise TypeError(f"PositionalQK(model, text): text must be a str, got {type(text).__name__}")
-        self.model = model
         self._forward = forward or run
         self._one_token = one_token
         self._max_offset = int(max_offset)
         if self._max_offset < 1:
             raise ValueError(f"max_offset must be >= 1, got {max_offset}")
-        super().__init__(**kwargs)
-        set_text(self, text)
-        self._init_on_demand()
+        self._first_text = text
+        super().__init__(model, **kwargs)
+
+    def _started(self) -> None:
+        set_text(self, self._first_text)
 
     def _ready(self) -> bool:
         return bool(self.positional)

@@ -15,7 +15,7 @@ from .base import CircuitWidget, check_range, check_text, rolls_back
 from .notes import direct_path_ignores
 from .offset_window import OffsetWindow
 from .payload import encode_array
-from .selection import HeadSelection, Runner, TokenSelection, check_model
+from .selection import HeadSelection, TokenSelection, check_model
 
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
@@ -84,16 +84,17 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
-        self.model = model
-        window = self._init_window(offsets, "a skip-trigram table")
-        self._snapshot_window()
         self._strings = model.token_strings
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
-        super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
-                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
-                         **window, **kwargs)
-        self._runner = Runner(self)
-        if model.cfg.d_vocab > self.partial_above:
+        super().__init__(model, offsets, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
+                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
+
+    _answers_offline = "runner"
+    _window_what = "a skip-trigram table"
+
+    def _started(self) -> None:
+        self._snapshot_window()
+        if self.model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
         else:
             self.recompute()
@@ -104,7 +105,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self.observe(self._on_head, ["layer", "head", "k"])
         self.observe(self._on_query, ["query"])
         self.observe(self._on_token, ["token", "n_related"])
-        self._share_offline()
 
     _window_text = ("Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {how}; each skip-trigram "
                     "is scored at its strongest offset (column \"offset\"), and a token's query takes each entry's "
@@ -160,10 +160,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self._on_token(None)
         self.wait(None)
         return {"related": self.related}
-
-    def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the recomputes are done and applied (True if idle)."""
-        return self._runner.wait(timeout)
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's table (top ``offline.TABLE_K``; the token strings of all

@@ -1,7 +1,7 @@
 """Views whose data is computed from a ``text`` trait, on the view's runner.
 
 A view defines ``_check_text(text)`` (cheap: tokenise, lengths; raises ``ValueError``/``TypeError``)
-and ``_text_steps(text)`` (a :data:`~.selection.Steps` generator of trait updates: the heavy
+and ``_text_steps(text)`` (a :data:`~.runner.Steps` generator of trait updates: the heavy
 work, run on the widget's runner as the kind ``"text"``, the newest text winning). A text the
 model refuses fails validation: from Python it raises, from the browser it shows in ``error``
 (``CircuitWidget.set_state``), and either way the last good text and data stay. A text that
@@ -28,7 +28,7 @@ class TextData(OnDemand):
 
     @traitlets.observe("text")
     def _text_changed(self, change):
-        if self._runner is not None and self.active:
+        if self._computing:  # (not while the constructor sets the first text: the start submits it)
             self._submit_text()
 
     def _submit_text(self) -> None:

@@ -1,0 +1,237 @@
+"""The one runner that recomputes a view's results off the kernel thread.
+
+:class:`Runner` runs a widget's recomputes. Each request has a *kind* (a head's table, a
+token query, a detail panel): per kind at most one job runs and one waits, and a newer
+request of a kind makes the older one stale, stopped at its next chunk (``yield``); kinds
+never drop each other. Under a Jupyter kernel the work runs on one worker thread per widget
+and every result is applied on the kernel's IO-loop thread (never ``setattr`` from the
+worker); in a plain script (no kernel) requests run synchronously, so nothing is left
+running at exit. Every view has one (``CircuitWidget._runner``).
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+from typing import Callable, Iterator
+
+
+# A recompute: a generator of trait updates (dicts name -> value; None is a checkpoint with
+# no update). Each yield is a chunk boundary where stale work stops.
+Steps = Iterator["dict | None"]
+
+
+def _kernel_loop():
+    """The running kernel's IO loop (tornado), or None outside a kernel."""
+    if "ipykernel" not in sys.modules:
+        return None
+    from ipykernel.kernelbase import Kernel
+
+    if not Kernel.initialized():
+        return None
+    return getattr(Kernel.instance(), "io_loop", None)
+
+
+class _Job:
+    __slots__ = ("kind", "make", "generation", "background", "steps")
+
+    def __init__(self, kind: str, make: Callable[[], Steps], generation: int, background: bool = False):
+        self.kind, self.make, self.generation, self.background = kind, make, generation, background
+        self.steps = None  # the running generator of updates, kept while a background job is parked
+
+
+_shutting_down = threading.Event()
+if hasattr(threading, "_register_atexit"):  # before non-daemon threads are joined at exit
+    threading._register_atexit(_shutting_down.set)
+
+
+class Runner:
+    """One widget's recomputes: per kind of result, one job running and one pending.
+
+    ``submit(kind, make)``: ``make()`` returns a :data:`Steps` generator. A newer submit of
+    the same kind makes the older stale (stopped between chunks, its results dropped);
+    other kinds are untouched. ``widget.busy`` is True while any job is pending, running or
+    has results not yet applied. A failing job shows ``"<kind>: <error>"`` in
+    ``widget.error`` and leaves the last good traits; the next success of that kind clears it.
+
+    ``submit(kind, make, background=True)``: work nobody waits to see (the kernel-less answers,
+    ``widgets/offline.py``): it never sets ``busy`` and yields to any other request at its
+    next chunk, resuming once that is done; ``wait()`` still covers it. Under no kernel it is
+    not run at all (``submit`` returns False): a script saves nothing until ``save_html``.
+
+    ``loop``: where results are applied. Default: the running kernel's IO loop (a worker
+    thread computes, ``loop.add_callback`` applies); None: run synchronously in ``submit``.
+    """
+
+    def __init__(self, widget, loop="kernel"):
+        self._widget = widget
+        self._loop = _kernel_loop() if loop == "kernel" else loop
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._generation: dict[str, int] = collections.defaultdict(int)
+        self._pending: dict[str, _Job] = {}  # kind -> newest job not started
+        self._running: _Job | None = None
+        self._results: collections.deque = collections.deque()  # (job, update | exception)
+        self._worker: threading.Thread | None = None
+        self._failed: dict[str, str] = {}  # kind -> message shown in error
+        self._applying = False
+
+    # -- requests (kernel thread) ------------------------------------------------------------
+    def submit(self, kind: str, make: Callable[[], Steps], *, background: bool = False) -> bool:
+        if background and self._loop is None:
+            return False
+        with self._lock:
+            self._generation[kind] += 1
+            self._pending[kind] = _Job(kind, make, self._generation[kind], background)
+            if self._loop is not None:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._work, name="pcw-runner")
+                    self._worker.start()
+                self._changed.notify_all()
+        if self._loop is not None:
+            if not background:
+                self._set_busy(True)
+        elif not self._applying:
+            self._run_sync()
+        return True
+
+    def current(self, job: _Job) -> bool:
+        return job.generation == self._generation[job.kind] and not _shutting_down.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every request is done and applied (True), or ``timeout`` s (False).
+        Call it from the kernel thread (a cell, a test): it applies the results itself."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._drain():
+            with self._lock:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                if not self._results and (self._pending or self._running is not None):
+                    self._changed.wait(left)
+        return True
+
+    # -- synchronous mode ----------------------------------------------------------------------
+    def _run_sync(self) -> None:
+        self._applying = True
+        try:
+            while self._pending:
+                kind = next(iter(self._pending))
+                job = self._pending.pop(kind)
+                for item in self._steps(job):
+                    if item is not None:
+                        self._apply(job, item)
+                    if isinstance(item, BaseException) and not isinstance(item, Exception):
+                        raise item  # Ctrl-C in a script still stops it, the view showing why
+        finally:
+            self._applying = False
+
+    # -- worker thread: computes, never touches traits -------------------------------------------
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending or _shutting_down.is_set():
+                    self._pending.clear()
+                    self._worker = None
+                    self._changed.notify_all()
+                    return
+                kind = next((k for k, j in self._pending.items() if not j.background), next(iter(self._pending)))
+                job = self._running = self._pending.pop(kind)
+            try:
+                if job.steps is None:
+                    job.steps = self._steps(job)
+                for item in job.steps:
+                    if item is not None:
+                        with self._lock:
+                            self._results.append((job, item))
+                            self._changed.notify_all()
+                        self._post()
+                    if job.background and self._park(job):
+                        break
+            finally:  # whatever ends the job, the runner takes the next one (busy goes off)
+                with self._lock:
+                    self._running = None
+                    self._changed.notify_all()
+                self._post()
+
+    def _park(self, job: _Job) -> bool:
+        """A background job yields to waiting requests: back in the queue, resumed later
+        (dropped if a newer request of its kind is waiting)."""
+        with self._lock:
+            if not any(not j.background for j in self._pending.values()):
+                return False
+            if job.kind in self._pending:
+                job.steps.close()
+            else:
+                self._pending[job.kind] = job
+            return True
+
+    def _post(self) -> None:
+        try:
+            self._loop.add_callback(self._drain)
+        except RuntimeError:  # the kernel's loop is closed (shutting down): nothing to show
+            pass
+
+    def _steps(self, job: _Job):
+        """The job's updates while it is current (stale: stop at the next chunk), None at
+        each chunk boundary; a failure is yielded as the exception. That includes a
+        ``KeyboardInterrupt``/``SystemExit`` raised by the job: on a worker it would otherwise
+        end the thread and leave ``busy`` on and every later request unserved (synchronously,
+        ``_run_sync`` raises it again once the view shows it)."""
+        steps = None
+        try:
+            steps = job.make()
+            for update in steps:
+                if not self.current(job):
+                    return
+                yield update or None
+        except GeneratorExit:  # closed (stale, or a parked job dropped): nothing to report
+            raise
+        except BaseException as exc:  # shown in the view by _apply
+            if self.current(job):
+                yield exc
+        finally:
+            if steps is not None and hasattr(steps, "close"):
+                steps.close()
+
+    # -- applying (kernel thread) ----------------------------------------------------------------
+    def _drain(self) -> bool:
+        """Apply the queued results in order; True when all work is done (``busy`` goes off
+        once all but background work is done)."""
+        while True:
+            with self._lock:
+                entry = self._results.popleft() if self._results else None
+                idle = entry is None and not self._pending and self._running is None
+                shown = entry is None and all(j.background for j in self._pending.values()) and (
+                    self._running is None or self._running.background)
+            if entry is None:
+                if shown:
+                    self._set_busy(False)
+                return idle
+            job, item = entry
+            if self.current(job):
+                self._apply(job, item)
+
+    def _apply(self, job: _Job, item) -> None:
+        widget = self._widget
+        if isinstance(item, BaseException):
+            message = f"{job.kind}: {type(item).__name__}" + (f": {item}" if str(item) else "")
+            self._failed[job.kind] = message
+            widget.error = message
+            return
+        try:
+            with widget.hold_sync():
+                for name, value in item.items():
+                    setattr(widget, name, value)
+        except Exception as exc:  # an observer of the update failed: say so, keep going
+            self._failed[job.kind] = widget.error = f"{job.kind}: {type(exc).__name__}: {exc}"
+            return
+        shown = self._failed.pop(job.kind, None)
+        if shown is not None and widget.error == shown:
+            widget.error = ""
+
+    def _set_busy(self, value: bool) -> None:
+        if self._widget.busy != value:
+            self._widget.busy = value
