@@ -44,9 +44,9 @@ def writer_oracle(model, layer, head):
 def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monkeypatch):
     calls = []
     for name in ("top_virtual_heads", "k_composition_positivity_offsets", "path_expansion"):
-        module = {"top_virtual_heads": "virtual_heads_view", "k_composition_positivity_offsets": "induction_mechanism",
-                  "path_expansion": "path_expansion_view"}[name]
-        mod = __import__(f"pycircuits_widgets.widgets.{module}", fromlist=[name])
+        module = {"top_virtual_heads": "widgets.virtual_heads_view", "k_composition_positivity_offsets": "analysis.induction",
+                  "path_expansion": "widgets.path_expansion_view"}[name]
+        mod = __import__(f"pycircuits_widgets.{module}", fromlist=[name])
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k))
     e = pcw.CircuitExplorer(m2, TEXT)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import composition_scores, random_baseline
-from ..analysis.eigen import eigenvalue_positivity
-from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
-                                  k_composition_positivity_offsets, k_composition_top)
+from ..analysis.composition import random_baseline
+from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_composition_diagonal_rank, k_composition_top,
+                                  pair_verdicts)
 from . import offline
 from .base import CircuitWidget, check_range
 from .selection import PairSelection, pair_key
@@ -143,28 +142,11 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
 
     def _pairs_steps(self, pair):
         """Every pair's verdict, then the tables of the strongest ``n_tables`` pairs and ``pair``."""
-        model = self.model
-        with torch.no_grad():
-            qk_pos, at = k_composition_positivity_offsets(model, self._offsets)
-            ov_pos = eigenvalue_positivity(model, "OV")
-            scores = composition_scores(model, "K", baseline=False, offsets=self._offsets)
-        if at is not None:  # each pair's score at the offset its positivity is read at
-            index = torch.as_tensor([self._offsets.index(o) if o >= 0 else 0 for o in at.flatten().tolist()])
-            scores = scores.gather(0, index.view(1, *at.shape).to(scores.device))[0]
-        L, H = model.cfg.n_layers, model.cfg.n_heads
         pairs = {}
-        for l1 in range(L - 1):
-            for h1 in range(H):
-                for l2 in range(l1 + 1, L):
-                    for h2 in range(H):
-                        q, o = float(qk_pos[l1, h1, l2, h2]), float(ov_pos[l2, h2])
-                        kind, sentence = classify_pair((l1, h1), (l2, h2), q, o)
-                        if at is not None:
-                            offset = int(at[l1, h1, l2, h2])
-                            sentence = f"At query - key offset {offset}: {sentence}"
-                        pairs[pair_key((l1, h1, l2, h2))] = {
-                            "k_score": float(scores[l1, h1, l2, h2]), "qk_positivity": q, "ov_positivity": o,
-                            "kind": kind, "sentence": sentence, **({} if at is None else {"offset": offset})}
+        for key, v in pair_verdicts(self.model, self._offsets).items():
+            pairs[pair_key(key)] = {"k_score": v.k_score, "qk_positivity": v.qk_positivity,
+                                    "ov_positivity": v.ov_positivity, "kind": v.kind, "sentence": v.sentence,
+                                    **({} if v.offset is None else {"offset": v.offset})}
         self._pairs = pairs
         order = [[int(x) for x in key.split(",")] for key in sorted(pairs, key=lambda key: -pairs[key]["k_score"])]
         update = {"pairs": pairs, "tables": dict(self._tables), "strings": dict(self._strings)}  # (none of an old window)

@@ -7,8 +7,8 @@ import traitlets
 
 from ..analysis.circuits import embedding_note
 from ..analysis.rotary import rotations
-from ..analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, qk_entries,
-                                      top_over_offsets, top_skip_trigrams)
+from ..analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, top_over_offsets,
+                                      top_skip_trigrams, triple_entries)
 from ..models.tokenizer import visible_whitespace
 from . import offline
 from .base import CircuitWidget, check_range, check_text, rolls_back
@@ -237,10 +237,8 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         yield {"trigrams": table}
 
     def _encode_table(self, layer, head, window, score, idx, at, progress):
-        q, kk, v, u = self._centred(layer, head)
         src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
-        qk = qk_entries(q, kk, idx, window[1], at)  # entries QKc[dest, src] of the factored circuit
-        ov = (v[src] * u.T[out]).sum(1)  # entries OVc[src, out]
+        qk, ov = triple_entries(*self._centred(layer, head), idx, window[1], at)
         ids = sorted(set(idx.reshape(-1).tolist()))
         offsets = {} if at is None else {"offset": encode_array(torch.tensor(window[0])[at], "int32")}
         return {**offsets,
