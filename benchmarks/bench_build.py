@@ -23,7 +23,7 @@ Columns:
 * explorer shown: no view busy any more: every view shows its content for the initial
   selection (composition table, exact skip-trigram table, eigenvalue scatter and detail);
 * explorer complete: additionally ``explorer.wait()``: every background job done, the
-  kernel-less answers (``widgets/offline.py``: every head's tables for a saved page) included.
+  kernel-less answers (``widgets/core/offline.py``: every head's tables for a saved page) included.
 
 The widget layer's import (ipywidgets, anywidget; once per kernel, independent of the model)
 is done before the clock starts and printed on its own line.

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pycircuits_widgets.widgets import runner
+from pycircuits_widgets.widgets.core import runner
 
 
 class ManualLoop:

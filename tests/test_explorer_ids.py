@@ -82,7 +82,7 @@ def test_notices_and_the_header_name_the_model_as_its_user_does():
 
 
 def test_a_large_vocabulary_rotary_explorer_reads_skip_trigrams_over_a_shorter_window(bare, monkeypatch):
-    from pycircuits_widgets.widgets import registry
+    from pycircuits_widgets.widgets.views import registry
     monkeypatch.setattr(pcw.SkipTrigramTable, "partial_above", 16)  # "large": the tiny model's 40 tokens
     monkeypatch.setattr(registry, "LARGE_VOCAB_TRIGRAM_OFFSETS", 3)
     e = pcw.CircuitExplorer(bare, IDS)

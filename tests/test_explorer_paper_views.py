@@ -14,9 +14,9 @@ from pycircuits_widgets.analysis.composition import composition_scores
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
-from pycircuits_widgets.widgets import explorer as explorer_module
-from pycircuits_widgets.widgets import registry
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.views import explorer as explorer_module
+from pycircuits_widgets.widgets.views import registry
+from pycircuits_widgets.widgets.core.payload import decode_array
 
 TEXT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return f(x) + 1\n"
 PAPER_VIEWS = ("paths", "induction", "positional", "virtual")
@@ -44,8 +44,8 @@ def writer_oracle(model, layer, head):
 def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monkeypatch):
     calls = []
     for name in ("top_virtual_heads", "k_composition_positivity_offsets", "path_expansion"):
-        module = {"top_virtual_heads": "widgets.virtual_heads_view", "k_composition_positivity_offsets": "analysis.induction",
-                  "path_expansion": "widgets.path_expansion_view"}[name]
+        module = {"top_virtual_heads": "widgets.views.virtual_heads", "k_composition_positivity_offsets": "analysis.induction",
+                  "path_expansion": "widgets.views.path_expansion"}[name]
         mod = __import__(f"pycircuits_widgets.{module}", fromlist=[name])
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k))

@@ -14,8 +14,8 @@ import torch
 import traitlets
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.runner import Runner
-from pycircuits_widgets.widgets.selection import head_label
+from pycircuits_widgets.widgets.core.runner import Runner
+from pycircuits_widgets.widgets.core.selection import head_label
 from random_models import paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
@@ -77,7 +77,7 @@ ex = pcw.CircuitExplorer(pcw.load_pretrained("attn-only-2l"), "def f(x):\\n    r
 ex.layer, ex.head = 1, 6; time.sleep(0.03)
 """
 KERNEL_SETUP = """
-from pycircuits_widgets.widgets import runner
+from pycircuits_widgets.widgets.core import runner
 class Loop:  # a kernel's IO loop that is never run: work stays on the worker threads at exit
     def add_callback(self, *args): pass
 runner._kernel_loop = lambda: Loop()

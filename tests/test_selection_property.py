@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets import runner
+from pycircuits_widgets.widgets.core import runner
 from random_models import paper_model
 from runner_loop import ManualLoop
 

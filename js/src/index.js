@@ -61,7 +61,7 @@ export function mountView({ model, el, host, select = null }) {
 }
 
 /**
- * The slot a view's `_esm` stub awaits (pycircuits_widgets/widgets/bundle.py): one per
+ * The slot a view's `_esm` stub awaits (pycircuits_widgets/widgets/core/bundle.py): one per
  * bundle hash, on `globalThis` so that every module of the page shares it.
  * @param {string} key  the bundle's hash
  */
@@ -87,5 +87,5 @@ const definition = {
 export default definition;
 
 // Kernel-less host (standalone HTML export and the browser test harness) and its JSON reader
-// (non-finite numbers tagged, pycircuits_widgets/widgets/offline.py NONFINITE).
+// (non-finite numbers tagged, pycircuits_widgets/widgets/core/offline.py NONFINITE).
 export { createHost, parseTagged };

@@ -17,10 +17,10 @@ from playwright.sync_api import expect
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.registry import BY_NAME
-from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, export_notebook
-from pycircuits_widgets.widgets.payload import decode_array
-from pycircuits_widgets.widgets.standalone import widget_state
+from pycircuits_widgets.widgets.views.registry import BY_NAME
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
+from pycircuits_widgets.widgets.core.payload import decode_array
+from pycircuits_widgets.widgets.sharing.standalone import widget_state
 from test_adapters_hf import randomize
 
 pytestmark = pytest.mark.browser

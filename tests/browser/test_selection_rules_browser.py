@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pycircuits_widgets.analysis.composition import strongest_writers
-from pycircuits_widgets.widgets.selection import resolve_selection
+from pycircuits_widgets.widgets.core.selection import resolve_selection
 
 SELECTION_JS = pathlib.Path(__file__).parents[2] / "js/src/lib/selection.js"
 TOKEN_IDS = [5, 7, 5, 9, 7, 5]

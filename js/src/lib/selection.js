@@ -1,5 +1,5 @@
 // The one selection vocabulary, shared by every view and the explorer (same names and rules
-// as pycircuits_widgets/widgets/selection.py; which view follows which keys, and each head's
+// as pycircuits_widgets/widgets/core/selection.py; which view follows which keys, and each head's
 // strongest K-composition writer, are the kernel's data: the explorer's `sections` and
 // `strongest_writers` traits):
 //   layer, head  a head, written `L1.H6` everywhere (headLabel)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
-from ..analysis.rotary import reduce_offsets
-from . import offline
-from .base import CircuitWidget, rolls_back
+from ...analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
+from ...analysis.rotary import reduce_offsets
+from ..core import offline
+from ..core.base import CircuitWidget, rolls_back
+from ..core.offset_window import OffsetWindow
+from ..core.payload import encode_array
+from ..core.selection import HeadSelection, PairSelection, check_model
 from .notes import direct_path_ignores
-from .offset_window import OffsetWindow
-from .payload import encode_array
-from .selection import HeadSelection, PairSelection, check_model
 
 # the erratum panel shows the first form the errata names (first factor of the paper's product
 # moved to the end, K: ||W_K W_O W_V W_Q^T||); both forms: pcw.composition_scores(norm=...)

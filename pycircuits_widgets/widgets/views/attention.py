@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from .base import CircuitWidget, check_text, rolls_back
-from .payload import encode_array, max_pool, pack_causal, quantize_unit, to_numpy
-from .selection import HeadSelection, Index, PositionSelection
+from ..core.base import CircuitWidget, check_text, rolls_back
+from ..core.payload import encode_array, max_pool, pack_causal, quantize_unit, to_numpy
+from ..core.selection import HeadSelection, Index, PositionSelection
 
 OVERVIEW_MAX = 128
 """Largest side of a head's overview thumbnail (positions are max-pooled down to it)."""
@@ -241,7 +241,7 @@ def _answer_row_request(widget, content, buffers):
 
 
 def _default_forward(model, text):
-    from ..analysis.activations import run
+    from ...analysis.activations import run
 
     return run(model, text)
 

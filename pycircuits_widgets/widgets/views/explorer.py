@@ -9,15 +9,15 @@ import ipywidgets
 import traitlets
 from tqdm import tqdm
 
-from ..analysis.activations import run
-from ..analysis.circuits import model_name as name_of_model
-from ..analysis.composition import strongest_writers
-from .base import CircuitWidget, check_text, rolls_back
+from ...analysis.activations import run
+from ...analysis.circuits import model_name as name_of_model
+from ...analysis.composition import strongest_writers
+from ..core.base import CircuitWidget, check_text, rolls_back
+from ..core.payload import decode_array, encode_array
+from ..core.selection import (HeadSelection, PairSelection, PositionSelection, TokenSelection, check_model,
+                              resolve_selection)
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
-from .selection import PairSelection
-from .payload import decode_array, encode_array
 from .registry import BY_NAME, ON_DEMAND, VIEWS, ViewSpec
-from .selection import HeadSelection, PositionSelection, TokenSelection, check_model, resolve_selection
 
 SMALL_HEADS = 64
 """:meth:`CircuitExplorer.save_html` computes the on-demand paper views (``registry.ON_DEMAND``) of a

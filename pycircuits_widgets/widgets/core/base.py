@@ -17,9 +17,8 @@ import sys
 import anywidget
 import traitlets
 
-from . import offline, standalone
+from . import offline
 from .bundle import bundle_code, ensure_carrier, stub_esm
-from .fallback import fallback_html
 from .runner import Runner
 
 
@@ -47,7 +46,7 @@ class CircuitWidget(anywidget.AnyWidget):
     _offline = traitlets.Dict().tag(sync=True)
     """dict (kernel's): precomputed answers for other selections, applied by the front end when
     no kernel is attached (a saved notebook, an exported or ``save_html`` page), and the controls
-    that need a kernel; see ``widgets/offline.py``. Filled by ``offline_answers``."""
+    that need a kernel; see ``widgets/core/offline.py``. Filled by ``offline_answers``."""
 
     _browser_writable: frozenset = frozenset()
     """Traits the front end may change (selection, text, view controls); the rest are the kernel's."""
@@ -168,15 +167,19 @@ class CircuitWidget(anywidget.AnyWidget):
     def _fallback_html(self) -> str:
         """Static HTML picture of this view drawn from its data (escaped, under
         ``pictures.BUDGET`` bytes); override for a better one."""
+        from ..sharing.fallback import fallback_html  # the export stack: loaded when a view is shown
+
         return fallback_html(self)
 
     def save_html(self, path, *, title: str | None = None, offline: bool = True) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
         that shows this view with every interaction that needs no kernel. With ``offline``
         (default) the view's kernel-less answers (``_offline``: each head's skip-trigram table
-        and eigenvalues, head pairs' composition detail, within ``widgets.offline.BUDGET``
+        and eigenvalues, head pairs' composition detail, within ``widgets.core.offline.BUDGET``
         per view) are made current first: seconds of work for a 2-layer model in a script,
         already done in the background under a kernel."""
+        from ..sharing import standalone
+
         standalone.refuse_notebook_target(path)  # before any work
         self.wait(None)  # the page holds finished state, never busy
         return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline)

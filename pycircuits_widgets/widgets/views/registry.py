@@ -18,13 +18,13 @@ from .colored_tokens import ColoredTokens
 from .composition_matrix import CompositionMatrix
 from .eigenvalue_plot import EigenvaluePlot
 from .induction_mechanism import InductionMechanism
-from .path_expansion_view import PathExpansion
+from .path_expansion import PathExpansion
 from .positional_qk import PositionalQK
 from .skip_trigram_table import SkipTrigramTable
-from .virtual_heads_view import VirtualHeads
+from .virtual_heads import VirtualHeads
 
 if TYPE_CHECKING:
-    from .base import CircuitWidget
+    from ..core.base import CircuitWidget
     from .explorer import CircuitExplorer
 
 LARGE_VOCAB_TRIGRAM_OFFSETS = 8

@@ -27,7 +27,7 @@ import threading
 import anywidget
 import traitlets
 
-STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
+STATIC = pathlib.Path(__file__).resolve().parents[2] / "static"
 
 # The slot shape is shared with js/src/index.js (`bundleSlot`): {promise, resolve}.
 _STUB = """// pycircuits_widgets view: renders with the bundle its kernel's BundleCarrier loads.

@@ -5,16 +5,15 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import random_baseline
-from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_composition_diagonal_rank, k_composition_top,
-                                  pair_verdicts)
-from . import offline
-from .base import CircuitWidget, check_range
-from .selection import PairSelection, pair_key
-from .payload import JSON_BUFFER, encode_array
-from .offset_window import OffsetWindow
-from .on_demand import OnDemand
-from .selection import HeadSelection, TokenSelection, check_model
+from ...analysis.composition import random_baseline
+from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_composition_diagonal_rank, k_composition_top,
+                                   pair_verdicts)
+from ..core import offline
+from ..core.base import CircuitWidget, check_range
+from ..core.offset_window import OffsetWindow
+from ..core.on_demand import OnDemand
+from ..core.payload import JSON_BUFFER, encode_array
+from ..core.selection import HeadSelection, PairSelection, TokenSelection, check_model, pair_key
 
 
 N_TABLES = 16

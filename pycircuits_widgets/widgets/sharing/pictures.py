@@ -16,8 +16,8 @@ import zlib
 
 import numpy as np
 
-from ..models.tokenizer import escape_invisible, visible_whitespace
-from .payload import decode_array, decode_patterns, max_pool
+from ...models.tokenizer import escape_invisible, visible_whitespace
+from ..core.payload import decode_array, decode_patterns, max_pool
 
 BUDGET = 48_000
 """Most bytes of one display's static fallback (the explorer's included)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import traitlets
 
-from ..models import weight_view_hint
+from ...models import weight_view_hint
 from .base import check_range
 
 
@@ -148,7 +148,7 @@ def resolve_selection(current: dict, change: dict, token_ids, writer_of=None) ->
     (``writer_of(layer, head) -> (l1, h1) | None``); a position selects its token; a token selects
     its last position in the text (-1 if absent) unless the position already holds it; no token,
     no position. ``js/src/lib/selection.js`` ``resolveSelection`` is this rule for a page without a
-    kernel (tests/test_selection_rules.py runs both on the same cases)."""
+    kernel (tests/browser/test_selection_rules_browser.py runs both on the same cases)."""
     out = {**current, **change}
     pair = out.get("selected_pair") or []
     if "selected_pair" in change and len(pair) == 4:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import traitlets
 
-from ..analysis.virtual_heads import top_virtual_heads
-from .base import CircuitWidget
-from .selection import PairSelection
-from .on_demand import OnDemand
-from .payload import JSON_BUFFER
-from .selection import HeadSelection, check_model
+from ...analysis.virtual_heads import top_virtual_heads
+from ..core.base import CircuitWidget
+from ..core.on_demand import OnDemand
+from ..core.payload import JSON_BUFFER
+from ..core.selection import HeadSelection, PairSelection, check_model
 
 
 class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):

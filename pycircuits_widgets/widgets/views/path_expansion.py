@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.activations import run
-from ..analysis.path_expansion import path_expansion, path_specs
-from .base import CircuitWidget, check_range
-from .selection import PairSelection
-from .payload import JSON_BUFFER, encode_array
-from .selection import HeadSelection, PositionSelection, check_model
-from .text_data import TextData, set_text
+from ...analysis.path_expansion import path_expansion, path_specs
+from ..core.base import CircuitWidget, check_range
+from ..core.payload import JSON_BUFFER, encode_array
+from ..core.selection import HeadSelection, PairSelection, PositionSelection, check_model
+from ..core.text_data import TextData
 
 LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
 """Rungs of the loss ladder, by path order (for a 2-layer attention-only, bias-free model)."""
@@ -77,30 +75,18 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
         check_model(model, "PathExpansion")
         cfg = model.cfg
         self._max_order = deepest_order(cfg)
-        self._forward = forward or run
-        self._one_token = one_token
-        self._n_tokens = 0
-        self._first = self._as_text(text), kwargs.pop("position", -1)  # the position is validated against the text
-        super().__init__(model, expansion_note=expansion_note(cfg, self._max_order), **kwargs)
+        self._first_position = kwargs.pop("position", -1)  # validated against the text, once it is set
+        super().__init__(model, text, forward, one_token, expansion_note=expansion_note(cfg, self._max_order),
+                         **kwargs)
+
+    _short_text = "the loss needs at least 2"
 
     def _started(self) -> None:
-        text, position = self._first
-        set_text(self, text)
-        self.position = position
-
-    def _as_text(self, text):
-        if isinstance(text, str):
-            return text
-        raise TypeError(f"PathExpansion(model, text): text must be a str, got {type(text).__name__}")
+        super()._started()
+        self.position = self._first_position
 
     def _ready(self) -> bool:
         return bool(self.terms)
-
-    def _check_text(self, text: str) -> None:
-        n = self.model.to_tokens(text).shape[-1]  # validates the text (unknown token, n_ctx)
-        if n < 2 and not self._one_token:
-            raise ValueError(f"the text has {n} token; the loss needs at least 2")
-        self._n_tokens = n
 
     @traitlets.observe("text")
     def _clip_position(self, change):

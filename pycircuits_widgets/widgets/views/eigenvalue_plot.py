@@ -8,17 +8,17 @@ from collections.abc import Mapping
 import torch
 import traitlets
 
-from ..analysis.circuits import embedding_note
-from ..analysis.eigen import eigenvalues, positivity
-from ..analysis.rotary import reduce_offsets
-from ..analysis.head_scores import head_scores, target_masks
-from ..analysis.skip_trigrams import copied_tokens
-from . import offline
-from .base import CircuitWidget, check_range, rolls_back
+from ...analysis.circuits import embedding_note
+from ...analysis.eigen import eigenvalues, positivity
+from ...analysis.head_scores import head_scores, target_masks
+from ...analysis.rotary import reduce_offsets
+from ...analysis.skip_trigrams import copied_tokens
+from ..core import offline
+from ..core.base import CircuitWidget, check_range, rolls_back
+from ..core.offset_window import OffsetWindow
+from ..core.payload import encode_array, to_numpy
+from ..core.selection import HeadSelection, check_model
 from .notes import direct_path_ignores
-from .offset_window import OffsetWindow
-from .payload import encode_array, to_numpy
-from .selection import HeadSelection, check_model
 
 
 class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.bigrams import bigram_top
-from .base import CircuitWidget, check_range
-from .payload import JSON_BUFFER, encode_array
-from .on_demand import OnDemand
-from .selection import TokenSelection
+from ...analysis.bigrams import bigram_top
+from ..core.base import CircuitWidget, check_range
+from ..core.on_demand import OnDemand
+from ..core.payload import JSON_BUFFER, encode_array
+from ..core.selection import TokenSelection
 
 EMBED_ALL_MAX_VOCAB = 8192
 """Up to this vocabulary size every row's top next tokens are embedded (kernel-less search);

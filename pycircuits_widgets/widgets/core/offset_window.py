@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traitlets
 
-from ..analysis.rotary import describe, offset_window
+from ...analysis.rotary import describe, offset_window
 from .base import rolls_back
 
 MAX_OFFSETS = 256

@@ -57,7 +57,7 @@ class Runner:
     ``widget.error`` and leaves the last good traits; the next success of that kind clears it.
 
     ``submit(kind, make, background=True)``: work nobody waits to see (the kernel-less answers,
-    ``widgets/offline.py``): it never sets ``busy`` and yields to any other request at its
+    ``widgets/core/offline.py``): it never sets ``busy`` and yields to any other request at its
     next chunk, resuming once that is done; ``wait()`` still covers it. Under no kernel it is
     not run at all (``submit`` returns False): a script saves nothing until ``save_html``.
 

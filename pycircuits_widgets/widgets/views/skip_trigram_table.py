@@ -5,17 +5,17 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.circuits import embedding_note
-from ..analysis.rotary import rotations
-from ..analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, top_over_offsets,
-                                      top_skip_trigrams, triple_entries)
-from ..models.tokenizer import visible_whitespace
-from . import offline
-from .base import CircuitWidget, check_range, check_text, rolls_back
+from ...analysis.circuits import embedding_note
+from ...analysis.rotary import rotations
+from ...analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, top_over_offsets,
+                                       top_skip_trigrams, triple_entries)
+from ...models.tokenizer import visible_whitespace
+from ..core import offline
+from ..core.base import CircuitWidget, check_range, check_text, rolls_back
+from ..core.offset_window import OffsetWindow
+from ..core.payload import encode_array
+from ..core.selection import HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
-from .offset_window import OffsetWindow
-from .payload import encode_array
-from .selection import HeadSelection, TokenSelection, check_model
 
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
