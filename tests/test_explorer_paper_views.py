@@ -17,6 +17,7 @@ from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
 from pycircuits_widgets.widgets.views import explorer as explorer_module
 from pycircuits_widgets.widgets.views import registry
 from pycircuits_widgets.widgets.core.payload import decode_array
+from pycircuits_widgets.widgets.core.selection import SELECTION_KEYS
 
 TEXT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return f(x) + 1\n"
 PAPER_VIEWS = ("paths", "induction", "positional", "virtual")
@@ -156,7 +157,7 @@ def test_the_browser_gets_every_section_from_the_registry_in_order(computed):
     for section in computed.sections:
         spec = registry.BY_NAME[section["name"]]
         assert section["follows"] == list(spec.follows) and section["title"] == spec.title
-        assert set(spec.follows) <= set(explorer_module.SELECTION_KEYS)
+        assert set(spec.follows) <= set(SELECTION_KEYS)
         assert isinstance(getattr(computed, spec.name), spec.cls)
 
 

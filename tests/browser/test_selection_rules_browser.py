@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pycircuits_widgets.analysis.composition import strongest_writers
-from pycircuits_widgets.widgets.core.selection import resolve_selection
+from pycircuits_widgets.widgets.core.selection import SELECTION_KEYS, resolve_selection
 
 SELECTION_JS = pathlib.Path(__file__).parents[2] / "js/src/lib/selection.js"
 TOKEN_IDS = [5, 7, 5, 9, 7, 5]
@@ -85,6 +85,15 @@ def test_python_and_the_browser_resolve_every_selection_change_alike(page, k_sco
     assert by_case[json.dumps((start, {"token": 11}))]["position"] == -1  # not in the text
     moved = [p for (c, ch), p in zip(cases(), python) if "layer" in ch and p["selected_pair"] != c["selected_pair"]]
     assert moved and all(p["selected_pair"][2:] == [p["layer"], p["head"]] for p in moved)
+
+
+def test_the_browser_names_the_same_selection(page):
+    page.set_content("<!doctype html><title>selection keys</title>")
+    keys = page.evaluate("""async (source) => {
+      const m = await import("data:text/javascript;base64," + btoa(unescape(encodeURIComponent(source))));
+      return m.SELECTION_KEYS;
+    }""", SELECTION_JS.read_text(encoding="utf-8"))
+    assert keys == list(SELECTION_KEYS)
 
 
 def test_the_writer_table_is_the_argmax_over_earlier_heads_of_finite_scores(k_scores):

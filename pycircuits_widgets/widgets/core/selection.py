@@ -20,6 +20,11 @@ from ...models import weight_view_hint
 from .base import check_range
 
 
+SELECTION_KEYS = ("layer", "head", "position", "token", "selected_pair")
+"""The whole selection, as the explorer holds it (``js/src/lib/selection.js`` ``SELECTION_KEYS``; a
+view follows some of them: ``views.registry.ViewSpec.follows``)."""
+
+
 def head_label(layer: int, head: int) -> str:
     """The one way a head is written in the UI: ``L1.H6``."""
     return f"L{layer}.H{head}"

@@ -14,18 +14,14 @@ from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
 from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.payload import decode_array, encode_array
-from ..core.selection import (HeadSelection, PairSelection, PositionSelection, TokenSelection, check_model,
-                              resolve_selection)
+from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
+                              check_model, resolve_selection)
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
 from .registry import BY_NAME, ON_DEMAND, VIEWS, ViewSpec
 
 SMALL_HEADS = 64
 """:meth:`CircuitExplorer.save_html` computes the on-demand paper views (``registry.ON_DEMAND``) of a
 model of at most this many heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work."""
-
-SELECTION_KEYS = ("layer", "head", "position", "token", "selected_pair")
-"""The explorer's selection (what ``registry.ViewSpec.follows`` names)."""
-
 
 def _child(spec: ViewSpec):
     trait = traitlets.Instance(spec.cls, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
@@ -81,7 +77,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "position", "token", "selected_pair", "text"})
+    _browser_writable = frozenset({*SELECTION_KEYS, "text"})
 
     # -- views: the child traits, one per registry entry (ExplorerViews) --
     sections = traitlets.List(traitlets.Dict()).tag(sync=True)
