@@ -150,7 +150,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    from pycircuits_widgets.widgets import runner  # the widget layer (ipywidgets, anywidget)
+    from pycircuits_widgets.widgets.core import runner  # the widget layer (ipywidgets, anywidget)
     widgets_import = time.perf_counter() - t0
     runner._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
     tok = tokenizer()

@@ -130,7 +130,7 @@ def main():
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from pycircuits_widgets.widgets import runner  # the widget layer
+    from pycircuits_widgets.widgets.core import runner  # the widget layer
 
     runner._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
     tok = tokenizer()

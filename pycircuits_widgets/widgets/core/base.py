@@ -2,10 +2,13 @@
 
 A widget is an ``anywidget.AnyWidget`` whose front end is one Svelte file in
 ``js/src/views/``, chosen by the ``_view`` trait. The base class adds what every view
-needs: an ``error`` trait shown in the view; a narrow browser surface (only the traits a
-class lists in ``_browser_writable`` -- selection, text, view controls -- accept browser
-writes); rollback of a rejected or failing change to the last good state; strict keyword
-arguments; and a self-contained HTML export of finished state.
+needs: its model (``self.model``, set before any trait), its runner of recomputes
+(``self._runner``, ``wait()``) and the ``busy``/``error`` traits the runner drives; one order of
+construction (traits, runner, the view's ``_started()`` hook, its kernel-less answers) so no
+subclass has an ordering rule to remember; a narrow browser surface (only the traits a class
+lists in ``_browser_writable`` -- selection, text, view controls -- accept browser writes);
+rollback of a rejected or failing change to the last good state; strict keyword arguments;
+and a self-contained HTML export of finished state (``widgets/sharing/``, loaded when used).
 """
 
 from __future__ import annotations
