@@ -34,7 +34,7 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.widgets.standalone import widget_state  # noqa: E402
+from pycircuits_widgets.widgets.sharing.standalone import widget_state  # noqa: E402
 
 SIZES = (128, 512, 1024, 2048, 4096)
 N_HEADS = 12

@@ -23,7 +23,7 @@ Columns:
 * explorer shown: no view busy any more: every view shows its content for the initial
   selection (composition table, exact skip-trigram table, eigenvalue scatter and detail);
 * explorer complete: additionally ``explorer.wait()``: every background job done, the
-  kernel-less answers (``widgets/offline.py``: every head's tables for a saved page) included.
+  kernel-less answers (``widgets/core/offline.py``: every head's tables for a saved page) included.
 
 The widget layer's import (ipywidgets, anywidget; once per kernel, independent of the model)
 is done before the clock starts and printed on its own line.
@@ -150,9 +150,9 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    from pycircuits_widgets.widgets import selection  # the widget layer (ipywidgets, anywidget)
+    from pycircuits_widgets.widgets.core import runner  # the widget layer (ipywidgets, anywidget)
     widgets_import = time.perf_counter() - t0
-    selection._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
+    runner._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
     tok = tokenizer()
     print(f"CircuitExplorer build and pcw.run vs one eager HF forward with attentions, {args.tokens} tokens, "
           "random weights")

@@ -130,9 +130,9 @@ def main():
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from pycircuits_widgets.widgets import selection  # the widget layer
+    from pycircuits_widgets.widgets.core import runner  # the widget layer
 
-    selection._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
+    runner._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
     tok = tokenizer()
     print(f"CircuitExplorer head change vs one eager HF forward with attentions, {args.tokens} tokens, random weights; "
           f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, "

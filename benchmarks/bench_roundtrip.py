@@ -35,7 +35,7 @@ WARMUP = 3
 
 CELLS = """import numpy as np
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.payload import encode_array
+from pycircuits_widgets.widgets.core.payload import encode_array
 n = {n}
 w = pcw.ColoredTokens([f" t{{i}}" for i in range(n)], np.zeros(n), label="none")
 def recompute(change):

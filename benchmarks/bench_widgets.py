@@ -144,7 +144,7 @@ def main():
     row(name, "SkipTrigramTable token query, same head", f, l, payload_bytes(table, ["related"]))
     t0 = time.perf_counter()
     for text in ("tok123", "tok4", "zzz"):
-        pcw.widgets.skip_trigram_table.find_tokens(table._strings, text)
+        pcw.widgets.views.skip_trigram_table.find_tokens(table._strings, text)
     print(f"| {name} | token search over 50257 strings (per query) | 3 | | | {1e3 * (time.perf_counter() - t0) / 3:.0f} | | |")
     plot = pcw.EigenvaluePlot(big, scores={})
     f, l = time_steps(plot._detail_steps, [(L, Hh, 12) for L, Hh in changes])

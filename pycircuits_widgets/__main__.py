@@ -19,7 +19,7 @@ def main(argv=None) -> int:
     export.add_argument("--title", help="page title (default: the notebook's title or file name)")
     args = parser.parse_args(argv)
 
-    from .widgets.notebook_export import export_notebook
+    from .widgets.sharing.notebook_export import export_notebook
 
     try:
         out = export_notebook(args.notebook, args.output, title=args.title)

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--text", default=SAMPLE_TEXT, help="text the model reads (default: a repeated function)")
     args = parser.parse_args(argv)
 
-    from .widgets.selection import head_label
+    from .widgets.core.selection import head_label
 
     explorer = build_explorer(args.text)
     path = explorer.save_html(pathlib.Path(args.out), title=f"pycircuits_widgets demo: {MODEL}").resolve()

@@ -1,7 +1,7 @@
 """Browser test harness: a real Python widget driving its real built view in headless
 Chromium (Debian's ``chromium`` through Playwright's ``executable_path``).
 
-The page is the widget's standalone HTML (``pycircuits_widgets.widgets.standalone``);
+The page is the widget's standalone HTML (``pycircuits_widgets.widgets.sharing.standalone``);
 the only stand-in is the transport. Where Jupyter would carry comm messages over a
 websocket, the harness carries the same ipywidgets messages through Playwright:
 
@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 
-from pycircuits_widgets.widgets.standalone import render_html
+from pycircuits_widgets.widgets.sharing.standalone import render_html
 
 CHROMIUM = os.environ.get("PCW_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
 CHROMIUM_ARGS = [

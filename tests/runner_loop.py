@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pycircuits_widgets.widgets import selection
+from pycircuits_widgets.widgets.core import runner
 
 
 class ManualLoop:
@@ -26,5 +26,5 @@ class ManualLoop:
 @pytest.fixture
 def manual_kernel_loop(monkeypatch):
     loop = ManualLoop()
-    monkeypatch.setattr(selection, "_kernel_loop", lambda: loop)
+    monkeypatch.setattr(runner, "_kernel_loop", lambda: loop)
     return loop

@@ -10,8 +10,8 @@ import traitlets
 from ipywidgets.widgets.widget import _remove_buffers
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.attention import OVERVIEW_MAX
-from pycircuits_widgets.widgets.payload import decode_array, max_pool, pack_causal, unpack_causal
+from pycircuits_widgets.widgets.views.attention import OVERVIEW_MAX
+from pycircuits_widgets.widgets.core.payload import decode_array, max_pool, pack_causal, unpack_causal
 from attention_data import causal_softmax, toks
 
 

@@ -11,7 +11,7 @@ from pycircuits_widgets.analysis import (circuit_query, composition_detail, comp
                                          eigenvalue_positivity, eigenvalues, random_baseline, skip_trigrams)
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.models import AttnOnlyTransformer, attn_only_config, from_attn_only
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.core.payload import decode_array
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 XSS = '<img src=x onerror="window.__pwned=1">'

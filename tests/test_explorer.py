@@ -10,8 +10,8 @@ import torch
 import traitlets
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.payload import decode_array
-from pycircuits_widgets.widgets.standalone import render_html
+from pycircuits_widgets.widgets.core.payload import decode_array
+from pycircuits_widgets.widgets.sharing.standalone import render_html
 from random_models import custom_model, paper_model
 
 TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"

@@ -82,8 +82,8 @@ def test_notices_and_the_header_name_the_model_as_its_user_does():
 
 
 def test_a_large_vocabulary_rotary_explorer_reads_skip_trigrams_over_a_shorter_window(bare, monkeypatch):
-    from pycircuits_widgets.widgets import explorer as explorer_module
+    from pycircuits_widgets.widgets.views import registry
     monkeypatch.setattr(pcw.SkipTrigramTable, "partial_above", 16)  # "large": the tiny model's 40 tokens
-    monkeypatch.setattr(explorer_module, "LARGE_VOCAB_TRIGRAM_OFFSETS", 3)
+    monkeypatch.setattr(registry, "LARGE_VOCAB_TRIGRAM_OFFSETS", 3)
     e = pcw.CircuitExplorer(bare, IDS)
     assert e.trigrams.offsets == [0, 1, 2] and e.composition.offsets == list(range(len(IDS)))

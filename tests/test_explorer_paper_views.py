@@ -2,10 +2,6 @@
 asked), one forward pass per text, the pair selection and its linking rules, and every number
 equal to the analysis functions on the shipped two-layer model."""
 
-import json
-import pathlib
-import re
-
 import numpy as np
 import pytest
 import torch
@@ -18,8 +14,10 @@ from pycircuits_widgets.analysis.composition import composition_scores
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
-from pycircuits_widgets.widgets import explorer as explorer_module
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.views import explorer as explorer_module
+from pycircuits_widgets.widgets.views import registry
+from pycircuits_widgets.widgets.core.payload import decode_array
+from pycircuits_widgets.widgets.core.selection import SELECTION_KEYS
 
 TEXT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return f(x) + 1\n"
 PAPER_VIEWS = ("paths", "induction", "positional", "virtual")
@@ -47,9 +45,9 @@ def writer_oracle(model, layer, head):
 def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monkeypatch):
     calls = []
     for name in ("top_virtual_heads", "k_composition_positivity_offsets", "path_expansion"):
-        module = {"top_virtual_heads": "virtual_heads_view", "k_composition_positivity_offsets": "induction_mechanism",
-                  "path_expansion": "path_expansion_view"}[name]
-        mod = __import__(f"pycircuits_widgets.widgets.{module}", fromlist=[name])
+        module = {"top_virtual_heads": "widgets.views.virtual_heads", "k_composition_positivity_offsets": "analysis.induction",
+                  "path_expansion": "widgets.views.path_expansion"}[name]
+        mod = __import__(f"pycircuits_widgets.{module}", fromlist=[name])
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k))
     e = pcw.CircuitExplorer(m2, TEXT)
@@ -152,11 +150,22 @@ def test_a_reading_head_brings_its_strongest_k_composition_writer(computed, m2, 
     assert e.selected_pair == [*writer, 1, head]
 
 
-def test_python_and_browser_follow_the_same_table():
-    js = (pathlib.Path(__file__).parents[1] / "js/src/lib/selection.js").read_text()
-    block = re.search(r"export const FOLLOWS = (\{.*?\});", js, re.S).group(1)
-    follows = json.loads(re.sub(r"(\w+):", r'"\1":', block).replace(",\n}", "\n}"))
-    assert follows == {k: list(v) for k, v in explorer_module.FOLLOWS.items()}
+def test_the_browser_gets_every_section_from_the_registry_in_order(computed):
+    """The sections the browser lays out and links are the registry's, each with its followed
+    keys (no list of views in js/src: tests/browser/test_selection_rules_browser.py)."""
+    assert [s["name"] for s in computed.sections] == [spec.name for spec in registry.VIEWS] == list(computed.views())
+    for section in computed.sections:
+        spec = registry.BY_NAME[section["name"]]
+        assert section["follows"] == list(spec.follows) and section["title"] == spec.title
+        assert set(spec.follows) <= set(SELECTION_KEYS)
+        assert isinstance(getattr(computed, spec.name), spec.cls)
+
+
+def test_the_strongest_writer_table_is_every_heads_argmax_of_the_k_scores(computed, m2):
+    writers = decode_array(computed.strongest_writers)
+    assert writers.shape == (2, m2.cfg.n_heads, 2) and (writers[0] == -1).all()  # layer 0: nothing earlier
+    for head in range(m2.cfg.n_heads):
+        assert tuple(writers[1, head]) == writer_oracle(m2, 1, head) == computed.strongest_writer(1, head)
 
 
 def test_save_html_computes_a_small_models_paper_views_and_never_saves_busy(m2, tmp_path):

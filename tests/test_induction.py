@@ -9,7 +9,7 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import composition_detail, eigenvalue_positivity, head_scores
 from pycircuits_widgets.analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, induction_pair,
                                                    k_composition_diagonal_rank, k_composition_positivity,
-                                                   k_composition_top)
+                                                   k_composition_top, pair_verdicts)
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,15 @@ def test_shipped_model_previous_token_head_and_induction_heads_form_induction_pa
         p = induction_pair(m, prev, ind, k=5)
         assert p.kind == "induction", p.sentence
         assert p.diagonal_rank > 0.75  # the same token outranks most of the vocabulary
+
+
+def test_pair_verdicts_are_each_pairs_induction_pair_numbers(model):
+    verdicts = pair_verdicts(model)
+    assert list(verdicts) == [(0, h1, 1, h2) for h1 in range(3) for h2 in range(3)]
+    ov = eigenvalue_positivity(model, "OV")
+    for (l1, h1, l2, h2), v in verdicts.items():
+        pair = induction_pair(model, (l1, h1), (l2, h2), ov_positivity=ov)
+        assert v.qk_positivity == pytest.approx(pair.qk_positivity, abs=1e-5)
+        assert v.ov_positivity == pytest.approx(pair.ov_positivity, abs=1e-6)
+        assert v.k_score == pytest.approx(pair.k_score, rel=1e-4)
+        assert (v.kind, v.sentence, v.offset) == classify_pair((l1, h1), (l2, h2), v.qk_positivity, v.ov_positivity) + (None,)

@@ -15,8 +15,8 @@ from pycircuits_widgets.analysis.composition import random_baseline
 from pycircuits_widgets.analysis.eigen import eigenvalue_positivity, eigenvalues
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.analysis.circuits import short_name
-from pycircuits_widgets.widgets.explorer import TITLES
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.views.registry import BY_NAME
+from pycircuits_widgets.widgets.core.payload import decode_array
 from random_models import custom_model, paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
@@ -86,7 +86,7 @@ def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monke
 
 def test_explorer_on_a_rotary_mlp_model_shows_every_section(rotary):
     e = pcw.CircuitExplorer(rotary, "t1 t2 t3 t1 t2")
-    assert set(e.views()) == set(TITLES) and not e.notices
+    assert set(e.views()) == set(BY_NAME) and not e.notices
     assert "offsets 0..4" in e.eigen.offset_note and "offsets 0..4" in e.trigrams.offset_note
 
 
@@ -120,8 +120,8 @@ def test_explorer_displays_while_its_views_still_compute(monkeypatch, manual_ker
     """Under a kernel a notebook displays the explorer as soon as it is built, before the runners'
     results are applied: its static fallback (part of every display) names the views still
     computing instead of failing, then draws them once they are in."""
-    from pycircuits_widgets.widgets.composition_matrix import CompositionMatrix
-    from pycircuits_widgets.widgets.eigenvalue_plot import EigenvaluePlot
+    from pycircuits_widgets.widgets.views.composition_matrix import CompositionMatrix
+    from pycircuits_widgets.widgets.views.eigenvalue_plot import EigenvaluePlot
     monkeypatch.setattr(EigenvaluePlot, "EAGER_HEADS", 4)
     monkeypatch.setattr(CompositionMatrix, "EAGER_HEADS", 4)
     ex = pcw.CircuitExplorer(paper_model(n_layers=2, n_heads=4, d_model=32, d_head=8, dtype=torch.float32), "t1 t2 t3 t1 t2")
@@ -138,7 +138,7 @@ def test_many_heads_eigenvalues_fill_in_from_the_runner_and_equal_the_analysis(m
     """Over EAGER_HEADS heads the scatter's spectra (two vocab-sized products) are not part of the
     build under a kernel: the traits are {} when the constructor returns, the runner fills them,
     and they equal eigenvalue_positivity on the same weights; a script computes them at once."""
-    from pycircuits_widgets.widgets.eigenvalue_plot import EigenvaluePlot
+    from pycircuits_widgets.widgets.views.eigenvalue_plot import EigenvaluePlot
     if mode == "kernel":
         request.getfixturevalue("manual_kernel_loop")
     monkeypatch.setattr(EigenvaluePlot, "EAGER_HEADS", 4)

@@ -13,7 +13,7 @@ import sys
 import torch
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.bundle import BUILD
+from pycircuits_widgets.widgets.core.bundle import BUILD
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MODEL = "attn-only-2l"

@@ -21,11 +21,11 @@ from harness import open_offline
 import pycircuits_widgets as pcw
 from pycircuits_widgets.__main__ import main as cli_main
 from pycircuits_widgets.widgets import CircuitWidget
-from pycircuits_widgets.widgets.pictures import BUDGET
-from pycircuits_widgets.widgets.pictures import TOKENS as MAX_TOKENS
-from pycircuits_widgets.widgets.bundle import bundle_code, bundle_packed, carrier_esm, stub_esm
-from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
-from pycircuits_widgets.widgets.standalone import render_html, widget_state
+from pycircuits_widgets.widgets.sharing.pictures import BUDGET
+from pycircuits_widgets.widgets.sharing.pictures import TOKENS as MAX_TOKENS
+from pycircuits_widgets.widgets.core.bundle import bundle_code, bundle_packed, carrier_esm, stub_esm
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
+from pycircuits_widgets.widgets.sharing.standalone import render_html, widget_state
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 XSS = '<img src=x onerror="window.__pwned = 1">'
@@ -96,8 +96,8 @@ def test_fallback_shows_the_error_and_a_subclass_can_replace_it():
 
 
 def test_fallback_summarises_a_view_without_a_picture():
-    from pycircuits_widgets.widgets.fallback import summary_html
-    from pycircuits_widgets.widgets.payload import encode_array
+    from pycircuits_widgets.widgets.sharing.fallback import summary_html
+    from pycircuits_widgets.widgets.core.payload import encode_array
 
     import traitlets
 

@@ -1,4 +1,4 @@
-"""Kernel-less answers (widgets/offline.py): each view's ``_offline`` trait holds, for every
+"""Kernel-less answers (widgets/core/offline.py): each view's ``_offline`` trait holds, for every
 other selection, what the widget itself computes when the selection moves there, compactly
 encoded and within the budget; under a kernel it is filled in the background, never busy,
 yielding to clicks, and ``wait()`` covers it."""
@@ -12,9 +12,9 @@ import pytest
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets import offline
-from pycircuits_widgets.widgets.offline import BUDGET, NEEDS_KERNEL, key
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.core import offline
+from pycircuits_widgets.widgets.core.offline import BUDGET, NEEDS_KERNEL, key
+from pycircuits_widgets.widgets.core.payload import decode_array
 from random_models import paper_model
 
 
@@ -166,7 +166,7 @@ def test_values_past_float16_range_are_packed_as_float32_without_a_warning():
     (numpy's "overflow encountered in cast" RuntimeWarning in the notebook)."""
     import warnings
 
-    from pycircuits_widgets.widgets.payload import encode_array
+    from pycircuits_widgets.widgets.core.payload import encode_array
     big = np.array([1.5, -70000.0, 3e5, np.nan], dtype=np.float32)
     small = np.array([1.5, -65504.0, 0.25], dtype=np.float32)
     answers = offline.Answers()

@@ -14,8 +14,8 @@ from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
-from pycircuits_widgets.widgets.pair_selection import pair_key
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.core.selection import pair_key
+from pycircuits_widgets.widgets.core.payload import decode_array
 
 TEXT = "t1 t5 t9 t2 t1 t5 t9 t2 t7 t3"
 
@@ -153,7 +153,7 @@ def test_bigram_table_embeds_every_row_for_small_vocabularies_and_computes_other
     assert w.complete and w.rows == [] and w.row_tokens() == list(range(m0.cfg.d_vocab)) and w.vocab == list(m0.token_strings)
     np.testing.assert_array_equal(decode_array(w.top_ids), ids.numpy())
     np.testing.assert_allclose(decode_array(w.top_logits), values.numpy(), rtol=2**-11)  # float16 in the page
-    from pycircuits_widgets.widgets import bigram_table
+    from pycircuits_widgets.widgets.views import bigram_table
     monkeypatch.setattr(bigram_table, "EMBED_ALL_MAX_VOCAB", 100)  # a "large" vocabulary: rows on demand
     w = pcw.BigramTable(m0, k=4, token=17)
     assert not w.complete and w.rows == [17]

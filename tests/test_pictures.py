@@ -1,4 +1,4 @@
-"""Static fallback pictures of the paper views (widgets/pictures.py): each view's
+"""Static fallback pictures of the paper views (widgets/sharing/pictures.py): each view's
 ``text/html`` fallback carries its figure, under the budget, drawn from the same numbers the
 analysis functions give (the oracles here call them directly, not the widgets)."""
 
@@ -11,7 +11,7 @@ import pytest
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import (bigram_top, induction_pair, path_expansion, positional_scores_by_offset,
                                          run, top_virtual_heads)
-from pycircuits_widgets.widgets.pictures import BUDGET, TABLE_ROWS
+from pycircuits_widgets.widgets.sharing.pictures import BUDGET, TABLE_ROWS
 
 TEXT = "def fibonacci(n):\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 
@@ -98,3 +98,19 @@ def test_bigram_picture_shows_each_rows_top_next_tokens(m2):
     assert rows[0][0] == shown(strings[5])  # the selected token's row first
     assert re.findall(r"(\S+) (-?[\d.e+-]+)", rows[0][1]) == [
         (shown(strings[i]), f"{v:.3g}") for i, v in zip(ids[0].tolist(), values[0].tolist())]
+
+
+def test_a_state_saved_before_the_views_moved_is_still_drawn_from_its_data(m2):
+    from pycircuits_widgets.widgets.sharing.standalone import saved_picture, widget_state
+
+    explorer = pcw.CircuitExplorer(m2, TEXT)
+    saved = widget_state([explorer])
+    for model in saved.values():  # the class paths an older version saved
+        state = model["state"]
+        if "_anywidget_id" in state:
+            module, name = state["_anywidget_id"].rsplit(".", 1)
+            state["_anywidget_id"] = f"pycircuits_widgets.widgets.{module.rsplit('.', 1)[-1]}.{name}"
+    picture = saved_picture(saved, explorer.model_id)
+    assert picture == explorer._fallback_html()
+    saved[explorer.model_id]["state"]["_anywidget_id"] = "pycircuits_widgets.widgets.explorer.NotAView"
+    assert saved_picture(saved, explorer.model_id) is None

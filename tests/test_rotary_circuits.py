@@ -209,7 +209,7 @@ def test_full_qk_circuit_at_an_offset_and_offsets_refused_where_positions_are_no
 
 @torch.no_grad()
 def test_skip_trigram_view_offset_control_recomputes_the_table_for_the_new_window(llama):
-    from pycircuits_widgets.widgets.payload import decode_array
+    from pycircuits_widgets.widgets.core.payload import decode_array
     _, model = llama
     w = pcw.SkipTrigramTable(model, layer=0, head=2, k=6, offsets=range(0, 4))
     assert w.offsets == [0, 1, 2, 3] and "offsets 0..3" in w.offset_note
@@ -233,7 +233,7 @@ def test_skip_trigram_view_offset_control_recomputes_the_table_for_the_new_windo
 
 @torch.no_grad()
 def test_composition_eigenvalue_and_induction_views_recompute_for_a_new_window(llama):
-    from pycircuits_widgets.widgets.payload import decode_array
+    from pycircuits_widgets.widgets.core.payload import decode_array
     _, model = llama
     comp = pcw.CompositionMatrix(model, offsets=range(0, 3), selected_pair=[0, 1, 1, 3])
     eig = pcw.EigenvaluePlot(model, offsets=range(0, 3), scores={})

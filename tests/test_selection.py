@@ -14,7 +14,8 @@ import torch
 import traitlets
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.selection import Runner, head_label
+from pycircuits_widgets.widgets.core.runner import Runner
+from pycircuits_widgets.widgets.core.selection import head_label
 from random_models import paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
@@ -76,10 +77,10 @@ ex = pcw.CircuitExplorer(pcw.load_pretrained("attn-only-2l"), "def f(x):\\n    r
 ex.layer, ex.head = 1, 6; time.sleep(0.03)
 """
 KERNEL_SETUP = """
-from pycircuits_widgets.widgets import selection
+from pycircuits_widgets.widgets.core import runner
 class Loop:  # a kernel's IO loop that is never run: work stays on the worker threads at exit
     def add_callback(self, *args): pass
-selection._kernel_loop = lambda: Loop()
+runner._kernel_loop = lambda: Loop()
 """
 
 

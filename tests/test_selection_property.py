@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets import selection
+from pycircuits_widgets.widgets.core import runner
 from random_models import paper_model
 from runner_loop import ManualLoop
 
@@ -171,7 +171,7 @@ def test_every_view_ends_on_the_last_selection_as_a_script(ops):
 @examples
 @given(st.lists(operations(), min_size=1, max_size=12))
 def test_every_view_ends_on_the_last_selection_under_a_kernel(ops):
-    with mock.patch.object(selection, "_kernel_loop", lambda: ManualLoop()):
+    with mock.patch.object(runner, "_kernel_loop", lambda: ManualLoop()):
         check(*play(ops))
 
 

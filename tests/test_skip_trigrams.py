@@ -8,7 +8,7 @@ from random_models import custom_model, paper_model
 
 from pycircuits_widgets import screen
 from pycircuits_widgets.analysis import circuit_query, full_ov_circuit, full_qk_circuit, skip_trigrams
-from pycircuits_widgets.analysis.skip_trigrams import centred_factors, top_skip_trigrams
+from pycircuits_widgets.analysis.skip_trigrams import centred_factors, top_skip_trigrams, triple_entries
 
 
 def _dense_centred(model, layer, head):
@@ -146,3 +146,11 @@ def test_non_finite_weights_are_refused_by_name(weight, bad):
     setattr(m, weight, w)
     with pytest.raises(ValueError, match="L0.H1 are not finite"):
         skip_trigrams(m, 0, 1, k=5)
+
+
+def test_triple_entries_are_the_dense_centred_circuits_entries(model):
+    QKc, OVc = _dense_centred(model, 0, 1)
+    idx = torch.tensor([[3, 7, 11], [0, 0, 0], [59, 1, 30], [12, 12, 59]])  # (src, dest, out)
+    qk, ov = triple_entries(*centred_factors(model, 0, 1), idx)
+    torch.testing.assert_close(qk, QKc[idx[:, 1], idx[:, 0]], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ov, OVc[idx[:, 0], idx[:, 2]], rtol=1e-4, atol=1e-4)

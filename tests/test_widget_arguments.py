@@ -8,7 +8,7 @@ from test_circuit_widgets import tiny_model
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.circuits import embedding_note
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.core.payload import decode_array
 
 
 def test_colored_tokens_refuses_values_that_overflow_float32():

@@ -80,5 +80,5 @@ const definition = {
 export default definition;
 
 // Kernel-less host (standalone HTML export and the browser test harness) and its JSON reader
-// (non-finite numbers tagged, pycircuits_widgets/widgets/offline.py NONFINITE).
+// (non-finite numbers tagged, pycircuits_widgets/widgets/core/offline.py NONFINITE).
 export { createHost, parseTagged };

@@ -5,7 +5,7 @@ import { resolve } from "node:path";
 import { describe, expect, it } from "vitest";
 import { DEV_KEY, mountTracked, publish } from "../src/lib/slot.js";
 
-const source = readFileSync(resolve(__dirname, "../../pycircuits_widgets/widgets/bundle.py"), "utf8");
+const source = readFileSync(resolve(__dirname, "../../pycircuits_widgets/widgets/core/bundle.py"), "utf8");
 const STUB = source.match(/_STUB = """([\s\S]*?)"""/)[1];
 
 /** The stub module for `key`, as anywidget imports a view's `_esm`. */

@@ -27,23 +27,23 @@ from .circuits import (
     qk,
     virtual_head_ov,
 )
-from .composition import CompositionDetail, composition_detail, composition_scores, random_baseline
+from .composition import CompositionDetail, composition_detail, composition_scores, random_baseline, strongest_writers
 from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
-from .induction import InductionPair, classify_pair, induction_pair, k_composition_positivity
+from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
 from .path_expansion import PathExpansion, PathTerm, path_expansion
 from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "CompositionDetail", "InductionPair", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
-    "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity",
+    "CompositionDetail", "InductionPair", "PairVerdict", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
+    "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity", "pair_verdicts",
     "positional_scores_by_offset", "top_virtual_heads",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
     "eigenvalues", "embedding", "embedding_note", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit",
     "head_mlp_circuit", "head_scores",
     "k_composition_circuit", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
-    "positional_qk_circuit", "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams",
+    "positional_qk_circuit", "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams", "strongest_writers",
     "virtual_head_ov",
 ]

@@ -550,3 +550,30 @@ def _composition_detail(model, kind: str, h1: Head, h2: Head, offsets: list[int]
 def _as_list(offset) -> list:
     """``offset`` (an int or an iterable) as a list, for ``_check_offsets``' refusals."""
     return list(offset) if hasattr(offset, "__iter__") else [offset]
+
+
+def strongest_writers(k_scores) -> np.ndarray:
+    """The strongest K-composition writer into every head: ``writers[l2, h2] = (l1, h1)``, the
+    earlier head (``l1 < l2``) with the largest finite score ``k_scores[l1, h1, l2, h2]`` (the
+    first in ``(l1, h1)`` order on ties), or ``(-1, -1)`` where there is none (layer 0, or no
+    finite score: a zero head's NaN, or Q/K-composition refused without offsets).
+
+    Args:
+        k_scores: ``[L, H, L, H]`` K-composition scores (``composition_scores(model, "K")``
+            layout; entries with ``l1 >= l2`` are NaN and never chosen).
+
+    Returns:
+        int32 ``[L, H, 2]``.
+    """
+    scores = np.asarray(k_scores, dtype=np.float64)
+    L, H = scores.shape[0], scores.shape[1]
+    if scores.shape != (L, H, L, H):
+        raise ValueError(f"k_scores must have shape [L, H, L, H], got {list(scores.shape)}")
+    writers = np.full((L, H, 2), -1, dtype=np.int32)
+    for l2 in range(1, L):
+        into = scores[:l2, :, l2, :].reshape(l2 * H, H)  # [earlier heads, h2]
+        into = np.where(np.isfinite(into), into, -np.inf)
+        best = into.argmax(0)  # the first maximum, as np.nanargmax
+        found = np.isfinite(into[best, np.arange(H)])
+        writers[l2, found] = np.stack(divmod(best[found], H), axis=1)
+    return writers

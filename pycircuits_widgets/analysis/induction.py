@@ -31,7 +31,7 @@ import torch
 
 from ..factored import eigenvalues_of_product, linalg_dtype
 from .circuits import Head, check_earlier, k_composition_circuit
-from .composition import composition_detail
+from .composition import composition_detail, composition_scores
 from .eigen import eigenvalue_positivity, positivity, token_gram
 from .finite import require_finite
 from .rotary import offset_window, reduce_offsets, rotations
@@ -177,6 +177,49 @@ def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
         return out[0], None
     values, at = reduce_offsets(out, offsets, reduce)
     return values, None if at is None else at.masked_fill(values.isnan(), -1)
+
+
+@dataclass
+class PairVerdict:
+    """One pair's numbers and verdict (``pair_verdicts``): its K-composition score (no baseline),
+    the two positivities and ``classify_pair``'s kind and sentence; rotary models: the query - key
+    ``offset`` all of them are read at (the sentence says so), else None."""
+
+    k_score: float
+    qk_positivity: float
+    ov_positivity: float
+    kind: str
+    sentence: str
+    offset: int | None = None
+
+
+def pair_verdicts(model, offsets=None) -> dict[tuple[int, int, int, int], PairVerdict]:
+    """The verdict of every pair ``(l1, h1, l2, h2)`` with ``l1 < l2``, in ``(l1, h1, l2, h2)`` order:
+    ``k_composition_positivity`` ``[L, H, L, H]``, ``h2``'s OV positivity (``eigenvalue_positivity``
+    ``[L, H]``) and the K-composition score ``composition_scores(model, "K", baseline=False)``, each
+    pair through ``classify_pair``. Rotary models: over the window ``offsets`` (None: not rotary),
+    each pair's positivity at the offset where it is largest, and its score at that same offset."""
+    with torch.no_grad():
+        qk_pos, at = k_composition_positivity_offsets(model, offsets)
+        ov_pos = eigenvalue_positivity(model, "OV")
+        scores = composition_scores(model, "K", baseline=False, offsets=offsets)
+    if at is not None:  # [n_offsets, L, H, L, H] -> each pair's score at the offset its positivity is read at
+        index = torch.as_tensor([offsets.index(o) if o >= 0 else 0 for o in at.flatten().tolist()])
+        scores = scores.gather(0, index.view(1, *at.shape).to(scores.device))[0]
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    verdicts = {}
+    for l1 in range(L - 1):
+        for h1 in range(H):
+            for l2 in range(l1 + 1, L):
+                for h2 in range(H):
+                    q, o = float(qk_pos[l1, h1, l2, h2]), float(ov_pos[l2, h2])
+                    kind, sentence = classify_pair((l1, h1), (l2, h2), q, o)
+                    offset = None
+                    if at is not None:
+                        offset = int(at[l1, h1, l2, h2])
+                        sentence = f"At query - key offset {offset}: {sentence}"
+                    verdicts[l1, h1, l2, h2] = PairVerdict(float(scores[l1, h1, l2, h2]), q, o, kind, sentence, offset)
+    return verdicts
 
 
 def induction_pair(model, h1: Head, h2: Head, k: int = 20, ov_positivity: torch.Tensor | None = None,

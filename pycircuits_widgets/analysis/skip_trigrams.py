@@ -337,6 +337,20 @@ def qk_entries(q, k, idx, R=None, at=None) -> torch.Tensor:
     return (qd * k[src]).sum(1)
 
 
+def ov_entries(v, u, idx) -> torch.Tensor:
+    """Entries ``OVc[src, out]`` of the centred circuit for triples ``idx [n, 3] = (src, dest, out)``:
+    ``v[src] . u[:, out]`` (``v [d_vocab, r]``, ``u [r, d_vocab]``: ``centred_factors``), ``[n]``."""
+    src, out = idx[:, 0], idx[:, 2]
+    return (v[src] * u.T[out]).sum(1)
+
+
+def triple_entries(q, k, v, u, idx, R=None, at=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(qk [n], ov [n])``: the two factors of each triple's score, ``qk_entries`` and ``ov_entries``
+    of the centred factors ``(q, k, v, u)`` (``centred_factors``) for ``idx [n, 3] = (src, dest, out)``
+    (rotary: ``R``/``at`` as ``qk_entries``)."""
+    return qk_entries(q, k, idx, R, at), ov_entries(v, u, idx)
+
+
 def _check_vocab(model, vocab) -> torch.Tensor:
     ids = torch.unique(torch.as_tensor(vocab).flatten())
     V = model.cfg.d_vocab

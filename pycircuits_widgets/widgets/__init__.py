@@ -1,17 +1,29 @@
-"""The anywidget views. Each class's front end is one Svelte file in js/src/views/."""
+"""The anywidget views. Each class's front end is one Svelte file in js/src/views/.
 
-from .attention import AttentionPatterns
-from .base import CircuitWidget
-from .bigram_table import BigramTable
-from .colored_tokens import ColoredTokens
-from .composition_matrix import CompositionMatrix
-from .eigenvalue_plot import EigenvaluePlot
-from .explorer import CircuitExplorer
-from .induction_mechanism import InductionMechanism
-from .path_expansion_view import PathExpansion
-from .positional_qk import PositionalQK
-from .skip_trigram_table import SkipTrigramTable
-from .virtual_heads_view import VirtualHeads
+Layers (imports point one way: ``views`` -> ``core``, ``sharing`` -> ``core``; ``core`` imports
+neither at module import):
+
+* ``core/``: what every view is made of: the base class (``base``), the selection traits
+  (``selection``), the runner of recomputes (``runner``), the view mixins (``on_demand``,
+  ``text_data``, ``offset_window``), the wire format (``payload``), kernel-less answers
+  (``offline``) and the front-end bundle (``bundle``);
+* ``views/``: one module per view, the explorer, and the explorer's view registry (``registry``);
+* ``sharing/``: pages and pictures without a kernel (``standalone``, ``notebook_export``,
+  ``pictures``, ``fallback``).
+"""
+
+from .core.base import CircuitWidget
+from .views.attention import AttentionPatterns
+from .views.bigram_table import BigramTable
+from .views.colored_tokens import ColoredTokens
+from .views.composition_matrix import CompositionMatrix
+from .views.eigenvalue_plot import EigenvaluePlot
+from .views.explorer import CircuitExplorer
+from .views.induction_mechanism import InductionMechanism
+from .views.path_expansion import PathExpansion
+from .views.positional_qk import PositionalQK
+from .views.skip_trigram_table import SkipTrigramTable
+from .views.virtual_heads import VirtualHeads
 
 __all__ = ["AttentionPatterns", "BigramTable", "CircuitExplorer", "CircuitWidget", "ColoredTokens", "CompositionMatrix",
            "EigenvaluePlot", "InductionMechanism", "PathExpansion", "PositionalQK", "SkipTrigramTable", "VirtualHeads"]

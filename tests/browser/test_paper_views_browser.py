@@ -10,8 +10,8 @@ from pycircuits_widgets.analysis import path_expansion
 from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import positional_scores_by_offset
-from pycircuits_widgets.widgets import offline
-from pycircuits_widgets.widgets.payload import decode_array
+from pycircuits_widgets.widgets.core import offline
+from pycircuits_widgets.widgets.core.payload import decode_array
 
 pytestmark = pytest.mark.browser
 

@@ -17,10 +17,10 @@ from playwright.sync_api import expect
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.explorer import TITLES
-from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, export_notebook
-from pycircuits_widgets.widgets.payload import decode_array
-from pycircuits_widgets.widgets.standalone import widget_state
+from pycircuits_widgets.widgets.views.registry import BY_NAME
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
+from pycircuits_widgets.widgets.core.payload import decode_array
+from pycircuits_widgets.widgets.sharing.standalone import widget_state
 from test_adapters_hf import randomize
 
 pytestmark = pytest.mark.browser
@@ -59,10 +59,10 @@ def section(page, name):
 
 def test_every_section_is_in_the_saved_page_without_a_notice(browser, saved):
     kind, explorer, path = saved
-    assert set(explorer.views()) == set(TITLES) and not explorer.notices
+    assert set(explorer.views()) == set(BY_NAME) and not explorer.notices
     with saved_page_open(browser, path) as page:
         expect(page.get_by_test_id("notice")).to_have_count(0)
-        for name in TITLES:
+        for name in BY_NAME:
             expect(section(page, name)).to_have_count(1)
             expect(section(page, name).get_by_test_id("on-demand")).to_have_count(0)  # computed into the page
         # MLP path terms are ranked with the heads: the page's ranking is the kernel's
@@ -99,7 +99,7 @@ def test_a_notebook_holding_the_explorer_exports_and_opens(browser, saved, tmp_p
     src = tmp_path / f"{kind}.ipynb"
     nbformat.write(nb, str(src))
     with saved_page_open(browser, export_notebook(src)) as page:
-        for name in TITLES:
+        for name in BY_NAME:
             expect(section(page, name)).to_have_count(1)
         expect(page.get_by_test_id("notice")).to_have_count(0)
         detail = explorer.composition.detail

@@ -13,11 +13,11 @@ import pytest
 from harness import open_offline, token_as_shown
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
 from pycircuits_widgets.analysis.eigen import eigenvalues
-from pycircuits_widgets.widgets import offline
-from pycircuits_widgets.widgets.offline import NEEDS_KERNEL
-from pycircuits_widgets.widgets.standalone import NONFINITE, widget_state
+from pycircuits_widgets.widgets.core import offline
+from pycircuits_widgets.widgets.core.offline import NEEDS_KERNEL
+from pycircuits_widgets.widgets.sharing.standalone import NONFINITE, widget_state
 
 pytestmark = pytest.mark.browser
 

@@ -13,9 +13,9 @@ import torch
 from harness import open_offline
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.notebook_export import WIDGET_STATE, export_notebook
-from pycircuits_widgets.widgets.payload import MAX_INFLATED
-from pycircuits_widgets.widgets.standalone import widget_state
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
+from pycircuits_widgets.widgets.core.payload import MAX_INFLATED
+from pycircuits_widgets.widgets.sharing.standalone import widget_state
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser

@@ -11,7 +11,7 @@ from live_lab import kernel_eval, open_notebook, run_all_cells, write_notebook
 
 import pycircuits_widgets as pcw
 
-from pycircuits_widgets.widgets.bundle import bundle_code, carrier_esm, stub_esm
+from pycircuits_widgets.widgets.core.bundle import bundle_code, carrier_esm, stub_esm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -58,7 +58,7 @@ def test_views_render_from_stubs_and_the_saved_notebook_holds_the_bundle_once(la
     assert len(views) == 1 + len(children) + N_TOKENS_VIEWS
     assert all(s["_esm"] == stub_esm() and "_css" not in s for s in views)
     # beside the bundle: the data of the views (the explorer has 10 since the paper views joined it)
-    # and their kernel-less answers (widgets/offline.py)
+    # and their kernel-less answers (widgets/core/offline.py)
     answers = sum(len(b["data"]) for m in saved.values() for b in m.get("buffers", []) if b["path"][0] == "_offline")
     assert path.stat().st_size < len(carrier_esm()) + len(css) + answers + 250_000 and len(carrier_esm()) < len(js) / 2
 

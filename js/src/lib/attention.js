@@ -15,7 +15,7 @@ export function attentionLut() {
 }
 
 /**
- * Decode a patterns payload of widgets/attention.py ``encode_patterns``: uint8 with
+ * Decode a patterns payload of widgets/views/attention.py ``encode_patterns``: uint8 with
  * ``layout`` "dense" (shape [..., n, n]) or "causal" (shape [..., n (n + 1) / 2]: each head's
  * lower triangle, row `dest` holding sources 0..dest at offset dest (dest + 1) / 2). Leading
  * dims are [L, H] (all heads) or none (one head).

@@ -1,4 +1,4 @@
-// Decoding of binary payloads sent by pycircuits_widgets.widgets.payload.encode_array:
+// Decoding of binary payloads sent by pycircuits_widgets.widgets.core.payload.encode_array:
 // {view: DataView, dtype: string, shape: number[], encoding?: "deflate"}.
 
 import { Inflate } from "fflate";
@@ -57,7 +57,7 @@ export function jsonOf(value, fallback) {
   return value.view != null ? JSON.parse(decodeText(value)) : value;
 }
 
-/** float16 (the compact saved answers, widgets/offline.py) widened to a Float32Array. */
+/** float16 (the compact saved answers, widgets/core/offline.py) widened to a Float32Array. */
 function decodeFloat16(payload) {
   const bits = decodeArray({ ...payload, dtype: "uint16" }).data;
   const out = new Float32Array(bits.length);

@@ -113,7 +113,7 @@ export class HostModel {
 }
 
 /**
- * Create a host for widget states saved by `pycircuits_widgets.widgets.standalone`.
+ * Create a host for widget states saved by `pycircuits_widgets.widgets.sharing.standalone`.
  * @param {{onSave?: Function, onSend?: Function}} hooks
  */
 export function createHost(widgetDef, hooks = {}) {

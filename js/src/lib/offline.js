@@ -1,4 +1,4 @@
-// Kernel-less answers (pycircuits_widgets/widgets/offline.py): a view's `_offline` trait holds,
+// Kernel-less answers (pycircuits_widgets/widgets/core/offline.py): a view's `_offline` trait holds,
 // for each result that depends on the selection, the patch the kernel would send for every
 // other selection. When a selection trait changes and the model has no live kernel
 // connection (a saved notebook opened without its kernel, an exported or save_html page), the

@@ -1,5 +1,7 @@
 // The one selection vocabulary, shared by every view and the explorer (same names and rules
-// as pycircuits_widgets/widgets/selection.py and explorer.py):
+// as pycircuits_widgets/widgets/core/selection.py; which view follows which keys, and each head's
+// strongest K-composition writer, are the kernel's data: the explorer's `sections` and
+// `strongest_writers` traits):
 //   layer, head  a head, written `L1.H6` everywhere (headLabel)
 //   position     an index into the text (-1: none)
 //   token        a vocabulary id (-1: none)
@@ -9,20 +11,6 @@
 // reaches Python, which recomputes and follows the same selection.
 
 export const SELECTION_KEYS = ["layer", "head", "position", "token", "selected_pair"];
-
-/** Child view -> the selection traits it shows (explorer.py FOLLOWS). */
-export const FOLLOWS = {
-  loss: ["position"],
-  attention: ["layer", "head", "position"],
-  trigrams: ["layer", "head", "token"],
-  composition: ["layer", "head", "selected_pair"],
-  eigen: ["layer", "head"],
-  paths: ["layer", "head", "position", "selected_pair"],
-  induction: ["layer", "head", "token", "selected_pair"],
-  positional: ["layer", "head"],
-  virtual: ["layer", "head", "selected_pair"],
-  bigrams: ["token"],
-};
 
 /** The one way a head is written in the UI. */
 export function headLabel(layer, head) {
@@ -39,7 +27,8 @@ export function sameValue(a, b) {
 
 /**
  * The full selection after `change` (some of layer/head/position/token/selected_pair), kept
- * consistent as in the kernel (explorer.py): a position selects its token; a token selects its
+ * consistent as in the kernel (selection.py resolve_selection, tested against this on the same
+ * cases): a position selects its token; a token selects its
  * last position in the text (-1 if absent); no token means no position; a pair selects its
  * later head; a head in layer >= 1 that is not the pair's later head brings the pair of its
  * strongest K-composition writer, `writerOf(layer, head) -> [l1, h1] | null`.
@@ -81,9 +70,10 @@ function lastIndexOf(ids, t) {
  * the new value (one `save_changes` per model that changed, so a kernel hears of it too).
  * @param {{get:Function, set:Function, save_changes:Function}} explorer
  * @param {Record<string, {get:Function, set:Function, save_changes:Function}>} children by view name
+ * @param {Record<string, string[]>} follows  view name -> the selection keys it shows (the explorer's `sections`)
  */
-export function applySelection(explorer, children, selection) {
-  const targets = [[explorer, SELECTION_KEYS], ...Object.entries(children).map(([name, m]) => [m, FOLLOWS[name] ?? []])];
+export function applySelection(explorer, children, selection, follows) {
+  const targets = [[explorer, SELECTION_KEYS], ...Object.entries(children).map(([name, m]) => [m, follows[name] ?? []])];
   for (const [model, keys] of targets) {
     let changed = false;
     for (const key of keys) {
@@ -108,26 +98,15 @@ export function headData(bindings, name) {
 }
 
 /**
- * The strongest K-composition writer into each head, from a K-composition table (the
- * composition view's `scores.K.correct`, decoded: row-major [L, H, L, H], NaN where undefined):
- * `(layer, head) -> [l1, h1]` with the largest finite score over l1 < layer (first on ties,
- * as numpy's argmax in explorer.py), or null (layer 0, or no finite score: refused under rotary).
- * @param {ArrayLike<number> | null} scores
+ * `(layer, head) -> [l1, h1] | null` read from the kernel's strongest-writer table (the explorer's
+ * `strongest_writers`, decoded: row-major int32 [L, H, 2], -1 for none), or null without one.
+ * @param {ArrayLike<number> | null} writers
  */
-export function strongestWriter(scores, nLayers, nHeads) {
+export function writerLookup(writers, nLayers, nHeads) {
+  if (!writers) return null;
   return (layer, head) => {
-    if (!scores || layer < 1 || layer >= nLayers) return null;
-    let best = null;
-    let bestValue = -Infinity;
-    for (let l1 = 0; l1 < layer; l1++) {
-      for (let h1 = 0; h1 < nHeads; h1++) {
-        const v = scores[((l1 * nHeads + h1) * nLayers + layer) * nHeads + head];
-        if (Number.isFinite(v) && v > bestValue) {
-          bestValue = v;
-          best = [l1, h1];
-        }
-      }
-    }
-    return best;
+    if (layer < 1 || layer >= nLayers || head < 0 || head >= nHeads) return null;
+    const i = (layer * nHeads + head) * 2;
+    return writers[i] >= 0 ? [writers[i], writers[i + 1]] : null;
   };
 }

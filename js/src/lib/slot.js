@@ -1,4 +1,4 @@
-// The slot a view's `_esm` stub awaits (pycircuits_widgets/widgets/bundle.py `_STUB`): one
+// The slot a view's `_esm` stub awaits (pycircuits_widgets/widgets/core/bundle.py `_STUB`): one
 // per key (the bundle's hash; "dev" in development mode), on `globalThis` so that every
 // module of the page, every bundle loaded into it included, shares it.
 //

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
-from ..analysis.rotary import reduce_offsets
-from . import offline
-from .base import CircuitWidget, rolls_back
+from ...analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
+from ...analysis.rotary import reduce_offsets
+from ..core import offline
+from ..core.base import CircuitWidget, rolls_back
+from ..core.offset_window import OffsetWindow
+from ..core.payload import encode_array
+from ..core.selection import HeadSelection, PairSelection, check_model
 from .notes import direct_path_ignores
-from .offset_window import OffsetWindow
-from .payload import encode_array
-from .selection import HeadSelection, Runner, check_model
 
 # the erratum panel shows the first form the errata names (first factor of the paper's product
 # moved to the end, K: ||W_K W_O W_V W_Q^T||); both forms: pcw.composition_scores(norm=...)
@@ -21,7 +21,7 @@ NORMS = {"correct": "correct", "erratum": ERRATUM}
 """Panel -> the ``norm`` of ``composition_scores`` it shows."""
 
 
-class CompositionMatrix(OffsetWindow, HeadSelection, CircuitWidget):
+class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidget):
     """Heatmap of ``kind``-composition scores (``pcw.composition_scores``) for every pair
     ``h1 -> h2`` with ``h1`` in an earlier layer (rows: writing head h1, columns: reading
     head h2). Toggles: Q/K/V, baseline-subtracted or raw, and the published erratum
@@ -78,29 +78,28 @@ class CompositionMatrix(OffsetWindow, HeadSelection, CircuitWidget):
     show_erratum = traitlets.Bool(False).tag(sync=True)
     """bool, default False: also show the original paper's (wrong) cyclic-permutation score."""
 
-    # -- selection --
-    selected_pair = traitlets.List(traitlets.Int()).tag(sync=True)
-    """[l1, h1, l2, h2] with l1 < l2, or [] for none."""
+    # -- selection: layer, head, selected_pair ([l1, h1, l2, h2] with l1 < l2, or []) from the mixins --
 
     def __init__(self, model, lazy: bool | None = None, offsets=None, **kwargs):
         check_model(model, "CompositionMatrix")
         if model.cfg.n_layers < 2:
             raise ValueError(f"CompositionMatrix needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
-        self.model = model
-        window = self._init_window(offsets, "Q/K-composition")
-        super().__init__(ignores=direct_path_ignores(model.cfg, composition=False), **window, **kwargs)
         if lazy is None:
             lazy = model.cfg.n_layers * model.cfg.n_heads > self.EAGER_HEADS
         self._kinds_at_once = not lazy
         self._computed: dict = {}  # (kind, panel) -> payload: every table computed (by one runner thread)
-        self._runner = Runner(self)
-        if lazy:  # seconds of work: the view is usable at once and shows the busy state meanwhile
-            self._on_pair({"name": "kind"})
-        else:
+        super().__init__(model, offsets, ignores=direct_path_ignores(model.cfg, composition=False), **kwargs)
+
+    _answers_offline = "runner"
+    _window_what = "Q/K-composition"
+
+    def _started(self) -> None:
+        if self._kinds_at_once:
             self.recompute_detail()
+        else:  # seconds of work: the view is usable at once and shows the busy state meanwhile
+            self._on_pair({"name": "kind"})
         self.observe(self._on_pair, ["selected_pair", "kind", "show_erratum"])
-        self._share_offline()
 
     # -- score tables, on first use --------------------------------------------------------
     def _missing(self, kind: str, erratum: bool) -> list[tuple[str, str]]:
@@ -142,38 +141,15 @@ class CompositionMatrix(OffsetWindow, HeadSelection, CircuitWidget):
         self._apply_tables([(kind, panel) for kind in KINDS for panel in ("correct", "erratum")
                             if (kind, panel) not in self._computed])
 
-    @traitlets.validate("selected_pair")
-    def _valid_pair(self, proposal):
-        pair = proposal["value"]
-        if not pair:
-            return []
-        cfg = self.model.cfg
-        if len(pair) != 4 or any(isinstance(x, bool) for x in pair):
-            raise traitlets.TraitError(f"selected_pair must be [] or [l1, h1, l2, h2], got {pair}")
-        l1, h1, l2, h2 = pair
-        if not (0 <= l1 < l2 < cfg.n_layers and 0 <= h1 < cfg.n_heads and 0 <= h2 < cfg.n_heads):
-            raise traitlets.TraitError(
-                f"selected_pair must be [l1, h1, l2, h2] with 0 <= l1 < l2 <= {cfg.n_layers - 1} and heads "
-                f"in 0..{cfg.n_heads - 1}, got {pair}"
-            )
-        return list(pair)
-
     def recompute_detail(self) -> dict:
         """Compute ``detail`` for the current ``selected_pair`` and ``kind`` (synchronously)."""
         self._on_pair({"name": "kind"})
         self.wait(None)
         return {"detail": self.detail}
 
-    def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the recomputes are done and applied (True if idle)."""
-        return self._runner.wait(timeout)
-
     @rolls_back
     def _on_pair(self, change):
-        pair, kind, erratum = list(self.selected_pair), self.kind, self.show_erratum
-        if change["name"] == "selected_pair" and pair:
-            with self.hold_trait_notifications():  # never (new layer, old head)
-                self.layer, self.head = pair[2], pair[3]
+        pair, kind, erratum = list(self.selected_pair), self.kind, self.show_erratum  # (the pair's head: PairSelection)
         # the tables the toggles show and the pair's detail are different results: neither drops the other
         self._runner.submit("tables", lambda: self._table_steps(kind, erratum))
         self._runner.submit("detail", lambda: self._detail_steps(pair, kind))

@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from .base import CircuitWidget, check_range, check_text, rolls_back
-from .payload import encode_array, max_pool, pack_causal, quantize_unit, to_numpy
-from .selection import HeadSelection, PositionSelection
+from ..core.base import CircuitWidget, check_text, rolls_back
+from ..core.payload import encode_array, max_pool, pack_causal, quantize_unit, to_numpy
+from ..core.selection import HeadSelection, Index, PositionSelection
 
 OVERVIEW_MAX = 128
 """Largest side of a head's overview thumbnail (positions are max-pooled down to it)."""
@@ -97,9 +97,9 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
     """bool: built from a model, so ``text`` can be edited."""
 
     # -- selection: layer, head (shown in detail), position (token view) from the mixins --
-    dest_position = traitlets.Int(-1).tag(sync=True)
+    dest_position = Index(-1).tag(sync=True)
     """int, default -1 (none): destination position of the clicked cell."""
-    src_position = traitlets.Int(-1).tag(sync=True)
+    src_position = Index(-1).tag(sync=True)
     """int, default -1 (none): source position of the clicked cell."""
     token_mode = traitlets.Enum(["destination", "source"], default_value="destination").tag(sync=True)
     """str: token view shades the attention the selected position pays ("destination") or receives ("source")."""
@@ -126,9 +126,12 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
         self._ran, self._ran_warning = (text, tokens, A), warning
         super().__init__(text=text or "", editable=model is not None, causal=causal,
                          warning=warning, **self._data_traits(tokens, A, causal), **kwargs)
+
+    _answers_offline = "now"
+
+    def _started(self) -> None:
         self._detail = self._detail_payload()
         self.on_msg(_answer_row_request)
-        self._share_offline()
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: new text needs the model (a view built from a model only)."""
@@ -198,10 +201,10 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
     def _n_positions(self) -> int:
         return len(self.tokens)
 
-    @traitlets.validate("dest_position", "src_position")
-    def _valid_position(self, proposal):
-        name = proposal["trait"].name
-        return check_range(name, proposal["value"], 0, len(self.tokens) - 1, none=True)
+    def _index_bounds(self, name):
+        if name in ("dest_position", "src_position"):  # a clicked cell: positions, like ``position``
+            return super()._index_bounds("position")
+        return super()._index_bounds(name)
 
     @traitlets.validate("text")
     def _valid_text(self, proposal):
@@ -238,7 +241,7 @@ def _answer_row_request(widget, content, buffers):
 
 
 def _default_forward(model, text):
-    from ..analysis.activations import run
+    from ...analysis.activations import run
 
     return run(model, text)
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.activations import run
-from ..analysis.circuits import model_name
-from ..analysis.positional import attention_by_offset, positional_scores_by_offset
-from .base import CircuitWidget
-from .payload import encode_array
-from .selection import HeadSelection, check_model
-from .text_data import TextData, set_text
+from ...analysis.circuits import model_name
+from ...analysis.positional import attention_by_offset, positional_scores_by_offset
+from ..core.base import CircuitWidget
+from ..core.payload import encode_array
+from ..core.selection import HeadSelection, check_model
+from ..core.text_data import TextData
 
 MAX_OFFSET = 16
 """Largest offset shown by default (a previous-token head peaks at 1)."""
@@ -61,25 +60,15 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
         check_model(model, "PositionalQK")
         if model.cfg.positional == "none":
             raise ValueError(f"model {model_name(model)!r} has no positional information: no positional QK to show")
-        if not isinstance(text, str):
-            raise TypeError(f"PositionalQK(model, text): text must be a str, got {type(text).__name__}")
-        self.model = model
-        self._forward = forward or run
-        self._one_token = one_token
         self._max_offset = int(max_offset)
         if self._max_offset < 1:
             raise ValueError(f"max_offset must be >= 1, got {max_offset}")
-        super().__init__(**kwargs)
-        set_text(self, text)
-        self._init_on_demand()
+        super().__init__(model, text, forward, one_token, **kwargs)
+
+    _short_text = "offsets need at least 2"
 
     def _ready(self) -> bool:
         return bool(self.positional)
-
-    def _check_text(self, text: str) -> None:
-        n = self.model.to_tokens(text).shape[-1]  # validates the text (unknown token, n_ctx)
-        if n < 2 and not self._one_token:
-            raise ValueError(f"the text has {n} token; offsets need at least 2")
 
     def _text_steps(self, text: str):
         out = self._forward(self.model, text)

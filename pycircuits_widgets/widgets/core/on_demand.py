@@ -2,7 +2,7 @@
 
 At GPT-2-small shapes the induction view's pair verdicts and tables took minutes and the
 virtual heads two, so these views never compute in a constructor or an observer: their work
-is a :class:`~.selection.Runner` job (per kind of result), started when the view is
+is a :class:`~.runner.Runner` job (per kind of result), started when the view is
 ``active``. A view built alone is active (under a kernel it shows "computing…" and fills in
 when the job is done; in a script the job runs at once). The explorer builds its paper views
 inactive, so building it costs nothing more; a view starts when its section's "compute"
@@ -15,44 +15,45 @@ import html
 
 import traitlets
 
-from .selection import Runner
-
 
 class OnDemand(traitlets.HasTraits):
-    """Mixin: ``active`` starts the view's jobs (``_start()``) on its runner ``self._runner``.
-
-    A subclass calls ``self._init_on_demand()`` at the end of its constructor and implements
-    ``_start()`` (submit every job the current state needs) and ``_ready()`` (whether there is
-    data to draw for the current selection)."""
+    """Mixin (before ``CircuitWidget``): ``active`` starts the view's jobs (``_start()``) on its
+    runner, then its kernel-less answers (``_answers_offline``). A subclass implements ``_start()``
+    (submit every job the current state needs) and ``_ready()`` (whether there is data to draw
+    for the current selection); the base wires the rest."""
 
     # -- display --
     active = traitlets.Bool(True).tag(sync=True)
     """bool, default True: the view's data is wanted. False: nothing is computed until it is set
     True (the view's "compute" button, or Python); it cannot be turned off again."""
 
-    _runner: Runner | None = None
     # Whether the view's jobs were started. The validator reads this, not ``self.active``:
     # inside ``hold_trait_notifications`` (every browser write) traitlets validates after the
     # new value is already set, so ``self.active`` would read False there.
-    _started = False
+    _computing = False
 
-    def _init_on_demand(self) -> None:
-        self._runner = Runner(self)
+    def _begin(self) -> None:
         self.observe(self._on_active, ["active"])
         if self.active:
-            self._started = True
-            self._start()
+            self._restart()
+
+    def _restart(self) -> None:
+        """(Re)submit every job the current state needs, then the kernel-less answers (after them:
+        the runner runs one job at a time, in order)."""
+        self._computing = True
+        self._start()
+        if self._answers_offline:
+            self._share_offline()
 
     @traitlets.validate("active")
     def _valid_active(self, proposal):
-        if self._started and not proposal["value"]:
+        if self._computing and not proposal["value"]:
             raise traitlets.TraitError("active cannot be turned off once the view is computing")
         return proposal["value"]
 
     def _on_active(self, change):
         if change["new"] and not change["old"]:
-            self._started = True
-            self._start()
+            self._restart()
 
     def _start(self) -> None:
         raise NotImplementedError
@@ -67,7 +68,3 @@ class OnDemand(traitlets.HasTraits):
             return super()._fallback_html()
         why = "not computed yet (it is computed in a kernel on first use)" if not self.active else "nothing to show yet"
         return f"<p>{html.escape(type(self).__name__)}: {why}</p>"
-
-    def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the view's jobs are done and applied (True if idle)."""
-        return self._runner.wait(timeout)

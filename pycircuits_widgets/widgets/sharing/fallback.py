@@ -21,8 +21,8 @@ import json
 import anywidget
 import numpy as np
 
-from ..models.tokenizer import escape_invisible
-from .payload import decode_array
+from ...models.tokenizer import escape_invisible
+from ..core.payload import decode_array
 from .pictures import BUDGET, FIGURES
 
 MAX_ROWS = 40

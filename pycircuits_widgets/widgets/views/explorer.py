@@ -3,77 +3,39 @@
 from __future__ import annotations
 
 import copy
+import types
 
 import ipywidgets
-import numpy as np
 import traitlets
 from tqdm import tqdm
 
-from ..analysis.activations import run
-from ..analysis.circuits import model_name as name_of_model
-from .attention import AttentionPatterns
-from .base import CircuitWidget, check_text, rolls_back
-from .bigram_table import BigramTable
-from .colored_tokens import ColoredTokens
-from .composition_matrix import CompositionMatrix
-from .eigenvalue_plot import EigenvaluePlot
-from .induction_mechanism import EMBED_TABLES_MAX_VOCAB, InductionMechanism
-from .pair_selection import PairSelection
-from .path_expansion_view import PathExpansion
-from .payload import decode_array
-from .positional_qk import PositionalQK
-from .selection import HeadSelection, PositionSelection, TokenSelection, check_model
-from .skip_trigram_table import SkipTrigramTable
-from .virtual_heads_view import VirtualHeads
+from ...analysis.activations import run
+from ...analysis.circuits import model_name as name_of_model
+from ...analysis.composition import strongest_writers
+from ..core.base import CircuitWidget, check_text, rolls_back
+from ..core.payload import decode_array, encode_array
+from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
+                              check_model, resolve_selection)
+from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
+from .registry import BY_NAME, ON_DEMAND, VIEWS, ViewSpec
 
-TITLES = {
-    "loss": "per-token loss",
-    "attention": "attention patterns",
-    "trigrams": "skip-trigrams",
-    "composition": "composition scores",
-    "eigen": "eigenvalues (copying)",
-    "paths": "path expansion",
-    "induction": "induction mechanism",
-    "positional": "positional attention",
-    "virtual": "virtual heads",
-    "bigrams": "bigram table",
-}
-"""Child view name -> what it shows (used in notices)."""
-
-FOLLOWS = {
-    "loss": ("position",),
-    "attention": ("layer", "head", "position"),
-    "trigrams": ("layer", "head", "token"),
-    "composition": ("layer", "head", "selected_pair"),
-    "eigen": ("layer", "head"),
-    "paths": ("layer", "head", "position", "selected_pair"),
-    "induction": ("layer", "head", "token", "selected_pair"),
-    "positional": ("layer", "head"),
-    "virtual": ("layer", "head", "selected_pair"),
-    "bigrams": ("token",),
-}
-"""Child view name -> the selection traits it shows (and may change by a click). The same
-table drives the browser-side linking (js/src/lib/selection.js)."""
-
-ON_DEMAND = ("paths", "induction", "positional", "virtual", "bigrams")
-"""The paper views the explorer builds inactive (``on_demand``; the bigram table only for models with
-heads: for a zero-layer model it is computed at once): nothing of theirs is computed
-until their section's "compute" button (or :meth:`CircuitExplorer.compute`) starts them, so
-building the explorer costs no more than before and their minutes of work at large shapes never
-delay the other views' clicks unasked. :meth:`CircuitExplorer.save_html` starts them for a small
-model (:data:`SMALL_HEADS` heads, :data:`EMBED_TABLES_MAX_VOCAB` tokens)."""
 SMALL_HEADS = 64
-LARGE_VOCAB_TRIGRAM_OFFSETS = 8
-"""Rotary models over ``SkipTrigramTable.partial_above`` tokens read their skip-trigrams over at most
-this many offsets by default (each offset is one more exact whole-vocabulary search: about a minute
-per head at 49k tokens on a loaded 2-core machine); the view's offset control widens it."""
+""":meth:`CircuitExplorer.save_html` computes the on-demand paper views (``registry.ON_DEMAND``) of a
+model of at most this many heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work."""
+
+def _child(spec: ViewSpec):
+    trait = traitlets.Instance(spec.cls, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
+    trait.__doc__ = f"{spec.cls.__name__} | None: {spec.doc}"
+    return trait
 
 
-def _child(cls):
-    return traitlets.Instance(cls, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
+ExplorerViews = types.new_class("ExplorerViews", (traitlets.HasTraits,),
+                                exec_body=lambda ns: ns.update({spec.name: _child(spec) for spec in VIEWS}))
+ExplorerViews.__doc__ = """One child-widget trait per :data:`registry.VIEWS` entry, named after it (``explorer.trigrams``),
+synced as ``"IPY_MODEL_<id>"``; None where the model does not support the view (``notices`` says why)."""
 
 
-class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSelection, CircuitWidget):
+class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSelection, PairSelection, CircuitWidget):
     """One model reading one text, seen through every circuit view at once, all following
     one selection: a head ``(layer, head)``, a text ``position``, a vocabulary ``token`` and a
     head pair ``selected_pair`` (earlier head -> later head).
@@ -101,7 +63,7 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     a zero-layer model). Rotary models: the QK circuits (skip-trigrams, QK eigenvalues,
     Q/K-composition, the induction mechanism) are read over the query - key offsets of the text
     (0 to its length - 1; skip-trigrams of a vocabulary over ``SkipTrigramTable.partial_above``
-    tokens: the first ``LARGE_VOCAB_TRIGRAM_OFFSETS``), each view stating how and offering an
+    tokens: the first ``registry.LARGE_VOCAB_TRIGRAM_OFFSETS``), each view stating how and offering an
     offset control.
 
     Args:
@@ -115,29 +77,17 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "position", "token", "selected_pair", "text"})
+    _browser_writable = frozenset({*SELECTION_KEYS, "text"})
 
-    # -- views (child widgets; None where the model does not support the view) --
-    loss = _child(ColoredTokens)
-    """ColoredTokens | None: loss of predicting each token from those before it (text positions 1..n-1)."""
-    attention = _child(AttentionPatterns)
-    """AttentionPatterns | None: every head's pattern on ``text``."""
-    trigrams = _child(SkipTrigramTable)
-    """SkipTrigramTable | None: the selected head's skip-trigrams and the selected token's query."""
-    composition = _child(CompositionMatrix)
-    """CompositionMatrix | None: Q/K/V composition of head pairs (models with >= 2 layers)."""
-    eigen = _child(EigenvaluePlot)
-    """EigenvaluePlot | None: OV/QK eigenvalue positivity of every head, the selected head's spectrum."""
-    paths = _child(PathExpansion)
-    """PathExpansion | None: the logits on ``text`` as direct path + heads + virtual heads (attention-only models)."""
-    induction = _child(InductionMechanism)
-    """InductionMechanism | None: K-composition and copying of the selected pair (>= 2 layers, no rotary)."""
-    positional = _child(PositionalQK)
-    """PositionalQK | None: the selected head's positional score and attention by relative offset."""
-    virtual = _child(VirtualHeads)
-    """VirtualHeads | None: the strongest V-composition pairs (>= 2 layers)."""
-    bigrams = _child(BigramTable)
-    """BigramTable | None: the direct path ``W_E W_U``'s top next tokens for the selected token (every model)."""
+    # -- views: the child traits, one per registry entry (ExplorerViews) --
+    sections = traitlets.List(traitlets.Dict()).tag(sync=True)
+    """[{"name", "title", "hint", "follows", "wide", "picture"}] (read-only): the sections in order
+    (``registry.ViewSpec.browser``); the browser lays them out and links them by ``follows``."""
+    strongest_writers = traitlets.Dict().tag(sync=True)
+    """int32 payload [n_layers, n_heads, 2] (read-only): the strongest K-composition writer ``(l1, h1)``
+    into each head, ``(-1, -1)`` for none (``analysis.composition.strongest_writers`` of the composition
+    view's K scores; {} until they are computed). A head click in layer >= 1 selects that pair, here
+    and in the browser (which reads this table, so a page without a kernel links the same)."""
     notices = traitlets.Dict().tag(sync=True)
     """{view name: str} (read-only): why a view is not shown for this model."""
 
@@ -173,17 +123,16 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
                                  "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
         else:
             model, text = reading_ids(model, text)
-        self.model = model
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
-        selection = {k: kwargs.pop(k) for k in ("layer", "head", "position", "token", "selected_pair")
-                     if k in kwargs}
-        super().__init__(text=text, model_name=name_of_model(model), **kwargs)
+        self._writers = None  # strongest_writers as an array [L, H, 2], once the K scores are in
+        selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
+        super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
+                         **kwargs)
         # a console bar, shown only when building takes over a second (large models)
-        with tqdm(total=len(TITLES), desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
+        with tqdm(total=len(VIEWS), desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
             progress.set_postfix_str("running the model", refresh=False)
             self._show_run()
-            progress.update()
             self._build_views(no_heads, progress)
         self._link()
         for name, value in selection.items():
@@ -191,39 +140,20 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
 
     # -- building ---------------------------------------------------------------------------
     def _build_views(self, no_heads: str, progress) -> None:
-        # rotary QK circuits are read over the query - key offsets this text has (each view says so)
-        rotary = {"offsets": range(0, len(self.token_ids))} if self.model.cfg.positional == "rotary" else {}
-        trigram_window = rotary
-        if rotary and self.model.cfg.d_vocab > SkipTrigramTable.partial_above:
-            trigram_window = {"offsets": range(0, min(len(self.token_ids), LARGE_VOCAB_TRIGRAM_OFFSETS))}
-        builders = {
-            "attention": lambda: AttentionPatterns(self.model, self.text, forward=self._forward,
-                                                   layer=self.layer, head=self.head),
-            "trigrams": lambda: SkipTrigramTable(self.model, layer=self.layer, head=self.head, **trigram_window),
-            "composition": lambda: CompositionMatrix(self.model, layer=self.layer, head=self.head, **rotary),
-            "eigen": lambda: EigenvaluePlot(self.model, layer=self.layer, head=self.head, **rotary),
-            "paths": lambda: PathExpansion(self.model, self.text, forward=self._forward, one_token=True, active=False,
-                                           layer=self.layer, head=self.head),
-            "induction": lambda: InductionMechanism(self.model, selected_pair=[], active=False,
-                                                    layer=self.layer, head=self.head, **rotary),
-            "positional": lambda: PositionalQK(self.model, self.text, forward=self._forward, one_token=True, active=False,
-                                               layer=self.layer, head=self.head),
-            "virtual": lambda: VirtualHeads(self.model, active=False, layer=self.layer, head=self.head),
-            # milliseconds, but every row is saved with the page: computed at once only where it is
-            # the model's one view (zero layers), else on first use like the others
-            "bigrams": lambda: BigramTable(self.model, active=no_heads != ""),
-        }
+        """Each registry entry's view (``ViewSpec.build``), or a notice saying why there is none."""
         notices = {}
-        for name, build in builders.items():
-            progress.set_postfix_str(TITLES[name], refresh=False)
+        for spec in VIEWS:
+            progress.set_postfix_str(spec.noun, refresh=False)
             progress.update()
-            if no_heads and name != "bigrams":  # the direct path exists without any head
-                notices[name] = f"No {TITLES[name]}: {no_heads}."
+            if no_heads and spec.needs_heads:
+                notices[spec.name] = f"No {spec.noun}: {no_heads}."
                 continue
             try:
-                setattr(self, name, build())
+                setattr(self, spec.name, spec.build(self))
             except ValueError as exc:  # the analysis refuses this model: say why, show no numbers
-                notices[name] = f"No {TITLES[name]} for this model: {exc}"
+                if not spec.optional:
+                    raise
+                notices[spec.name] = f"No {spec.noun} for this model: {exc}"
         self.notices = notices
 
     def _forward(self, model, text: str):
@@ -237,20 +167,16 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
         """Tokens and the loss view of the current text (positions of an old text are cleared)."""
         out = self._forward(self.model, self.text)
         ids = out.tokens[0].tolist()
-        losses = out.token_loss[0]
         with self.hold_sync():
             self.position = -1
             self.token_ids, self.tokens = ids, list(out.str_tokens[0])
-            if self.loss is None:
-                self.loss = ColoredTokens(self.tokens[1:], losses, label="loss (nats)", colormap="sequential",
-                                          first_position=1)
-            else:
-                self.loss.set_values(self.tokens[1:], losses)
+            if self.loss is not None:  # (built with the other views the first time)
+                self.loss.set_values(self.tokens[1:], out.token_loss[0])
             self.mean_loss = float(out.loss) if len(ids) > 1 else None
 
     def views(self) -> dict[str, CircuitWidget]:
-        """The views this model supports, by name (``loss``, ``attention``, ...)."""
-        return {name: getattr(self, name) for name in TITLES if getattr(self, name) is not None}
+        """The views this model supports, by name (``loss``, ``attention``, ...), in section order."""
+        return {spec.name: getattr(self, spec.name) for spec in VIEWS if getattr(self, spec.name) is not None}
 
     def compute(self, *names: str) -> None:
         """Start the on-demand paper views named (default: all of ``ON_DEMAND`` this model has);
@@ -288,11 +214,14 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     # child set to the explorer's value reports an unchanged value and traitlets stays quiet.
     def _link(self) -> None:
         for name, view in self.views().items():
-            view.observe(self._from_view, list(FOLLOWS[name]))
+            view.observe(self._from_view, list(BY_NAME[name].follows))
             view.observe(self._busy_from_views, ["busy"])
         if self.attention is not None:
             self.attention.observe(self._text_from_view, ["text"])
-        self.observe(self._to_views, ["layer", "head", "position", "token", "selected_pair"])
+        if self.composition is not None:
+            self.composition.observe(self._on_k_scores, ["scores"])
+            self._on_k_scores(None)
+        self.observe(self._to_views, list(SELECTION_KEYS))
 
     @rolls_back
     def _from_view(self, change):
@@ -316,39 +245,38 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
     @rolls_back
     def _to_views(self, change):
         name = change["name"]
-        if name == "position" and self.position >= 0:
-            self.token = self.token_ids[self.position]
-        elif name in ("layer", "head") and self.layer >= 1 and self.selected_pair[2:] != [self.layer, self.head]:
-            writer = self.strongest_writer(self.layer, self.head)
-            if writer is not None:  # a reading head brings the pair that explains what it reads
-                self.selected_pair = [*writer, self.layer, self.head]
-        elif name == "token":
-            t = self.token
-            self.token_str = self._strings[t] if t >= 0 else ""
-            if t < 0:
-                self.position = -1
-            elif self.position < 0 or self.token_ids[self.position] != t:
-                # show where the token occurs in the text (last occurrence), if it does
-                self.position = max((i for i, x in enumerate(self.token_ids) if x == t), default=-1)
+        if name == "token":
+            self.token_str = self._strings[self.token] if self.token >= 0 else ""
+        current = {k: getattr(self, k) for k in SELECTION_KEYS}
+        resolved = resolve_selection(current, {name: change["new"]}, self.token_ids, self.strongest_writer)
+        for key in SELECTION_KEYS:  # each set runs this again, which then finds nothing to change
+            if resolved[key] != getattr(self, key):
+                setattr(self, key, resolved[key])
         for view_name, view in self.views().items():
-            keys = [k for k in FOLLOWS[view_name] if getattr(view, k) != getattr(self, k)]
+            keys = [k for k in BY_NAME[view_name].follows if getattr(view, k) != getattr(self, k)]
             if keys:
                 with view.hold_trait_notifications():  # both set before its observers run
                     for k in keys:
                         setattr(view, k, getattr(self, k))
 
+    def _on_k_scores(self, change) -> None:
+        """The strongest-writer table, again whenever the composition view's K scores change."""
+        payload = self.composition.scores.get("K", {}).get("correct")
+        writers = strongest_writers(decode_array(payload)) if payload else None
+        if writers is None and self._writers is None:
+            return
+        self._writers = writers
+        self.strongest_writers = {} if writers is None else encode_array(writers, "int32")
+
     def strongest_writer(self, layer: int, head: int) -> tuple[int, int] | None:
-        """The earlier head ``(l1, h1)`` with the largest K-composition score into ``(layer, head)``,
-        read from the composition view's K table (None before it is computed, or without one).
-        The browser applies the same rule to the same table (js/src/lib/selection.js)."""
-        payload = (self.composition.scores.get("K", {}).get("correct") if self.composition is not None else None)
-        if not payload or layer < 1:
+        """The earlier head ``(l1, h1)`` with the largest K-composition score into ``(layer, head)``
+        (``strongest_writers``; None before the composition view's K scores are computed, without
+        one, or where no score is defined)."""
+        writers = self._writers
+        if writers is None or not 1 <= layer < writers.shape[0]:
             return None
-        scores = decode_array(payload)[:layer, :, layer, head].reshape(-1)  # [layer * n_heads]
-        if not np.isfinite(scores).any():
-            return None  # no defined score: no writer to name
-        best = int(np.nanargmax(scores))
-        return divmod(best, self.n_heads)
+        l1, h1 = (int(x) for x in writers[layer, head])
+        return None if l1 < 0 else (l1, h1)
 
     def _n_positions(self) -> int:
         return len(self.token_ids)
@@ -370,9 +298,9 @@ class CircuitExplorer(HeadSelection, PositionSelection, TokenSelection, PairSele
         if self.loss is None:  # still in __init__
             return
         self._show_run()
-        for name in ("attention", "paths", "positional"):
-            view = getattr(self, name)
-            if view is not None and view.text != self.text:
+        for spec in VIEWS:
+            view = getattr(self, spec.name)
+            if spec.reads_text and view is not None and view.text != self.text:
                 view.text = self.text
 
 

@@ -2,10 +2,13 @@
 
 A widget is an ``anywidget.AnyWidget`` whose front end is one Svelte file in
 ``js/src/views/``, chosen by the ``_view`` trait. The base class adds what every view
-needs: an ``error`` trait shown in the view; a narrow browser surface (only the traits a
-class lists in ``_browser_writable`` -- selection, text, view controls -- accept browser
-writes); rollback of a rejected or failing change to the last good state; strict keyword
-arguments; and a self-contained HTML export of finished state.
+needs: its model (``self.model``, set before any trait), its runner of recomputes
+(``self._runner``, ``wait()``) and the ``busy``/``error`` traits the runner drives; one order of
+construction (traits, runner, the view's ``_started()`` hook, its kernel-less answers) so no
+subclass has an ordering rule to remember; a narrow browser surface (only the traits a class
+lists in ``_browser_writable`` -- selection, text, view controls -- accept browser writes);
+rollback of a rejected or failing change to the last good state; strict keyword arguments;
+and a self-contained HTML export of finished state (``widgets/sharing/``, loaded when used).
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import sys
 import anywidget
 import traitlets
 
-from . import offline, standalone
+from . import offline
 from .bundle import BundleMissing, bundle_code, bundle_file, ensure_carrier, stub_esm
-from .fallback import fallback_html
+from .runner import Runner
 
 
 def _in_marimo() -> bool:
@@ -42,17 +45,27 @@ class CircuitWidget(anywidget.AnyWidget):
     _offline = traitlets.Dict().tag(sync=True)
     """dict (kernel's): precomputed answers for other selections, applied by the front end when
     no kernel is attached (a saved notebook, an exported or ``save_html`` page), and the controls
-    that need a kernel; see ``widgets/offline.py``. Filled by ``offline_answers``."""
+    that need a kernel; see ``widgets/core/offline.py``. Filled by ``offline_answers``."""
 
     _browser_writable: frozenset = frozenset()
     """Traits the front end may change (selection, text, view controls); the rest are the kernel's."""
     _offline_inputs: tuple = ()
     """Traits besides the selection whose change makes ``_offline`` stale (it is recomputed)."""
+    _answers_offline: str = ""
+    """How the view's kernel-less answers (``offline_answers``) are shared: "" (none), "now" (cheap:
+    computed in the constructor) or "runner" (in the background on the view's runner, see
+    ``_share_offline``). An on-demand view shares them once it starts computing."""
     _offline_fresh = True
     _has_front_end = True
     """False for a view made without a built front end (it cannot be shown)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, model=None, **kwargs):
+        """``model`` (if given) is ``self.model`` before any trait is set (defaults, validators and
+        the selection bounds read it). Then the traits, the view's runner (``self._runner``), the
+        view's own setup (``_started()``) and its kernel-less answers (``_answers_offline``) or,
+        for an on-demand view, its start once ``active``: subclasses only override hooks."""
+        if model is not None:
+            self.model = model
         unknown = sorted(set(kwargs) - set(self.trait_names()))
         if unknown:
             raise TypeError(
@@ -71,6 +84,19 @@ class CircuitWidget(anywidget.AnyWidget):
             except BundleMissing:  # the analysis works without a front end; showing the view says how to build it
                 self._has_front_end = False
         super().__init__(**kwargs)
+        self._runner = Runner(self)
+        self._started()
+        if self._answers_offline and self._offline_inputs:
+            self.observe(self._share_offline, list(self._offline_inputs))
+        self._begin()
+
+    def _started(self) -> None:
+        """The view's setup once its traits are set (observers, first jobs on ``self._runner``)."""
+
+    def _begin(self) -> None:
+        """Start sharing kernel-less answers (an on-demand view: once it is ``active``)."""
+        if self._answers_offline:
+            self._share_offline()
 
     # -- browser input ---------------------------------------------------------------
     def set_state(self, sync_data):
@@ -106,30 +132,27 @@ class CircuitWidget(anywidget.AnyWidget):
             self.error = f"could not restore {', '.join(old)}: {_message(exc)}"
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the kernel-side recomputes are done and applied (True if idle)."""
-        return True
+        """Wait until the view's recomputes (its runner's jobs) are done and applied (True if idle)."""
+        return self._runner.wait(timeout)
 
     # -- kernel-less answers ------------------------------------------------------------
     def offline_answers(self, answers: offline.Answers) -> None:
         """Add this view's kernel-less answers to ``answers``: one ``answers.rule(on, ...)``
         per result that depends on the selection traits ``on`` (the patch the kernel would
         send for each selection, current first), and ``answers.needs_kernel(name)`` for
-        controls that always need a kernel. Default: none. A view that has some calls
-        ``self._share_offline()`` at the end of its constructor."""
+        controls that always need a kernel. Default: none. A view that has some sets
+        ``_answers_offline``."""
 
     def _share_offline(self, change=None) -> None:
-        """(Re)compute ``_offline``: in the background on the view's runner under a kernel
-        (``wait()`` covers it), at the next ``save_html`` in a plain script (nothing saves
-        state before), at once for a view without a runner (cheap answers). Reruns when an
+        """(Re)compute ``_offline``: ``_answers_offline == "runner"``: in the background on the
+        view's runner under a kernel (``wait()`` covers it), at the next ``save_html`` in a plain
+        script (nothing saves state before); "now" (cheap answers): at once. Reruns when an
         ``_offline_inputs`` trait changes."""
-        if change is None and self._offline_inputs:
-            self.observe(self._share_offline, list(self._offline_inputs))
-        runner = getattr(self, "_runner", None)
-        if runner is None:
+        if self._answers_offline == "now":
             self._offline = offline.fill(self)
             self._offline_fresh = True
         else:
-            self._offline_fresh = runner.submit("offline", lambda: offline.steps(self), background=True)
+            self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self), background=True)
 
     def _offline_ready(self) -> None:
         """Make ``_offline`` current (a script computes it here, before a page is written)."""
@@ -156,15 +179,19 @@ class CircuitWidget(anywidget.AnyWidget):
     def _fallback_html(self) -> str:
         """Static HTML picture of this view drawn from its data (escaped, under
         ``pictures.BUDGET`` bytes); override for a better one."""
+        from ..sharing.fallback import fallback_html  # the export stack: loaded when a view is shown
+
         return fallback_html(self)
 
     def save_html(self, path, *, title: str | None = None, offline: bool = True) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
         that shows this view with every interaction that needs no kernel. With ``offline``
         (default) the view's kernel-less answers (``_offline``: each head's skip-trigram table
-        and eigenvalues, head pairs' composition detail, within ``widgets.offline.BUDGET``
+        and eigenvalues, head pairs' composition detail, within ``widgets.core.offline.BUDGET``
         per view) are made current first: seconds of work for a 2-layer model in a script,
         already done in the background under a kernel."""
+        from ..sharing import standalone
+
         standalone.refuse_notebook_target(path)  # before any work
         bundle_code()  # BundleMissing, naming the build command, before any work too
         self.wait(None)  # the page holds finished state, never busy
@@ -202,24 +229,6 @@ def check_range(name: str, value: int, lo: int, hi: int, *, none: bool = False) 
         return value
     allowed = f"-1 (none) or in {lo}..{hi}" if none else f"in {lo}..{hi}"
     raise traitlets.TraitError(f"{name} must be {allowed}, got {value}")
-
-
-def reports_errors(method):
-    """Run a kernel-side recompute; on failure show the error in the view and keep the
-    last good state (traits are only replaced once the new result is complete)."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            result = method(self, *args, **kwargs)
-        except Exception as exc:  # shown to the user in the view, never swallowed
-            self.error = f"{type(exc).__name__}: {exc}"
-            return None
-        if self.error:
-            self.error = ""
-        return result
-
-    return wrapper
 
 
 def rolls_back(method):

@@ -5,17 +5,15 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.composition import composition_scores, random_baseline
-from ..analysis.eigen import eigenvalue_positivity
-from ..analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, k_composition_diagonal_rank,
-                                  k_composition_positivity_offsets, k_composition_top)
-from . import offline
-from .base import CircuitWidget, check_range
-from .pair_selection import PairSelection, pair_key
-from .payload import JSON_BUFFER, encode_array
-from .offset_window import OffsetWindow
-from .on_demand import OnDemand
-from .selection import HeadSelection, TokenSelection, check_model
+from ...analysis.composition import random_baseline
+from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_composition_diagonal_rank, k_composition_top,
+                                   pair_verdicts)
+from ..core import offline
+from ..core.base import CircuitWidget, check_range
+from ..core.offset_window import OffsetWindow
+from ..core.on_demand import OnDemand
+from ..core.payload import JSON_BUFFER, encode_array
+from ..core.selection import HeadSelection, PairSelection, TokenSelection, check_model, pair_key
 
 
 N_TABLES = 16
@@ -77,8 +75,6 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
         if model.cfg.n_layers < 2:
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
-        self.model = model
-        window = self._init_window(offsets, "the K-composition QK circuit")
         self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
@@ -88,13 +84,17 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
         self._tables: dict = {}  # pair key -> table: filled by the runner's jobs (one at a time)
         self._strings: dict = {}
         super().__init__(
-            selected_pair=selected_pair or [],
+            model, offsets, selected_pair=selected_pair or [],
             thresholds={"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD,
                         "baseline": random_baseline(model.cfg.d_model, model.cfg.d_head)},
-            **window, **kwargs,
+            **kwargs,
         )
+
+    _answers_offline = "runner"
+    _window_what = "the K-composition QK circuit"
+
+    def _started(self) -> None:
         self.observe(self._on_pair, ["selected_pair"])
-        self._init_on_demand()
 
     def _ready(self) -> bool:
         return bool(self.pairs) and bool(self.selected_pair)
@@ -103,12 +103,11 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
         """Every verdict and table again at the new window (the pairs job replaces a running one)."""
         self._pairs, self._tables, self._strings = {}, {}, {}
         if self.active:
-            self._start()
+            self._restart()
 
     def _start(self) -> None:
         pair = list(self.selected_pair)
         self._runner.submit("pairs", lambda: self._pairs_steps(pair))
-        self._share_offline()  # after the pairs job: the runner runs one job at a time, in order
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: the ranked table of every pair not embedded, added to ``tables`` (and its
@@ -142,28 +141,11 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
 
     def _pairs_steps(self, pair):
         """Every pair's verdict, then the tables of the strongest ``n_tables`` pairs and ``pair``."""
-        model = self.model
-        with torch.no_grad():
-            qk_pos, at = k_composition_positivity_offsets(model, self._offsets)
-            ov_pos = eigenvalue_positivity(model, "OV")
-            scores = composition_scores(model, "K", baseline=False, offsets=self._offsets)
-        if at is not None:  # each pair's score at the offset its positivity is read at
-            index = torch.as_tensor([self._offsets.index(o) if o >= 0 else 0 for o in at.flatten().tolist()])
-            scores = scores.gather(0, index.view(1, *at.shape).to(scores.device))[0]
-        L, H = model.cfg.n_layers, model.cfg.n_heads
         pairs = {}
-        for l1 in range(L - 1):
-            for h1 in range(H):
-                for l2 in range(l1 + 1, L):
-                    for h2 in range(H):
-                        q, o = float(qk_pos[l1, h1, l2, h2]), float(ov_pos[l2, h2])
-                        kind, sentence = classify_pair((l1, h1), (l2, h2), q, o)
-                        if at is not None:
-                            offset = int(at[l1, h1, l2, h2])
-                            sentence = f"At query - key offset {offset}: {sentence}"
-                        pairs[pair_key((l1, h1, l2, h2))] = {
-                            "k_score": float(scores[l1, h1, l2, h2]), "qk_positivity": q, "ov_positivity": o,
-                            "kind": kind, "sentence": sentence, **({} if at is None else {"offset": offset})}
+        for key, v in pair_verdicts(self.model, self._offsets).items():
+            pairs[pair_key(key)] = {"k_score": v.k_score, "qk_positivity": v.qk_positivity,
+                                    "ov_positivity": v.ov_positivity, "kind": v.kind, "sentence": v.sentence,
+                                    **({} if v.offset is None else {"offset": v.offset})}
         self._pairs = pairs
         order = [[int(x) for x in key.split(",")] for key in sorted(pairs, key=lambda key: -pairs[key]["k_score"])]
         update = {"pairs": pairs, "tables": dict(self._tables), "strings": dict(self._strings)}  # (none of an old window)

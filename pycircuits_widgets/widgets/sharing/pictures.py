@@ -16,8 +16,8 @@ import zlib
 
 import numpy as np
 
-from ..models.tokenizer import escape_invisible, visible_whitespace
-from .payload import decode_array, decode_patterns, max_pool
+from ...models.tokenizer import escape_invisible, visible_whitespace
+from ..core.payload import decode_array, decode_patterns, max_pool
 
 BUDGET = 48_000
 """Most bytes of one display's static fallback (the explorer's included)."""
@@ -305,11 +305,11 @@ def bigrams(w) -> str:
 
 
 def explorer(w) -> str:
-    """The header line and each child view's picture."""
+    """The header line and the picture of each section marked ``picture`` (``w.sections``)."""
     parts = [_caption(f"Circuit explorer: {w.model_name}, head L{w.layer}.H{w.head}"
                       + (f", mean loss {w.mean_loss:.3f} nats" if w.mean_loss is not None else ""))]
-    for name in ("loss", "attention", "trigrams", "composition", "eigen"):
-        child = getattr(w, name, None)
+    for section in w.sections:
+        child = getattr(w, section["name"], None) if section.get("picture") else None
         if child is not None:
             parts.append(f"<div>{FIGURES[child._view](child)}</div>")
     return "".join(parts)

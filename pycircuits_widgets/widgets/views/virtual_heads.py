@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import traitlets
 
-from ..analysis.virtual_heads import top_virtual_heads
-from .base import CircuitWidget
-from .pair_selection import PairSelection
-from .on_demand import OnDemand
-from .payload import JSON_BUFFER
-from .selection import HeadSelection, check_model
+from ...analysis.virtual_heads import top_virtual_heads
+from ..core.base import CircuitWidget
+from ..core.on_demand import OnDemand
+from ..core.payload import JSON_BUFFER
+from ..core.selection import HeadSelection, PairSelection, check_model
 
 
 class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
@@ -40,10 +39,8 @@ class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
                              f"got n_layers={model.cfg.n_layers}")
         if k < 1 or n_copies < 1:
             raise ValueError(f"k and n_copies must be >= 1, got k={k}, n_copies={n_copies}")
-        self.model = model
         self._k, self._n_copies = k, n_copies
-        super().__init__(**kwargs)
-        self._init_on_demand()
+        super().__init__(model, **kwargs)
 
     def _ready(self) -> bool:
         return bool(self.heads)

@@ -38,9 +38,9 @@ import tempfile
 import ipywidgets
 from ipywidgets.embed import dependency_state
 
-from .bundle import bundle_code, bundle_packed
-from .offline import NONFINITE, tag_nonfinite
-from .payload import JSON_BUFFER, decode_json
+from ..core.bundle import bundle_code, bundle_packed
+from ..core.offline import NONFINITE, tag_nonfinite
+from ..core.payload import JSON_BUFFER, decode_json
 
 OURS = "pycircuits_widgets."
 """Prefix of ``_anywidget_id`` (module path of the class) of this package's widgets."""
@@ -277,16 +277,21 @@ class Page:
 
 def _widget_class(model: dict):
     """This package's widget class a saved model names (``_anywidget_id``), or None: looked up
-    among the classes already defined, never imported from the name."""
-    from .base import CircuitWidget
+    among the classes already defined, never imported from the name. A state saved before the
+    views moved to ``widgets/views/`` names ``pycircuits_widgets.widgets.<module>.<Class>``: such a
+    name is matched by its class name among this package's classes."""
+    from ..core.base import CircuitWidget
 
     name = str(model.get("state", {}).get("_anywidget_id", ""))
-    stack, classes = [CircuitWidget], {}
+    stack, classes, ours = [CircuitWidget], {}, {}
     while stack:
         cls = stack.pop()
         classes[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        if cls.__module__.startswith(OURS):
+            ours.setdefault(cls.__qualname__, cls)
         stack += cls.__subclasses__()
-    return classes.get(name)
+    old_layout = name.startswith("pycircuits_widgets.widgets.") and name.count(".") == 3
+    return classes.get(name) or (ours.get(name.rsplit(".", 1)[-1]) if old_layout else None)
 
 
 class _SavedView:

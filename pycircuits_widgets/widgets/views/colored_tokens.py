@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from ..models.tokenizer import escape_invisible
-from .base import CircuitWidget
-from .payload import encode_array, to_numpy
-from .selection import PositionSelection
+from ...models.tokenizer import escape_invisible
+from ..core.base import CircuitWidget
+from ..core.payload import encode_array, to_numpy
+from ..core.selection import PositionSelection
 
 
 class ColoredTokens(PositionSelection, CircuitWidget):

@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.activations import run
-from ..analysis.path_expansion import path_expansion, path_specs
-from .base import CircuitWidget, check_range
-from .pair_selection import PairSelection
-from .payload import JSON_BUFFER, encode_array
-from .selection import HeadSelection, check_model
-from .text_data import TextData, set_text
+from ...analysis.path_expansion import path_expansion, path_specs
+from ..core.base import CircuitWidget, check_range
+from ..core.payload import JSON_BUFFER, encode_array
+from ..core.selection import HeadSelection, PairSelection, PositionSelection, check_model
+from ..core.text_data import TextData
 
 LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
 """Rungs of the loss ladder, by path order (for a 2-layer attention-only, bias-free model)."""
@@ -21,7 +19,7 @@ MAX_TERMS = 2048
 """Most path terms the view computes (``prod_l (1 + n_heads)``; each is a [pos, d_vocab] logit table)."""
 
 
-class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
+class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, CircuitWidget):
     """The logits of ``model`` on ``text`` split into the paper's path terms with attention frozen
     (``pcw.analysis.path_expansion``): the direct path, one term per head and one virtual-head term
     per pair of heads in increasing layers; with MLPs and biases, also each MLP layer's output and
@@ -66,9 +64,8 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
     contributions = traitlets.Dict().tag(sync=True)
     """float16 payload [n_terms, pos - 1], deflated: each term's centred logit for the token at p + 1, from position p."""
 
-    # -- selection (layer, head from HeadSelection, selected_pair from PairSelection) --
-    position = traitlets.Int(-1).tag(sync=True)
-    """int, default -1: selected text position (the terms' contributions to the next token there), -1 for none."""
+    # -- selection: layer, head, position (the terms' contributions to the next token there),
+    # selected_pair from the mixins --
 
     # -- display --
     top_n = traitlets.Int(16).tag(sync=True)
@@ -78,29 +75,18 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
         check_model(model, "PathExpansion")
         cfg = model.cfg
         self._max_order = deepest_order(cfg)
-        self.model = model
-        self._forward = forward or run
-        self._one_token = one_token
-        self._n_tokens = 0
-        position = kwargs.pop("position", -1)  # validated against the text's length
-        super().__init__(expansion_note=expansion_note(cfg, self._max_order), **kwargs)
-        set_text(self, self._as_text(text))
-        self.position = position
-        self._init_on_demand()
+        self._first_position = kwargs.pop("position", -1)  # validated against the text, once it is set
+        super().__init__(model, text, forward, one_token, expansion_note=expansion_note(cfg, self._max_order),
+                         **kwargs)
 
-    def _as_text(self, text):
-        if isinstance(text, str):
-            return text
-        raise TypeError(f"PathExpansion(model, text): text must be a str, got {type(text).__name__}")
+    _short_text = "the loss needs at least 2"
+
+    def _started(self) -> None:
+        super()._started()
+        self.position = self._first_position
 
     def _ready(self) -> bool:
         return bool(self.terms)
-
-    def _check_text(self, text: str) -> None:
-        n = self.model.to_tokens(text).shape[-1]  # validates the text (unknown token, n_ctx)
-        if n < 2 and not self._one_token:
-            raise ValueError(f"the text has {n} token; the loss needs at least 2")
-        self._n_tokens = n
 
     @traitlets.observe("text")
     def _clip_position(self, change):
@@ -131,9 +117,8 @@ class PathExpansion(TextData, HeadSelection, PairSelection, CircuitWidget):
             "contributions": encode_array(contributions, "float16", compress=True),
         }
 
-    @traitlets.validate("position")
-    def _valid_position(self, proposal):
-        return check_range("position", proposal["value"], 0, self._n_tokens - 1, none=True)
+    def _n_positions(self) -> int:
+        return self._n_tokens
 
     @traitlets.validate("top_n")
     def _valid_top_n(self, proposal):

@@ -8,17 +8,17 @@ from collections.abc import Mapping
 import torch
 import traitlets
 
-from ..analysis.circuits import embedding_note
-from ..analysis.eigen import eigenvalues, positivity
-from ..analysis.rotary import reduce_offsets
-from ..analysis.head_scores import head_scores, target_masks
-from ..analysis.skip_trigrams import copied_tokens
-from . import offline
-from .base import CircuitWidget, check_range, rolls_back
+from ...analysis.circuits import embedding_note
+from ...analysis.eigen import eigenvalues, positivity
+from ...analysis.head_scores import head_scores, target_masks
+from ...analysis.rotary import reduce_offsets
+from ...analysis.skip_trigrams import copied_tokens
+from ..core import offline
+from ..core.base import CircuitWidget, check_range, rolls_back
+from ..core.offset_window import OffsetWindow
+from ..core.payload import encode_array, to_numpy
+from ..core.selection import HeadSelection, check_model
 from .notes import direct_path_ignores
-from .offset_window import OffsetWindow
-from .payload import encode_array, to_numpy
-from .selection import HeadSelection, Runner, check_model
 
 
 class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
@@ -81,12 +81,11 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         if scores is not None and not isinstance(scores, Mapping):
             raise TypeError("scores must be a dict {name: [n_layers, n_heads] array} (e.g. pcw.head_scores(model)) "
                             f"or None, got {type(scores).__name__}")
-        self.model = model
         self._strings = model.token_strings
         L, H = model.cfg.n_layers, model.cfg.n_heads
         self._eigs = None  # (offsets, {"OV", "QK": [L, H, d_head] complex}, QK offset [L, H]), once computed (_spectra)
         self._eigs_lock = threading.Lock()
-        lazy = L * H > self.EAGER_HEADS  # two vocab-sized products: several forwards' worth at GPT-2 shapes
+        self._lazy = lazy = L * H > self.EAGER_HEADS  # two vocab-sized products: several forwards' worth at GPT-2 shapes
         with torch.no_grad():
             if scores is None and not lazy:
                 scores = head_scores(model)
@@ -94,18 +93,22 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
             encoded = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
         else:
             encoded = {name: encode_array(_check_score(name, value, L, H), "float32") for name, value in scores.items()}
-        window = self._init_window(offsets, "the QK spectrum")
-        super().__init__(scores=encoded, ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
-                         **window,
-                         **({} if lazy else self._positivities()), **kwargs)
-        self._runner = Runner(self)
-        if lazy:  # the scatter fills in from the runner (the view shows it computing), then the detail
+        super().__init__(model, offsets, scores=encoded, ignores=direct_path_ignores(model.cfg),
+                         _embedding_note=embedding_note(model), **kwargs)
+
+    _answers_offline = "runner"
+    _window_what = "the QK spectrum"
+
+    def _started(self) -> None:
+        if self._lazy:  # the scatter fills in from the runner (the view shows it computing), then the detail
             self._runner.submit("spectra", lambda: iter([self._positivities()]))
             self._on_head(None)
         else:
+            with self.hold_sync():
+                for name, value in self._positivities().items():
+                    setattr(self, name, value)
             self.recompute()
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
-        self._share_offline()
 
     def _spectra(self) -> tuple[dict, torch.Tensor | None]:
         """Every head's OV and QK spectrum ``[L, H, d_head]`` (computed once) and, for a rotary model,
@@ -146,10 +149,6 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         self._on_head(None)
         self.wait(None)
         return {"detail": self.detail}
-
-    def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the recomputes are done and applied (True if idle)."""
-        return self._runner.wait(timeout)
 
     @rolls_back
     def _on_head(self, change):

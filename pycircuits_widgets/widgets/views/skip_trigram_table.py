@@ -5,17 +5,17 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.circuits import embedding_note
-from ..analysis.rotary import rotations
-from ..analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, qk_entries,
-                                      top_over_offsets, top_skip_trigrams)
-from ..models.tokenizer import visible_whitespace
-from . import offline
-from .base import CircuitWidget, check_range, check_text, rolls_back
+from ...analysis.circuits import embedding_note
+from ...analysis.rotary import rotations
+from ...analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, top_over_offsets,
+                                       top_skip_trigrams, triple_entries)
+from ...models.tokenizer import visible_whitespace
+from ..core import offline
+from ..core.base import CircuitWidget, check_range, check_text, rolls_back
+from ..core.offset_window import OffsetWindow
+from ..core.payload import encode_array
+from ..core.selection import HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
-from .offset_window import OffsetWindow
-from .payload import encode_array
-from .selection import HeadSelection, Runner, TokenSelection, check_model
 
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
@@ -86,16 +86,17 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
-        self.model = model
-        window = self._init_window(offsets, "a skip-trigram table")
-        self._snapshot_window()
         self._strings = model.token_strings
         self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
-        super().__init__(approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
-                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model),
-                         **window, **kwargs)
-        self._runner = Runner(self)
-        if model.cfg.d_vocab > self.partial_above:
+        super().__init__(model, offsets, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
+                         ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
+
+    _answers_offline = "runner"
+    _window_what = "a skip-trigram table"
+
+    def _started(self) -> None:
+        self._snapshot_window()
+        if self.model.cfg.d_vocab > self.partial_above:
             self._on_head(None)  # seconds of work: the view shows the partial table, then the exact one
         else:
             self.recompute()
@@ -106,7 +107,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self.observe(self._on_head, ["layer", "head", "k"])
         self.observe(self._on_query, ["query"])
         self.observe(self._on_token, ["token", "n_related"])
-        self._share_offline()
 
     _window_text = ("Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {how}; each skip-trigram "
                     "is scored at its strongest offset (column \"offset\"), and a token's query takes each entry's "
@@ -162,10 +162,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self._on_token(None)
         self.wait(None)
         return {"related": self.related}
-
-    def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the recomputes are done and applied (True if idle)."""
-        return self._runner.wait(timeout)
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's table, as many rows as the kernel's (``k``, at most
@@ -248,10 +244,8 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         yield {"trigrams": table}
 
     def _encode_table(self, layer, head, window, score, idx, at, progress):
-        q, kk, v, u = self._centred(layer, head)
         src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
-        qk = qk_entries(q, kk, idx, window[1], at)  # entries QKc[dest, src] of the factored circuit
-        ov = (v[src] * u.T[out]).sum(1)  # entries OVc[src, out]
+        qk, ov = triple_entries(*self._centred(layer, head), idx, window[1], at)
         ids = sorted(set(idx.reshape(-1).tolist()))
         offsets = {} if at is None else {"offset": encode_array(torch.tensor(window[0])[at], "int32")}
         return {**offsets,

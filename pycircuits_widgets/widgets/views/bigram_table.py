@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ..analysis.bigrams import bigram_top
-from .base import CircuitWidget, check_range
-from .payload import JSON_BUFFER, encode_array
-from .on_demand import OnDemand
-from .selection import TokenSelection
+from ...analysis.bigrams import bigram_top
+from ..core.base import CircuitWidget, check_range
+from ..core.on_demand import OnDemand
+from ..core.payload import JSON_BUFFER, encode_array
+from ..core.selection import TokenSelection
 
 EMBED_ALL_MAX_VOCAB = 8192
 """Up to this vocabulary size every row's top next tokens are embedded (kernel-less search);
@@ -55,13 +55,14 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
         if missing:
             raise TypeError(f"BigramTable needs a weight view (e.g. pcw.load_pretrained('attn-only-0l')); "
                             f"got {type(model).__name__} without {', '.join(missing)}")
-        self.model = model
         self._k = check_range("k", k, 1, min(100, model.cfg.d_vocab))
         self._computed: tuple[list[int], torch.Tensor, torch.Tensor] = (
             [], torch.zeros(0, self._k), torch.zeros(0, self._k, dtype=torch.int32))  # rows, values, ids
-        super().__init__(vocab=model.token_strings, complete=model.cfg.d_vocab <= EMBED_ALL_MAX_VOCAB, **kwargs)
+        super().__init__(model, vocab=model.token_strings, complete=model.cfg.d_vocab <= EMBED_ALL_MAX_VOCAB,
+                         **kwargs)
+
+    def _started(self) -> None:
         self.observe(self._on_token, ["token"])
-        self._init_on_demand()
 
     def _ready(self) -> bool:
         return bool(self.top_ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import traitlets
 
-from ..analysis.rotary import describe, offset_window
+from ...analysis.rotary import describe, offset_window
 from .base import rolls_back
 
 MAX_OFFSETS = 256
@@ -12,13 +12,14 @@ MAX_OFFSETS = 256
 
 
 class OffsetWindow(traitlets.HasTraits):
-    """Mixin: trait ``offsets`` (the window; ``[]`` for a model whose positions are not rotary),
-    settable from the view's control or Python, and ``offset_note`` stating it in the view.
+    """Mixin (before ``CircuitWidget``): trait ``offsets`` (the window; ``[]`` for a model whose
+    positions are not rotary), settable from the view's control or Python, and ``offset_note``
+    stating it in the view.
 
-    A subclass sets ``self.model``, passes ``**self._init_window(offsets, what)`` to
-    ``super().__init__``, observes nothing itself, and implements ``_on_window()`` (recompute what
-    the window changes); ``_window_text`` is its note with ``{how}`` where ``rotary.describe``
-    goes. ``self._offsets`` is the window as a list, or None when not rotary."""
+    A subclass passes ``offsets`` on to ``super().__init__(model, offsets=..., ...)``, names what
+    the window is read for in ``_window_what`` (refusals say it), and implements ``_on_window()``
+    (recompute what the window changes); ``_window_text`` is its note with ``{how}`` where
+    ``rotary.describe`` goes. ``self._offsets`` is the window as a list, or None when not rotary."""
 
     offsets = traitlets.List(traitlets.Int()).tag(sync=True)
     """list[int]: rotary models: the query - key offsets the QK circuits are read over (the view's
@@ -27,11 +28,12 @@ class OffsetWindow(traitlets.HasTraits):
     """str (read-only): rotary models: which query - key offsets the QK circuits are read at ("" otherwise)."""
 
     _window_text = "Rotary positions: the QK circuits are read {how}."
+    _window_what = "the QK circuit"
 
-    def _init_window(self, offsets, what: str) -> dict:
-        self._offsets = offset_window(self.model, offsets, what)
+    def __init__(self, model=None, offsets=None, **kwargs):
+        self._offsets = offset_window(model, offsets, self._window_what)
         self.observe(self._on_offsets, ["offsets"])
-        return {"offsets": self._offsets or [], "offset_note": self._window_note()}
+        super().__init__(model, offsets=self._offsets or [], offset_note=self._window_note(), **kwargs)
 
     def _window_note(self) -> str:
         return "" if self._offsets is None else self._window_text.format(how=describe(self._offsets))

@@ -38,7 +38,7 @@ import threading
 import anywidget
 import traitlets
 
-STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
+STATIC = pathlib.Path(__file__).resolve().parents[2] / "static"
 
 DEV_KEY = "dev"
 """str: the key the stubs wait under in development mode (the bundle changes, its hash too)."""

@@ -1,15 +1,4 @@
-"""The one selection every view shares, and the one runner that recomputes for it.
-
-Selection vocabulary (same names and meaning in every view and the explorer):
-
-* ``layer``, ``head``: a head, written ``L1.H6`` in every label (:func:`head_label`);
-* ``position``: an index into the text (-1: none);
-* ``token``: a vocabulary id (-1: none).
-
-Each is a :class:`Index` trait: an ``int`` (``True`` is not one), range-checked by the
-one validator :meth:`Selection._check_index` against the bounds a view gives in
-``_index_bounds``. Views link by name, so ``ipywidgets.link((table, "head"), (plot, "head"))``
-works, and the explorer drives them all.
+"""The one runner that recomputes a view's results off the kernel thread.
 
 :class:`Runner` runs a widget's recomputes. Each request has a *kind* (a head's table, a
 token query, a detail panel): per kind at most one job runs and one waits, and a newer
@@ -17,7 +6,7 @@ request of a kind makes the older one stale, stopped at its next chunk (``yield`
 never drop each other. Under a Jupyter kernel the work runs on one worker thread per widget
 and every result is applied on the kernel's IO-loop thread (never ``setattr`` from the
 worker); in a plain script (no kernel) requests run synchronously, so nothing is left
-running at exit.
+running at exit. Every view has one (``CircuitWidget._runner``).
 """
 
 from __future__ import annotations
@@ -27,110 +16,6 @@ import sys
 import threading
 import time
 from typing import Callable, Iterator
-
-import traitlets
-
-from ..models import weight_view_hint
-from .base import check_range
-
-
-def head_label(layer: int, head: int) -> str:
-    """The one way a head is written in the UI: ``L1.H6``."""
-    return f"L{layer}.H{head}"
-
-
-class Index(traitlets.Int):
-    """A selection index: a Python ``int`` (``bool`` refused), range-checked by the owner's
-    ``_index_bounds(name) -> (lo, hi, none_allowed)`` (``none_allowed``: -1 means none)."""
-
-    info_text = "an int"
-
-    def validate(self, obj, value):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise traitlets.TraitError(f"{self.name} must be an int, got {value!r} ({type(value).__name__})")
-        lo, hi, none = obj._index_bounds(self.name)
-        return check_range(self.name, int(value), lo, hi, none=none)
-
-
-class Selection(traitlets.HasTraits):
-    """Base of the selection mixins: ``_index_bounds`` is chained through them."""
-
-    def _index_bounds(self, name):
-        raise traitlets.TraitError(f"{type(self).__name__} has no bounds for {name!r}")
-
-
-class HeadSelection(Selection):
-    """Selection ``layer``/``head`` and the model shape ``n_layers``/``n_heads`` (read-only).
-
-    A subclass sets ``n_layers``/``n_heads`` (or ``self.model`` before ``super().__init__``).
-    """
-
-    # -- selection --
-    layer = Index(0).tag(sync=True)
-    """int, default 0: selected layer, in ``0..n_layers-1``."""
-    head = Index(0).tag(sync=True)
-    """int, default 0: selected head within ``layer``, in ``0..n_heads-1``."""
-
-    # -- model shape (read-only, for the pickers) --
-    n_layers = traitlets.Int().tag(sync=True)
-    """int (read-only): layers of the model."""
-    n_heads = traitlets.Int().tag(sync=True)
-    """int (read-only): heads per layer."""
-
-    @traitlets.default("n_layers")
-    def _default_n_layers(self):
-        return self.model.cfg.n_layers
-
-    @traitlets.default("n_heads")
-    def _default_n_heads(self):
-        return self.model.cfg.n_heads
-
-    def _index_bounds(self, name):
-        # a model without heads (zero layers) keeps the default 0, shown nowhere
-        if name == "layer":
-            return 0, max(self.n_layers - 1, 0), False
-        if name == "head":
-            return 0, max(self.n_heads - 1, 0), False
-        return super()._index_bounds(name)
-
-
-class TokenSelection(Selection):
-    """Selection trait ``token``: a vocabulary id, or -1 for none."""
-
-    token = Index(-1).tag(sync=True)
-    """int, default -1: selected vocabulary id (``0..d_vocab-1``), -1 for none."""
-
-    def _index_bounds(self, name):
-        if name == "token":
-            return 0, self.model.cfg.d_vocab - 1, True
-        return super()._index_bounds(name)
-
-
-class PositionSelection(Selection):
-    """Selection trait ``position``: an index into the text, or -1 for none.
-    A subclass gives the text length as ``_n_positions()``."""
-
-    position = Index(-1).tag(sync=True)
-    """int, default -1: selected position in the text (token index), -1 for none."""
-
-    def _index_bounds(self, name):
-        if name == "position":
-            return 0, self._n_positions() - 1, True
-        return super()._index_bounds(name)
-
-
-def check_model(model, owner: str) -> None:
-    """A clear error when ``model`` is not a weight view (``pcw.load_pretrained(...)`` etc.)."""
-    missing = [a for a in ("cfg", "W_E", "W_Q", "W_K", "W_V", "W_O", "W_U") if not hasattr(model, a)]
-    hint = weight_view_hint(model)
-    if missing or hint:
-        raise TypeError(
-            f"{owner} needs a model with the weight view (e.g. pcw.load_pretrained('attn-only-2l'), "
-            f"pcw.from_hf(hf_model, tokenizer)); got {type(model).__name__}"
-            f"{' without ' + ', '.join(missing) if missing else ''}{hint}"
-        )
-    if model.cfg.n_layers < 1:
-        raise ValueError(f"{owner} needs a model with attention layers, got n_layers=0")
 
 
 # A recompute: a generator of trait updates (dicts name -> value; None is a checkpoint with
@@ -172,7 +57,7 @@ class Runner:
     ``widget.error`` and leaves the last good traits; the next success of that kind clears it.
 
     ``submit(kind, make, background=True)``: work nobody waits to see (the kernel-less answers,
-    ``widgets/offline.py``): it never sets ``busy`` and yields to any other request at its
+    ``widgets/core/offline.py``): it never sets ``busy`` and yields to any other request at its
     next chunk, resuming once that is done; ``wait()`` still covers it. Under no kernel it is
     not run at all (``submit`` returns False): a script saves nothing until ``save_html``.
 

@@ -1,0 +1,152 @@
+"""The explorer's views, declared once: what each section is, what it follows, how it is built.
+
+:data:`VIEWS` is the one list of the explorer's sections, in the order they are shown. The
+explorer (``explorer.py``) builds its child views by iterating it, names its child traits
+after it, and sends the browser what it needs of it (``CircuitExplorer.sections``: name,
+title, hint, followed selection keys, layout), so ``js/src/views/CircuitExplorer.svelte`` and
+``js/src/lib/selection.js`` declare no view of their own. Adding a section is one entry here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from .attention import AttentionPatterns
+from .bigram_table import BigramTable
+from .colored_tokens import ColoredTokens
+from .composition_matrix import CompositionMatrix
+from .eigenvalue_plot import EigenvaluePlot
+from .induction_mechanism import InductionMechanism
+from .path_expansion import PathExpansion
+from .positional_qk import PositionalQK
+from .skip_trigram_table import SkipTrigramTable
+from .virtual_heads import VirtualHeads
+
+if TYPE_CHECKING:
+    from ..core.base import CircuitWidget
+    from .explorer import CircuitExplorer
+
+LARGE_VOCAB_TRIGRAM_OFFSETS = 8
+"""Rotary models over ``SkipTrigramTable.partial_above`` tokens read their skip-trigrams over at most
+this many offsets by default (each offset is one more exact whole-vocabulary search: about a minute
+per head at 49k tokens on a loaded 2-core machine); the view's offset control widens it."""
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    """One section of the explorer.
+
+    Attributes:
+        name: the explorer's attribute (``explorer.trigrams``) and the section's ``data-view``.
+        cls: the view class (also usable on its own).
+        noun: what it shows, in a sentence ("No skip-trigrams for this model: ...").
+        title: the section's heading. hint: the line under it (what a click does).
+        follows: the selection keys it shows and may change by a click (``SELECTION_KEYS``).
+        build: ``explorer -> view``: the view of the explorer's model, text and selection.
+        doc: the child trait's docstring.
+        on_demand: built inactive, computed on first use (``CircuitExplorer.compute``).
+        wide: spans the explorer's whole row (tables whose columns must not scroll).
+        picture: drawn in the explorer's static picture (``pictures.explorer``).
+        reads_text: follows the explorer's text.
+        needs_heads: refused (with a notice) for a model without attention heads.
+        optional: a model the view refuses (``ValueError``) gets a notice instead; not optional:
+            the refusal is the explorer's.
+    """
+
+    name: str
+    cls: type
+    noun: str
+    title: str
+    hint: str
+    follows: tuple[str, ...]
+    build: Callable[["CircuitExplorer"], "CircuitWidget"] = field(repr=False)
+    doc: str = ""
+    on_demand: bool = False
+    wide: bool = False
+    picture: bool = False
+    reads_text: bool = False
+    needs_heads: bool = True
+    optional: bool = True
+
+    def browser(self) -> dict:
+        """What the browser needs of this section (``CircuitExplorer.sections``)."""
+        return {"name": self.name, "title": self.title, "hint": self.hint, "follows": list(self.follows),
+                "wide": self.wide, "picture": self.picture}
+
+
+def rotary_window(explorer) -> dict:
+    """Rotary QK circuits are read over the query - key offsets the text has (each view says so)."""
+    return {"offsets": range(0, len(explorer.token_ids))} if explorer.model.cfg.positional == "rotary" else {}
+
+
+def trigram_window(explorer) -> dict:
+    """The rotary window of the skip-trigram table: at most ``LARGE_VOCAB_TRIGRAM_OFFSETS`` offsets
+    for a large vocabulary."""
+    window = rotary_window(explorer)
+    if window and explorer.model.cfg.d_vocab > SkipTrigramTable.partial_above:
+        return {"offsets": range(0, min(len(explorer.token_ids), LARGE_VOCAB_TRIGRAM_OFFSETS))}
+    return window
+
+
+def _head(e) -> dict:
+    return {"layer": e.layer, "head": e.head}
+
+
+VIEWS: tuple[ViewSpec, ...] = (
+    ViewSpec("loss", ColoredTokens, "per-token loss", "Per-token loss",
+             "loss of predicting each token from the ones before it; click a token to select it", ("position",),
+             lambda e: ColoredTokens(e.tokens[1:], e._forward(e.model, e.text).token_loss[0], label="loss (nats)",
+                                     colormap="sequential", first_position=1),
+             "loss of predicting each token from those before it (text positions 1..n-1).",
+             wide=True, picture=True, needs_heads=False, optional=False),
+    ViewSpec("attention", AttentionPatterns, "attention patterns", "Attention patterns",
+             "click a head to select it; pin a token in the token view", ("layer", "head", "position"),
+             lambda e: AttentionPatterns(e.model, e.text, forward=e._forward, **_head(e)),
+             "every head's pattern on ``text``.", wide=True, picture=True, reads_text=True),
+    ViewSpec("trigrams", SkipTrigramTable, "skip-trigrams", "Skip-trigrams of the selected head",
+             "[source] … [destination] → [out]; search a token for its query", ("layer", "head", "token"),
+             lambda e: SkipTrigramTable(e.model, **_head(e), **trigram_window(e)),
+             "the selected head's skip-trigrams and the selected token's query.", wide=True, picture=True),
+    ViewSpec("composition", CompositionMatrix, "composition scores", "Composition",
+             "click a cell: the reading head becomes the selected head", ("layer", "head", "selected_pair"),
+             lambda e: CompositionMatrix(e.model, **_head(e), **rotary_window(e)),
+             "Q/K/V composition of head pairs (models with >= 2 layers).", picture=True),
+    ViewSpec("eigen", EigenvaluePlot, "eigenvalues (copying)", "Eigenvalues",
+             "click a head; positive eigenvalues mean copying", ("layer", "head"),
+             lambda e: EigenvaluePlot(e.model, **_head(e), **rotary_window(e)),
+             "OV/QK eigenvalue positivity of every head, the selected head's spectrum.", picture=True),
+    ViewSpec("paths", PathExpansion, "path expansion", "Path expansion",
+             "direct path + heads + virtual heads (attention frozen); click a term to select its head or pair, "
+             "hover a token", ("layer", "head", "position", "selected_pair"),
+             lambda e: PathExpansion(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
+             "the logits on ``text`` as direct path + heads + virtual heads (attention-only models).",
+             on_demand=True, wide=True, reads_text=True),
+    ViewSpec("induction", InductionMechanism, "induction mechanism", "Induction mechanism of the selected pair",
+             "K-composition of earlier → later head, then copying; a composition cell, a virtual head or a reading "
+             "head selects the pair", ("layer", "head", "token", "selected_pair"),
+             lambda e: InductionMechanism(e.model, selected_pair=[], active=False, **_head(e), **rotary_window(e)),
+             "K-composition and copying of the selected pair (>= 2 layers, no rotary).", on_demand=True),
+    ViewSpec("positional", PositionalQK, "positional attention", "Positional attention of the selected head",
+             "score by relative offset from the positional QK term, beside the measured attention", ("layer", "head"),
+             lambda e: PositionalQK(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
+             "the selected head's positional score and attention by relative offset.", on_demand=True,
+             reads_text=True),
+    ViewSpec("virtual", VirtualHeads, "virtual heads", "Virtual heads (V-composition)",
+             "click a row to select the pair", ("layer", "head", "selected_pair"),
+             lambda e: VirtualHeads(e.model, active=False, **_head(e)),
+             "the strongest V-composition pairs (>= 2 layers).", on_demand=True),
+    # milliseconds, but every row is saved with the page: computed at once only where it is the
+    # model's one view (zero layers), else on first use like the other paper views
+    ViewSpec("bigrams", BigramTable, "bigram table", "Direct path (bigrams)",
+             "W_E W_U: the selected token's most likely next tokens; search the vocabulary", ("token",),
+             lambda e: BigramTable(e.model, active=e.n_layers == 0),
+             "the direct path ``W_E W_U``'s top next tokens for the selected token (every model).",
+             on_demand=True, needs_heads=False),
+)
+"""The explorer's sections, in the order shown."""
+
+BY_NAME = {spec.name: spec for spec in VIEWS}
+"""View name -> its :class:`ViewSpec`."""
+ON_DEMAND = tuple(spec.name for spec in VIEWS if spec.on_demand)
+"""The views the explorer builds inactive (``on_demand``)."""
