@@ -21,7 +21,7 @@ MODEL = "attn-only-2l"
 SCRIPT = """
 import json, pathlib, sys
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets import bundle
+from pycircuits_widgets.widgets.core import bundle
 
 out = {"file": pcw.__file__, "static": bundle.STATIC.exists()}
 model = pcw.load_pretrained(%(model)r)

@@ -1,6 +1,6 @@
 // The browser-side selection rules (the explorer links its views with them, kernel or not).
 import { describe, expect, it } from "vitest";
-import { FOLLOWS, applySelection, headData, headLabel, resolveSelection, strongestWriter } from "../src/lib/selection.js";
+import { applySelection, headData, headLabel, resolveSelection, writerLookup } from "../src/lib/selection.js";
 import { HostModel } from "../src/lib/host.js";
 
 const ids = [5, 7, 5, 9];
@@ -25,6 +25,8 @@ describe("resolveSelection", () => {
 });
 
 describe("applySelection", () => {
+  // the keys each section follows, as the explorer's `sections` trait sends them
+  const follows = { loss: ["position"], trigrams: ["layer", "head", "token"], composition: ["layer", "head", "selected_pair"], eigen: ["layer", "head"] };
   const model = (state) => {
     const saved = [];
     const m = new HostModel("x", state, { onSave: (_, c) => saved.push(c) });
@@ -37,19 +39,20 @@ describe("applySelection", () => {
       trigrams: model({ layer: 0, head: 0, token: -1 }),
       composition: model({ layer: 1, head: 6 }),
     };
-    applySelection(explorer, kids, { layer: 1, head: 6, position: 2, token: 5 });
+    applySelection(explorer, kids, { layer: 1, head: 6, position: 2, token: 5 }, follows);
     expect(explorer.saved).toEqual([{ layer: 1, head: 6, position: 2, token: 5 }]);
     expect(kids.loss.saved).toEqual([{ position: 2 }]);
     expect(kids.trigrams.saved).toEqual([{ layer: 1, head: 6, token: 5 }]);
     expect(kids.composition.saved).toEqual([]); // already there
-    expect(Object.keys(FOLLOWS)).toEqual(["loss", "attention", "trigrams", "composition", "eigen", "paths", "induction", "positional", "virtual", "bigrams"]);
+    applySelection(explorer, { unlisted: model({ layer: 0 }) }, { layer: 2 }, follows);
+    expect(explorer.saved.at(-1)).toEqual({ layer: 2 }); // a view no section lists follows nothing
   });
   it("compares pairs by value: an equal pair is no change, a new one is saved", () => {
     const explorer = model({ ...none, selected_pair: [0, 1, 1, 2] });
     const kids = { composition: model({ layer: 0, head: 0, selected_pair: [0, 1, 1, 2] }), eigen: model({ layer: 0, head: 0 }) };
-    applySelection(explorer, kids, { ...none, selected_pair: [0, 1, 1, 2] });
+    applySelection(explorer, kids, { ...none, selected_pair: [0, 1, 1, 2] }, follows);
     expect(explorer.saved).toEqual([]);
-    applySelection(explorer, kids, { ...none, layer: 1, head: 0, selected_pair: [0, 2, 1, 0] });
+    applySelection(explorer, kids, { ...none, layer: 1, head: 0, selected_pair: [0, 2, 1, 0] }, follows);
     expect(kids.composition.saved).toEqual([{ layer: 1, selected_pair: [0, 2, 1, 0] }]); // head 0 already
     expect(kids.eigen.saved).toEqual([{ layer: 1 }]); // eigen does not show pairs
   });
@@ -65,23 +68,23 @@ describe("headLabel and headData", () => {
 });
 
 describe("pairs", () => {
-  // a 3-layer, 2-head K table [L, H, L, H] (row-major), NaN where l1 >= l2; written out by hand
+  // the kernel's strongest-writer table of a 3-layer, 2-head model (int32 [L, H, 2], -1 for none),
+  // written out by hand: L1.H0 <- L0.H1, L1.H1 <- L0.H0, L2.H1 <- L1.H0, L2.H0 none
   const L = 3, H = 2;
-  const scores = new Float32Array(L * H * L * H).fill(NaN);
-  const put = (l1, h1, l2, h2, v) => (scores[((l1 * H + h1) * L + l2) * H + h2] = v);
-  put(0, 0, 1, 0, 0.2); put(0, 1, 1, 0, 0.5);
-  put(0, 0, 1, 1, 0.3); put(0, 1, 1, 1, 0.3); // a tie: the first (L0.H0) wins, as numpy's argmax
-  put(0, 0, 2, 1, 0.1); put(0, 1, 2, 1, 0.2); put(1, 0, 2, 1, 0.9); put(1, 1, 2, 1, 0.4);
-  const writerOf = strongestWriter(scores, L, H);
+  const writers = new Int32Array(L * H * 2).fill(-1);
+  const put = (l2, h2, l1, h1) => writers.set([l1, h1], (l2 * H + h2) * 2);
+  put(1, 0, 0, 1); put(1, 1, 0, 0); put(2, 1, 1, 0);
+  const writerOf = writerLookup(writers, L, H);
   const base = { ...none, selected_pair: [] };
 
-  it("the strongest K-composition writer into a head, over every earlier layer", () => {
+  it("reads the strongest K-composition writer into a head from the kernel's table", () => {
     expect(writerOf(1, 0)).toEqual([0, 1]);
     expect(writerOf(1, 1)).toEqual([0, 0]);
     expect(writerOf(2, 1)).toEqual([1, 0]);
-    expect(writerOf(2, 0)).toBeNull(); // no finite score (as a rotary model's refused table)
+    expect(writerOf(2, 0)).toBeNull(); // no writer (no finite score: a rotary model's refused table)
     expect(writerOf(0, 1)).toBeNull(); // layer 0 reads nothing composed
-    expect(strongestWriter(null, L, H)(1, 0)).toBeNull();
+    expect(writerOf(3, 0)).toBeNull(); // out of range
+    expect(writerLookup(null, L, H)).toBeNull(); // no table yet
   });
   it("a pair selects its later head, and keeps the clicked pair", () => {
     expect(resolveSelection(base, { selected_pair: [0, 0, 1, 0] }, [], writerOf)).toMatchObject({ layer: 1, head: 0, selected_pair: [0, 0, 1, 0] });

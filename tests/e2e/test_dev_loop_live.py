@@ -35,7 +35,7 @@ def test_a_rebuilt_bundle_remounts_the_shown_view_without_a_kernel_restart(lab_p
         "os.environ['ANYWIDGET_HMR'] = '1'  # as `ANYWIDGET_HMR=1 jupyter lab` sets it\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "import pycircuits_widgets as pcw\n"
-        "from pycircuits_widgets.widgets import bundle",
+        "from pycircuits_widgets.widgets.core import bundle",
         "w = pcw.ColoredTokens(['alpha', ' beta', ' gamma', ' delta'], [0.1, 0.7, 0.3, 0.9], label='loss')\n"
         "w",
     ])  # fmt: skip
