@@ -18,6 +18,7 @@ from .colored_tokens import ColoredTokens
 from .composition_matrix import CompositionMatrix
 from .eigenvalue_plot import EigenvaluePlot
 from .induction_mechanism import InductionMechanism
+from .neurons import NeuronView
 from .path_expansion import PathExpansion
 from .positional_qk import PositionalQK
 from .skip_trigram_table import SkipTrigramTable
@@ -132,6 +133,12 @@ VIEWS: tuple[ViewSpec, ...] = (
              lambda e: PositionalQK(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
              "the selected head's positional score and attention by relative offset.", on_demand=True,
              reads_text=True),
+    ViewSpec("neurons", NeuronView, "MLP neurons", "MLP neurons of the selected layer",
+             "W_E W_in, W_E W_OV W_in through the selected head, W_out W_U; click a neuron (ranked by activation "
+             "at the selected position)", ("layer", "head", "position"),
+             lambda e: NeuronView(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
+             "the selected layer's MLP neurons through the paper's MLP path terms (models with MLPs).",
+             on_demand=True, reads_text=True),
     ViewSpec("virtual", VirtualHeads, "virtual heads", "Virtual heads (V-composition)",
              "click a row to select the pair", ("layer", "head", "selected_pair"),
              lambda e: VirtualHeads(e.model, active=False, **_head(e)),
