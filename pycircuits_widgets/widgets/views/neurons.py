@@ -92,7 +92,9 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         self._acts: torch.Tensor | None = None  # [L, pos, d_mlp] of the current text
         self._token_ids: list[int] = []
         self._norms: dict[int, torch.Tensor] = {}
+        position = kwargs.pop("position", -1)  # bounded by the text, which TextData sets after the traits
         super().__init__(model, text, forward, one_token, d_mlp=model.cfg.d_mlp, **kwargs)
+        self.position = position
 
     def _started(self) -> None:
         super()._started()
