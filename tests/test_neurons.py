@@ -167,16 +167,17 @@ def test_saved_answers_are_the_kernels_tables(adapted):
     assert view.wait()
     state = offline.fill(view)
     rules = {tuple(r["on"]): r for r in offline.rules(state)}
-    assert set(rules) == {("layer", "position"), ("layer", "neuron"), ("layer", "head", "neuron")}
+    assert set(rules) == {("layer", "position"), ("layer", "head", "neuron")}
     listed = decode_array(view.neurons).tolist()
-    direct = rules[("layer", "neuron")]["patches"]
-    assert {offline.key(1, n) for n in listed} <= set(direct)  # every listed neuron answers without a kernel
+    tables = rules[("layer", "head", "neuron")]["patches"]
+    assert {offline.key(1, 2, n) for n in listed} <= set(tables)  # every listed neuron answers without a kernel
     # every layer's list for every position (and none) is saved
     assert set(rules[("layer", "position")]["patches"]) == {offline.key(l, p) for l in (0, 1) for p in range(-1, len(IDS))}
     view.neuron = listed[0]
     assert view.wait()
-    saved = direct[offline.key(1, listed[0])]["direct"]
-    assert [t["tokens"] for t in saved["tables"]] == [t["tokens"] for t in view.direct["tables"]]
+    saved = tables[offline.key(1, 2, listed[0])]
+    for name in ("direct", "through_head"):
+        assert [t["tokens"] for t in saved[name]["tables"]] == [t["tokens"] for t in getattr(view, name)["tables"]]
 
 
 def test_explorers_with_mlps_have_the_section_attention_only_ones_a_notice(adapted):

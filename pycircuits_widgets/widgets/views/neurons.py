@@ -182,8 +182,8 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     # -- kernel-less answers -------------------------------------------------------------
     def offline_answers(self, answers) -> None:
         """Kernel-less: the neuron lists (this layer first, the current position first; at most
-        ``LIST_ANSWERS``), then the tables of the listed neurons (the current one first), then of
-        the current neuron through the layer's other heads."""
+        ``LIST_ANSWERS``), then the tables of the listed neurons through the current head (the
+        current neuron first), then of the current neuron through the layer's other heads."""
         L, H = self.model.cfg.n_layers, self.model.cfg.n_heads
         layers = [self.layer] + [l for l in range(L) if l != self.layer]
         positions = [self.position] + [p for p in range(-1, self._n_tokens) if p != self.position]
@@ -192,11 +192,8 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
                      missing=offline.over_budget("This layer's neuron list"))
         candidates = list(dict.fromkeys([(self.layer, self.neuron)] + [
             (l, n) for (l, _), (_, ids, _, _) in lists.items() for n in ids]))
-        answers.rule(["layer", "neuron"], (
-            ((l, n), {"direct": self._tables(l, self.head, n)["direct"]}) for l, n in candidates
-        ), missing=offline.over_budget("This neuron's tables"))
-        through = list(dict.fromkeys([(l, self.head, n) for l, n in candidates] + [
+        # one answer holds all of a neuron's tables, so a saved neuron shows whole
+        selections = list(dict.fromkeys([(l, self.head, n) for l, n in candidates] + [
             (self.layer, h, self.neuron) for h in range(H)]))
-        answers.rule(["layer", "head", "neuron"], (
-            ((l, h, n), {"through_head": self._tables(l, h, n)["through_head"]}) for l, h, n in through
-        ), missing=offline.over_budget("This neuron's tables through this head"))
+        answers.rule(["layer", "head", "neuron"], (((l, h, n), self._tables(l, h, n)) for l, h, n in selections),
+                     missing=offline.over_budget("This neuron's tables"))
