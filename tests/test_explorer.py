@@ -5,6 +5,7 @@ import copy
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 import traitlets
@@ -170,6 +171,31 @@ def test_rotary_model_reads_token_by_token_qk_views_over_the_texts_offsets():
     e.compute("positional")
     assert e.wait() and "rotary rule" in e.positional.rule  # the rule, not a positional table
     assert e.attention is not None and e.composition is not None
+
+
+def test_a_new_text_moves_the_rotary_views_default_window_but_not_one_the_reader_chose():
+    model = custom_model(positional="rotary", dtype=torch.float32)
+    e = CircuitExplorer(model, "t1 t2 t3")
+    e.compute("induction")
+    views = (e.trigrams, e.composition, e.eigen, e.induction)
+    e.text = "t1 t2 t3 t1 t2"
+    assert e.wait()
+    for view in views:
+        assert view.offsets == [0, 1, 2, 3, 4] and "query - key offsets 0..4" in view.offset_note
+    eigen_scores = decode_array(e.eigen.qk_positivity)
+    e.eigen.offsets = [1, 2]  # the reader's window
+    assert e.wait()
+    assert not np.array_equal(decode_array(e.eigen.qk_positivity), eigen_scores)  # it read the new window
+    e.text = "t1 t2"
+    assert e.wait()
+    assert e.eigen.offsets == [1, 2] and "offsets 1..2" in e.eigen.offset_note
+    for view in (e.trigrams, e.composition, e.induction):
+        assert view.offsets == [0, 1] and "query - key offsets 0..1" in view.offset_note
+    # the composition table is the one read over the new window
+    fresh = pcw.CompositionMatrix(model, offsets=range(0, 2))
+    assert fresh.wait()
+    assert np.array_equal(decode_array(e.composition.scores["K"]["correct"]),
+                          decode_array(fresh.scores["K"]["correct"]), equal_nan=True)
 
 
 def test_bad_arguments_raise_clear_errors(model):
