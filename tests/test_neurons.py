@@ -175,9 +175,17 @@ def test_saved_answers_are_the_kernels_tables(adapted):
     assert set(rules[("layer", "position")]["patches"]) == {offline.key(l, p) for l in (0, 1) for p in range(-1, len(IDS))}
     view.neuron = listed[0]
     assert view.wait()
-    saved = tables[offline.key(1, 2, listed[0])]
+    saved, data = tables[offline.key(1, 2, listed[0])], bytes(state["data"])
     for name in ("direct", "through_head"):
-        assert [t["tokens"] for t in saved[name]["tables"]] == [t["tokens"] for t in getattr(view, name)["tables"]]
+        assert [unpacked(t["ids"], data) for t in saved[name]["tables"]] == [
+            decode_array(t["ids"]).tolist() for t in getattr(view, name)["tables"]]
+    assert view.strings.items() <= rules[("layer", "head", "neuron")]["base"]["strings"].items()
+
+
+def unpacked(ref, data: bytes) -> list:
+    """A packed array of saved answers (``{"packed": [byte offset, dtype, shape]}``) as a list."""
+    offset, dtype, shape = ref["packed"]
+    return np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)), offset=offset).tolist()
 
 
 def test_explorers_with_mlps_have_the_section_attention_only_ones_a_notice(adapted):

@@ -10,7 +10,7 @@ from ...analysis.neurons import neuron_activations, neuron_out_norms, neuron_ter
 from ..core import offline
 from ..core.base import CircuitWidget, check_range
 from ..core.payload import encode_array
-from ..core.selection import HeadSelection, Index, PositionSelection, check_model, head_label
+from ..core.selection import HeadSelection, Index, PositionSelection, check_model
 from ..core.text_data import TextData
 
 NORM_NOTE = ("Token circuits through an MLP read the raw W_E (its stream also holds the attention output, so "
@@ -19,12 +19,12 @@ NORM_NOTE = ("Token circuits through an MLP read the raw W_E (its stream also ho
 LABELS = {
     "in": "W_E W_in: tokens that drive it directly{reader}",
     "gate": "W_E W_gate: tokens that open its gate directly",
-    "head_in": "W_E W_OV W_in through {head}: source tokens it attends to that drive it{reader}",
-    "head_gate": "W_E W_OV W_gate through {head}: source tokens that open its gate",
+    "head_in": "W_E W_OV W_in through the head: source tokens it attends to that drive it{reader}",
+    "head_gate": "W_E W_OV W_gate through the head: source tokens that open its gate",
     "out": "W_out W_U: tokens it promotes",
     "out_bottom": "W_out W_U: tokens it suppresses",
 }
-"""Each table's caption (``{head}``: the head; ``{reader}``: " (in-projection)" for a gated MLP)."""
+"""Each table's caption (``{reader}``: " (in-projection)" for a gated MLP)."""
 
 
 LIST_ANSWERS = 256
@@ -75,11 +75,15 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     listed_for = traitlets.List(traitlets.Int()).tag(sync=True)
     """[layer, position] that ``neurons`` answer."""
     direct = traitlets.Dict().tag(sync=True)
-    """{"layer", "neuron", "tables": [{"term", "label", "ids": int32 payload [k], "values": float32 payload [k],
-    "tokens": [str]}]}: the neuron's direct tables (``W_E W_in``, ``W_E W_gate``, ``W_out W_U`` top and
+    """{"layer", "neuron", "tables": [{"term", "ids": int32 payload [k], "values": float32 payload [k]}]}: the
+    neuron's direct tables (``W_E W_in``, ``W_E W_gate``, ``W_out W_U`` top and
     bottom; none for neuron -1), stamped with the selection they answer."""
     through_head = traitlets.Dict().tag(sync=True)
     """The same (with "head") for ``W_E W_OV W_in`` (and ``W_gate``) through head ``(layer, head)``."""
+    strings = traitlets.Dict().tag(sync=True)
+    """{str(token id): display string} of the tokens in the tables (a saved page: of every saved table)."""
+    labels = traitlets.Dict().tag(sync=True)
+    """{term: caption} (read-only): each table's caption (``LABELS``)."""
     note = traitlets.Unicode(NORM_NOTE).tag(sync=True)
     """str (read-only): which embedding the circuits read."""
 
@@ -93,7 +97,9 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         self._token_ids: list[int] = []
         self._norms: dict[int, torch.Tensor] = {}
         position = kwargs.pop("position", -1)  # bounded by the text, which TextData sets after the traits
-        super().__init__(model, text, forward, one_token, d_mlp=model.cfg.d_mlp, **kwargs)
+        reader = " (in-projection)" if model.cfg.gated_mlp else ""
+        super().__init__(model, text, forward, one_token, d_mlp=model.cfg.d_mlp,
+                         labels={term: label.format(reader=reader) for term, label in LABELS.items()}, **kwargs)
         self.position = position
 
     def _started(self) -> None:
@@ -160,24 +166,21 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
                 "neuron_scores": encode_array(values, "float32"), "ranking": ranking}
 
     def _tables(self, layer: int, head: int, neuron: int) -> dict:
-        """``direct`` and ``through_head`` of ``neuron`` of ``layer`` and head ``(layer, head)``."""
+        """``direct`` and ``through_head`` of ``neuron`` of ``layer`` and head ``(layer, head)``, and the
+        ``strings`` of their tokens."""
         direct, through = {"layer": layer, "neuron": neuron}, {"layer": layer, "head": head, "neuron": neuron}
         if neuron < 0:
-            return {"direct": {**direct, "tables": []}, "through_head": {**through, "tables": []}}
+            return {"direct": {**direct, "tables": []}, "through_head": {**through, "tables": []}, "strings": {}}
         with torch.no_grad():
             terms = neuron_terms(self.model, layer, neuron, (layer, head))
-        reader = " (in-projection)" if self.model.cfg.gated_mlp else ""
-        label = {"head": head_label(layer, head), "reader": reader}
-        tables = {name: self._table(name, top_tokens(v, self._k), label) for name, v in terms.items()}
-        tables["out_bottom"] = self._table("out_bottom", top_tokens(terms["out"], self._k, largest=False), label)
-        return {"direct": {**direct, "tables": [tables[n] for n in ("in", "gate", "out", "out_bottom") if n in tables]},
-                "through_head": {**through, "tables": [tables[n] for n in ("head_in", "head_gate") if n in tables]}}
-
-    def _table(self, term: str, top, label: dict) -> dict:
-        values, ids = top
+        tops = {name: top_tokens(v, self._k) for name, v in terms.items()}
+        tops["out_bottom"] = top_tokens(terms["out"], self._k, largest=False)
+        tables = {name: {"term": name, "ids": encode_array(ids, "int32"), "values": encode_array(values.float(), "float32")}
+                  for name, (values, ids) in tops.items()}
         strings = self.model.token_strings
-        return {"term": term, "label": LABELS[term].format(**label), "ids": encode_array(ids, "int32"),
-                "values": encode_array(values.float(), "float32"), "tokens": [strings[i] for i in ids.tolist()]}
+        return {"direct": {**direct, "tables": [tables[n] for n in ("in", "gate", "out", "out_bottom") if n in tables]},
+                "through_head": {**through, "tables": [tables[n] for n in ("head_in", "head_gate") if n in tables]},
+                "strings": {str(i): strings[i] for _, ids in tops.values() for i in ids.tolist()}}
 
     # -- kernel-less answers -------------------------------------------------------------
     def offline_answers(self, answers) -> None:
@@ -195,5 +198,12 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         # one answer holds all of a neuron's tables, so a saved neuron shows whole
         selections = list(dict.fromkeys([(l, self.head, n) for l, n in candidates] + [
             (self.layer, h, self.neuron) for h in range(H)]))
-        answers.rule(["layer", "head", "neuron"], (((l, h, n), self._tables(l, h, n)) for l, h, n in selections),
+        answers.rule(["layer", "head", "neuron"], (_shared_strings((l, h, n), self._tables(l, h, n))
+                                                   for l, h, n in selections),
                      missing=offline.over_budget("This neuron's tables"))
+
+
+def _shared_strings(selection: tuple, patch: dict) -> tuple:
+    """A saved answer whose token strings go to the rule's shared base (each string saved once)."""
+    tables = {k: v for k, v in patch.items() if k != "strings"}
+    return selection, tables, {"strings": patch["strings"]}
