@@ -17,7 +17,7 @@ import traitlets
 import transformers
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.analysis.neurons import neuron_activations
+from pycircuits_widgets.analysis.neurons import neuron_activations, neuron_terms
 from pycircuits_widgets.widgets.core import offline
 from pycircuits_widgets.widgets.core.payload import decode_array
 from pycircuits_widgets.widgets.views.explorer import reading_ids  # a model without a tokenizer reads ids
@@ -114,13 +114,21 @@ def test_the_three_terms_top_tokens_are_the_dense_float64_ones(adapted, layer, h
     assert view.wait()
     tables = shown(view)
     expected = dense_terms(kind, hf, layer, head, neuron)
-    assert set(tables) == set(expected) == ({"in", "gate", "head_in", "head_gate", "out", "out_bottom"} if kind == "llama"
-                                            else {"in", "head_in", "out", "out_bottom"})
+    gated = {"in", "gate", "head_in", "head_gate", "out", "out_bottom"}
+    assert set(tables) == set(expected) == (gated if kind == "llama" else gated - {"gate", "head_gate"})
     for term, (ids, values) in tables.items():
         top = torch.topk(expected[term], K)
         sign = -1 if term == "out_bottom" else 1
         assert ids == top.indices.tolist(), term
         np.testing.assert_allclose(values, sign * top.values.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_head_of_a_later_layer_is_refused(adapted):
+    _, _, model = adapted
+    with pytest.raises(ValueError, match="MLP layer 0 reads before head"):
+        neuron_terms(model, 0, 3, (1, 0))
+    with pytest.raises(ValueError, match="neuron must be in 0..39"):
+        neuron_terms(model, 0, D_MLP)
 
 
 def test_neurons_are_ranked_by_activation_at_the_position_else_by_their_logit_norm(adapted):
@@ -132,14 +140,14 @@ def test_neurons_are_ranked_by_activation_at_the_position_else_by_their_logit_no
     W_out, W_U = model.W_out[1], model.W_U
     norms = (W_out @ W_U).norm(dim=-1)  # dense [d_mlp, d_vocab]
     assert decode_array(view.neurons).tolist() == torch.topk(norms, 10).indices.tolist()
-    assert "W_out[n] W_U" in view.ranking and view.listed_for == [1, -1]
+    assert view.ranking == "norm" and view.listed_for == [1, -1]
     explorer.position = 4
     assert explorer.wait() and view.position == 4 and view.listed_for == [1, 4]
     acts = hf_activations(kind, hf)[1][4]
     assert decode_array(view.neurons).tolist() == torch.topk(acts.abs(), 10).indices.tolist()
     np.testing.assert_allclose(decode_array(view.neuron_scores), acts[torch.topk(acts.abs(), 10).indices].numpy(),
                                rtol=1e-5, atol=1e-5)
-    assert "|activation| at position 4" in view.ranking
+    assert view.ranking == "activation"
 
 
 def test_a_browser_write_of_neuron_is_checked_and_rolled_back(adapted):
@@ -172,7 +180,8 @@ def test_saved_answers_are_the_kernels_tables(adapted):
     tables = rules[("layer", "head", "neuron")]["patches"]
     assert {offline.key(1, 2, n) for n in listed} <= set(tables)  # every listed neuron answers without a kernel
     # every layer's list for every position (and none) is saved
-    assert set(rules[("layer", "position")]["patches"]) == {offline.key(l, p) for l in (0, 1) for p in range(-1, len(IDS))}
+    lists = rules[("layer", "position")]["patches"]
+    assert set(lists) == {offline.key(l, p) for l in (0, 1) for p in range(-1, len(IDS))}
     view.neuron = listed[0]
     assert view.wait()
     saved, data = tables[offline.key(1, 2, listed[0])], bytes(state["data"])

@@ -21,7 +21,7 @@ import torch
 
 from ..factored import linalg_dtype
 from ..models.circuit_model import _ACTIVATIONS
-from .circuits import _require_mlp, check_index, head_mlp_circuit, mlp_in_circuit, mlp_out_circuit
+from .circuits import _mlp_reader, _require_mlp, check_head, check_index
 
 
 def mlp_input(model, cache, layer: int) -> torch.Tensor:
@@ -50,8 +50,9 @@ def neuron_activations(model, cache, layer: int) -> torch.Tensor:
         hidden = act(xn @ model.W_in[layer] + b_in)
     else:
         gate = act(xn @ model.W_gate[layer] + (model.b_gate[layer] if model.b_gate is not None else 0))
+        up = xn @ model.W_in[layer]
         # TransformerLens 2.x's GatedMLP adds b_in after the gate
-        hidden = gate * (xn @ model.W_in[layer]) + b_in if cfg.b_in_outside_gate else gate * (xn @ model.W_in[layer] + b_in)
+        hidden = gate * up + b_in if cfg.b_in_outside_gate else gate * (up + b_in)
     if cfg.n_experts:
         hidden = hidden * model._expert_weights(layer, xn).to(hidden.dtype)
     return hidden
@@ -59,19 +60,27 @@ def neuron_activations(model, cache, layer: int) -> torch.Tensor:
 
 def neuron_terms(model, layer: int, neuron: int, head: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """The token circuits of neuron ``neuron`` of layer ``layer``'s MLP, each ``[d_vocab]`` (in
-    ``linalg_dtype`` of the weights): ``"in"`` (``W_E W_in[:, n]``), ``"gate"`` (``W_E W_gate[:, n]``,
-    gated MLPs), ``"head_in"``/``"head_gate"`` (through ``head`` = ``(layer', h)`` with ``layer' <=
-    layer``, if given) and ``"out"`` (``W_out[n] W_U``)."""
+    ``linalg_dtype`` of the weights): ``"in"`` (``W_E W_in[:, n]``: column ``n`` of ``mlp_in_circuit``),
+    ``"gate"`` (``W_E W_gate[:, n]``, gated MLPs), ``"head_in"``/``"head_gate"`` (``W_E W_V W_O W_in[:, n]``
+    through ``head`` = ``(layer', h)``, ``layer' <= layer``, if given: of ``head_mlp_circuit``) and
+    ``"out"`` (``W_out[n] W_U``: row ``n`` of ``mlp_out_circuit``). Each is a chain of matrix-vector
+    products from the neuron's side (never a ``[d_vocab, d_head]`` factor: milliseconds at GPT-2 size)."""
     _require_mlp(model, layer)
     neuron = check_index(neuron, "neuron", model.cfg.d_mlp)
-    gates = (False, True) if model.cfg.gated_mlp else (False,)
     work = linalg_dtype(model.W_E.dtype)
-    terms = {("gate" if gate else "in"): mlp_in_circuit(model, layer, gate).col(neuron) for gate in gates}
+    W_E = model.W_E.to(work)
+    readers = {name: _mlp_reader(model, layer, name == "gate")[:, neuron].to(work)
+               for name in (("in", "gate") if model.cfg.gated_mlp else ("in",))}
+    terms = {name: W_E @ r for name, r in readers.items()}
     if head is not None:
-        terms.update({("head_gate" if gate else "head_in"): head_mlp_circuit(model, head, layer, gate).col(neuron)
-                      for gate in gates})
-    terms["out"] = mlp_out_circuit(model, layer).row(neuron)
-    return {name: v.to(work) for name, v in terms.items()}
+        l, h = check_head(model, head)
+        if l > layer:
+            raise ValueError(f"MLP layer {layer} reads before head {tuple(head)} writes; "
+                             f"need a head in layer <= {layer}")
+        W_V, W_O = model.W_V[l, h].to(work), model.W_O[l, h].to(work)
+        terms.update({f"head_{name}": W_E @ (W_V @ (W_O @ r)) for name, r in readers.items()})
+    terms["out"] = model.W_out[layer][neuron].to(work) @ model.W_U.to(work)
+    return terms
 
 
 def top_tokens(term: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,13 +89,13 @@ def top_tokens(term: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.
     return top.values, top.indices
 
 
-def neuron_out_norms(model, layer: int) -> torch.Tensor:
-    """``||W_out[n] W_U||`` for every neuron of layer ``layer``, ``[d_mlp]``: how strongly a unit of
-    its activation moves the logits, from the Gram matrix ``W_U W_U^T`` (never the dense
-    ``[d_mlp, d_vocab]`` product)."""
-    _require_mlp(model, layer)
+def neuron_out_norms(model, layer: int | None = None) -> torch.Tensor:
+    """``||W_out[n] W_U||`` for every neuron of layer ``layer``, ``[d_mlp]`` (``None``: of every layer,
+    ``[n_layers, d_mlp]``): how strongly a unit of its activation moves the logits, from the Gram
+    matrix ``W_U W_U^T`` (never the dense ``[d_mlp, d_vocab]`` product)."""
+    _require_mlp(model, 0 if layer is None else layer)
     work = linalg_dtype(model.W_U.dtype)
-    W_out, W_U = model.W_out[layer].to(work), model.W_U.to(work)
+    W_out, W_U = (model.W_out if layer is None else model.W_out[layer]).to(work), model.W_U.to(work)
     return ((W_out @ (W_U @ W_U.T)) * W_out).sum(-1).clamp_min(0).sqrt()
 
 

@@ -75,6 +75,7 @@ def test_the_saved_page_answers_a_neuron_click_or_shows_the_neutral_note(browser
     expect(section.get_by_test_id("on-demand")).to_have_count(0)  # computed into the page
     expect(section.get_by_test_id("neuron-list").locator("button")).to_have_count(len(listed))
     expect(section.get_by_test_id("no-neuron")).to_be_visible()
+    expect(section.get_by_test_id("ranking")).to_contain_text("largest ||Wout[n] WU||")
     expect(section.get_by_test_id("norm-note")).to_contain_text("raw W_E")
     section.locator(f"button[data-neuron='{listed[1]}']").click()
     expect(section.get_by_test_id("direct")).to_be_visible()

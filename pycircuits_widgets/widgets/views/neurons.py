@@ -27,8 +27,8 @@ LABELS = {
 """Each table's caption (``{reader}``: " (in-projection)" for a gated MLP)."""
 
 
-LIST_ANSWERS = 256
-"""Most (layer, position) neuron lists a saved page holds (a few KB; the tables get the rest)."""
+LIST_ANSWERS = 64
+"""Most (layer, position) neuron lists a saved page holds (about 10 KB; the tables get the rest)."""
 
 
 class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
@@ -71,7 +71,8 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     neuron_scores = traitlets.Dict().tag(sync=True)
     """float32 payload [n_neurons]: their activation at ``position``, or ``||W_out[n] W_U||``."""
     ranking = traitlets.Unicode("").tag(sync=True)
-    """str: how ``neurons`` are ranked."""
+    """str: how ``neurons`` are ranked: "activation" (largest ``|activation|`` at ``listed_for``'s position)
+    or "norm" (largest ``||W_out[n] W_U||``: how strongly the neuron moves the logits)."""
     listed_for = traitlets.List(traitlets.Int()).tag(sync=True)
     """[layer, position] that ``neurons`` answer."""
     direct = traitlets.Dict().tag(sync=True)
@@ -95,7 +96,7 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         self._n_neurons = check_range("n_neurons", n_neurons, 1, model.cfg.d_mlp)
         self._acts: torch.Tensor | None = None  # [L, pos, d_mlp] of the current text
         self._token_ids: list[int] = []
-        self._norms: dict[int, torch.Tensor] = {}
+        self._norms: torch.Tensor | None = None  # [L, d_mlp], once
         position = kwargs.pop("position", -1)  # bounded by the text, which TextData sets after the traits
         reader = " (in-projection)" if model.cfg.gated_mlp else ""
         super().__init__(model, text, forward, one_token, d_mlp=model.cfg.d_mlp,
@@ -148,15 +149,12 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         """``[layer, position]``, the listed neurons of ``layer`` for ``position`` (-1: by
         ``||W_out[n] W_U||``), their scores and the rule."""
         if position >= 0 and self._acts is not None:
-            token = self.model.token_strings[self._token_ids[position]]
-            scores, ranking = self._acts[layer, position], (
-                f"the layer's largest |activation| at position {position} ({token!r})")
+            scores, ranking = self._acts[layer, position], "activation"
         else:
-            if layer not in self._norms:
+            if self._norms is None:
                 with torch.no_grad():
-                    self._norms[layer] = neuron_out_norms(self.model, layer).float()
-            scores, ranking = self._norms[layer], ("the layer's largest ||W_out[n] W_U|| (how strongly the neuron "
-                                                   "moves the logits); select a position to rank by activation")
+                    self._norms = neuron_out_norms(self.model).float()
+            scores, ranking = self._norms[layer], "norm"
         ids, values = ranked_neurons(scores, self._n_neurons)
         return [layer, position], ids.tolist(), values, ranking
 
@@ -175,8 +173,8 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
             terms = neuron_terms(self.model, layer, neuron, (layer, head))
         tops = {name: top_tokens(v, self._k) for name, v in terms.items()}
         tops["out_bottom"] = top_tokens(terms["out"], self._k, largest=False)
-        tables = {name: {"term": name, "ids": encode_array(ids, "int32"), "values": encode_array(values.float(), "float32")}
-                  for name, (values, ids) in tops.items()}
+        tables = {name: {"term": name, "ids": encode_array(ids, "int32"),
+                         "values": encode_array(values.float(), "float32")} for name, (values, ids) in tops.items()}
         strings = self.model.token_strings
         return {"direct": {**direct, "tables": [tables[n] for n in ("in", "gate", "out", "out_bottom") if n in tables]},
                 "through_head": {**through, "tables": [tables[n] for n in ("head_in", "head_gate") if n in tables]},
@@ -184,20 +182,22 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
 
     # -- kernel-less answers -------------------------------------------------------------
     def offline_answers(self, answers) -> None:
-        """Kernel-less: the neuron lists (this layer first, the current position first; at most
-        ``LIST_ANSWERS``), then the tables of the listed neurons through the current head (the
+        """Kernel-less: the neuron lists (at most ``LIST_ANSWERS``: this layer's for every position,
+        the current position first, then the other layers' for the current position and none, then
+        theirs for the other positions), then the tables of the listed neurons through the current head (the
         current neuron first), then of the current neuron through the layer's other heads."""
-        L, H = self.model.cfg.n_layers, self.model.cfg.n_heads
-        layers = [self.layer] + [l for l in range(L) if l != self.layer]
-        positions = [self.position] + [p for p in range(-1, self._n_tokens) if p != self.position]
-        lists = {(l, p): self._ranked(l, p) for l in layers for p in positions[:LIST_ANSWERS // L]}
+        others = [l for l in range(self.model.cfg.n_layers) if l != self.layer]
+        positions = list(dict.fromkeys([self.position, -1, *range(self._n_tokens)]))
+        wanted = [(self.layer, p) for p in positions] + [(l, p) for l in others for p in positions[:2]] + [
+            (l, p) for l in others for p in positions[2:]]
+        lists = {(l, p): self._ranked(l, p) for l, p in wanted[:LIST_ANSWERS]}
         answers.rule(["layer", "position"], (((l, p), self._list(*ranked)) for (l, p), ranked in lists.items()),
                      missing=offline.over_budget("This layer's neuron list"))
         candidates = list(dict.fromkeys([(self.layer, self.neuron)] + [
             (l, n) for (l, _), (_, ids, _, _) in lists.items() for n in ids]))
         # one answer holds all of a neuron's tables, so a saved neuron shows whole
         selections = list(dict.fromkeys([(l, self.head, n) for l, n in candidates] + [
-            (self.layer, h, self.neuron) for h in range(H)]))
+            (self.layer, h, self.neuron) for h in range(self.model.cfg.n_heads)]))
         answers.rule(["layer", "head", "neuron"], (_shared_strings((l, h, n), self._tables(l, h, n))
                                                    for l, h, n in selections),
                      missing=offline.over_budget("This neuron's tables"))
