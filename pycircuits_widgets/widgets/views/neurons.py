@@ -42,8 +42,8 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     Beside them, the layer's neurons worth looking at (``neurons``): with a ``position`` selected, the
     ``n_neurons`` largest ``|activation|`` there on ``text`` (``analysis.neurons.neuron_activations``
     of the forward's cache); with none, the largest ``||W_out[n] W_U||``. Computed on the view's runner
-    (``on_demand``); a saved page holds the lists of every layer and position and the tables of the
-    listed neurons, within ``widgets.core.offline.BUDGET``.
+    (``on_demand``); a saved page holds the lists (``LIST_ANSWERS``: this layer's first) and the tables
+    of the listed neurons, within ``widgets.core.offline.BUDGET``.
 
     Args:
         model: a weight view with MLPs (an attention-only model is refused: ``ValueError``).
@@ -77,8 +77,8 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     """[layer, position] that ``neurons`` answer."""
     direct = traitlets.Dict().tag(sync=True)
     """{"layer", "neuron", "tables": [{"term", "ids": int32 payload [k], "values": float32 payload [k]}]}: the
-    neuron's direct tables (``W_E W_in``, ``W_E W_gate``, ``W_out W_U`` top and
-    bottom; none for neuron -1), stamped with the selection they answer."""
+    neuron's direct tables (``W_E W_in``, ``W_E W_gate``, ``W_out W_U`` top and bottom; none for neuron
+    -1), stamped with the selection they answer (a saved page never shows another neuron's)."""
     through_head = traitlets.Dict().tag(sync=True)
     """The same (with "head") for ``W_E W_OV W_in`` (and ``W_gate``) through head ``(layer, head)``."""
     strings = traitlets.Dict().tag(sync=True)
@@ -95,7 +95,6 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         self._k = check_range("k", k, 1, min(100, model.cfg.d_vocab))
         self._n_neurons = check_range("n_neurons", n_neurons, 1, model.cfg.d_mlp)
         self._acts: torch.Tensor | None = None  # [L, pos, d_mlp] of the current text
-        self._token_ids: list[int] = []
         self._norms: torch.Tensor | None = None  # [L, d_mlp], once
         position = kwargs.pop("position", -1)  # bounded by the text, which TextData sets after the traits
         reader = " (in-projection)" if model.cfg.gated_mlp else ""
@@ -141,8 +140,7 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         with torch.no_grad():
             self._acts = torch.stack([neuron_activations(self.model, out.cache, l)[0]
                                       for l in range(self.model.cfg.n_layers)]).float()
-        self._token_ids = out.tokens[0].tolist()
-        position = self.position if self.position < len(self._token_ids) else -1
+        position = self.position if self.position < out.tokens.shape[-1] else -1
         yield self._list(*self._ranked(self.layer, position))
 
     def _ranked(self, layer: int, position: int) -> tuple[list[int], list[int], torch.Tensor, str]:
