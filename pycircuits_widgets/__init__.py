@@ -31,6 +31,7 @@ _EXPORTS = {
     "PositionalQK": "pycircuits_widgets.widgets",
     "VirtualHeads": "pycircuits_widgets.widgets",
     "BigramTable": "pycircuits_widgets.widgets",
+    "NeuronView": "pycircuits_widgets.widgets",
 }
 
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import

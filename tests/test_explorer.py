@@ -5,6 +5,7 @@ import copy
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 import traitlets
@@ -38,10 +39,12 @@ def table_triples(table):
     return (t["layer"], t["head"]), list(zip(src, dest, out))
 
 
-def test_two_layer_model_gets_every_view_and_no_notice(explorer):
+def test_two_layer_model_gets_every_view_and_no_notice_but_the_mlp_neurons(explorer):
     assert set(explorer.views()) == {"loss", "attention", "trigrams", "composition", "eigen",
                                      "paths", "induction", "positional", "virtual", "bigrams"}
-    assert explorer.notices == {}
+    # attention-only: the one view it cannot have is the MLP neurons' (tests/test_neurons.py)
+    assert explorer.notices == {"neurons": "No MLP neurons for this model: model 'attn-only-2l' is attention-only: "
+                                           "it has no MLP paths"}
     for view in explorer.views().values():
         assert view.model_id  # a real child widget, synced as IPY_MODEL_<id>
     assert explorer.get_state()["attention"] == f"IPY_MODEL_{explorer.attention.model_id}"
@@ -144,8 +147,9 @@ def test_bad_selection_from_browser_is_rejected_and_last_good_state_kept(explore
 def test_one_layer_model_explains_why_it_has_no_composition():
     e = CircuitExplorer(paper_model(n_layers=1, dtype=torch.float32), "t1 t2 t3")
     assert e.composition is None
-    assert set(e.notices) == {"composition", "induction", "virtual"}
-    assert all("at least 2 layers" in message for message in e.notices.values())
+    assert set(e.notices) == {"composition", "induction", "virtual", "neurons"}
+    assert all("at least 2 layers" in e.notices[name] for name in ("composition", "induction", "virtual"))
+    assert "attention-only" in e.notices["neurons"]
     assert set(e.views()) == {"loss", "attention", "trigrams", "eigen", "paths", "positional", "bigrams"}
     assert not e.trigrams.approximate  # exact skip-trigrams for a one-layer attention-only model
 
@@ -154,19 +158,44 @@ def test_zero_layer_model_shows_the_loss_and_bigram_views():
     e = CircuitExplorer(paper_model(n_layers=0, dtype=torch.float32), "t1 t2 t3")
     assert set(e.views()) == {"loss", "bigrams"}
     assert set(e.notices) == {"attention", "trigrams", "composition", "eigen", "paths", "induction", "positional",
-                              "virtual"}
+                              "neurons", "virtual"}
     assert all("n_layers=0" in message for message in e.notices.values())
 
 
 def test_rotary_model_reads_token_by_token_qk_views_over_the_texts_offsets():
     model = custom_model(positional="rotary", dtype=torch.float32)
     e = CircuitExplorer(model, "t1 t2 t3")
-    assert not e.notices
+    assert set(e.notices) == {"neurons"}  # attention-only: no MLP neurons, every other view
     for view in (e.trigrams, e.composition, e.eigen, e.induction):
         assert "at the strongest of query - key offsets 0..2" in view.offset_note
     e.compute("positional")
     assert e.wait() and "rotary rule" in e.positional.rule  # the rule, not a positional table
     assert e.attention is not None and e.composition is not None
+
+
+def test_a_new_text_moves_the_rotary_views_default_window_but_not_one_the_reader_chose():
+    model = custom_model(positional="rotary", dtype=torch.float32)
+    e = CircuitExplorer(model, "t1 t2 t3")
+    e.compute("induction")
+    views = (e.trigrams, e.composition, e.eigen, e.induction)
+    e.text = "t1 t2 t3 t1 t2"
+    assert e.wait()
+    for view in views:
+        assert view.offsets == [0, 1, 2, 3, 4] and "query - key offsets 0..4" in view.offset_note
+    eigen_scores = decode_array(e.eigen.qk_positivity)
+    e.eigen.offsets = [1, 2]  # the reader's window
+    assert e.wait()
+    assert not np.array_equal(decode_array(e.eigen.qk_positivity), eigen_scores)  # it read the new window
+    e.text = "t1 t2"
+    assert e.wait()
+    assert e.eigen.offsets == [1, 2] and "offsets 1..2" in e.eigen.offset_note
+    for view in (e.trigrams, e.composition, e.induction):
+        assert view.offsets == [0, 1] and "query - key offsets 0..1" in view.offset_note
+    # the composition table is the one read over the new window
+    fresh = pcw.CompositionMatrix(model, offsets=range(0, 2))
+    assert fresh.wait()
+    assert np.array_equal(decode_array(e.composition.scores["K"]["correct"]),
+                          decode_array(fresh.scores["K"]["correct"]), equal_nan=True)
 
 
 def test_bad_arguments_raise_clear_errors(model):

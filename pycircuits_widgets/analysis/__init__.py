@@ -4,7 +4,7 @@ Modules: ``circuits`` (OV/QK/full circuits, composition terms, MLP paths, tensor
 terms), ``eigen`` (eigenvalue positivity), ``composition`` (Q/K/V composition scores),
 ``skip_trigrams``, ``activations`` (``run``), ``path_expansion``, ``head_scores``, ``induction`` (one
 pair's induction mechanism), ``positional`` (attention by relative offset), ``virtual_heads``
-(V-composition), ``bigrams`` (the direct path's top next tokens).
+(V-composition), ``bigrams`` (the direct path's top next tokens), ``neurons`` (MLP neuron activations and token circuits).
 """
 
 from .activations import RunResult, run
@@ -32,6 +32,7 @@ from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
 from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
 from .path_expansion import PathExpansion, PathTerm, path_expansion
+from .neurons import neuron_activations, neuron_out_norms, neuron_terms
 from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
@@ -39,7 +40,7 @@ from .virtual_heads import VirtualHead, top_virtual_heads
 __all__ = [
     "CompositionDetail", "InductionPair", "PairVerdict", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
     "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity", "pair_verdicts",
-    "positional_scores_by_offset", "top_virtual_heads",
+    "positional_scores_by_offset", "top_virtual_heads", "neuron_activations", "neuron_out_norms", "neuron_terms",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
     "eigenvalues", "embedding", "embedding_note", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit",
     "head_mlp_circuit", "head_scores",

@@ -20,10 +20,11 @@ from .views.composition_matrix import CompositionMatrix
 from .views.eigenvalue_plot import EigenvaluePlot
 from .views.explorer import CircuitExplorer
 from .views.induction_mechanism import InductionMechanism
+from .views.neurons import NeuronView
 from .views.path_expansion import PathExpansion
 from .views.positional_qk import PositionalQK
 from .views.skip_trigram_table import SkipTrigramTable
 from .views.virtual_heads import VirtualHeads
 
 __all__ = ["AttentionPatterns", "BigramTable", "CircuitExplorer", "CircuitWidget", "ColoredTokens", "CompositionMatrix",
-           "EigenvaluePlot", "InductionMechanism", "PathExpansion", "PositionalQK", "SkipTrigramTable", "VirtualHeads"]
+           "EigenvaluePlot", "InductionMechanism", "NeuronView", "PathExpansion", "PositionalQK", "SkipTrigramTable", "VirtualHeads"]

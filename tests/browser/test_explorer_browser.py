@@ -58,7 +58,9 @@ def test_every_view_is_shown_inside_the_explorer(show, model):
     view = show_explorer(show, explorer)
     for name, selector in VIEWS.items():
         assert section(view, name).locator(selector).first.is_visible(), name
-    assert view.page.locator("[data-testid=notice]").count() == 0
+    # the one notice of an attention-only model: no MLP neurons
+    assert view.page.locator("[data-testid=notice]").count() == 1
+    assert "attention-only" in section(view, "neurons").locator("[data-testid=notice]").inner_text()
     assert view.page.locator("[data-testid=selected-head]").inner_text() == "L0.H0"
 
 

@@ -297,11 +297,21 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     def _on_text(self, change):
         if self.loss is None:  # still in __init__
             return
+        n_before = len(self.token_ids)
         self._show_run()
         for spec in VIEWS:
             view = getattr(self, spec.name)
             if spec.reads_text and view is not None and view.text != self.text:
                 view.text = self.text
+            if spec.window is not None and view is not None:
+                self._follow_window(spec, view, n_before)
+
+    def _follow_window(self, spec: ViewSpec, view, n_before: int) -> None:
+        """A rotary view still on its default window (the old text's offsets) moves to the new
+        text's; a window the reader chose stays."""
+        before, now = spec.window(self, n_before), spec.window(self)
+        if before and list(view.offsets) == list(before["offsets"]) != list(now["offsets"]):
+            view.offsets = list(now["offsets"])
 
 
 class IdsText:

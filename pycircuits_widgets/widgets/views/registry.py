@@ -18,6 +18,7 @@ from .colored_tokens import ColoredTokens
 from .composition_matrix import CompositionMatrix
 from .eigenvalue_plot import EigenvaluePlot
 from .induction_mechanism import InductionMechanism
+from .neurons import NeuronView
 from .path_expansion import PathExpansion
 from .positional_qk import PositionalQK
 from .skip_trigram_table import SkipTrigramTable
@@ -52,6 +53,9 @@ class ViewSpec:
         needs_heads: refused (with a notice) for a model without attention heads.
         optional: a model the view refuses (``ValueError``) gets a notice instead; not optional:
             the refusal is the explorer's.
+        window: ``(explorer, n_tokens=None) -> {"offsets": range} | {}``: the rotary offset window
+            ``build`` gives the view for a text of ``n_tokens`` (default: the explorer's); a new text
+            moves the view to the new one unless its window was changed from that default.
     """
 
     name: str
@@ -68,6 +72,7 @@ class ViewSpec:
     reads_text: bool = False
     needs_heads: bool = True
     optional: bool = True
+    window: Callable[..., dict] | None = field(default=None, repr=False)
 
     def browser(self) -> dict:
         """What the browser needs of this section (``CircuitExplorer.sections``)."""
@@ -75,17 +80,19 @@ class ViewSpec:
                 "wide": self.wide, "picture": self.picture}
 
 
-def rotary_window(explorer) -> dict:
-    """Rotary QK circuits are read over the query - key offsets the text has (each view says so)."""
-    return {"offsets": range(0, len(explorer.token_ids))} if explorer.model.cfg.positional == "rotary" else {}
+def rotary_window(explorer, n_tokens: int | None = None) -> dict:
+    """Rotary QK circuits are read over the query - key offsets a text of ``n_tokens`` tokens has
+    (default: the explorer's text; each view says so)."""
+    n = len(explorer.token_ids) if n_tokens is None else n_tokens
+    return {"offsets": range(0, n)} if explorer.model.cfg.positional == "rotary" else {}
 
 
-def trigram_window(explorer) -> dict:
+def trigram_window(explorer, n_tokens: int | None = None) -> dict:
     """The rotary window of the skip-trigram table: at most ``LARGE_VOCAB_TRIGRAM_OFFSETS`` offsets
     for a large vocabulary."""
-    window = rotary_window(explorer)
+    window = rotary_window(explorer, n_tokens)
     if window and explorer.model.cfg.d_vocab > SkipTrigramTable.partial_above:
-        return {"offsets": range(0, min(len(explorer.token_ids), LARGE_VOCAB_TRIGRAM_OFFSETS))}
+        return {"offsets": range(0, min(len(window["offsets"]), LARGE_VOCAB_TRIGRAM_OFFSETS))}
     return window
 
 
@@ -107,15 +114,17 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("trigrams", SkipTrigramTable, "skip-trigrams", "Skip-trigrams of the selected head",
              "[source] … [destination] → [out]; search a token for its query", ("layer", "head", "token"),
              lambda e: SkipTrigramTable(e.model, **_head(e), **trigram_window(e)),
-             "the selected head's skip-trigrams and the selected token's query.", wide=True, picture=True),
+             "the selected head's skip-trigrams and the selected token's query.", wide=True, picture=True,
+             window=trigram_window),
     ViewSpec("composition", CompositionMatrix, "composition scores", "Composition",
              "click a cell: the reading head becomes the selected head", ("layer", "head", "selected_pair"),
              lambda e: CompositionMatrix(e.model, **_head(e), **rotary_window(e)),
-             "Q/K/V composition of head pairs (models with >= 2 layers).", picture=True),
+             "Q/K/V composition of head pairs (models with >= 2 layers).", picture=True, window=rotary_window),
     ViewSpec("eigen", EigenvaluePlot, "eigenvalues (copying)", "Eigenvalues",
              "click a head; positive eigenvalues mean copying", ("layer", "head"),
              lambda e: EigenvaluePlot(e.model, **_head(e), **rotary_window(e)),
-             "OV/QK eigenvalue positivity of every head, the selected head's spectrum.", picture=True),
+             "OV/QK eigenvalue positivity of every head, the selected head's spectrum.", picture=True,
+             window=rotary_window),
     ViewSpec("paths", PathExpansion, "path expansion", "Path expansion",
              "direct path + heads + virtual heads (attention frozen); click a term to select its head or pair, "
              "hover a token", ("layer", "head", "position", "selected_pair"),
@@ -126,12 +135,19 @@ VIEWS: tuple[ViewSpec, ...] = (
              "K-composition of earlier → later head, then copying; a composition cell, a virtual head or a reading "
              "head selects the pair", ("layer", "head", "token", "selected_pair"),
              lambda e: InductionMechanism(e.model, selected_pair=[], active=False, **_head(e), **rotary_window(e)),
-             "K-composition and copying of the selected pair (>= 2 layers, no rotary).", on_demand=True),
+             "K-composition and copying of the selected pair (>= 2 layers, no rotary).", on_demand=True,
+             window=rotary_window),
     ViewSpec("positional", PositionalQK, "positional attention", "Positional attention of the selected head",
              "score by relative offset from the positional QK term, beside the measured attention", ("layer", "head"),
              lambda e: PositionalQK(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
              "the selected head's positional score and attention by relative offset.", on_demand=True,
              reads_text=True),
+    ViewSpec("neurons", NeuronView, "MLP neurons", "MLP neurons of the selected layer",
+             "W_E W_in, W_E W_OV W_in through the selected head, W_out W_U; click a neuron (ranked by activation "
+             "at the selected position)", ("layer", "head", "position"),
+             lambda e: NeuronView(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
+             "the selected layer's MLP neurons through the paper's MLP path terms (models with MLPs).",
+             on_demand=True, reads_text=True),
     ViewSpec("virtual", VirtualHeads, "virtual heads", "Virtual heads (V-composition)",
              "click a row to select the pair", ("layer", "head", "selected_pair"),
              lambda e: VirtualHeads(e.model, active=False, **_head(e)),

@@ -1,0 +1,106 @@
+"""MLP neurons: their activations on a text and the paper's token circuits through one neuron.
+
+A neuron ``n`` of layer ``l``'s MLP reads the normalised stream ``x`` through column ``n`` of ``W_in``
+(and, for a gated MLP, ``act(x W_gate) * (x W_in)``, of ``W_gate`` too) and writes row ``n`` of
+``W_out``. Its token circuits (paper appendix, ``circuits.mlp_in_circuit`` etc.), each one vector over
+the vocabulary ``[d_vocab]``:
+
+* ``W_E W_in[:, n]``: how much each token drives the neuron directly (``W_E W_gate[:, n]``: its gate);
+* ``W_E W_V^h W_O^h W_in[:, n]``: how much each source token drives it through head ``h`` (a head in
+  layer ``<= l``; an MLP reads what the heads of its own layer wrote);
+* ``W_out[n] W_U``: the logits it adds per unit of activation (promoted tokens top, suppressed bottom).
+
+Like every circuit through an MLP (``circuits`` module docstring), these read the raw ``W_E``: the
+MLP's stream also holds the attention output, so its norm's division depends on the context; the
+norm's learned scale is folded into ``W_in``/``W_gate``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..factored import linalg_dtype
+from ..models.circuit_model import _ACTIVATIONS
+from .circuits import _mlp_reader, _require_mlp, check_head, check_index
+
+
+def mlp_input(model, cache, layer: int) -> torch.Tensor:
+    """What layer ``layer``'s MLP reads on the cached text, normalised: ``[b, pos, d_model]``.
+
+    The stream it reads is ``resid[:, l + 1] - mlp_out[:, l]`` (the stream after the layer's
+    attention; ``resid[:, l]`` for parallel blocks), centred for layer norm and divided by the
+    forward's own ``cache.ln_scale_mlp[:, l]`` (ones for a model without pre-norms)."""
+    _require_mlp(model, layer)
+    x = cache.resid[:, layer] if model.cfg.parallel_attn_mlp else cache.resid[:, layer + 1] - cache.mlp_out[:, layer]
+    x = x.to(linalg_dtype(x.dtype))
+    if model.cfg.pre_norm and model.cfg.normalization == "layernorm":
+        x = x - x.mean(-1, keepdim=True)
+    return (x / cache.ln_scale_mlp[:, layer, :, None].to(x.dtype)).to(model.dtype)
+
+
+def neuron_activations(model, cache, layer: int) -> torch.Tensor:
+    """Every neuron's activation in layer ``layer``'s MLP on the cached text, ``[b, pos, d_mlp]``: what
+    ``W_out`` reads, ``act(x W_in + b_in)``, or ``act(x W_gate + b_gate) * (x W_in + b_in)`` for a
+    gated MLP (``x``: ``mlp_input``), times the routing weight of a mixture of experts. So
+    ``activations @ W_out[l] + b_out[l]`` is ``cache.mlp_out[:, l]`` (before a post-norm)."""
+    xn = mlp_input(model, cache, layer)
+    cfg, act = model.cfg, _ACTIVATIONS[model.cfg.act_fn]
+    b_in = model.b_in[layer] if model.b_in is not None else 0
+    if not cfg.gated_mlp:
+        hidden = act(xn @ model.W_in[layer] + b_in)
+    else:
+        gate = act(xn @ model.W_gate[layer] + (model.b_gate[layer] if model.b_gate is not None else 0))
+        up = xn @ model.W_in[layer]
+        # TransformerLens 2.x's GatedMLP adds b_in after the gate
+        hidden = gate * up + b_in if cfg.b_in_outside_gate else gate * (up + b_in)
+    if cfg.n_experts:
+        hidden = hidden * model._expert_weights(layer, xn).to(hidden.dtype)
+    return hidden
+
+
+def neuron_terms(model, layer: int, neuron: int, head: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+    """The token circuits of neuron ``neuron`` of layer ``layer``'s MLP, each ``[d_vocab]`` (in
+    ``linalg_dtype`` of the weights): ``"in"`` (``W_E W_in[:, n]``: column ``n`` of ``mlp_in_circuit``),
+    ``"gate"`` (``W_E W_gate[:, n]``, gated MLPs), ``"head_in"``/``"head_gate"`` (``W_E W_V W_O W_in[:, n]``
+    through ``head`` = ``(layer', h)``, ``layer' <= layer``, if given: of ``head_mlp_circuit``) and
+    ``"out"`` (``W_out[n] W_U``: row ``n`` of ``mlp_out_circuit``). Each is a chain of matrix-vector
+    products from the neuron's side (never a ``[d_vocab, d_head]`` factor: milliseconds at GPT-2 size)."""
+    _require_mlp(model, layer)
+    neuron = check_index(neuron, "neuron", model.cfg.d_mlp)
+    work = linalg_dtype(model.W_E.dtype)
+    W_E = model.W_E.to(work)
+    readers = {name: _mlp_reader(model, layer, name == "gate")[:, neuron].to(work)
+               for name in (("in", "gate") if model.cfg.gated_mlp else ("in",))}
+    terms = {name: W_E @ r for name, r in readers.items()}
+    if head is not None:
+        l, h = check_head(model, head)
+        if l > layer:
+            raise ValueError(f"MLP layer {layer} reads before head {tuple(head)} writes; "
+                             f"need a head in layer <= {layer}")
+        W_V, W_O = model.W_V[l, h].to(work), model.W_O[l, h].to(work)
+        terms.update({f"head_{name}": W_E @ (W_V @ (W_O @ r)) for name, r in readers.items()})
+    terms["out"] = model.W_out[layer][neuron].to(work) @ model.W_U.to(work)
+    return terms
+
+
+def top_tokens(term: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [k], token ids [k])``: the exact top (or bottom) ``k`` entries of ``term [d_vocab]``."""
+    top = torch.topk(term, min(k, term.shape[-1]), largest=largest)
+    return top.values, top.indices
+
+
+def neuron_out_norms(model, layer: int | None = None) -> torch.Tensor:
+    """``||W_out[n] W_U||`` for every neuron of layer ``layer``, ``[d_mlp]`` (``None``: of every layer,
+    ``[n_layers, d_mlp]``): how strongly a unit of its activation moves the logits, from the Gram
+    matrix ``W_U W_U^T`` (never the dense ``[d_mlp, d_vocab]`` product)."""
+    _require_mlp(model, 0 if layer is None else layer)
+    work = linalg_dtype(model.W_U.dtype)
+    W_out, W_U = (model.W_out if layer is None else model.W_out[layer]).to(work), model.W_U.to(work)
+    return ((W_out @ (W_U @ W_U.T)) * W_out).sum(-1).clamp_min(0).sqrt()
+
+
+def ranked_neurons(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(neurons [k], scores [k])``: the ``k`` neurons of largest ``|scores [d_mlp]|``, largest first
+    (the score keeps its sign)."""
+    order = torch.topk(scores.abs(), min(k, scores.shape[-1])).indices
+    return order, scores[order]
