@@ -1,0 +1,140 @@
+"""Array traits: Python holds numpy arrays, the wire carries binary payloads.
+
+A view declares ``scores = Array("float32").tag(sync=True)`` and sets it to a tensor or array;
+readers in the kernel (pictures, the explorer, tests) read a numpy array. The trait's serializer
+(ipywidgets' ``to_json`` metadata, as ipydatawidgets' ``NDArray``, jupyter-scatter and lonboard
+declare theirs) writes the payload of :mod:`.payload` when the state is sent or saved:
+``{"view": memoryview, "dtype", "shape"}`` (``"encoding": "deflate"`` for a compressed trait),
+and ``{}`` for None; ipywidgets sends every memoryview as a binary buffer and
+``js/src/lib/buffers.js`` ``decodeArray`` reads it. ``from_json`` reads a payload back: the
+browser never writes an array, a saved state read for its picture does
+(``standalone._SavedView``).
+
+The value is cast to the trait's dtype when it is set, so the kernel holds exactly what the page
+shows: ``"float16"`` is a request (float32 when a finite value is past float16's range,
+``payload.half_or_single``); ``dtype=None`` keeps the array's own dtype, 64-bit ones narrowed to
+32 bits (JavaScript's typed arrays have no int64; an int64 value past int32 is refused).
+
+:class:`ArrayDict` is a dict trait whose leaves (at any depth) may be arrays: each array leaf is
+cast as an :class:`Array` would and serialised as its own payload; other leaves (strings, numbers,
+lists) are plain JSON. Composition scores ``{"K": {"correct": [L, H, L, H]}}`` and a head's
+eigenvalue detail ``{"ov_re": [d], "ov_im": [d]}`` are ArrayDicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import traitlets
+
+from .payload import decode_array, deflate, half_or_single, to_numpy
+
+_WIRE = {"float16", "float32", "float64", "uint8", "int8", "uint16", "int16", "int32", "uint32"}
+_NARROW = {"float64": "float32", "int64": "int32", "uint64": "uint32", "bool": "uint8"}
+
+
+def as_wire(x, dtype: str | None, *, name: str = "array") -> np.ndarray:
+    """``x`` (tensor, array or list of numbers) as a C-ordered numpy array of the dtype it is sent in."""
+    arr = to_numpy(x, name=name)
+    if arr.dtype.kind not in "biuf":
+        raise traitlets.TraitError(f"{name} must be an array of numbers (a tensor or numpy array), "
+                                   f"got {type(x).__name__} of dtype {arr.dtype}")
+    if dtype is None:
+        dtype = _NARROW.get(arr.dtype.name, arr.dtype.name)
+        if arr.dtype.kind in "iu" and arr.size and dtype != arr.dtype.name:
+            info = np.iinfo(dtype)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise traitlets.TraitError(f"{name}: {arr.dtype} values in [{arr.min()}, {arr.max()}] do not fit "
+                                           f"{dtype}, the widest integer a page reads")
+    elif dtype == "float16":
+        dtype = half_or_single(arr)
+    if dtype not in _WIRE:
+        raise traitlets.TraitError(f"{name}: dtype {dtype!r} cannot be sent; one of {sorted(_WIRE)}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def id_dtype(d_vocab: int) -> str:
+    """The dtype of token ids sent to the page: uint16 for vocabularies up to 65536, else int32."""
+    return "uint16" if d_vocab <= 1 << 16 else "int32"
+
+
+def to_payload(arr: np.ndarray | None, compress: bool = False) -> dict:
+    """The wire payload of an array held by a trait (``{}`` for None)."""
+    if arr is None:
+        return {}
+    data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+    payload = {"view": data, "dtype": arr.dtype.name, "shape": list(arr.shape)}
+    if compress:
+        payload.update(view=memoryview(deflate(data)), encoding="deflate")
+    return payload
+
+
+def _is_payload(value) -> bool:
+    return isinstance(value, dict) and "view" in value and "dtype" in value
+
+
+class Array(traitlets.TraitType):
+    """A numpy array (or None), sent as one binary payload (see the module doc).
+
+    dtype: the wire dtype (``"float16"`` a request; None: the array's own, 64-bit narrowed).
+    ndim: the number of dimensions required, or None. compress: deflated on the wire (for an
+    array saved with the page)."""
+
+    info_text = "a tensor or numpy array of numbers"
+
+    def __init__(self, dtype: str | None = "float32", *, ndim: int | None = None, compress: bool = False,
+                 allow_none: bool = True, **kwargs):
+        super().__init__(None, allow_none=allow_none, **kwargs)
+        self.dtype, self.ndim, self.compress = dtype, ndim, compress
+        self.metadata.update(to_json=self._to_json, from_json=self._from_json)
+
+    def validate(self, obj, value):
+        if value is None:
+            return value if self.allow_none else self.error(obj, value)
+        arr = as_wire(value, self.dtype, name=self.name or "array")
+        if self.ndim is not None and arr.ndim != self.ndim:
+            raise traitlets.TraitError(f"{self.name} must have {self.ndim} dimensions, got shape {list(arr.shape)}")
+        return arr
+
+    def _to_json(self, value, _widget) -> dict:
+        return to_payload(value, self.compress)
+
+    def _from_json(self, value, _widget):
+        return decode_array(value) if _is_payload(value) else None
+
+
+class ArrayDict(traitlets.Dict):
+    """A dict whose leaves, at any depth, may be arrays, each sent as its own payload (module doc).
+
+    dtype: the wire dtype of every array leaf (None: each leaf's own, 64-bit narrowed).
+    compress: every array leaf deflated."""
+
+    def __init__(self, dtype: str | None = "float32", *, compress: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.dtype, self.compress = dtype, compress
+        self.metadata.update(to_json=self._to_json, from_json=self._from_json)
+
+    def validate(self, obj, value):
+        return self._cast(super().validate(obj, value), self.name or "dict")
+
+    def _cast(self, value, where: str):
+        if isinstance(value, dict):
+            return {k: self._cast(v, f"{where}[{k!r}]") for k, v in value.items()}
+        if isinstance(value, (np.ndarray, torch.Tensor)):
+            return as_wire(value, self.dtype, name=where)
+        return value
+
+    def _to_json(self, value, _widget):
+        return _leafwise(value, lambda arr: to_payload(arr, self.compress), np.ndarray)
+
+    def _from_json(self, value, _widget):
+        return _leafwise(value, decode_array, dict, when=_is_payload)
+
+
+def _leafwise(value, convert, kind, when=None):
+    """``value`` with ``convert`` applied to every leaf of type ``kind`` (and ``when``) in its dicts."""
+    if isinstance(value, kind) and (when is None or when(value)):
+        return convert(value)
+    if isinstance(value, dict):
+        return {k: _leafwise(v, convert, kind, when) for k, v in value.items()}
+    return value
