@@ -165,7 +165,7 @@ def test_values_past_float16_range_are_packed_as_float32_without_a_warning():
     (numpy's "overflow encountered in cast" RuntimeWarning in the notebook)."""
     import warnings
 
-    from pycircuits_widgets.widgets.core.arrays import as_wire
+    from pycircuits_widgets.widgets.core.payload import as_wire
     big = np.array([1.5, -70000.0, 3e5, np.nan], dtype=np.float32)
     small = np.array([1.5, -65504.0, 0.25], dtype=np.float32)
     answers = offline.Answers()

@@ -10,10 +10,12 @@ and ``{}`` for None; ipywidgets sends every memoryview as a binary buffer and
 browser never writes an array, a saved state read for its picture does
 (``standalone._SavedView``).
 
-The value is cast to the trait's dtype when it is set, so the kernel holds exactly what the page
-shows: ``"float16"`` is a request (float32 when a finite value is past float16's range,
-``payload.half_or_single``); ``dtype=None`` keeps the array's own dtype, 64-bit ones narrowed to
-32 bits (JavaScript's typed arrays have no int64; an int64 value past int32 is refused).
+The value is cast to the trait's dtype when it is set (``payload.as_wire``), so the kernel holds
+exactly what the page shows: ``"float16"`` is a request (float32 when a finite value is past
+float16's range); ``dtype=None`` keeps the array's own dtype, 64-bit ones narrowed to 32 bits
+(JavaScript's typed arrays have no int64; an int64 value past int32 is refused). An array
+already C-ordered and of the wire dtype is kept, not copied: set a new array rather than
+writing into the one a trait holds (a write in place is never sent).
 
 :class:`ArrayDict` is a dict trait whose leaves (at any depth) may be arrays: each array leaf is
 cast as an :class:`Array` would and serialised as its own payload; other leaves (strings, numbers,
@@ -27,31 +29,7 @@ import numpy as np
 import torch
 import traitlets
 
-from .payload import decode_array, deflate, half_or_single, to_numpy
-
-_WIRE = {"float16", "float32", "float64", "uint8", "int8", "uint16", "int16", "int32", "uint32"}
-_NARROW = {"float64": "float32", "int64": "int32", "uint64": "uint32", "bool": "uint8"}
-
-
-def as_wire(x, dtype: str | None, *, name: str = "array") -> np.ndarray:
-    """``x`` (tensor, array or list of numbers) as a C-ordered numpy array of the dtype it is sent in."""
-    arr = to_numpy(x, name=name)
-    if arr.dtype.kind not in "biuf":
-        raise traitlets.TraitError(f"{name} must be an array of numbers (a tensor or numpy array), "
-                                   f"got {type(x).__name__} of dtype {arr.dtype}")
-    if dtype is None:
-        dtype = _NARROW.get(arr.dtype.name, arr.dtype.name)
-        if arr.dtype.kind in "iu" and arr.size and dtype != arr.dtype.name:
-            info = np.iinfo(dtype)
-            if arr.min() < info.min or arr.max() > info.max:
-                raise traitlets.TraitError(f"{name}: {arr.dtype} values in [{arr.min()}, {arr.max()}] do not fit "
-                                           f"{dtype}, the widest integer a page reads")
-    elif dtype == "float16":
-        dtype = half_or_single(arr)
-    if dtype not in _WIRE:
-        raise traitlets.TraitError(f"{name}: dtype {dtype!r} cannot be sent; one of {sorted(_WIRE)}")
-    return np.ascontiguousarray(arr, dtype=dtype)
-
+from .payload import as_wire, decode_array, deflate
 
 def id_dtype(d_vocab: int) -> str:
     """The dtype of token ids sent to the page: uint16 for vocabularies up to 65536, else int32."""
