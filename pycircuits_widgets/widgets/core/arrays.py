@@ -31,6 +31,7 @@ import traitlets
 
 from .payload import as_wire, decode_array, deflate
 
+
 def id_dtype(d_vocab: int) -> str:
     """The dtype of token ids sent to the page: uint16 for vocabularies up to 65536, else int32."""
     return "uint16" if d_vocab <= 1 << 16 else "int32"
