@@ -12,7 +12,7 @@ from ipywidgets.widgets.widget import _remove_buffers
 
 from pycircuits_widgets.widgets import CircuitWidget
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.core.arrays import Array, ArrayDict
+from pycircuits_widgets.widgets.core.arrays import Array, ArrayDict, Patterns
 
 
 class Holder(CircuitWidget):
@@ -95,3 +95,26 @@ def test_kernel_less_answers_cast_each_patch_by_the_views_own_trait():
     assert dtype == "float16" and shape == [1, 2]
     got = np.frombuffer(bytes(state["data"]), dtype, 2, offset).reshape(shape)
     np.testing.assert_array_equal(got, value.numpy().astype(np.float32).astype(np.float16))
+
+
+class Weights(CircuitWidget):
+    _view = traitlets.Unicode("Weights").tag(sync=True)
+    shown = Patterns(compress=True).tag(sync=True)
+
+
+def test_patterns_are_held_quantised_and_a_causal_one_sent_as_its_lower_triangle():
+    a = np.tril(np.random.default_rng(0).random((2, 4, 4), dtype=np.float32))
+    w = Weights(shown={"weights": torch.from_numpy(a), "causal": True, "factor": 2})
+    held = w.shown["weights"]
+    assert held.dtype == np.uint8 and np.abs(held / 255 - a).max() <= 1 / 510 + 1e-7
+    payload = w.get_state(["shown"])["shown"]
+    assert (payload["layout"], payload["n"], payload["factor"], payload["shape"]) == ("causal", 4, 2, [2, 10])
+    rows = read(payload)  # row dest holds a[dest, :dest + 1]
+    np.testing.assert_array_equal(rows[:, 6:10], held[:, 3, :4])
+    np.testing.assert_array_equal(rows[:, 1:3], held[:, 1, :2])
+    back = Weights.shown.metadata["from_json"](payload, None)
+    np.testing.assert_array_equal(back["weights"], held)
+    assert back["causal"] and back["factor"] == 2
+    assert Weights(shown={}).get_state(["shown"])["shown"] == {}
+    with pytest.raises(traitlets.TraitError, match=r"shown\['weights'\] must be \[\.\.\., n, n\], got shape \[2, 3\]"):
+        w.shown = {"weights": np.zeros((2, 3)), "causal": False}

@@ -21,6 +21,10 @@ writing into the one a trait holds (a write in place is never sent).
 cast as an :class:`Array` would and serialised as its own payload; other leaves (strings, numbers,
 lists) are plain JSON. Composition scores ``{"K": {"correct": [L, H, L, H]}}`` and a head's
 eigenvalue detail ``{"ov_re": [d], "ov_im": [d]}`` are ArrayDicts.
+
+:class:`Patterns` holds attention weights quantised when set, ``{"weights": uint8 [..., n, n]
+(round(255 a)), "causal": bool, ...}``, and sends a causal pattern as its lower triangle: 1 byte
+(about half a byte causal) per weight.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import numpy as np
 import torch
 import traitlets
 
-from .payload import as_wire, decode_array, deflate
+from .payload import as_wire, decode_array, deflate, pack_causal, quantize_unit, unpack_causal
 
 
 def id_dtype(d_vocab: int) -> str:
@@ -117,3 +121,58 @@ def _leafwise(value, convert, kind, when=None):
     if isinstance(value, dict):
         return {k: _leafwise(v, convert, kind, when) for k, v in value.items()}
     return value
+
+
+_PATTERN_WIRE = ("view", "dtype", "shape", "encoding", "layout", "n")
+
+
+class Patterns(traitlets.Dict):
+    """Attention weights: ``{"weights": uint8 [..., n, n], "causal": bool, **extra}``, or ``{}``
+    for none. Weights set as floats in [0, 1] are held as ``round(255 a)``
+    (``payload.quantize_unit``: what the page shows, so a picture of the kernel's value and of a
+    saved page are the same); ``extra``: what the page reads with them (the overview's
+    ``factor``, a detail's ``layer`` and ``head``).
+
+    On the wire: the uint8 payload, a causal pattern as its lower triangle (``payload.pack_causal``,
+    ``shape [..., n (n + 1) / 2]``), with ``"layout": "causal" | "dense"``, ``"n"`` and ``extra``
+    (``js/src/lib/attention.js``). compress: deflated on the wire (the overview, saved with the page)."""
+
+    def __init__(self, *, compress: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.compress = compress
+        self.metadata.update(to_json=self._to_json, from_json=self._from_json)
+
+    def validate(self, obj, value):
+        value = super().validate(obj, value)
+        if not value:
+            return {}
+        if not {"weights", "causal"} <= value.keys():
+            raise traitlets.TraitError(f"{self.name} must be {{'weights': [..., n, n] array, 'causal': bool, ...}}, "
+                                       f"got keys {sorted(value)}")
+        weights = value["weights"]
+        if not (isinstance(weights, np.ndarray) and weights.dtype == np.uint8):
+            weights = quantize_unit(as_wire(weights, "float32", name=f"{self.name}['weights']"))
+        if weights.ndim < 2 or weights.shape[-1] != weights.shape[-2]:
+            raise traitlets.TraitError(f"{self.name}['weights'] must be [..., n, n], got shape {list(weights.shape)}")
+        return {**value, "weights": weights, "causal": bool(value["causal"])}
+
+    def _to_json(self, value, _widget) -> dict:
+        if not value:
+            return {}
+        weights, causal = value["weights"], value["causal"]
+        extra = {k: v for k, v in value.items() if k not in ("weights", "causal")}
+        return {**to_payload(pack_causal(weights) if causal else weights, self.compress), "layout": "causal" if causal else "dense",
+                "n": weights.shape[-1], **extra}
+
+    def _from_json(self, value, _widget) -> dict:
+        if not _is_payload(value):
+            return {}
+        extra = {k: v for k, v in value.items() if k not in _PATTERN_WIRE}
+        causal = value.get("layout") == "causal"
+        weights = decode_array(value)
+        return {"weights": unpack_causal(weights, value["n"]) if causal else weights, "causal": causal, **extra}
+
+
+ARRAY_TRAITS = (Array, ArrayDict, Patterns)
+"""The trait types that hold arrays and serialise them at the wire (their ``from_json`` reads a
+saved payload back: ``standalone._SavedView``; they cast kernel-less answers: ``offline``)."""

@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from .arrays import Array, ArrayDict
+from .arrays import ARRAY_TRAITS
 from .payload import decode_json, encode_json, half_or_single
 
 BUDGET = 64_000
@@ -156,7 +156,7 @@ class Answers:
             return patch
         traits = self._widget.traits()
         return {name: traits[name].validate(self._widget, value)
-                if isinstance(traits.get(name), (Array, ArrayDict)) else value for name, value in patch.items()}
+                if isinstance(traits.get(name), ARRAY_TRAITS) else value for name, value in patch.items()}
 
     def _pack(self, arr: np.ndarray) -> dict:
         if arr.dtype.kind == "f":  # half the bytes, unless a value is past float16's range

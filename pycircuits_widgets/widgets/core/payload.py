@@ -213,12 +213,3 @@ def unpack_causal(packed: np.ndarray, n: int) -> np.ndarray:
         out[..., dest, :dest + 1] = packed[..., offset:offset + dest + 1]
         offset += dest + 1
     return out
-
-
-def decode_patterns(payload: dict) -> np.ndarray:
-    """Attention weights ``float32 [..., n, n]`` in [0, 1] from a uint8 pattern payload
-    (``attention.encode_patterns``): a causal one is unpacked from its lower triangle."""
-    q = decode_array(payload)
-    if payload.get("layout") == "causal":
-        q = unpack_causal(q, payload["n"])
-    return q.astype(np.float32) / 255

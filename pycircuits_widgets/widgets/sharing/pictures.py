@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 
 from ...models.tokenizer import escape_invisible, visible_whitespace
-from ..core.payload import decode_patterns, max_pool
+from ..core.payload import max_pool
 
 BUDGET = 48_000
 """Most bytes of one display's static fallback (the explorer's included)."""
@@ -89,7 +89,7 @@ def _caption(text: str) -> str:
 # -- one figure per view ------------------------------------------------------------------
 def attention(w) -> str:
     """Every head's pattern as a thumbnail grid (layers x heads), then the selected head."""
-    overview = decode_patterns(w.overview)  # [L, H, m, m]
+    overview = w.overview["weights"].astype(np.float32) / 255  # [L, H, m, m], held as round(255 a)
     L, H, m, _ = overview.shape
     thumbs = pool_to(overview, THUMB)
     t = thumbs.shape[-1]

@@ -38,7 +38,7 @@ import tempfile
 import ipywidgets
 from ipywidgets.embed import dependency_state
 
-from ..core.arrays import Array, ArrayDict
+from ..core.arrays import ARRAY_TRAITS
 from ..core.bundle import bundle_code, bundle_packed
 from ..core.offline import NONFINITE, tag_nonfinite
 from ..core.payload import JSON_BUFFER
@@ -309,7 +309,7 @@ class _SavedView:
                 target = target[key]
             target[last] = memoryview(base64.b64decode(b["data"], validate=True))
         for name, trait in cls.class_traits(sync=True).items():  # the widget's own readers of its wire values
-            ours = isinstance(trait, (Array, ArrayDict)) or trait.metadata.get("to_json") is JSON_BUFFER["to_json"]
+            ours = isinstance(trait, ARRAY_TRAITS) or trait.metadata.get("to_json") is JSON_BUFFER["to_json"]
             if ours and isinstance(state.get(name), dict):
                 state[name] = trait.metadata["from_json"](state[name], None)
         self._saved, self._state, self._depth = saved, state, depth
