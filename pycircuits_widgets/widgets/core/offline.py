@@ -28,7 +28,8 @@ payload (``payload.encode_json``; the JSON of answers repeats keys and token str
 it shrinks five to seven times; :func:`rules` reads it back). Every array of every
 answer is packed into the one binary ``data`` buffer (float16 for floats within its range, else
 float32; uint16 for vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
-dtype, shape]}``; a rule's ``base`` holds what all its answers share (e.g. the token
+dtype, shape]}`` (one buffer for hundreds of small arrays, not one payload each: a notebook
+saves every buffer with its path, about 150 bytes apiece); a rule's ``base`` holds what all its answers share (e.g. the token
 strings of every table, each string once), merged under each answer's own patch.
 A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str,
 "merge": [dict traits the patch adds entries to] (optional)}``,

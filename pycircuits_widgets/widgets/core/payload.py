@@ -1,4 +1,4 @@
-"""Binary payloads for widget traits.
+"""Binary payloads for widget traits: the wire form the array traits of :mod:`.arrays` write.
 
 Arrays cross the wire as ``{"view": memoryview, "dtype": str, "shape": list}``; ipywidgets
 sends every memoryview found in a trait as a binary buffer (never as a JSON list), and
