@@ -74,7 +74,8 @@ def causal_patterns(n: int, seed: int = 0) -> np.ndarray:
 def represented_values(w) -> int:
     """Attention values the synced payloads stand for (a causal head of side n counts n^2)."""
     total = 0
-    for p in (w.overview, w.full, w._detail):
+    for name in ("overview", "full", "_detail"):
+        p = w.get_state([name])[name]  # the payload as sent
         if p:
             lead = p["shape"][:-1] if p["layout"] == "causal" else p["shape"][:-2]
             total += int(np.prod(lead)) * p["n"] ** 2

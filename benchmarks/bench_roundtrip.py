@@ -35,13 +35,12 @@ WARMUP = 3
 
 CELLS = """import numpy as np
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.core.payload import encode_array
 n = {n}
 w = pcw.ColoredTokens([f" t{{i}}" for i in range(n)], np.zeros(n), label="none")
 def recompute(change):
     i = change["new"]
     with w.hold_sync():
-        w.values = encode_array(np.abs(np.arange(n) - i), "float32")
+        w.values = np.abs(np.arange(n) - i)
         w.label = f"distance from {{i}}"
 w.observe(recompute, "position")
 w"""

@@ -11,13 +11,22 @@ from ipywidgets.widgets.widget import _remove_buffers
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.views.attention import OVERVIEW_MAX
-from pycircuits_widgets.widgets.core.payload import decode_array, max_pool, pack_causal, unpack_causal
+from pycircuits_widgets.widgets.core.payload import max_pool, pack_causal, unpack_causal
 from attention_data import causal_softmax, toks
 
 
-def patterns_of(payload):
-    """[..., n, n] uint8 of a patterns payload (causal ones travel as their lower triangle)."""
-    data = decode_array(payload)
+def wire(w, name: str) -> dict:
+    """The payload the browser gets for trait ``name`` (and a saved page stores)."""
+    return w.get_state([name])[name]
+
+
+def patterns_of(w, name: str):
+    """[..., n, n] uint8 of a patterns trait as sent (causal ones travel as their lower triangle)."""
+    payload = wire(w, name)
+    data = bytes(payload["view"])
+    if payload.get("encoding") == "deflate":
+        data = zlib.decompress(data, -15)
+    data = np.frombuffer(data, payload["dtype"]).reshape(payload["shape"])
     return unpack_causal(data, payload["n"]) if payload["layout"] == "causal" else data
 
 
@@ -34,13 +43,13 @@ def tiny_model():
 def test_short_context_ships_every_head_once_as_uint8():
     A = causal_softmax(2, 3, 10)
     w = pcw.AttentionPatterns(tokens=toks(10), patterns=A)
-    ov = patterns_of(w.overview)
+    ov = patterns_of(w, "overview")
     assert w.overview["factor"] == 1 and ov.dtype == np.uint8 and ov.shape == (2, 3, 10, 10)
     assert np.abs(ov / 255.0 - A).max() <= 1 / 510 + 1e-7
     assert w.full == {} and w._detail == {}  # the overview already is full resolution
     state, paths, buffers = _remove_buffers(w.get_state())
     attention = [bytes(b) for p, b in zip(paths, buffers) if p[0] != "_offline"]
-    assert len(attention) == 1 and w.overview["encoding"] == "deflate"  # saved with the page: deflated
+    assert len(attention) == 1 and wire(w, "overview")["encoding"] == "deflate"  # saved with the page: deflated
     assert len(zlib.decompress(attention[0], -15)) == 2 * 3 * 10 * 11 // 2  # one byte per value of the causal half, nothing twice
 
 
@@ -57,7 +66,7 @@ def test_overview_is_block_max_of_the_quantised_pattern():
     w = pcw.AttentionPatterns(tokens=toks(n), patterns=A)
     f = w.overview["factor"]
     assert f == -(-n // OVERVIEW_MAX) == 3
-    ov = patterns_of(w.overview)
+    ov = patterns_of(w, "overview")
     q = np.rint(A * 255)
     for h in range(2):
         for i in (0, 5, 99):
@@ -81,16 +90,16 @@ def test_full_resolution_for_all_heads_within_budget_else_only_the_selected_head
     n = 200
     A = causal_softmax(2, 2, n, seed=2)
     within = pcw.AttentionPatterns(tokens=toks(n), patterns=A)
-    assert patterns_of(within.full).shape == (2, 2, n, n) and within._detail == {}
-    assert np.array_equal(patterns_of(within.full), np.rint(A * 255))
+    assert patterns_of(within, "full").shape == (2, 2, n, n) and within._detail == {}
+    assert np.array_equal(patterns_of(within, "full"), np.rint(A * 255))
     over = pcw.AttentionPatterns(tokens=toks(n), patterns=A, full_budget=4 * n * (n + 1) // 2 - 1, layer=1, head=0)
     assert over.full == {}
-    detail = patterns_of(over._detail)
+    detail = patterns_of(over, "_detail")
     assert (over._detail["layer"], over._detail["head"]) == (1, 0)
     assert np.array_equal(detail, np.rint(A[1, 0] * 255))
     over.head = 1  # a selection change brings that head at full resolution
     assert (over._detail["layer"], over._detail["head"]) == (1, 1)
-    assert np.array_equal(patterns_of(over._detail), np.rint(A[1, 1] * 255))
+    assert np.array_equal(patterns_of(over, "_detail"), np.rint(A[1, 1] * 255))
 
 
 def test_exact_row_request_is_answered_with_float32_row():
@@ -114,7 +123,7 @@ def test_accepts_three_four_and_batched_five_dim_torch_patterns():
     four = pcw.AttentionPatterns(tokens=toks(6), patterns=torch.from_numpy(A))
     five = pcw.AttentionPatterns(tokens=toks(6), patterns=torch.from_numpy(A)[None])
     assert (four.n_layers, four.n_heads) == (five.n_layers, five.n_heads) == (2, 3)
-    assert np.array_equal(decode_array(four.overview), decode_array(five.overview))
+    assert np.array_equal(patterns_of(four, "overview"), patterns_of(five, "overview"))
 
 
 def test_bidirectional_patterns_need_causal_false():
@@ -196,7 +205,7 @@ def test_set_patterns_clamps_selection_to_the_new_sizes():
                               dest_position=7, src_position=2, position=6)
     w.set_patterns(toks(5), causal_softmax(1, 2, 5))
     assert (w.layer, w.head, w.dest_position, w.src_position, w.position) == (0, 1, -1, 2, -1)
-    assert patterns_of(w.overview).shape == (1, 2, 5, 5)
+    assert patterns_of(w, "overview").shape == (1, 2, 5, 5)
 
 
 def test_text_is_only_editable_with_a_model():
@@ -213,18 +222,18 @@ def test_model_and_text_show_the_models_own_patterns(tiny_model):
     expected = cache.patterns[0].detach().numpy()
     assert w.tokens == tiny_model.to_str_tokens(text)
     assert (w.n_layers, w.n_heads) == (2, 3) and w.editable
-    assert np.abs(patterns_of(w.overview) / 255.0 - expected).max() <= 1 / 510 + 1e-6
+    assert np.abs(patterns_of(w, "overview") / 255.0 - expected).max() <= 1 / 510 + 1e-6
 
 
 def test_editing_text_reruns_the_model_and_a_failing_text_keeps_the_last_view(tiny_model):
     w = pcw.AttentionPatterns(tiny_model, "import os", position=1)
     w.text = "x = 1\ny = 2"
     assert w.tokens == tiny_model.to_str_tokens("x = 1\ny = 2") and w.error == ""
-    shown = (list(w.tokens), bytes(w.overview["view"]))
+    shown = (list(w.tokens), bytes(wire(w, "overview")["view"]))
     with pytest.raises(traitlets.TraitError, match="n_ctx"):
         w.text = "x " * 200  # longer than n_ctx = 48: refused, the last good text kept
     assert w.text == "x = 1\ny = 2"
-    assert (list(w.tokens), bytes(w.overview["view"])) == shown
+    assert (list(w.tokens), bytes(wire(w, "overview")["view"])) == shown
     w.set_state({"text": "x " * 200})  # from the browser: shown in the view
     assert "n_ctx" in w.error and w.text == "x = 1\ny = 2"
-    assert (list(w.tokens), bytes(w.overview["view"])) == shown
+    assert (list(w.tokens), bytes(wire(w, "overview")["view"])) == shown

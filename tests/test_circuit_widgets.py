@@ -11,7 +11,6 @@ from pycircuits_widgets.analysis import (circuit_query, composition_detail, comp
                                          eigenvalue_positivity, eigenvalues, random_baseline, skip_trigrams)
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.models import AttnOnlyTransformer, attn_only_config, from_attn_only
-from pycircuits_widgets.widgets.core.payload import decode_array
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 XSS = '<img src=x onerror="window.__pwned=1">'
@@ -45,7 +44,7 @@ def m2():
 
 def table_rows(w):
     t = w.trigrams
-    cols = {k: decode_array(t[k]) for k in ("src", "dest", "out", "qk", "ov", "score")}
+    cols = {k: t[k] for k in ("src", "dest", "out", "qk", "ov", "score")}
     return cols, t["strings"]
 
 
@@ -80,8 +79,8 @@ def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     steps = list(w._table_steps(0, 2, 12))
     assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([40 / 256, 1])
     assert [s["trigrams"]["exact"] for s in steps] == [False, True]
-    partial = decode_array(steps[0]["trigrams"]["score"])
-    exact = decode_array(steps[1]["trigrams"]["score"])
+    partial = np.asarray(steps[0]["trigrams"]["score"])  # the step as the trait receives it
+    exact = np.asarray(steps[1]["trigrams"]["score"])
     assert np.all(partial <= exact + 1e-6)  # a subset's i-th best never beats the whole's
     w.recompute()
     assert_table_matches(w, m1, 0, 2, 12)
@@ -147,7 +146,7 @@ def test_composition_scores_trait_holds_all_kinds_and_the_erratum_only_once_aske
     assert w.wait(20) and not w.error
     for kind in "QKV":
         for panel, norm in (("correct", "correct"), ("erratum", "erratum_left")):
-            table = decode_array(w.scores[kind][panel])
+            table = w.scores[kind][panel]
             assert table.shape == (2, 4, 2, 4)
             np.testing.assert_allclose(table, composition_scores(m2, kind, baseline=False, norm=norm).numpy(),
                                        rtol=1e-5, equal_nan=True)
@@ -164,7 +163,7 @@ def test_clicking_a_pair_computes_its_detail_and_selects_the_reading_head(m2):
     assert (d["kind"], d["h1"], d["h2"]) == ("K", [0, 3], [1, 2])
     assert d["score"] == pytest.approx(ref.score) and d["erratum_score"] == pytest.approx(ref.erratum_scores["erratum_left"])
     assert d["positivity"] == pytest.approx(ref.positivity)
-    np.testing.assert_allclose(decode_array(d["singular_values"]), ref.singular_values.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(d["singular_values"], ref.singular_values.numpy(), rtol=1e-5)
     w.kind = "V"
     assert w.wait(20)
     assert w.detail["score"] == pytest.approx(composition_detail(m2, "V", (0, 3), (1, 2)).score)
@@ -181,15 +180,15 @@ def test_composition_pair_must_go_from_earlier_to_later_layer(m2):
 def test_eigenvalue_plot_positivity_scores_and_head_detail(m2):
     w = pcw.EigenvaluePlot(m2)
     for kind, trait in (("OV", w.ov_positivity), ("QK", w.qk_positivity)):
-        np.testing.assert_allclose(decode_array(trait), eigenvalue_positivity(m2, kind).numpy(), rtol=1e-5)
+        np.testing.assert_allclose(trait, eigenvalue_positivity(m2, kind).numpy(), rtol=1e-5)
     ref_scores = head_scores(m2)
     assert set(w.scores) == set(ref_scores)
-    np.testing.assert_allclose(decode_array(w.scores["induction"]), ref_scores["induction"].numpy(), rtol=1e-5, equal_nan=True)
+    np.testing.assert_allclose(w.scores["induction"], ref_scores["induction"].numpy(), rtol=1e-5, equal_nan=True)
     w.layer, w.head = 1, 3
     assert w.wait(20) and (w.detail["layer"], w.detail["head"]) == (1, 3)
     eig = eigenvalues(m2, "OV")[1, 3]
-    np.testing.assert_allclose(decode_array(w.detail["ov_re"]), eig.real.numpy(), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(decode_array(w.detail["ov_im"]), eig.imag.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(w.detail["ov_re"], eig.real.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(w.detail["ov_im"], eig.imag.numpy(), rtol=1e-4, atol=1e-6)
     # the copied tokens are the top of the centred full OV circuit's diagonal, checked densely
     ov = m2.W_E @ m2.W_V[1, 3] @ m2.W_O[1, 3] @ m2.W_U  # dense [src, out]
     dense_diag = torch.diagonal(ov - ov.mean(1, keepdim=True))
@@ -232,9 +231,9 @@ def test_rotary_model_composition_reads_q_and_k_over_a_stated_window_and_keeps_v
     assert "at the strongest of query - key offsets 0..4" in w.offset_note and "offsets=" not in w.offset_note
     for kind in "QK":
         by_offset = composition_scores(model, kind, baseline=False, offsets=range(0, 5))
-        np.testing.assert_allclose(decode_array(w.scores[kind]["correct"]), by_offset.amax(0).numpy(), rtol=1e-5,
+        np.testing.assert_allclose(w.scores[kind]["correct"], by_offset.amax(0).numpy(), rtol=1e-5,
                                    equal_nan=True)
     best = int(composition_scores(model, "K", baseline=False, offsets=range(0, 5))[:, 0, 1, 1, 2].argmax())
     assert w.detail["offset"] == best and w.detail["offset_note"].startswith(f"at query - key offset {best} ")
-    np.testing.assert_allclose(decode_array(w.scores["V"]["correct"]), composition_scores(model, "V", baseline=False).numpy(),
+    np.testing.assert_allclose(w.scores["V"]["correct"], composition_scores(model, "V", baseline=False).numpy(),
                                rtol=1e-5, equal_nan=True)

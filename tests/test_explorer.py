@@ -11,7 +11,6 @@ import torch
 import traitlets
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.core.payload import decode_array
 from pycircuits_widgets.widgets.sharing.standalone import render_html
 from random_models import custom_model, paper_model
 
@@ -35,7 +34,7 @@ CircuitExplorer = pcw.CircuitExplorer
 
 def table_triples(table):
     t = table.trigrams
-    src, dest, out = (decode_array(t[k]).tolist() for k in ("src", "dest", "out"))
+    src, dest, out = (t[k].tolist() for k in ("src", "dest", "out"))
     return (t["layer"], t["head"]), list(zip(src, dest, out))
 
 
@@ -55,7 +54,7 @@ def test_loss_view_shows_the_next_token_loss_of_every_predicted_token(explorer, 
     logits = model.run_with_cache(torch.tensor([ids]))[0][0]
     dense = torch.nn.functional.cross_entropy(logits[:-1].double(), torch.tensor(ids[1:]), reduction="none")
     assert explorer.loss.tokens == TEXT.split()[1:]
-    assert torch.allclose(torch.tensor(decode_array(explorer.loss.values)).double(), dense, atol=1e-4)
+    assert torch.allclose(torch.tensor(explorer.loss.values).double(), dense, atol=1e-4)
     assert explorer.mean_loss == pytest.approx(float(dense.mean()), abs=1e-4)
 
 

@@ -16,7 +16,6 @@ from pycircuits_widgets.analysis.positional import attention_by_offset, position
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
 from pycircuits_widgets.widgets.views import explorer as explorer_module
 from pycircuits_widgets.widgets.views import registry
-from pycircuits_widgets.widgets.core.payload import decode_array
 from pycircuits_widgets.widgets.core.selection import SELECTION_KEYS
 
 TEXT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return f(x) + 1\n"
@@ -53,7 +52,7 @@ def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monk
     e = pcw.CircuitExplorer(m2, TEXT)
     assert e.wait() and calls == []
     assert [getattr(e, n).active for n in PAPER_VIEWS] == [False] * 4 and not e.bigrams.active
-    assert e.paths.terms == [] and e.induction.pairs == {} and e.virtual.heads == [] and e.positional.positional == {}
+    assert e.paths.terms == [] and e.induction.pairs == {} and e.virtual.heads == [] and e.positional.positional is None
     e.set_state({"text": "a b a b"})  # a new text reaches the inactive views without computing them
     assert e.wait() and e.paths.text == "a b a b" and calls == []
     e.paths.set_state({"active": True})  # the section's "compute" button
@@ -81,18 +80,18 @@ def test_numbers_in_the_explorers_paper_views_equal_the_analysis_functions(compu
     pe = path_expansion(m2, TEXT)
     assert [t["name"] for t in e.paths.terms] == [t.name for t in pe.terms]
     np.testing.assert_allclose([r["loss"] for r in e.paths.ladder[:3]], pe.loss_by_order().numpy(), rtol=1e-5)
-    np.testing.assert_allclose(decode_array(e.paths.importance), pe.term_importance().numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(e.paths.importance, pe.term_importance().numpy(), rtol=1e-4, atol=1e-6)
     out = pcw.run(m2, TEXT)
     n = out.tokens.shape[-1]
-    np.testing.assert_allclose(decode_array(e.positional.positional), positional_scores_by_offset(m2, n, 16).numpy(),
+    np.testing.assert_allclose(e.positional.positional, positional_scores_by_offset(m2, n, 16).numpy(),
                                rtol=1e-6)
-    np.testing.assert_allclose(decode_array(e.positional.measured), attention_by_offset(out.patterns[0], 16).numpy(),
+    np.testing.assert_allclose(e.positional.measured, attention_by_offset(out.patterns[0], 16).numpy(),
                                rtol=1e-6)
     ref = top_virtual_heads(m2, 12, 8)
     assert [r["pair"] for r in e.virtual.heads] == [[*v.h1, *v.h2] for v in ref]
     assert [r["norm"] for r in e.virtual.heads] == pytest.approx([v.norm for v in ref])
     values, ids = bigram_top(m2, 10)
-    np.testing.assert_array_equal(decode_array(e.bigrams.top_ids), ids.numpy())
+    np.testing.assert_array_equal(e.bigrams.top_ids, ids.numpy())
     # the induction view: every verdict, and each embedded table
     assert len(e.induction.pairs) == 64 and len(e.induction.tables) == 16
     for key, table in e.induction.tables.items():
@@ -101,8 +100,8 @@ def test_numbers_in_the_explorers_paper_views_equal_the_analysis_functions(compu
         info = e.induction.pairs[key]
         assert (info["kind"], info["sentence"]) == (r.kind, r.sentence)
         assert info["qk_positivity"] == pytest.approx(r.qk_positivity, abs=1e-5)
-        np.testing.assert_allclose(decode_array(table["values"]), r.top_values.numpy(), rtol=1e-4, atol=1e-5)
-        assert table["dest"] == r.top_dest.tolist() and table["src"] == r.top_src.tolist()
+        np.testing.assert_allclose(table["values"], r.top_values.numpy(), rtol=1e-4, atol=1e-5)
+        assert table["tokens"].tolist() == [r.top_dest.tolist(), r.top_src.tolist()]
 
 
 def test_a_composition_cell_selects_the_pair_everywhere_and_its_later_head(computed):
@@ -164,7 +163,7 @@ def test_the_browser_gets_every_section_from_the_registry_in_order(computed):
 
 
 def test_the_strongest_writer_table_is_every_heads_argmax_of_the_k_scores(computed, m2):
-    writers = decode_array(computed.strongest_writers)
+    writers = computed.strongest_writers
     assert writers.shape == (2, m2.cfg.n_heads, 2) and (writers[0] == -1).all()  # layer 0: nothing earlier
     for head in range(m2.cfg.n_heads):
         assert tuple(writers[1, head]) == writer_oracle(m2, 1, head) == computed.strongest_writer(1, head)

@@ -16,7 +16,6 @@ from pycircuits_widgets.analysis.eigen import eigenvalue_positivity, eigenvalues
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.analysis.circuits import short_name
 from pycircuits_widgets.widgets.views.registry import BY_NAME
-from pycircuits_widgets.widgets.core.payload import decode_array
 from random_models import custom_model, paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
@@ -38,7 +37,7 @@ def test_lazy_composition_computes_only_the_shown_table_then_each_toggle_on_firs
     assert w.wait(30) and not w.error
     assert {k: set(v) for k, v in w.scores.items()} == {"K": {"correct"}}
     assert set(w.baselines) == {"correct"}
-    np.testing.assert_allclose(decode_array(w.scores["K"]["correct"]),
+    np.testing.assert_allclose(w.scores["K"]["correct"],
                                composition_scores(m2, "K", baseline=False).numpy(), rtol=1e-5, equal_nan=True)
     w.kind = "Q"
     assert w.wait(30)
@@ -46,7 +45,7 @@ def test_lazy_composition_computes_only_the_shown_table_then_each_toggle_on_firs
     w.show_erratum = True
     assert w.wait(30)
     assert set(w.scores["Q"]) == {"correct", "erratum"} and "erratum" not in w.scores["K"]
-    np.testing.assert_allclose(decode_array(w.scores["Q"]["erratum"]),
+    np.testing.assert_allclose(w.scores["Q"]["erratum"],
                                composition_scores(m2, "Q", baseline=False, norm="erratum_left").numpy(),
                                rtol=1e-5, equal_nan=True)
     assert w.baselines == {"correct": random_baseline(31, 8), "erratum": random_baseline(31, 8, "erratum_left")}  # layer norm: 31 dims
@@ -62,15 +61,15 @@ def test_lazy_composition_with_a_selected_pair_gets_table_and_detail(m2):
 
 def test_rotary_eigenvalue_plot_reads_qk_at_each_heads_strongest_offset(rotary):
     w = pcw.EigenvaluePlot(rotary, layer=1, head=2, offsets=range(0, 6))
-    np.testing.assert_allclose(decode_array(w.ov_positivity), eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-5)
+    np.testing.assert_allclose(w.ov_positivity, eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-5)
     by_offset = torch.stack([eigenvalue_positivity(rotary, "QK", offset=o) for o in range(6)])
-    np.testing.assert_allclose(decode_array(w.qk_positivity), by_offset.amax(0).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(w.qk_positivity, by_offset.amax(0).numpy(), rtol=1e-5)
     assert "at the strongest of query - key offsets 0..5" in w.offset_note
     d = w.detail
     best = int(by_offset[:, 1, 2].argmax())
     assert (d["layer"], d["head"]) == (1, 2) and d["qk_offset"] == best and len(d["copies"]) == 12
     spectrum = eigenvalues(rotary, "QK", offset=best)[1, 2]
-    np.testing.assert_allclose(np.sort(decode_array(d["qk_re"])), np.sort(spectrum.real.numpy()), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.sort(d["qk_re"]), np.sort(spectrum.real.numpy()), rtol=1e-4, atol=1e-6)
 
 
 def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monkeypatch):
@@ -81,7 +80,7 @@ def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monke
     w.color_by = "induction"
     assert w.wait(30) and not w.error
     for name, value in ref.items():
-        np.testing.assert_allclose(decode_array(w.scores[name]), value.numpy(), rtol=1e-5, equal_nan=True)
+        np.testing.assert_allclose(w.scores[name], value.numpy(), rtol=1e-5, equal_nan=True)
 
 
 def test_explorer_on_a_rotary_mlp_model_shows_every_section(rotary):
@@ -125,7 +124,7 @@ def test_explorer_displays_while_its_views_still_compute(monkeypatch, manual_ker
     monkeypatch.setattr(EigenvaluePlot, "EAGER_HEADS", 4)
     monkeypatch.setattr(CompositionMatrix, "EAGER_HEADS", 4)
     ex = pcw.CircuitExplorer(paper_model(n_layers=2, n_heads=4, d_model=32, d_head=8, dtype=torch.float32), "t1 t2 t3 t1 t2")
-    assert ex.eigen.ov_positivity == {} and ex.composition.scores == {}
+    assert ex.eigen.ov_positivity is None and ex.composition.scores == {}
     page = ex._fallback_html()
     assert "Eigenvalue positivity: not computed yet" in page and "K-composition scores: not computed yet" in page
     assert ex.wait(30)
@@ -136,7 +135,7 @@ def test_explorer_displays_while_its_views_still_compute(monkeypatch, manual_ker
 @pytest.mark.parametrize("mode", ["script", "kernel"])
 def test_many_heads_eigenvalues_fill_in_from_the_runner_and_equal_the_analysis(monkeypatch, request, mode):
     """Over EAGER_HEADS heads the scatter's spectra (two vocab-sized products) are not part of the
-    build under a kernel: the traits are {} when the constructor returns, the runner fills them,
+    build under a kernel: the traits are None when the constructor returns, the runner fills them,
     and they equal eigenvalue_positivity on the same weights; a script computes them at once."""
     from pycircuits_widgets.widgets.views.eigenvalue_plot import EigenvaluePlot
     if mode == "kernel":
@@ -145,12 +144,12 @@ def test_many_heads_eigenvalues_fill_in_from_the_runner_and_equal_the_analysis(m
     model = paper_model(n_layers=2, n_heads=4, d_model=32, d_head=8, dtype=torch.float32)
     w = pcw.EigenvaluePlot(model, layer=1, head=2)
     if mode == "kernel":
-        assert w.ov_positivity == {} and w.qk_positivity == {} and w.busy
+        assert w.ov_positivity is None and w.qk_positivity is None and w.busy
     assert w.wait(30) and not w.error and not w.busy
     for kind, trait in (("OV", w.ov_positivity), ("QK", w.qk_positivity)):
-        np.testing.assert_allclose(decode_array(trait), eigenvalue_positivity(model, kind).numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(trait, eigenvalue_positivity(model, kind).numpy(), rtol=1e-6, atol=1e-7)
     assert (w.detail["layer"], w.detail["head"]) == (1, 2) and w.detail["copies"]
     rotary = custom_model(n_layers=2, n_heads=3, positional="rotary", rotary_dim=6, dtype=torch.float32)
     r = pcw.EigenvaluePlot(rotary)
-    assert r.wait(30) and r.qk_positivity != {} and "query - key offsets" in r.offset_note
-    np.testing.assert_allclose(decode_array(r.ov_positivity), eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-6)
+    assert r.wait(30) and r.qk_positivity is not None and "query - key offsets" in r.offset_note
+    np.testing.assert_allclose(r.ov_positivity, eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-6)

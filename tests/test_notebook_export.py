@@ -97,15 +97,15 @@ def test_fallback_shows_the_error_and_a_subclass_can_replace_it():
 
 def test_fallback_summarises_a_view_without_a_picture():
     from pycircuits_widgets.widgets.sharing.fallback import summary_html
-    from pycircuits_widgets.widgets.core.payload import encode_array
+    from pycircuits_widgets.widgets.core.arrays import Array
 
     import traitlets
 
     class Grid(CircuitWidget):
         _view = traitlets.Unicode("MyGrid").tag(sync=True)
-        grid = traitlets.Dict().tag(sync=True)
+        grid = Array("float32").tag(sync=True)
 
-    w = Grid(grid=encode_array(np.array([[1.0, -2.0], [3.5, 0.0]]), "float32"))
+    w = Grid(grid=np.array([[1.0, -2.0], [3.5, 0.0]]))
     assert "float32 [2×2]: min -2, max 3.5" in summary_html(w)
     assert "float32 [2×2]: min -2, max 3.5" in html_of(w) and "data-pcw-figure" not in html_of(w)
 

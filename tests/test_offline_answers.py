@@ -14,7 +14,6 @@ from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.core import offline
 from pycircuits_widgets.widgets.core.offline import BUDGET, NEEDS_KERNEL, key
-from pycircuits_widgets.widgets.core.payload import decode_array
 from random_models import paper_model
 
 
@@ -62,10 +61,10 @@ def test_each_heads_table_is_what_the_widget_computes_for_that_head():
         got = answer(state, 0, key(layer, head))
         assert (got["trigrams"]["layer"], got["trigrams"]["head"]) == (layer, head)
         for column in ("src", "dest", "out"):
-            np.testing.assert_array_equal(got["trigrams"][column], decode_array(table.trigrams[column]))
+            np.testing.assert_array_equal(got["trigrams"][column], table.trigrams[column])
         for column in ("qk", "ov", "score"):  # float16: relative error under 2^-11
-            np.testing.assert_allclose(got["trigrams"][column], decode_array(table.trigrams[column]), rtol=1e-3)
-        ids = set(decode_array(table.trigrams["src"])) | set(decode_array(table.trigrams["out"]))
+            np.testing.assert_allclose(got["trigrams"][column], table.trigrams[column], rtol=1e-3)
+        ids = set(table.trigrams["src"]) | set(table.trigrams["out"])
         assert all(got["trigrams"]["strings"][str(i)] == model.token_strings[i] for i in ids)
         assert got["error"] == "" and got["related"] == {} and got["token"] == -1
 
@@ -97,7 +96,7 @@ def test_answers_stop_at_the_budget_current_selection_first_and_say_the_rest_nee
     got = answer(offline.fill(eigen), 0, key(0, 2))
     eigen.layer, eigen.head = 0, 2
     assert eigen.wait()
-    np.testing.assert_allclose(got["detail"]["ov_re"], decode_array(eigen.detail["ov_re"]), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(got["detail"]["ov_re"], eigen.detail["ov_re"], rtol=1e-3, atol=1e-3)
     assert [c["id"] for c in got["detail"]["copies"]] == [c["id"] for c in eigen.detail["copies"]]
     assert pcw.ColoredTokens(["a"], [1.0])._offline == {}
 
@@ -112,7 +111,7 @@ def test_composition_answers_follow_the_kind_shown(m2_composition):
     assert got["detail"]["kind"] == comp.kind and got["detail"]["h2"] == [1, 2]
     assert got["detail"]["score"] == pytest.approx(comp.detail["score"], rel=1e-4)
     assert got["detail"]["baseline"] == pytest.approx(comp.detail["baseline"], rel=1e-4)
-    np.testing.assert_allclose(got["detail"]["singular_values"], decode_array(comp.detail["singular_values"]), rtol=1e-3)
+    np.testing.assert_allclose(got["detail"]["singular_values"], comp.detail["singular_values"], rtol=1e-3)
 
 
 @pytest.fixture
@@ -166,17 +165,17 @@ def test_values_past_float16_range_are_packed_as_float32_without_a_warning():
     (numpy's "overflow encountered in cast" RuntimeWarning in the notebook)."""
     import warnings
 
-    from pycircuits_widgets.widgets.core.payload import encode_array
+    from pycircuits_widgets.widgets.core.payload import as_wire
     big = np.array([1.5, -70000.0, 3e5, np.nan], dtype=np.float32)
     small = np.array([1.5, -65504.0, 0.25], dtype=np.float32)
     answers = offline.Answers()
-    answers.rule(["layer"], iter([((0,), {"t": encode_array(big)}), ((1,), {"t": encode_array(small)})]), missing="")
+    answers.rule(["layer"], iter([((0,), {"t": big}), ((1,), {"t": small})]), missing="")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         state = offline.last(answers.steps())["_offline"]
-        direct = encode_array(big, "float16")
-    assert direct["dtype"] == "float32" and encode_array(small, "float16")["dtype"] == "float16"
-    np.testing.assert_array_equal(decode_array(direct), big)
+        direct = as_wire(big, "float16")
+    assert direct.dtype == np.float32 and as_wire(small, "float16").dtype == np.float16
+    np.testing.assert_array_equal(direct, big)
     got_big, got_small = answer(state, 0, key(0))["t"], answer(state, 0, key(1))["t"]
     assert got_big.dtype == np.float32 and got_small.dtype == np.float16
     np.testing.assert_array_equal(got_big, big)

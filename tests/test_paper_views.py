@@ -15,7 +15,6 @@ from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
 from pycircuits_widgets.widgets.core.selection import pair_key
-from pycircuits_widgets.widgets.core.payload import decode_array
 
 TEXT = "t1 t5 t9 t2 t1 t5 t9 t2 t7 t3"
 
@@ -35,13 +34,13 @@ def test_path_expansion_embeds_ladder_importance_and_next_token_contributions(m2
     assert [r["label"] for r in w.ladder] == ["direct path only", "+ single heads", "+ virtual heads", "full model"]
     np.testing.assert_allclose(ladder[:3], pe.loss_by_order().numpy(), rtol=1e-5)
     assert ladder[3] == pytest.approx(float(run(m2, TEXT).loss), rel=1e-5)  # the full model, not the expansion
-    np.testing.assert_allclose(decode_array(w.importance), pe.term_importance().numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(w.importance, pe.term_importance().numpy(), rtol=1e-4, atol=1e-6)
     # dense oracle for the contributions: the direct path is x0 / s_final @ W_U, centred over the vocab
     _, cache = m2.run_with_cache(pe.tokens)
     direct = (cache.embed / cache.ln_scale[:, -1, :, None] @ m2.W_U)[0, :-1]
     nxt = pe.tokens[0, 1:]
     ref = direct[torch.arange(len(nxt)), nxt] - direct.mean(-1)
-    contributions = decode_array(w.contributions)
+    contributions = w.contributions
     assert contributions.shape == (16, 9)
     assert contributions.dtype == np.float16  # saved with the page: float16, 2^-11 relative rounding
     np.testing.assert_allclose(contributions[0], ref.numpy(), rtol=1e-4 + 2**-11, atol=1e-5)
@@ -63,7 +62,7 @@ def test_path_expansion_selection_and_bad_text_keep_the_last_good_state(m2):
     w.set_state({"text": "t1 t2 t99"})  # from the browser: shown as an error, not applied
     assert "text refused" in w.error and w.text == TEXT
     w.text = "t1 t2 t3"
-    assert len(w.tokens) == 3 and decode_array(w.contributions).shape == (16, 2) and w.position == -1
+    assert len(w.tokens) == 3 and w.contributions.shape == (16, 2) and w.position == -1
     for bad in ({"position": 3}, {"selected_pair": [1, 0, 0, 1]}, {"layer": 2}):
         w.set_state(bad)
         assert w.error and w.position == -1 and w.selected_pair == [0, 2, 1, 1] and w.layer == 1
@@ -75,7 +74,7 @@ def test_path_expansion_selection_and_bad_text_keep_the_last_good_state(m2):
     assert pm.wait(30) and not pm.error and "MLP" in pm.expansion_note
     ref = path_expansion(mlp_model, mlp_model.to_tokens(TEXT))
     assert [t["name"] for t in pm.terms] == [t.name for t in ref.terms] and "MLP0 → L1.H2" in [t.name for t in ref.terms]
-    np.testing.assert_allclose(decode_array(pm.importance), ref.term_importance().numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(pm.importance, ref.term_importance().numpy(), rtol=1e-5, atol=1e-7)
 
 
 # -- InductionMechanism ---------------------------------------------------------------------
@@ -93,10 +92,10 @@ def test_induction_view_embeds_every_verdict_and_the_tables_it_names(m2):
         assert (info["kind"], info["sentence"]) == (ref.kind, ref.sentence)
         if key in w.tables:
             t = w.tables[key]
-            np.testing.assert_allclose(decode_array(t["values"]), ref.top_values.numpy(), rtol=1e-4, atol=1e-5)
-            assert t["dest"] == ref.top_dest.tolist() and t["src"] == ref.top_src.tolist()
+            np.testing.assert_allclose(t["values"], ref.top_values.numpy(), rtol=1e-4, atol=1e-5)
+            assert t["tokens"].tolist() == [ref.top_dest.tolist(), ref.top_src.tolist()]
             assert t["diagonal_rank"] == pytest.approx(ref.diagonal_rank)
-            assert all(w.strings[str(i)] == f"t{i}" for i in t["dest"] + t["src"])
+            assert all(w.strings[str(i)] == f"t{i}" for i in t["tokens"].reshape(-1).tolist())
     missing = next(k for k in w.pairs if k not in w.tables)
     w.selected_pair = [int(x) for x in missing.split(",")]  # the kernel computes the table on selection
     assert missing in w.tables and len(w.tables) == 3
@@ -111,24 +110,24 @@ def test_induction_view_embeds_every_verdict_and_the_tables_it_names(m2):
     ref = induction_pair(rot.model, tuple(rot.selected_pair[:2]), tuple(rot.selected_pair[2:]), k=12, offset=range(0, 4))
     assert rot.pairs[key]["offset"] == ref.offset and rot.pairs[key]["sentence"].startswith(f"At query - key offset {ref.offset}")
     assert rot.pairs[key]["qk_positivity"] == pytest.approx(ref.qk_positivity, abs=1e-5)
-    np.testing.assert_allclose(decode_array(rot.tables[key]["values"]), ref.top_values.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(rot.tables[key]["values"], ref.top_values.numpy(), rtol=1e-4, atol=1e-6)
 
 
 # -- PositionalQK ---------------------------------------------------------------------------
 def test_positional_view_embeds_both_curves_for_every_head(m2):
     w = pcw.PositionalQK(m2, TEXT, max_offset=4, layer=1, head=2)
     out = run(m2, TEXT)
-    np.testing.assert_allclose(decode_array(w.positional), positional_scores_by_offset(m2, 10, 4).numpy(), rtol=1e-6)
-    np.testing.assert_allclose(decode_array(w.measured), attention_by_offset(out.patterns[0], 4).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(w.positional, positional_scores_by_offset(m2, 10, 4).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(w.measured, attention_by_offset(out.patterns[0], 4).numpy(), rtol=1e-6)
     assert w.n_tokens == 10 and "W_pos" in w.rule
     w.text = "t1 t2 t3"  # offsets clip to the text's length
-    assert decode_array(w.measured).shape == (2, 3, 3)
+    assert w.measured.shape == (2, 3, 3)
     w.set_state({"text": "t1"})
     assert "text refused" in w.error and w.text == "t1 t2 t3"
     rot = custom_model(positional="rotary")
     wr = pcw.PositionalQK(rot, TEXT, max_offset=3)
     assert "rotary rule" in wr.rule
-    np.testing.assert_allclose(decode_array(wr.positional),
+    np.testing.assert_allclose(wr.positional,
                                positional_scores_by_offset(rot, 10, 3, cache=run(rot, TEXT).cache).numpy(), rtol=1e-6)
     with pytest.raises(ValueError, match="no positional information"):
         pcw.PositionalQK(custom_model(positional="none"), TEXT)
@@ -151,22 +150,22 @@ def test_bigram_table_embeds_every_row_for_small_vocabularies_and_computes_other
     w = pcw.BigramTable(m0, k=4, token=17)
     values, ids = bigram_top(m0, 4)
     assert w.complete and w.rows == [] and w.row_tokens() == list(range(m0.cfg.d_vocab)) and w.vocab == list(m0.token_strings)
-    np.testing.assert_array_equal(decode_array(w.top_ids), ids.numpy())
-    np.testing.assert_allclose(decode_array(w.top_logits), values.numpy(), rtol=2**-11)  # float16 in the page
+    np.testing.assert_array_equal(w.top_ids, ids.numpy())
+    np.testing.assert_allclose(w.top_logits, values.numpy(), rtol=2**-11)  # float16 in the page
     from pycircuits_widgets.widgets.views import bigram_table
     monkeypatch.setattr(bigram_table, "EMBED_ALL_MAX_VOCAB", 100)  # a "large" vocabulary: rows on demand
     w = pcw.BigramTable(m0, k=4, token=17)
     assert not w.complete and w.rows == [17]
     w.token = 300
     assert w.rows == [17, 300]
-    np.testing.assert_array_equal(decode_array(w.top_ids), ids[[17, 300]].numpy())
+    np.testing.assert_array_equal(w.top_ids, ids[[17, 300]].numpy())
     w.set_state({"token": m0.cfg.d_vocab})
     assert "token must be" in w.error and w.token == 300
     # as the explorer builds it (inactive): a selected token's row still comes from the kernel
     idle = pcw.BigramTable(m0, k=4, active=False)
     idle.set_state({"token": 300})
     assert idle.wait(10) and not idle.active and idle.rows == [300]
-    np.testing.assert_array_equal(decode_array(idle.top_ids), ids[[300]].numpy())
+    np.testing.assert_array_equal(idle.top_ids, ids[[300]].numpy())
     monkeypatch.setattr(bigram_table, "EMBED_ALL_MAX_VOCAB", m0.cfg.d_vocab)  # small: the click starts the table
     small = pcw.BigramTable(m0, k=4, active=False)
     small.set_state({"token": 5})

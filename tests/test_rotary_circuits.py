@@ -209,14 +209,13 @@ def test_full_qk_circuit_at_an_offset_and_offsets_refused_where_positions_are_no
 
 @torch.no_grad()
 def test_skip_trigram_view_offset_control_recomputes_the_table_for_the_new_window(llama):
-    from pycircuits_widgets.widgets.core.payload import decode_array
     _, model = llama
     w = pcw.SkipTrigramTable(model, layer=0, head=2, k=6, offsets=range(0, 4))
     assert w.offsets == [0, 1, 2, 3] and "offsets 0..3" in w.offset_note
 
     def shown():
         t = w.trigrams
-        return list(zip(*(decode_array(t[c]).tolist() for c in ("src", "dest", "out", "offset"))))
+        return list(zip(*(t[c].tolist() for c in ("src", "dest", "out", "offset"))))
 
     expected = [(r.source, r.destination, r.out, r.offset)
                 for r in pcw.skip_trigrams(model, 0, 2, k=6, approximate=True, offset=range(0, 4))]
@@ -233,7 +232,6 @@ def test_skip_trigram_view_offset_control_recomputes_the_table_for_the_new_windo
 
 @torch.no_grad()
 def test_composition_eigenvalue_and_induction_views_recompute_for_a_new_window(llama):
-    from pycircuits_widgets.widgets.core.payload import decode_array
     _, model = llama
     comp = pcw.CompositionMatrix(model, offsets=range(0, 3), selected_pair=[0, 1, 1, 3])
     eig = pcw.EigenvaluePlot(model, offsets=range(0, 3), scores={})
@@ -243,12 +241,12 @@ def test_composition_eigenvalue_and_induction_views_recompute_for_a_new_window(l
         view.set_state({"offsets": [4, 5, 6, 7]})  # the views' offset control
         assert view.wait(60) and not view.error and "offsets 4..7" in view.offset_note
     window = [4, 5, 6, 7]
-    np.testing.assert_allclose(decode_array(comp.scores["K"]["correct"]),
+    np.testing.assert_allclose(comp.scores["K"]["correct"],
                                composition_scores(model, "K", baseline=False, offsets=window).amax(0).numpy(),
                                rtol=1e-5, equal_nan=True)
     assert comp.detail["offset"] in window
     by_offset = torch.stack([pcw.eigenvalue_positivity(model, "QK", offset=o) for o in window])
-    np.testing.assert_allclose(decode_array(eig.qk_positivity), by_offset.amax(0).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(eig.qk_positivity, by_offset.amax(0).numpy(), rtol=1e-5)
     positivity = k_composition_positivity(model, offset=window)
     for key, info in ind.pairs.items():
         l1, h1, l2, h2 = map(int, key.split(","))

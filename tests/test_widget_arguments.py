@@ -8,7 +8,6 @@ from test_circuit_widgets import tiny_model
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.circuits import embedding_note
-from pycircuits_widgets.widgets.core.payload import decode_array
 
 
 def test_colored_tokens_refuses_values_that_overflow_float32():
@@ -17,13 +16,13 @@ def test_colored_tokens_refuses_values_that_overflow_float32():
                                          r"too large at token positions \[1\]$"):
         pcw.ColoredTokens(["a", "b", "c"], [0.5, 1e39, -2.0])
     w = pcw.ColoredTokens(["a", "b"], [3.0e38, -3.0e38])  # the largest float32 values still pass
-    assert np.isfinite(decode_array(w.values)).all()
+    assert np.isfinite(w.values).all()
 
 
 def test_colored_tokens_takes_bfloat16_values_exactly():
     values = torch.tensor([0.5, -1.25, 3.0], dtype=torch.bfloat16)
     w = pcw.ColoredTokens(["a", "b", "c"], values)
-    assert decode_array(w.values).tolist() == [0.5, -1.25, 3.0]
+    assert w.values.tolist() == [0.5, -1.25, 3.0]
 
 
 def test_attention_patterns_without_heads_is_a_clear_error():

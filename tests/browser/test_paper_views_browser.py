@@ -11,7 +11,6 @@ from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import positional_scores_by_offset
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.core.payload import decode_array
 
 pytestmark = pytest.mark.browser
 
@@ -116,7 +115,7 @@ def test_positional_chart_follows_the_head_picker(show, m2):
     values = page.locator("circle.score").evaluate_all("cs => cs.map(c => Number(c.dataset.value))")
     assert values == pytest.approx(ref.tolist(), rel=1e-5)
     assert int(page.get_by_test_id("positional-peak").inner_text()) == int(ref.argmax())
-    measured = decode_array(w.measured)[1, 2]
+    measured = w.measured[1, 2]
     bars = page.locator("rect.measured").evaluate_all("rs => rs.map(r => Number(r.dataset.value))")
     assert bars == pytest.approx(measured.tolist(), rel=1e-5)
 

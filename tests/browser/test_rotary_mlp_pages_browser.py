@@ -19,7 +19,6 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
-from pycircuits_widgets.widgets.core.payload import decode_array
 from pycircuits_widgets.widgets.sharing.standalone import widget_state
 from test_adapters_hf import randomize
 
@@ -68,7 +67,7 @@ def test_every_section_is_in_the_saved_page_without_a_notice(browser, saved):
         # MLP path terms are ranked with the heads: the page's ranking is the kernel's
         terms = [t["name"] for t in explorer.paths.terms]
         assert {"MLP0", "MLP1", "MLP0 → L1.H2"} <= set(terms)
-        importance = decode_array(explorer.paths.importance)
+        importance = explorer.paths.importance
         top = [terms[i] for i in np.argsort(-importance, kind="stable")[:3]]
         shown = section(page, "paths").locator("tr.term").all_inner_texts()[:3]
         assert all(name in row for name, row in zip(top, shown)), (top, shown)

@@ -19,14 +19,17 @@ limits of a page without a kernel, shown as a neutral note (the front end's
 The protocol for a view: override ``CircuitWidget.offline_answers(answers)`` and add rules
 with :meth:`Answers.rule`; see README "Adding a view".
 
-Encoding (compact, since it lands in every saved notebook): ``_offline`` is
+Encoding (compact, since it lands in every saved notebook): a patch holds trait values as the
+view's own traits hold them (numpy arrays in :mod:`.arrays` traits, cast by those traits when
+the answer is added, so an answer carries what the live trait would); ``_offline`` is
 ``{"rules": payload, "kernel": {name: reason}, "data": memoryview}``; the rules are one
 JSON text (a notebook writes nested state indented, a line per key), deflated into a uint8
 payload (``payload.encode_json``; the JSON of answers repeats keys and token strings, so
 it shrinks five to seven times; :func:`rules` reads it back). Every array of every
 answer is packed into the one binary ``data`` buffer (float16 for floats within its range, else
 float32; uint16 for vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
-dtype, shape]}``; a rule's ``base`` holds what all its answers share (e.g. the token
+dtype, shape]}`` (one buffer for hundreds of small arrays, not one payload each: a notebook
+saves every buffer with its path, about 150 bytes apiece); a rule's ``base`` holds what all its answers share (e.g. the token
 strings of every table, each string once), merged under each answer's own patch.
 A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str,
 "merge": [dict traits the patch adds entries to] (optional)}``,
@@ -40,7 +43,8 @@ import math
 
 import numpy as np
 
-from .payload import decode_array, decode_json, encode_json, half_or_single
+from .arrays import ARRAY_TRAITS
+from .payload import decode_json, encode_json, half_or_single
 
 BUDGET = 64_000
 """Most bytes of kernel-less answers one view carries (JSON plus packed arrays, before a
@@ -89,10 +93,12 @@ def _json(value) -> str:
 
 
 class Answers:
-    """Builds one view's ``_offline`` state within :data:`BUDGET` bytes."""
+    """Builds one view's ``_offline`` state within :data:`BUDGET` bytes; ``widget``: the view
+    whose array traits cast each patch's values (None: patches hold their arrays as given)."""
 
-    def __init__(self, budget: int | None = None):
+    def __init__(self, budget: int | None = None, widget=None):
         self.left = BUDGET if budget is None else budget
+        self._widget = widget
         self.rules: list[dict] = []
         self.kernel: dict[str, str] = {}
         self._data = bytearray()
@@ -116,15 +122,15 @@ class Answers:
         """Compute every rule's answers, yielding None between answers (a runner's chunk
         boundaries), then ``{"_offline": state}``."""
         for on, answers, missing, base, merge in self._pending:
-            rule = {"on": on, "base": self._compact(dict(base or {})), "patches": {}, "missing": missing}
+            rule = {"on": on, "base": self._compact(self._as_traits(dict(base or {}))), "patches": {}, "missing": missing}
             if merge:
                 rule["merge"] = merge
             self.left -= len(_json(rule))
             self.rules.append(rule)
             for values, patch, *shared in answers:
                 mark, base_size = len(self._data), len(_json(rule["base"]))
-                compact = self._compact(patch)
-                grown = _merged(rule["base"], self._compact(shared[0])) if shared else rule["base"]
+                compact = self._compact(self._as_traits(patch))
+                grown = _merged(rule["base"], self._compact(self._as_traits(shared[0]))) if shared else rule["base"]
                 cost = len(_json(compact)) + len(self._data) - mark + len(_json(grown)) - base_size
                 if cost > self.left:
                     del self._data[mark:]  # the answer did not fit: neither do the rest
@@ -145,8 +151,15 @@ class Answers:
                 "data": memoryview(bytes(self._data))}
 
     # -- encoding ------------------------------------------------------------------------
-    def _pack(self, payload: dict) -> dict:
-        arr = decode_array(payload)
+    def _as_traits(self, patch: dict) -> dict:
+        """``patch`` with each array trait's value cast by that trait (as setting it would)."""
+        if self._widget is None:
+            return patch
+        traits = self._widget.traits()
+        return {name: traits[name].validate(self._widget, value)
+                if isinstance(traits.get(name), ARRAY_TRAITS) else value for name, value in patch.items()}
+
+    def _pack(self, arr: np.ndarray) -> dict:
         if arr.dtype.kind == "f":  # half the bytes, unless a value is past float16's range
             arr = arr.astype(half_or_single(arr))
         elif arr.dtype.kind in "iu" and arr.size and arr.min() >= 0 and arr.max() < 1 << 16:
@@ -157,9 +170,9 @@ class Answers:
         return {"packed": [offset, str(arr.dtype), list(arr.shape)]}
 
     def _compact(self, value):
+        if isinstance(value, np.ndarray):
+            return self._pack(value)
         if isinstance(value, dict):
-            if "view" in value and "dtype" in value:
-                return self._pack(value)
             return {k: self._compact(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self._compact(v) for v in value]
@@ -188,7 +201,7 @@ def fill(widget, budget: int | None = None) -> dict:
 
 def steps(widget, budget: int | None = None):
     """The runner steps that compute ``widget``'s ``_offline`` (None between answers)."""
-    answers = Answers(budget)
+    answers = Answers(budget, widget)
     widget.offline_answers(answers)
     return answers.steps()
 

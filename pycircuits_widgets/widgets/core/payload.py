@@ -1,4 +1,4 @@
-"""Binary payloads for widget traits.
+"""Binary payloads for widget traits: the wire form the array traits of :mod:`.arrays` write.
 
 Arrays cross the wire as ``{"view": memoryview, "dtype": str, "shape": list}``; ipywidgets
 sends every memoryview found in a trait as a binary buffer (never as a JSON list), and
@@ -54,17 +54,43 @@ def half_or_single(arr: np.ndarray) -> str:
     return "float16" if not finite.size or float(np.abs(finite).max()) <= FLOAT16_MAX else "float32"
 
 
+_NARROW = {"float64": "float32", "int64": "int32", "uint64": "uint32", "bool": "uint8"}
+
+
+def as_wire(x, dtype: str | None = "float32", *, name: str = "array") -> np.ndarray:
+    """``x`` (tensor, array or list of numbers) as the C-ordered numpy array it is sent as.
+
+    ``"float16"`` is a request: float32 when a finite value is past float16's range
+    (``half_or_single``). ``dtype=None``: the array's own dtype, 64-bit ones narrowed to 32 bits
+    (a page's typed arrays have no int64; an integer past the narrower type is refused)."""
+    arr = to_numpy(x, name=name)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be an array of numbers (a tensor or numpy array), "
+                        f"got {type(x).__name__} of dtype {arr.dtype}")
+    if dtype is None:
+        dtype = _NARROW.get(arr.dtype.name, arr.dtype.name)
+        if arr.dtype.kind in "iu" and arr.size and dtype != arr.dtype.name:
+            info = np.iinfo(dtype)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise ValueError(f"{name}: {arr.dtype} values in [{arr.min()}, {arr.max()}] do not fit {dtype}, "
+                                 "the widest integer a page reads")
+    elif dtype == "float16":
+        dtype = half_or_single(arr)
+    if dtype not in _DTYPES:
+        raise ValueError(f"{name}: dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
 def encode_array(x, dtype: str = "float32", *, compress: bool = False) -> dict:
     """Encode an array as a binary payload of the given dtype (C order); ``compress``:
     raw-deflated bytes, marked ``"encoding": "deflate"`` (for payloads saved with a page).
-    ``"float16"`` is a request: values beyond its range are sent as float32 (``half_or_single``),
-    the payload's ``dtype`` says which."""
+    ``"float16"`` is a request (:func:`as_wire`), the payload's ``dtype`` says which.
+    A view declares array traits instead (``arrays.Array(dtype)`` set to the array: the trait
+    writes this payload at the wire); this is for payloads outside traits (``encode_json``)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    arr = to_numpy(x)
-    if dtype == "float16":
-        dtype = half_or_single(arr)
-    arr = np.ascontiguousarray(arr, dtype=dtype)
+    arr = as_wire(x, dtype)
+    dtype = arr.dtype.name
     if compress:
         return {"view": memoryview(deflate(arr.tobytes())), "dtype": dtype, "shape": list(arr.shape), "encoding": "deflate"}
     return {"view": memoryview(arr.tobytes()), "dtype": dtype, "shape": list(arr.shape)}
@@ -187,12 +213,3 @@ def unpack_causal(packed: np.ndarray, n: int) -> np.ndarray:
         out[..., dest, :dest + 1] = packed[..., offset:offset + dest + 1]
         offset += dest + 1
     return out
-
-
-def decode_patterns(payload: dict) -> np.ndarray:
-    """Attention weights ``float32 [..., n, n]`` in [0, 1] from a uint8 pattern payload
-    (``attention.encode_patterns``): a causal one is unpacked from its lower triangle."""
-    q = decode_array(payload)
-    if payload.get("layout") == "causal":
-        q = unpack_causal(q, payload["n"])
-    return q.astype(np.float32) / 255

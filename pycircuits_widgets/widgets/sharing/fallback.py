@@ -22,7 +22,6 @@ import anywidget
 import numpy as np
 
 from ...models.tokenizer import escape_invisible
-from ..core.payload import decode_array
 from .pictures import BUDGET, FIGURES
 
 MAX_ROWS = 40
@@ -36,10 +35,6 @@ _NOTE = (
 )
 # Presentational attributes rather than CSS: short, and kept by HTML sanitizers.
 _TABLE = 'border="1" cellpadding="2" style="border-collapse:collapse"'
-
-
-def _is_payload(value) -> bool:
-    return isinstance(value, dict) and {"view", "dtype", "shape"} <= value.keys()
 
 
 def _text(value: str) -> str:
@@ -62,8 +57,8 @@ def _describe_array(arr: np.ndarray) -> str:
 
 
 def _describe(value) -> str:
-    if _is_payload(value):
-        return _describe_array(decode_array(value))
+    if isinstance(value, np.ndarray):
+        return _describe_array(value)
     if isinstance(value, str):
         return _text(value)
     if isinstance(value, (list, tuple)):
@@ -99,8 +94,8 @@ def summary_html(widget) -> str:
     aligned = {}
     if isinstance(tokens, list) and tokens:
         for name, value in values.items():
-            if _is_payload(value) and list(value["shape"]) == [len(tokens)]:
-                aligned[name] = decode_array(value)
+            if isinstance(value, np.ndarray) and value.shape == (len(tokens),):
+                aligned[name] = value
     rows = "".join(
         f"<tr><th>{html.escape(n)}</th><td>{_describe(v)}</td></tr>"
         for n, v in values.items()

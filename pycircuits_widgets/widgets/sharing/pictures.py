@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 
 from ...models.tokenizer import escape_invisible, visible_whitespace
-from ..core.payload import decode_array, decode_patterns, max_pool
+from ..core.payload import max_pool
 
 BUDGET = 48_000
 """Most bytes of one display's static fallback (the explorer's included)."""
@@ -89,7 +89,7 @@ def _caption(text: str) -> str:
 # -- one figure per view ------------------------------------------------------------------
 def attention(w) -> str:
     """Every head's pattern as a thumbnail grid (layers x heads), then the selected head."""
-    overview = decode_patterns(w.overview)  # [L, H, m, m]
+    overview = w.overview["weights"].astype(np.float32) / 255  # [L, H, m, m], held as round(255 a)
     L, H, m, _ = overview.shape
     thumbs = pool_to(overview, THUMB)
     t = thumbs.shape[-1]
@@ -114,7 +114,7 @@ def composition(w) -> str:
     tables = w.scores.get(w.kind, {})
     if "correct" not in tables:
         return _pending(f"{w.kind}-composition scores")
-    s = decode_array(tables["correct"])  # [L, H, L, H]
+    s = tables["correct"]  # [L, H, L, H]
     if w.subtract_baseline:
         s = s - w.baselines["correct"]
     L, H = s.shape[:2]
@@ -131,12 +131,12 @@ def composition(w) -> str:
 def eigen(w) -> str:
     """Each head at (OV positivity, QK positivity), the selected head ringed, and the
     selected head's OV eigenvalues in the complex plane."""
-    if not w.ov_positivity:
+    if w.ov_positivity is None:
         return _pending("Eigenvalue positivity")
-    ov = decode_array(w.ov_positivity)
+    ov = w.ov_positivity
     L, H = ov.shape
     # no QK positivity (e.g. rotary positions): the heads sit on the OV axis
-    qk = decode_array(w.qk_positivity) if w.qk_positivity else np.zeros_like(ov)
+    qk = np.zeros_like(ov) if w.qk_positivity is None else w.qk_positivity
     size, pad = 160, 10
 
     def xy(a, b):
@@ -157,7 +157,7 @@ def eigen(w) -> str:
     spectrum = ""
     detail = w.detail or {}
     if "ov_re" in detail:
-        re, im = decode_array(detail["ov_re"]), decode_array(detail["ov_im"])
+        re, im = detail["ov_re"], detail["ov_im"]
         r = float(np.abs(re + 1j * im).max()) or 1.0
         points = "".join(f'<circle cx="{size / 2 + a / r * (size / 2 - pad):.1f}" cy="{size / 2 - b / r * (size / 2 - pad):.1f}" '
                          f'r="2" fill="#1976d2"/>' for a, b in zip(re.tolist(), im.tolist()))
@@ -177,7 +177,7 @@ def skip_trigrams(w) -> str:
     def name(i: int) -> str:
         return _token(strings.get(i, strings.get(str(i), "?")))
 
-    cols = [decode_array(t[n])[:TABLE_ROWS].tolist() for n in ("src", "dest", "out", "score")]
+    cols = [t[n][:TABLE_ROWS].tolist() for n in ("src", "dest", "out", "score")]
     rows = "".join(f"<tr><td><code>{name(s)}</code></td><td><code>{name(d)}</code></td><td><code>{name(o)}</code></td>"
                    f"<td>{float(v):.3g}</td></tr>" for s, d, o, v in zip(*cols))
     return (_caption(f"Top skip-trigrams of head L{t['layer']}.H{t['head']}"
@@ -188,7 +188,7 @@ def skip_trigrams(w) -> str:
 
 def tokens(w) -> str:
     """The first tokens coloured by their values (the legend's scale)."""
-    values = decode_array(w.values).astype(np.float64)
+    values = w.values.astype(np.float64)
     lo = w.vmin if w.vmin is not None else float(np.nanmin(values)) if values.size else 0.0
     hi = w.vmax if w.vmax is not None else float(np.nanmax(values)) if values.size else 1.0
     span = (hi - lo) if np.isfinite(hi - lo) and hi > lo else 1.0
@@ -228,9 +228,9 @@ def _bars(test_id: str, labels: list[str], values: list[float], *, width: int = 
 
 def path_expansion(w) -> str:
     """The loss ladder by path order and the most important terms (loss increase when removed)."""
-    if not w.importance:
+    if w.importance is None:
         return _pending("Path expansion")
-    importance = decode_array(w.importance).astype(np.float64)
+    importance = w.importance.astype(np.float64)
     order = np.argsort(-np.nan_to_num(importance, nan=-np.inf))[:TABLE_ROWS]
     return (_caption("Path expansion: mean loss with paths up to each order")
             + _bars("path-ladder", [r["label"] for r in w.ladder], [float(r["loss"]) for r in w.ladder]) + "<br>"
@@ -240,10 +240,10 @@ def path_expansion(w) -> str:
 
 def positional(w) -> str:
     """The selected head's positional score and measured attention against the offset."""
-    if not w.positional:
+    if w.positional is None:
         return _pending("Attention by offset")
-    pos = decode_array(w.positional)[w.layer, w.head].astype(np.float64)
-    measured = decode_array(w.measured)[w.layer, w.head].astype(np.float64)
+    pos = w.positional[w.layer, w.head].astype(np.float64)
+    measured = w.measured[w.layer, w.head].astype(np.float64)
     size_x, size_y, pad = 240, 120, 8
 
     def line(values: np.ndarray, colour: str, test_id: str) -> str:
@@ -282,21 +282,21 @@ def induction(w) -> str:
     parts = [_caption(f"Induction mechanism of {_pair(w.selected_pair)}: {pair.get('sentence', '')}")]
     table = w.tables.get(key)
     if table:
-        values = decode_array(table["values"]).tolist()
+        values = table["values"].tolist()
 
         def name(i: int) -> str:
             return f"<code>{_token(w.strings.get(str(i), '?'))}</code>"
 
         parts.append(_table("induction-table", ["destination", "source", "value"], [
-            [name(d), name(s), f"{v:.3g}"] for d, s, v in list(zip(table["dest"], table["src"], values))[:TABLE_ROWS]]))
+            [name(d), name(s), f"{v:.3g}"] for d, s, v in list(zip(*table["tokens"].tolist(), values))[:TABLE_ROWS]]))
     return "".join(parts)
 
 
 def bigrams(w) -> str:
     """Top next tokens of the first embedded rows (the selected token's first)."""
-    if not w.top_ids:
+    if w.top_ids is None:
         return _pending("Direct path W_E W_U")
-    ids, logits, tokens = decode_array(w.top_ids), decode_array(w.top_logits), w.row_tokens()
+    ids, logits, tokens = w.top_ids, w.top_logits, w.row_tokens()
     order = sorted(range(len(tokens)), key=lambda i: tokens[i] != w.token)[:TABLE_ROWS]
     rows = [[f"<code>{_token(w.vocab[tokens[i]])}</code>",
              " ".join(f"<code>{_token(w.vocab[int(t)])}</code> {float(v):.3g}" for t, v in zip(ids[i][:5], logits[i][:5]))]

@@ -38,9 +38,10 @@ import tempfile
 import ipywidgets
 from ipywidgets.embed import dependency_state
 
+from ..core.arrays import ARRAY_TRAITS
 from ..core.bundle import bundle_code, bundle_packed
 from ..core.offline import NONFINITE, tag_nonfinite
-from ..core.payload import JSON_BUFFER, decode_json
+from ..core.payload import JSON_BUFFER
 
 OURS = "pycircuits_widgets."
 """Prefix of ``_anywidget_id`` (module path of the class) of this package's widgets."""
@@ -295,8 +296,8 @@ def _widget_class(model: dict):
 
 
 class _SavedView:
-    """A saved model's state read as the widget's traits (buffers restored, JSON-buffer traits
-    decoded, ``IPY_MODEL_`` references as saved views), for :mod:`.pictures`."""
+    """A saved model's state read as the widget's traits (buffers restored, array and JSON-buffer
+    traits read back by their own ``from_json``, ``IPY_MODEL_`` references as saved views), for :mod:`.pictures`."""
 
     def __init__(self, saved: dict, model_id: str, cls, depth: int = 0):
         model = saved[model_id]
@@ -307,9 +308,10 @@ class _SavedView:
             for key in keys:
                 target = target[key]
             target[last] = memoryview(base64.b64decode(b["data"], validate=True))
-        for name, trait in cls.class_traits(sync=True).items():
-            if trait.metadata.get("to_json") is JSON_BUFFER["to_json"] and isinstance(state.get(name), dict):
-                state[name] = decode_json(state[name])
+        for name, trait in cls.class_traits(sync=True).items():  # the widget's own readers of its wire values
+            ours = isinstance(trait, ARRAY_TRAITS) or trait.metadata.get("to_json") is JSON_BUFFER["to_json"]
+            if ours and isinstance(state.get(name), dict):
+                state[name] = trait.metadata["from_json"](state[name], None)
         self._saved, self._state, self._depth = saved, state, depth
 
     def __getattr__(self, name):

@@ -1,6 +1,7 @@
 """AttentionPatterns: every head's attention pattern, one head in detail, and a token view.
 
-What travels to the browser (all attention as uint8 ``round(255 a)``, 1 byte per value; for
+The traits hold float32 weights (``arrays.Patterns``); what travels to the browser (all
+attention as uint8 ``round(255 a)``, quantised at the wire, 1 byte per value; for
 causal patterns only the lower triangle, ``layout: "causal"``, packed by ``payload.pack_causal``:
 ``[..., n (n + 1) / 2]``, about half a byte per attention value):
 
@@ -23,7 +24,8 @@ import numpy as np
 import traitlets
 
 from ..core.base import CircuitWidget, check_text, rolls_back
-from ..core.payload import encode_array, max_pool, pack_causal, quantize_unit, to_numpy
+from ..core.arrays import Patterns
+from ..core.payload import max_pool, to_numpy
 from ..core.selection import HeadSelection, Index, PositionSelection
 
 OVERVIEW_MAX = 128
@@ -81,12 +83,13 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
     """int (read-only): number of layers in the patterns."""
     n_heads = traitlets.Int(1).tag(sync=True)
     """int (read-only): heads per layer."""
-    overview = traitlets.Dict().tag(sync=True)
-    """binary uint8 [n_layers, n_heads, m, m] max-pooled patterns, plus ``factor`` (positions per cell)."""
-    full = traitlets.Dict().tag(sync=True)
-    """binary uint8 [n_layers, n_heads, n, n], or {} (overview is already full, or over budget)."""
-    _detail = traitlets.Dict().tag(sync=True)
-    """binary uint8 [n, n] of head (``layer``, ``head``) when neither overview nor full has it, else {}."""
+    overview = Patterns(compress=True).tag(sync=True)
+    """``weights`` [n_layers, n_heads, m, m] max-pooled patterns, plus ``factor`` (positions per
+    cell); deflated on the wire (saved with the page; mostly near-zero weights, about 1/5)."""
+    full = Patterns().tag(sync=True)
+    """``weights`` [n_layers, n_heads, n, n], or {} (overview is already full, or over budget)."""
+    _detail = Patterns().tag(sync=True)
+    """``weights`` [n, n] of head (``layer``, ``head``) when neither overview nor full has it, else {}."""
     causal = traitlets.Bool(True).tag(sync=True)
     """bool, default True: src > dest is masked (drawn hatched, not as zeros)."""
     warning = traitlets.Unicode("").tag(sync=True)
@@ -130,7 +133,7 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
     _answers_offline = "now"
 
     def _started(self) -> None:
-        self._detail = self._detail_payload()
+        self._detail = self._detail_patterns()
         self.on_msg(_answer_row_request)
 
     def offline_answers(self, answers) -> None:
@@ -157,31 +160,28 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
             for name, value in data.items():
                 setattr(self, name, value)
             self.warning = warning
-            self._detail = self._detail_payload()
+            self._detail = self._detail_patterns()
 
     def _data_traits(self, tokens, A, causal: bool) -> dict:
         L, H, n, _ = A.shape
         factor = -(-n // OVERVIEW_MAX)
-        # pooling commutes with the (monotone) quantisation: pool the floats, quantise m x m.
-        # The overview is saved with the page: deflated (mostly near-zero weights) it is ~1/5.
-        overview = encode_patterns(max_pool(A, factor), causal, compress=True)
-        overview["factor"] = factor
+        # pooling commutes with the (monotone) quantisation at the wire: pool the floats
+        overview = {"weights": max_pool(A, factor), "causal": causal, "factor": factor}
         size = n * (n + 1) // 2 if causal else n * n
-        full = encode_patterns(A, causal) if factor > 1 and L * H * size <= self._full_budget else {}
+        full = {"weights": A, "causal": causal} if factor > 1 and L * H * size <= self._full_budget else {}
         return {"tokens": tokens, "n_layers": L, "n_heads": H, "overview": overview, "full": full}
 
-    def _detail_payload(self) -> dict:
+    def _detail_patterns(self) -> dict:
         """The selected head at full resolution, when overview and full don't already hold it."""
         if self.overview.get("factor", 1) == 1 or self.full:
             return {}
-        payload = encode_patterns(self._patterns[self.layer, self.head], self.causal)
-        payload.update(layer=self.layer, head=self.head)
-        return payload
+        return {"weights": self._patterns[self.layer, self.head], "causal": self.causal,
+                "layer": self.layer, "head": self.head}
 
     @traitlets.observe("layer", "head")
     @rolls_back
     def _on_head(self, change):
-        detail = self._detail_payload()
+        detail = self._detail_patterns()
         if detail or self._detail:
             self._detail = detail
 
@@ -252,16 +252,6 @@ def _tokens_and_patterns(out):
     if tokens and isinstance(tokens[0], (list, tuple)):
         tokens = tokens[0]
     return list(tokens), out.patterns[0]
-
-
-def encode_patterns(A: np.ndarray, causal: bool, *, compress: bool = False) -> dict:
-    """uint8 payload of patterns ``A [..., n, n]``: causal ones as their packed lower triangle
-    (``shape [..., n (n + 1) / 2]``, ``layout "causal"``), others whole (``layout "dense"``);
-    ``n`` is the side of the square. ``compress``: deflated (``payload.encode_array``)."""
-    n = A.shape[-1]
-    payload = encode_array(quantize_unit(pack_causal(A) if causal else A), "uint8", compress=compress)
-    payload.update(layout="causal" if causal else "dense", n=n)
-    return payload
 
 
 def check_patterns(tokens, patterns, *, causal: bool = True):

@@ -6,9 +6,10 @@ import torch
 import traitlets
 
 from ...analysis.bigrams import bigram_top
+from ..core.arrays import Array, id_dtype
 from ..core.base import CircuitWidget, check_range
 from ..core.on_demand import OnDemand
-from ..core.payload import JSON_BUFFER, encode_array
+from ..core.payload import JSON_BUFFER
 from ..core.selection import TokenSelection
 
 EMBED_ALL_MAX_VOCAB = 8192
@@ -42,10 +43,11 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
     rows = traitlets.List(traitlets.Int()).tag(sync=True)
     """Token ids whose rows are in ``top_ids``/``top_logits``, in order; empty when ``complete``
     (row i is token i: the list would cost a line per token in a saved notebook). See :meth:`row_tokens`."""
-    top_ids = traitlets.Dict().tag(sync=True)
-    """uint16 payload [len(rows), k] (int32 for vocabularies over 65536), deflated: next-token ids, best first."""
-    top_logits = traitlets.Dict().tag(sync=True)
-    """float16 payload [len(rows), k], deflated: their W_E W_U logits (shown to 3 significant
+    top_ids = Array(None, ndim=2, compress=True).tag(sync=True)
+    """uint16 [len(rows), k] (int32 for vocabularies over 65536; None before the first rows),
+    deflated on the wire: next-token ids, best first."""
+    top_logits = Array("float16", ndim=2, compress=True).tag(sync=True)
+    """float16 [len(rows), k], deflated on the wire: their W_E W_U logits (shown to 3 significant
     digits; every row of a small vocabulary is saved with the page, so half the bytes)."""
     complete = traitlets.Bool(False).tag(sync=True)
     """bool: every row is embedded (search works fully without a kernel)."""
@@ -65,11 +67,11 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
         self.observe(self._on_token, ["token"])
 
     def _ready(self) -> bool:
-        return bool(self.top_ids)
+        return self.top_ids is not None
 
     def row_tokens(self) -> list[int]:
         """The token id of each row of ``top_ids``/``top_logits``."""
-        return list(range(self.top_ids.get("shape", [0])[0])) if self.complete else list(self.rows)
+        return list(range(0 if self.top_ids is None else len(self.top_ids))) if self.complete else list(self.rows)
 
     def _start(self) -> None:
         wanted = list(range(self.model.cfg.d_vocab)) if self.complete else [self.token]
@@ -93,6 +95,4 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
         new_values, new_ids = bigram_top(self.model, self._k, new)
         new_values, new_ids = new_values.float(), new_ids.to(torch.int32)
         self._computed = rows, values, ids = (rows + new, torch.cat([values, new_values]), torch.cat([ids, new_ids]))
-        id_dtype = "uint16" if self.model.cfg.d_vocab <= 1 << 16 else "int32"
-        yield {"top_ids": encode_array(ids, id_dtype, compress=True),
-               "top_logits": encode_array(values, "float16", compress=True), "rows": [] if self.complete else rows}
+        yield {"top_ids": ids.numpy().astype(id_dtype(self.model.cfg.d_vocab)), "top_logits": values, "rows": [] if self.complete else rows}

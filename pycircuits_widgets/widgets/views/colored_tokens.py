@@ -6,8 +6,9 @@ import numpy as np
 import traitlets
 
 from ...models.tokenizer import escape_invisible
+from ..core.arrays import Array
 from ..core.base import CircuitWidget
-from ..core.payload import encode_array, to_numpy
+from ..core.payload import to_numpy
 from ..core.selection import PositionSelection
 
 
@@ -33,8 +34,8 @@ class ColoredTokens(PositionSelection, CircuitWidget):
     # -- data --
     tokens = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str]: the tokens, in order."""
-    values = traitlets.Dict().tag(sync=True)
-    """binary float32 payload [n_tokens] (see payload.encode_array); set via ``set_values``."""
+    values = Array("float32", ndim=1).tag(sync=True)
+    """float32 [n_tokens] (one binary buffer on the wire, see core/arrays.py); set via ``set_values``."""
 
     # -- display --
     label = traitlets.Unicode("value").tag(sync=True)
@@ -51,16 +52,16 @@ class ColoredTokens(PositionSelection, CircuitWidget):
 
     def __init__(self, tokens, values, **kwargs):
         tokens = _check_tokens(tokens)
-        super().__init__(tokens=tokens, values=_encode_values(values, len(tokens)), **kwargs)
+        super().__init__(tokens=tokens, values=_check_values(values, len(tokens)), **kwargs)
 
     def set_values(self, tokens, values):
         """Replace tokens and values together (keeps them consistent)."""
         tokens = _check_tokens(tokens)
-        payload = _encode_values(values, len(tokens))
+        values = _check_values(values, len(tokens))
         with self.hold_sync():
             self.position = -1
             self.tokens = tokens
-            self.values = payload
+            self.values = values
 
     def _n_positions(self) -> int:
         # positions before first_position are in the text but not shown: selectable, not highlighted
@@ -75,7 +76,7 @@ def _check_tokens(tokens) -> list[str]:
     return [escape_invisible(t) for t in tokens]
 
 
-def _encode_values(values, n_tokens: int) -> dict:
+def _check_values(values, n_tokens: int) -> np.ndarray:
     arr = to_numpy(values, name="values").astype(np.float64)
     if arr.ndim != 1 or arr.shape[0] != n_tokens:
         raise ValueError(f"values must have shape [n_tokens] = [{n_tokens}], got {list(arr.shape)}")
@@ -87,4 +88,4 @@ def _encode_values(values, n_tokens: int) -> dict:
         bad = np.flatnonzero(too_big)[:5].tolist()
         raise ValueError(f"values must fit in float32 (|value| <= {np.finfo(np.float32).max:.4g}); "
                          f"too large at token positions {bad}")
-    return encode_array(arr, "float32")
+    return arr

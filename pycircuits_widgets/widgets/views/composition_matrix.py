@@ -8,9 +8,9 @@ import traitlets
 from ...analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
 from ...analysis.rotary import reduce_offsets
 from ..core import offline
+from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
 from ..core.offset_window import OffsetWindow
-from ..core.payload import encode_array
 from ..core.selection import HeadSelection, PairSelection, check_model
 from .notes import direct_path_ignores
 
@@ -60,14 +60,14 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
     EAGER_HEADS = 64
 
     # -- data --
-    scores = traitlets.Dict().tag(sync=True)
-    """{kind: {panel: float32 payload [L, H, L, H]}}, no baseline, NaN where l1 >= l2; only the
+    scores = ArrayDict("float32").tag(sync=True)
+    """{kind: {panel: float32 [L, H, L, H]}}, no baseline, NaN where l1 >= l2; only the
     tables computed so far (kind in Q/K/V, panel "correct" or "erratum", see ``NORMS``)."""
     baselines = traitlets.Dict().tag(sync=True)
     """{panel: float}: random-matrix score subtracted when ``subtract_baseline`` (panels computed so far)."""
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
-    detail = traitlets.Dict().tag(sync=True)
+    detail = ArrayDict("float32").tag(sync=True)
     """Detail of ``selected_pair`` for ``kind`` (see ``pcw.analysis.composition_detail``); {} for none."""
 
     # -- display --
@@ -122,10 +122,10 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
                 if offsets is not None:
                     table = reduce_offsets(table, offsets, "max")[0]
                 if offsets is None or window == self._offsets:
-                    self._computed[(kind, panel)] = encode_array(table, "float32")
+                    self._computed[(kind, panel)] = table
         scores, baselines = {}, {}
-        for (kind, panel), payload in self._computed.items():
-            scores.setdefault(kind, {})[panel] = payload
+        for (kind, panel), table in self._computed.items():
+            scores.setdefault(kind, {})[panel] = table
             baselines[panel] = composition_baseline(self.model, NORMS[panel])
         return {"scores": scores, "baselines": baselines}
 
@@ -196,7 +196,5 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
             "offset": d.offset, "offset_note": d.offset_note,
             "kind": d.kind, "h1": list(d.h1), "h2": list(d.h2), "score": d.score,
             "erratum_score": d.erratum_scores[ERRATUM], "baseline": d.baseline, "positivity": d.positivity,
-            "singular_values": encode_array(d.singular_values, "float32"),
-            "eig_re": encode_array(d.eigenvalues.real, "float32"),
-            "eig_im": encode_array(d.eigenvalues.imag, "float32"),
+            "singular_values": d.singular_values, "eig_re": d.eigenvalues.real, "eig_im": d.eigenvalues.imag,
         }}

@@ -14,9 +14,10 @@ from ...analysis.head_scores import head_scores, target_masks
 from ...analysis.rotary import reduce_offsets
 from ...analysis.skip_trigrams import copied_tokens
 from ..core import offline
+from ..core.arrays import Array, ArrayDict
 from ..core.base import CircuitWidget, check_range, rolls_back
 from ..core.offset_window import OffsetWindow
-from ..core.payload import encode_array, to_numpy
+from ..core.payload import to_numpy
 from ..core.selection import HeadSelection, check_model
 from .notes import direct_path_ignores
 
@@ -52,19 +53,19 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
 
     # -- data --
-    ov_positivity = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit; {} while
+    ov_positivity = Array("float32", ndim=2).tag(sync=True)
+    """float32 [L, H]: sum(lambda) / sum(|lambda|) of each head's full OV circuit; None while
     the runner computes it (models with more than ``EAGER_HEADS`` heads: ``wait()`` covers it)."""
-    qk_positivity = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H]: the same for each head's full QK circuit (rotary: its largest over the
-    offsets, ``offset_note``); {} while computed."""
+    qk_positivity = Array("float32", ndim=2).tag(sync=True)
+    """float32 [L, H]: the same for each head's full QK circuit (rotary: its largest over the
+    offsets, ``offset_note``); None while computed."""
 
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
-    scores = traitlets.Dict().tag(sync=True)
-    """{name: float32 payload [L, H]}: head scores available for ``color_by``; {} for a score
+    scores = ArrayDict("float32").tag(sync=True)
+    """{name: float32 [L, H]}: head scores available for ``color_by``; {} for a score
     not computed yet (computed when ``color_by`` asks for it)."""
-    detail = traitlets.Dict().tag(sync=True)
+    detail = ArrayDict("float32").tag(sync=True)
     """The selected head: {"layer", "head", "ov_re"/"ov_im"/"qk_re"/"qk_im": float32 [d_head],
     "copies": [{"id", "str", "score"}]} (score: centred full-OV diagonal, see ``copied_tokens``)."""
 
@@ -90,10 +91,10 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
             if scores is None and not lazy:
                 scores = head_scores(model)
         if scores is None:  # names now, numbers on first use
-            encoded = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
+            scores = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
         else:
-            encoded = {name: encode_array(_check_score(name, value, L, H), "float32") for name, value in scores.items()}
-        super().__init__(model, offsets, scores=encoded, ignores=direct_path_ignores(model.cfg),
+            scores = {name: _check_score(name, value, L, H) for name, value in scores.items()}
+        super().__init__(model, offsets, scores=scores, ignores=direct_path_ignores(model.cfg),
                          _embedding_note=embedding_note(model), **kwargs)
 
     _answers_offline = "runner"
@@ -129,7 +130,7 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     def _positivities(self) -> dict:
         """Trait values of the scatter: ``ov_positivity``, ``qk_positivity``."""
         eigs, _ = self._spectra()
-        return {name: encode_array(positivity(eigs[kind]), "float32")
+        return {name: positivity(eigs[kind])
                 for name, kind in (("ov_positivity", "OV"), ("qk_positivity", "QK"))}
 
     @traitlets.validate("color_by")
@@ -153,7 +154,7 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     @rolls_back
     def _on_head(self, change):
         layer, head, n = self.layer, self.head, self.n_copies
-        if self.scores.get(self.color_by) == {}:  # a head score asked for first: computed once
+        if isinstance(self.scores.get(self.color_by), dict):  # a head score asked for first: computed once
             self._runner.submit("scores", self._score_steps)
         self._runner.submit("detail", lambda: self._detail_steps(layer, head, n))
 
@@ -174,14 +175,14 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     def _score_steps(self):
         with torch.no_grad():
             computed = head_scores(self.model)
-        yield {"scores": {name: encode_array(v, "float32") for name, v in computed.items()}}
+        yield {"scores": dict(computed)}
 
     def _detail_steps(self, layer, head, n):
         spectra, at = self._spectra()
         detail = {"layer": layer, "head": head, **({} if at is None else {"qk_offset": int(at[layer, head])})}
         for kind, eigs in spectra.items():
-            detail[f"{kind.lower()}_re"] = encode_array(eigs[layer, head].real, "float32")
-            detail[f"{kind.lower()}_im"] = encode_array(eigs[layer, head].imag, "float32")
+            detail[f"{kind.lower()}_re"] = eigs[layer, head].real
+            detail[f"{kind.lower()}_im"] = eigs[layer, head].imag
         yield {"detail": detail}  # the spectrum is cached: it shows at once
         ids, values = copied_tokens(self.model, layer, head, n)
         yield {"detail": {**detail, "copies": [

@@ -12,8 +12,8 @@ from tqdm import tqdm
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
+from ..core.arrays import Array
 from ..core.base import CircuitWidget, check_text, rolls_back
-from ..core.payload import decode_array, encode_array
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
@@ -83,10 +83,10 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     sections = traitlets.List(traitlets.Dict()).tag(sync=True)
     """[{"name", "title", "hint", "follows", "wide", "picture"}] (read-only): the sections in order
     (``registry.ViewSpec.browser``); the browser lays them out and links them by ``follows``."""
-    strongest_writers = traitlets.Dict().tag(sync=True)
-    """int32 payload [n_layers, n_heads, 2] (read-only): the strongest K-composition writer ``(l1, h1)``
+    strongest_writers = Array("int32", ndim=3).tag(sync=True)
+    """int32 [n_layers, n_heads, 2] (read-only): the strongest K-composition writer ``(l1, h1)``
     into each head, ``(-1, -1)`` for none (``analysis.composition.strongest_writers`` of the composition
-    view's K scores; {} until they are computed). A head click in layer >= 1 selects that pair, here
+    view's K scores; None until they are computed). A head click in layer >= 1 selects that pair, here
     and in the browser (which reads this table, so a page without a kernel links the same)."""
     notices = traitlets.Dict().tag(sync=True)
     """{view name: str} (read-only): why a view is not shown for this model."""
@@ -125,7 +125,6 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             model, text = reading_ids(model, text)
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
-        self._writers = None  # strongest_writers as an array [L, H, 2], once the K scores are in
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
         super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
                          **kwargs)
@@ -261,18 +260,16 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
 
     def _on_k_scores(self, change) -> None:
         """The strongest-writer table, again whenever the composition view's K scores change."""
-        payload = self.composition.scores.get("K", {}).get("correct")
-        writers = strongest_writers(decode_array(payload)) if payload else None
-        if writers is None and self._writers is None:
-            return
-        self._writers = writers
-        self.strongest_writers = {} if writers is None else encode_array(writers, "int32")
+        scores = self.composition.scores.get("K", {}).get("correct")
+        writers = None if scores is None else strongest_writers(scores)
+        if writers is not None or self.strongest_writers is not None:
+            self.strongest_writers = writers
 
     def strongest_writer(self, layer: int, head: int) -> tuple[int, int] | None:
         """The earlier head ``(l1, h1)`` with the largest K-composition score into ``(layer, head)``
         (``strongest_writers``; None before the composition view's K scores are computed, without
         one, or where no score is defined)."""
-        writers = self._writers
+        writers = self.strongest_writers
         if writers is None or not 1 <= layer < writers.shape[0]:
             return None
         l1, h1 = (int(x) for x in writers[layer, head])

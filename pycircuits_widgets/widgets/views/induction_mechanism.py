@@ -9,10 +9,11 @@ from ...analysis.composition import random_baseline
 from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_composition_diagonal_rank, k_composition_top,
                                    pair_verdicts)
 from ..core import offline
+from ..core.arrays import ArrayDict, id_dtype
 from ..core.base import CircuitWidget, check_range
 from ..core.offset_window import OffsetWindow
 from ..core.on_demand import OnDemand
-from ..core.payload import JSON_BUFFER, encode_array
+from ..core.payload import JSON_BUFFER
 from ..core.selection import HeadSelection, PairSelection, TokenSelection, check_model, pair_key
 
 
@@ -61,8 +62,8 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
     pairs = traitlets.Dict().tag(sync=True, **JSON_BUFFER)
     """{"l1,h1,l2,h2": {"k_score", "qk_positivity", "ov_positivity", "kind", "sentence"}} for every pair
     (rotary models add "offset": the query - key offset the pair's numbers and table are read at)."""
-    tables = traitlets.Dict().tag(sync=True)
-    """{"l1,h1,l2,h2": {"values": float32 payload [k], "dest": [k] ids, "src": [k] ids, "diagonal_rank"}}:
+    tables = ArrayDict(None).tag(sync=True)
+    """{"l1,h1,l2,h2": {"values": float32 [k], "tokens": uint16 [2, k] (destination ids, source ids; int32 past 65536 tokens), "diagonal_rank"}}:
     ranked K-composition entries (row-centred) and ``k_composition_diagonal_rank`` (chance 0.5), for the
     embedded pairs."""
     strings = traitlets.Dict().tag(sync=True)
@@ -172,7 +173,7 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
             offset = self._pairs.get(pair_key(pair), {}).get("offset")
             values, dest, src = k_composition_top(self.model, h1, h2, self._k, offset)
             diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2, offset=offset)
-        table = {"values": encode_array(values, "float32"), "dest": dest.tolist(), "src": src.tolist(),
-                 "diagonal_rank": diagonal_rank}
+        tokens = torch.stack([dest, src]).numpy().astype(id_dtype(self.model.cfg.d_vocab))
+        table = {"values": values.float(), "tokens": tokens, "diagonal_rank": diagonal_rank}
         strings = self.model.token_strings
         return table, {str(i): strings[i] for i in dest.tolist() + src.tolist()}

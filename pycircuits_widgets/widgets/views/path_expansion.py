@@ -6,8 +6,9 @@ import torch
 import traitlets
 
 from ...analysis.path_expansion import path_expansion, path_specs
+from ..core.arrays import Array
 from ..core.base import CircuitWidget, check_range
-from ..core.payload import JSON_BUFFER, encode_array
+from ..core.payload import JSON_BUFFER
 from ..core.selection import HeadSelection, PairSelection, PositionSelection, check_model
 from ..core.text_data import TextData
 
@@ -57,12 +58,13 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
     """[{"name": "L0.H4 → L1.H6", "heads": [[l, h], ...], "order": int}] in path-expansion order."""
     ladder = traitlets.List().tag(sync=True)
     """[{"label", "loss"}]: mean next-token loss with paths up to each order, then the full model's."""
-    importance = traitlets.Dict().tag(sync=True)
-    """float32 payload [n_terms]: loss increase (nats) when the term is removed from the full sum."""
+    importance = Array("float32", ndim=1).tag(sync=True)
+    """float32 [n_terms] (None before the first text): loss increase (nats) when the term is removed from the full sum."""
     expansion_note = traitlets.Unicode("").tag(sync=True)
     """str (read-only): what the terms are for this model (depth, MLPs and biases as sources)."""
-    contributions = traitlets.Dict().tag(sync=True)
-    """float16 payload [n_terms, pos - 1], deflated: each term's centred logit for the token at p + 1, from position p."""
+    contributions = Array("float16", ndim=2, compress=True).tag(sync=True)
+    """float16 [n_terms, pos - 1] (the view's largest array, saved with the page: shown to 3
+    significant digits, deflated on the wire): each term's centred logit for the token at p + 1, from position p."""
 
     # -- selection: layer, head, position (the terms' contributions to the next token there),
     # selected_pair from the mixins --
@@ -96,7 +98,7 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
     def _text_steps(self, text: str):
         out = self._forward(self.model, text)
         if out.tokens.shape[-1] < 2:  # nothing to predict
-            yield {"tokens": list(out.str_tokens[0]), "terms": [], "ladder": [], "importance": {}, "contributions": {}}
+            yield {"tokens": list(out.str_tokens[0]), "terms": [], "ladder": [], "importance": None, "contributions": None}
             return
         with torch.no_grad():
             pe = path_expansion(self.model, out, self._max_order)
@@ -111,10 +113,8 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
             "terms": [{"name": t.name, "heads": [list(h) for h in t.heads], "order": t.order} for t in pe.terms],
             "ladder": [{"label": lab, "loss": loss} for lab, loss in zip(labels, by_order)]
             + [{"label": LADDER[-1], "loss": float(out.loss)}],
-            "importance": encode_array(importance, "float32"),
-            # [terms, positions] is the view's largest array and is saved with the page: float16
-            # (shown to 3 significant digits), deflated
-            "contributions": encode_array(contributions, "float16", compress=True),
+            "importance": importance,
+            "contributions": contributions,
         }
 
     def _n_positions(self) -> int:

@@ -8,8 +8,8 @@ import traitlets
 
 from ...analysis.circuits import model_name
 from ...analysis.positional import attention_by_offset, positional_scores_by_offset
+from ..core.arrays import Array
 from ..core.base import CircuitWidget
-from ..core.payload import encode_array
 from ..core.selection import HeadSelection, check_model
 from ..core.text_data import TextData
 
@@ -46,10 +46,10 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
     # -- data --
     text = traitlets.Unicode("").tag(sync=True)
     """str: the text; setting it re-measures (a bad text is refused, the last good one stays)."""
-    positional = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H, max_offset + 1]: positional attention score by offset (see ``rule``)."""
-    measured = traitlets.Dict().tag(sync=True)
-    """float32 payload [L, H, max_offset + 1]: mean attention weight A[i, i - k] on ``text``."""
+    positional = Array("float32", ndim=3).tag(sync=True)
+    """float32 [L, H, max_offset + 1] (None before the first text): positional attention score by offset (see ``rule``)."""
+    measured = Array("float32", ndim=3).tag(sync=True)
+    """float32 [L, H, max_offset + 1]: mean attention weight A[i, i - k] on ``text``."""
     rule = traitlets.Unicode("").tag(sync=True)
     """str: how ``positional`` was computed (positional table or rotary rule)."""
     n_tokens = traitlets.Int(0).tag(sync=True)
@@ -68,19 +68,19 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
     _short_text = "offsets need at least 2"
 
     def _ready(self) -> bool:
-        return bool(self.positional)
+        return self.positional is not None
 
     def _text_steps(self, text: str):
         out = self._forward(self.model, text)
         n = out.tokens.shape[-1]
         if n < 2:  # no offsets to show
-            yield {"positional": {}, "measured": {}, "n_tokens": n}
+            yield {"positional": None, "measured": None, "n_tokens": n}
             return
         k = min(self._max_offset, n - 1)
         with torch.no_grad():
             positional = positional_scores_by_offset(self.model, n, k, cache=out.cache)
             measured = attention_by_offset(out.patterns[0], k)
         yield {
-            "positional": encode_array(positional, "float32"), "measured": encode_array(measured, "float32"),
+            "positional": positional, "measured": measured,
             "rule": RULES["rotary" if self.model.cfg.positional == "rotary" else "table"], "n_tokens": n,
         }

@@ -11,9 +11,9 @@ from ...analysis.skip_trigrams import (MODES, centred_factors, circuit_query, pa
                                        top_skip_trigrams, triple_entries)
 from ...models.tokenizer import visible_whitespace
 from ..core import offline
+from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, check_range, check_text, rolls_back
 from ..core.offset_window import OffsetWindow
-from ..core.payload import encode_array
 from ..core.selection import HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
 
@@ -53,10 +53,10 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     partial_above = 8192
 
     # -- data --
-    trigrams = traitlets.Dict().tag(sync=True)
-    """{"layer", "head", "src"/"dest"/"out": int32 payload [n] (vocab ids), "qk"/"ov"/"score":
-    float32 payload [n], "strings": {id: display string}, "exact": bool, "progress": float}; rotary
-    models add "offset": int32 payload [n], the query - key offset of each triple's ``qk``."""
+    trigrams = ArrayDict(None).tag(sync=True)
+    """{"layer", "head", "src"/"dest"/"out": int32 [n] (vocab ids), "qk"/"ov"/"score":
+    float32 [n], "strings": {id: display string}, "exact": bool, "progress": float}; rotary
+    models add "offset": int32 [n], the query - key offset of each triple's ``qk``."""
     matches = traitlets.List().tag(sync=True)
     """list of {"id", "str"}: vocabulary tokens matching ``query`` (exact matches first)."""
     related = traitlets.Dict().tag(sync=True)
@@ -234,25 +234,23 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
             with torch.no_grad():
                 found = top_over_offsets(lambda qr, floor: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, floor),
                                          q, window[1], n=k)
-            yield {"trigrams": self._encode_table(layer, head, window, *found, self.partial_sources / n_vocab)}
+            yield {"trigrams": self._table_of(layer, head, window, *found, self.partial_sources / n_vocab)}
         with torch.no_grad():
             found = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, floor=floor), q, window[1], n=k)
-        table = self._encode_table(layer, head, window, *found, 1.0)
+        table = self._table_of(layer, head, window, *found, 1.0)
         self._tables[cache_key] = table
         while len(self._tables) > TABLE_CACHE:
             del self._tables[next(iter(self._tables))]
         yield {"trigrams": table}
 
-    def _encode_table(self, layer, head, window, score, idx, at, progress):
+    def _table_of(self, layer, head, window, score, idx, at, progress):
         src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
         qk, ov = triple_entries(*self._centred(layer, head), idx, window[1], at)
         ids = sorted(set(idx.reshape(-1).tolist()))
-        offsets = {} if at is None else {"offset": encode_array(torch.tensor(window[0])[at], "int32")}
+        offsets = {} if at is None else {"offset": torch.tensor(window[0], dtype=torch.int32)[at]}
         return {**offsets,
-            "layer": layer, "head": head,
-            "src": encode_array(src, "int32"), "dest": encode_array(dest, "int32"),
-            "out": encode_array(out, "int32"), "qk": encode_array(qk, "float32"),
-            "ov": encode_array(ov, "float32"), "score": encode_array(score, "float32"),
+            "layer": layer, "head": head, "src": src.int(), "dest": dest.int(), "out": out.int(),
+            "qk": qk.float(), "ov": ov.float(), "score": score.float(),
             "strings": {str(i): self._strings[i] for i in ids},
             "exact": progress >= 1.0, "progress": float(progress),
         }
