@@ -82,6 +82,19 @@ def test_an_array_dict_sends_each_leaf_as_its_own_payload_and_reads_them_back():
     assert Holder.grid.metadata["from_json"](w.get_state(["grid"])["grid"], None) is None
 
 
+def test_array_leaves_in_lists_are_cast_sent_and_read_back_too():
+    w = Holder(tables={"tables": [{"term": "in", "values": torch.arange(3, dtype=torch.float64)}, {"term": "out"}]})
+    leaf = w.tables["tables"][0]["values"]
+    assert isinstance(leaf, np.ndarray) and leaf.dtype == np.float32
+    wire = w.get_state(["tables"])["tables"]
+    _, paths, _ = _remove_buffers({"tables": wire})
+    assert paths == [["tables", "tables", 0, "values", "view"]]
+    np.testing.assert_array_equal(read(wire["tables"][0]["values"]), [0, 1, 2])
+    back = Holder.tables.metadata["from_json"](wire, None)
+    np.testing.assert_array_equal(back["tables"][0]["values"], [0, 1, 2])
+    assert back["tables"][1] == {"term": "out"}
+
+
 def test_kernel_less_answers_cast_each_patch_by_the_views_own_trait():
     """An answer holds what setting the trait would: a float64 tensor on a float32 trait is
     packed from float32 values (float16 where they fit), not as float64."""

@@ -19,7 +19,6 @@ import transformers
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.neurons import neuron_activations, neuron_terms
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.core.payload import decode_array
 from pycircuits_widgets.widgets.views.explorer import reading_ids  # a model without a tokenizer reads ids
 from test_adapters_hf import randomize
 
@@ -91,7 +90,7 @@ def dense_terms(kind, hf, layer, head, neuron):
 def shown(view):
     """``{term: (token ids, values)}`` of the view's tables."""
     tables = view.direct["tables"] + view.through_head["tables"]
-    return {t["term"]: (decode_array(t["ids"]).tolist(), decode_array(t["values"]).tolist()) for t in tables}
+    return {t["term"]: (t["ids"].tolist(), t["values"].tolist()) for t in tables}
 
 
 def test_activations_are_hugging_faces_and_rebuild_the_mlp_output(adapted):
@@ -139,13 +138,13 @@ def test_neurons_are_ranked_by_activation_at_the_position_else_by_their_logit_no
     view = explorer.neurons
     W_out, W_U = model.W_out[1], model.W_U
     norms = (W_out @ W_U).norm(dim=-1)  # dense [d_mlp, d_vocab]
-    assert decode_array(view.neurons).tolist() == torch.topk(norms, 10).indices.tolist()
+    assert view.neurons.tolist() == torch.topk(norms, 10).indices.tolist()
     assert view.ranking == "norm" and view.listed_for == [1, -1]
     explorer.position = 4
     assert explorer.wait() and view.position == 4 and view.listed_for == [1, 4]
     acts = hf_activations(kind, hf)[1][4]
-    assert decode_array(view.neurons).tolist() == torch.topk(acts.abs(), 10).indices.tolist()
-    np.testing.assert_allclose(decode_array(view.neuron_scores), acts[torch.topk(acts.abs(), 10).indices].numpy(),
+    assert view.neurons.tolist() == torch.topk(acts.abs(), 10).indices.tolist()
+    np.testing.assert_allclose(view.neuron_scores, acts[torch.topk(acts.abs(), 10).indices].numpy(),
                                rtol=1e-5, atol=1e-5)
     assert view.ranking == "activation"
 
@@ -176,7 +175,7 @@ def test_saved_answers_are_the_kernels_tables(adapted):
     state = offline.fill(view)
     rules = {tuple(r["on"]): r for r in offline.rules(state)}
     assert set(rules) == {("layer", "position"), ("layer", "head", "neuron")}
-    listed = decode_array(view.neurons).tolist()
+    listed = view.neurons.tolist()
     tables = rules[("layer", "head", "neuron")]["patches"]
     assert {offline.key(1, 2, n) for n in listed} <= set(tables)  # every listed neuron answers without a kernel
     # every layer's list for every position (and none) is saved
@@ -187,7 +186,7 @@ def test_saved_answers_are_the_kernels_tables(adapted):
     saved, data = tables[offline.key(1, 2, listed[0])], bytes(state["data"])
     for name in ("direct", "through_head"):
         assert [unpacked(t["ids"], data) for t in saved[name]["tables"]] == [
-            decode_array(t["ids"]).tolist() for t in getattr(view, name)["tables"]]
+            t["ids"].tolist() for t in getattr(view, name)["tables"]]
     assert view.strings.items() <= rules[("layer", "head", "neuron")]["base"]["strings"].items()
 
 

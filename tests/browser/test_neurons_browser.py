@@ -14,7 +14,6 @@ from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.core.payload import decode_array
 from pycircuits_widgets.widgets.views.explorer import reading_ids
 from test_adapters_hf import randomize
 
@@ -49,7 +48,7 @@ def shown_tables(section):
 
 def kernel_tables(view):
     """The same from the kernel's view state."""
-    return {t["term"]: (decode_array(t["ids"]).tolist(), decode_array(t["values"]).tolist())
+    return {t["term"]: (t["ids"].tolist(), t["values"].tolist())
             for t in view.direct["tables"] + view.through_head["tables"]}
 
 
@@ -63,7 +62,7 @@ def assert_same(page_tables, kernel):
 def test_the_saved_page_answers_a_neuron_click_or_shows_the_neutral_note(browser, saved):
     explorer, path = saved
     view = explorer.neurons
-    listed = decode_array(view.neurons).tolist()
+    listed = view.neurons.tolist()
     saved_neurons = {key for rule in offline.rules(view._offline) if rule["on"] == ["layer", "head", "neuron"]
                      for key in rule["patches"]}
     unsaved = next(n for n in range(D_MLP) if offline.key(1, 2, n) not in saved_neurons)

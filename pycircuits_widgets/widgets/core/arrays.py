@@ -17,7 +17,7 @@ float16's range); ``dtype=None`` keeps the array's own dtype, 64-bit ones narrow
 already C-ordered and of the wire dtype is kept, not copied: set a new array rather than
 writing into the one a trait holds (a write in place is never sent).
 
-:class:`ArrayDict` is a dict trait whose leaves (at any depth) may be arrays: each array leaf is
+:class:`ArrayDict` is a dict trait whose leaves (at any depth, in dicts and lists) may be arrays: each array leaf is
 cast as an :class:`Array` would and serialised as its own payload; other leaves (strings, numbers,
 lists) are plain JSON. Composition scores ``{"K": {"correct": [L, H, L, H]}}`` and a head's
 eigenvalue detail ``{"ov_re": [d], "ov_im": [d]}`` are ArrayDicts.
@@ -103,6 +103,8 @@ class ArrayDict(traitlets.Dict):
     def _cast(self, value, where: str):
         if isinstance(value, dict):
             return {k: self._cast(v, f"{where}[{k!r}]") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._cast(v, f"{where}[{i}]") for i, v in enumerate(value)]
         if isinstance(value, (np.ndarray, torch.Tensor)):
             return as_wire(value, self.dtype, name=where)
         return value
@@ -115,11 +117,13 @@ class ArrayDict(traitlets.Dict):
 
 
 def _leafwise(value, convert, kind, when=None):
-    """``value`` with ``convert`` applied to every leaf of type ``kind`` (and ``when``) in its dicts."""
+    """``value`` with ``convert`` applied to every leaf of type ``kind`` (and ``when``) in its dicts and lists."""
     if isinstance(value, kind) and (when is None or when(value)):
         return convert(value)
     if isinstance(value, dict):
         return {k: _leafwise(v, convert, kind, when) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_leafwise(v, convert, kind, when) for v in value]
     return value
 
 

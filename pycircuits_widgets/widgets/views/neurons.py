@@ -8,8 +8,8 @@ import traitlets
 from ...analysis.circuits import _require_mlp
 from ...analysis.neurons import neuron_activations, neuron_out_norms, neuron_terms, ranked_neurons, top_tokens
 from ..core import offline
+from ..core.arrays import Array, ArrayDict
 from ..core.base import CircuitWidget, check_range
-from ..core.payload import encode_array
 from ..core.selection import HeadSelection, Index, PositionSelection, check_model
 from ..core.text_data import TextData
 
@@ -66,20 +66,20 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     """str: the text whose activations rank the neurons."""
     d_mlp = traitlets.Int().tag(sync=True)
     """int (read-only): neurons per MLP layer."""
-    neurons = traitlets.Dict().tag(sync=True)
-    """int32 payload [n_neurons]: the layer's listed neurons, first the most worth looking at (``ranking``)."""
-    neuron_scores = traitlets.Dict().tag(sync=True)
-    """float32 payload [n_neurons]: their activation at ``position``, or ``||W_out[n] W_U||``."""
+    neurons = Array("int32", ndim=1).tag(sync=True)
+    """int32 [n_neurons] or None: the layer's listed neurons, first the most worth looking at (``ranking``)."""
+    neuron_scores = Array("float32", ndim=1).tag(sync=True)
+    """float32 [n_neurons] or None: their activation at ``position``, or ``||W_out[n] W_U||``."""
     ranking = traitlets.Unicode("").tag(sync=True)
     """str: how ``neurons`` are ranked: "activation" (largest ``|activation|`` at ``listed_for``'s position)
     or "norm" (largest ``||W_out[n] W_U||``: how strongly the neuron moves the logits)."""
     listed_for = traitlets.List(traitlets.Int()).tag(sync=True)
     """[layer, position] that ``neurons`` answer."""
-    direct = traitlets.Dict().tag(sync=True)
-    """{"layer", "neuron", "tables": [{"term", "ids": int32 payload [k], "values": float32 payload [k]}]}: the
+    direct = ArrayDict(None).tag(sync=True)
+    """{"layer", "neuron", "tables": [{"term", "ids": int32 [k], "values": float32 [k]}]}: the
     neuron's direct tables (``W_E W_in``, ``W_E W_gate``, ``W_out W_U`` top and bottom; none for neuron
     -1), stamped with the selection they answer (a saved page never shows another neuron's)."""
-    through_head = traitlets.Dict().tag(sync=True)
+    through_head = ArrayDict(None).tag(sync=True)
     """The same (with "head") for ``W_E W_OV W_in`` (and ``W_gate``) through head ``(layer, head)``."""
     strings = traitlets.Dict().tag(sync=True)
     """{str(token id): display string} of the tokens in the tables (a saved page: of every saved table)."""
@@ -118,7 +118,7 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     _short_text = "neurons need one"
 
     def _ready(self) -> bool:
-        return bool(self.neurons)
+        return self.neurons is not None
 
     def _start(self) -> None:
         super()._start()
@@ -158,8 +158,8 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
 
     @staticmethod
     def _list(listed_for: list[int], ids: list[int], values: torch.Tensor, ranking: str) -> dict:
-        return {"listed_for": listed_for, "neurons": encode_array(torch.tensor(ids), "int32"),
-                "neuron_scores": encode_array(values, "float32"), "ranking": ranking}
+        return {"listed_for": listed_for, "neurons": torch.tensor(ids),
+                "neuron_scores": values.float(), "ranking": ranking}
 
     def _tables(self, layer: int, head: int, neuron: int) -> dict:
         """``direct`` and ``through_head`` of ``neuron`` of ``layer`` and head ``(layer, head)``, and the
@@ -171,8 +171,7 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
             terms = neuron_terms(self.model, layer, neuron, (layer, head))
         tops = {name: top_tokens(v, self._k) for name, v in terms.items()}
         tops["out_bottom"] = top_tokens(terms["out"], self._k, largest=False)
-        tables = {name: {"term": name, "ids": encode_array(ids, "int32"),
-                         "values": encode_array(values.float(), "float32")} for name, (values, ids) in tops.items()}
+        tables = {name: {"term": name, "ids": ids, "values": values.float()} for name, (values, ids) in tops.items()}
         strings = self.model.token_strings
         return {"direct": {**direct, "tables": [tables[n] for n in ("in", "gate", "out", "out_bottom") if n in tables]},
                 "through_head": {**through, "tables": [tables[n] for n in ("head_in", "head_gate") if n in tables]},
