@@ -75,7 +75,7 @@ class Progress:
             if self._closed or not enabled() or now - self._start < self._delay:
                 return
             if self._bar is None:
-                self._bar = (CellBar if in_notebook() else ConsoleBar)(self.desc, self.unit)
+                self._bar = (CellBar if in_notebook() else ConsoleBar)(self.desc, self.unit, self.total)
             elif not force and now - self._drawn < REFRESH:
                 return
             self._drawn = now
@@ -113,15 +113,17 @@ def steps(iterable, desc: str, total: int | None = None, unit: str = "it"):
 class ConsoleBar:
     """A ``tqdm`` bar on stderr, cleared when closed."""
 
-    def __init__(self, desc: str, unit: str):
+    def __init__(self, desc: str, unit: str, total: int | None):
         from tqdm import tqdm
 
-        self._bar = tqdm(desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+        self._bar = tqdm(desc=desc, unit=unit, total=total, leave=False, dynamic_ncols=True)
 
     def draw(self, n: int, total: int | None, note: str, elapsed: float) -> None:
-        self._bar.total, self._bar.n = total, n
-        self._bar.set_postfix_str(note, refresh=False)
-        self._bar.refresh()
+        bar = self._bar
+        bar.total, bar.n = total, n
+        bar.start_t = bar._time() - elapsed  # the wait began before the bar was made
+        bar.set_postfix_str(note, refresh=False)
+        bar.refresh()
 
     def close(self) -> None:
         self._bar.close()
@@ -130,7 +132,7 @@ class ConsoleBar:
 class CellBar:
     """An HTML bar in the running cell's output, redrawn in place; blanked when closed."""
 
-    def __init__(self, desc: str, unit: str):
+    def __init__(self, desc: str, unit: str, total: int | None):
         from IPython.display import display
 
         self.desc, self.unit = desc, unit

@@ -20,7 +20,7 @@ import sys
 import anywidget
 import traitlets
 
-from ...progress import progress, steps
+from ... import progress as bars
 from . import offline
 from .bundle import BundleMissing, bundle_code, bundle_file, ensure_carrier, stub_esm
 from .runner import Runner
@@ -145,8 +145,8 @@ class CircuitWidget(anywidget.AnyWidget):
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until the view's recomputes (its runner's jobs) are done and applied (True if idle);
         a wait over a second shows a bar (``pycircuits_widgets.progress``)."""
-        with progress(f"{type(self).__name__}: computing", unit="s") as bar:
-            return self._runner.wait(timeout, tick=bar.tick)
+        with bars.progress(f"{type(self).__name__}: computing") as bar:
+            return self._runner.wait(timeout, tick=lambda: bar.note(self._runner.running_kind()))
 
     # -- kernel-less answers ------------------------------------------------------------
     def offline_answers(self, answers: offline.Answers) -> None:
@@ -172,7 +172,7 @@ class CircuitWidget(anywidget.AnyWidget):
         the answers on a bar)."""
         self.wait(None)
         if not self._offline_fresh:
-            answers = steps(offline.steps(self), f"{type(self).__name__}: kernel-less answers", unit="answer")
+            answers = bars.steps(offline.steps(self), f"{type(self).__name__}: kernel-less answers", unit="answer")
             self._offline = offline.last(answers)["_offline"]
             self._offline_fresh = True
 

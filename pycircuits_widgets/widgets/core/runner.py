@@ -132,6 +132,11 @@ class Runner:
         with GATE:
             GATE.notify_all()  # one giving way sees it is stale
 
+    def running_kind(self) -> str:
+        """The kind of the job computing now ("" for none): what a progress bar names."""
+        job = self._running
+        return "" if job is None else job.kind
+
     def current(self, job: _Job) -> bool:
         return job.generation == self._generation[job.kind] and not _shutting_down.is_set()
 

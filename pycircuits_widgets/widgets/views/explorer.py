@@ -220,7 +220,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 bar.n = 0
                 for name, view in views.items():
                     bar.note(name)
-                    if not view._runner.wait(timeout, tick=bar.tick):
+                    if not view._runner.wait(timeout, tick=lambda: bar.note(f"{name}: {view._runner.running_kind()}")):
                         return False
                     bar.update()
                 if not busy_before and not any(v.busy for v in views.values()):
