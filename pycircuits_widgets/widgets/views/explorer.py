@@ -11,7 +11,7 @@ import traitlets
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
-from ...progress import progress
+from ... import progress as bars
 from ..core import offline
 from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.payload import decode_array, encode_array
@@ -138,7 +138,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
         super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
                          **kwargs)
-        with progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
+        with bars.progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
             bar.note("running the model")
             self._show_run()
             self._build_views(no_heads, bar)
@@ -214,7 +214,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         view can move the selection and start work in another, so this repeats until a full pass
         finds every view idle. A wait over a second shows a bar of the views done."""
         views = self.views()
-        with progress("CircuitExplorer: computing", total=len(views), unit="view") as bar:
+        with bars.progress("CircuitExplorer: computing", total=len(views), unit="view") as bar:
             while True:
                 busy_before = [v for v in views.values() if v.busy]
                 bar.n = 0
