@@ -2,7 +2,7 @@
 forward pass of the same Hugging Face model measured in the same run.
 
 Run:  .venv/bin/python benchmarks/bench_click.py [--shapes gpt2-small] [--tokens 100] [--threads 2]
-      [--profile]
+      [--profile] [--fill-heads N]
 
 Models (random weights, nothing downloaded): GPT-2 small (12 x 12 heads, d_model 768, MLPs) with
 d_vocab 49152 (the explorer reads the shipped 1024-token tokenizer only for a vocabulary padded to a
@@ -21,7 +21,11 @@ worker threads and the clock stops when every view shows the new head (no view b
   the first head shown). "all views" until
   every view is final, the exact skip-trigram table included; "all but the exact table" until
   every other view is final (the table then shows its partial, labelled, answer);
-* revisit: back to a head shown before (the explorer's initial head), every view final.
+* revisit: back to a head shown before (the explorer's initial head), every view final;
+* after the fill: the explorer's background fill (``CircuitExplorer.start_background``, stopped
+  for the clicks above so none shares the CPU with it) runs over every head (or the first
+  ``--fill-heads``: the selected head, then layer by layer), timed until done; then a click on a
+  filled head never shown, every view final. The fill's total time is printed with its heads.
 
 Targets (issue 25): revisit <= 0.3 forwards; first visit <= 8 forwards, all but the exact
 table <= 1 forward. ``--profile`` prints where the first visit and the revisit spend their time
@@ -100,10 +104,29 @@ def profiled(fn):
         stats.sort_stats("cumulative").print_stats(30)
 
 
-def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
+def fill(explorer, n_heads: int | None) -> tuple[float, int]:
+    """Run the background fill over the first ``n_heads`` heads (None: all); (seconds, heads)."""
+    total = explorer.model.cfg.n_layers * explorer.model.cfg.n_heads
+    n_heads = total if n_heads is None else min(n_heads, total)
+    t0 = time.perf_counter()
+    explorer.start_background()
+    if n_heads == total:
+        explorer.wait_background(None)
+    else:
+        while explorer.progress.get("done", 0) < n_heads:  # polls (a benchmark): each head's progress
+            explorer._runner._drain()
+            time.sleep(0.01)
+    seconds = time.perf_counter() - t0
+    explorer.stop_background()
+    explorer.wait_background(None)
+    return seconds, n_heads
+
+
+def measure(shape: str, tok, n_tokens: int, profile: bool, fill_heads: int | None) -> dict:
     hf, model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
     t0 = time.perf_counter()
     explorer = pcw.CircuitExplorer(model, text)
+    explorer.stop_background()  # timed on its own below
     until_shown(explorer)
     shown = time.perf_counter() - t0
     explorer.wait(None)
@@ -117,8 +140,16 @@ def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
         forward = min(forward, best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False))
     first = profiled(lambda: click(explorer, *target)) if profile else click(explorer, *target)
     revisit = profiled(lambda: click(explorer, *start)) if profile else click(explorer, *start)
+    filled, n_filled = fill(explorer, fill_heads)
+    # a filled head never shown: in the last filled layer (a layer with writers before it when it can)
+    order = [start] + [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if (l, h) != start]
+    after = next(head for head in reversed(order[:n_filled]) if head not in (start, target))
+    hits = cache.stats(model)
+    after_fill = click(explorer, *after)
+    misses = cache.stats(model)["misses"] - hits["misses"]
     return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", d_model=cfg.d_model, vocab=cfg.d_vocab,
                 n=ids.shape[1], forward=forward, shown=shown, complete=complete, first=first, revisit=revisit,
+                filled=filled, n_filled=n_filled, after_fill=after_fill, after=after, misses=misses,
                 cached=cache.stored_bytes(model))
 
 
@@ -128,6 +159,8 @@ def main():
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--fill-heads", type=int, default=None, help="heads the background fill runs over "
+                        "(default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from pycircuits_widgets.widgets.core import runner  # the widget layer
@@ -139,16 +172,21 @@ def main():
           f"cache budget {cache.budget() >> 20} MiB")
     print("| shape | heads | d_model | vocab | tokens | forward (s) | first visit, all views (s / fwd) "
           "| first visit, all but the exact table (s / fwd) | revisit (s / fwd) | build shown / complete (s) "
+          "| background fill (s, heads) | after the fill: click, all views (s / fwd) "
           "| cached (MiB) | load avg (1 min) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for shape in args.shapes:
-        r = measure(shape, tok, args.tokens, args.profile)
+        r = measure(shape, tok, args.tokens, args.profile, args.fill_heads)
         f = r["forward"]
         print(f"| {r['shape']} | {r['heads']} | {r['d_model']} | {r['vocab']} | {r['n']} | {f:.3f} "
               f"| {r['first']['all']:.2f} ({r['first']['all'] / f:.1f}) "
               f"| {r['first']['others']:.2f} ({r['first']['others'] / f:.1f}) "
               f"| {r['revisit']['all']:.3f} ({r['revisit']['all'] / f:.2f}) "
-              f"| {r['shown']:.1f} / {r['complete']:.1f} | {r['cached'] / 2**20:.0f} "
+              f"| {r['shown']:.1f} / {r['complete']:.1f} "
+              f"| {r['filled']:.0f} ({r['n_filled']} heads, {r['filled'] / r['n_filled']:.1f} s each) "
+              f"| {r['after_fill']['all']:.3f} ({r['after_fill']['all'] / f:.2f}; L{r['after'][0]}.H{r['after'][1]}, "
+              f"{r['misses']} cache misses) "
+              f"| {r['cached'] / 2**20:.0f} "
               f"| {os.getloadavg()[0]:.1f} |", flush=True)
 
 

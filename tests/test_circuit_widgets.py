@@ -9,6 +9,7 @@ import traitlets
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import (circuit_query, composition_detail, composition_scores,
                                          eigenvalue_positivity, eigenvalues, random_baseline, skip_trigrams)
+from pycircuits_widgets.analysis import cache
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.models import AttnOnlyTransformer, attn_only_config, from_attn_only
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
@@ -75,7 +76,7 @@ def test_table_equals_skip_trigrams_and_head_change_recomputes(m1):
 def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     w = pcw.SkipTrigramTable(m1, head=2, k=12)
     w.partial_above, w.partial_sources = 100, 40  # as if 256 tokens were a large vocabulary
-    w._tables.clear()  # forget the table the constructor computed
+    cache.discard(m1, lambda key: key[0] == "SkipTrigramTable")  # forget the table the constructor computed
     steps = list(w._table_steps(0, 2, 12))
     assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([40 / 256, 1])
     assert [s["trigrams"]["exact"] for s in steps] == [False, True]

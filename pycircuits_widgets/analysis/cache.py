@@ -23,6 +23,8 @@ head, or a second view of the same head, gets the stored result.
   tables under 1 MB) and every head's OV diagonal (0.2 MB each).
 * **Computed once under threads**: views compute on worker threads; a second request for a
   key being computed waits for the first instead of repeating it.
+* **Counted**: ``stats(model)`` says how many lookups were answered from the store (``hits``)
+  and how many computed (``misses``), so a benchmark or a test sees what a revisit recomputed.
 
 Cached values are shared: callers must not modify them in place.
 """
@@ -34,6 +36,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import fields, is_dataclass
 
+import numpy as np
 import torch
 
 BUDGET_BYTES = 512 << 20
@@ -70,9 +73,12 @@ def budget() -> int:
 
 
 def nbytes(value) -> int:
-    """Bytes held by the tensors in ``value`` (tensors, tuples, lists, dicts, dataclasses)."""
+    """Bytes held by the tensors in ``value`` (tensors, numpy arrays, bytes and memoryviews,
+    in tuples, lists, dicts, dataclasses)."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
+    if isinstance(value, (bytes, bytearray, memoryview, np.ndarray)):
+        return value.nbytes if hasattr(value, "nbytes") else len(value)
     if isinstance(value, (tuple, list)):
         return sum(nbytes(v) for v in value)
     if isinstance(value, dict):
@@ -110,6 +116,7 @@ class _Store:
         self.entries: OrderedDict = OrderedDict()  # key -> (value, bytes, tier)
         self.bytes = 0
         self.computing: dict = {}  # key -> Event of the thread computing it
+        self.hits = self.misses = 0  # lookups answered from the store / computed (never reset)
 
     def reset(self, stamp: tuple) -> None:
         self.stamp = stamp
@@ -168,9 +175,11 @@ def cached(model, key: tuple, compute, tier: int = RESULT):
         with store.lock:
             if key in store.entries:
                 store.entries.move_to_end(key)
+                store.hits += 1
                 return store.entries[key][0]
             pending = store.computing.get(key)
             if pending is None:
+                store.misses += 1
                 stamp = store.stamp
                 done = store.computing[key] = threading.Event()
                 break
@@ -185,6 +194,30 @@ def cached(model, key: tuple, compute, tier: int = RESULT):
         with store.lock:
             del store.computing[key]
         done.set()
+
+
+def stored(model, key: tuple):
+    """The value stored for ``model`` under ``key`` (counted as a hit), or None when there is none
+    now: for a caller that shows something else first while it computes (a partial table)."""
+    try:
+        store = _store(model)
+    except TypeError:  # not weakly referenceable: nothing is ever stored
+        return None
+    with store.lock:
+        entry = store.entries.get(key)
+        if entry is None:
+            return None
+        store.entries.move_to_end(key)
+        store.hits += 1
+        return entry[0]
+
+
+def stats(model) -> dict:
+    """``{"hits", "misses"}``: lookups of ``model``'s entries answered from the store and computed,
+    since its first one (a weight edit empties the store but keeps counting)."""
+    with _models_lock:
+        store = _models.get(model)
+    return {"hits": 0, "misses": 0} if store is None else {"hits": store.hits, "misses": store.misses}
 
 
 def clear(model) -> None:

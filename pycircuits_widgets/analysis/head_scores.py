@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ..progress import steps
+
 SCORE_NAMES = ("previous_token", "duplicate_token", "induction")
 
 
@@ -68,8 +70,12 @@ def head_scores(model, tokens=None, *, seq_len: int | None = None, n_repeats: in
     ``tokens``: text, ``[pos]`` or ``[batch, pos]`` ids; default ``repeated_random_tokens(model,
     seq_len, n_repeats, batch, seed)``. Returns ``{"previous_token", "duplicate_token",
     "induction"}``, each ``[n_layers, n_heads]`` in [0, 1] (NaN: no position had a target).
+    A batch runs one sequence at a time, counted on a progress bar past a second.
     """
     if tokens is None:
         tokens = repeated_random_tokens(model, seq_len, n_repeats, batch, seed)
-    _, cache = model.run_with_cache(tokens)
-    return scores_from_patterns(cache.patterns, cache.tokens)
+    if not (isinstance(tokens, torch.Tensor) and tokens.ndim == 2 and len(tokens) > 1):
+        _, cache = model.run_with_cache(tokens)
+        return scores_from_patterns(cache.patterns, cache.tokens)
+    caches = [model.run_with_cache(row[None])[1] for row in steps(tokens, "head_scores", unit="sequence")]
+    return scores_from_patterns(torch.cat([c.patterns for c in caches]), torch.cat([c.tokens for c in caches]))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..progress import progress
 from .adapters import CheckpointModel, from_hf, from_safetensors, from_transformer_lens
 from .attn_only import AttnOnlyTransformer, attn_only_config
 from .checkpoints import CheckpointError, load_json, load_tensors
@@ -74,9 +75,14 @@ def load_pretrained(name: str) -> CircuitModel:
     if name not in PRETRAINED:
         raise ValueError(f"unknown pretrained model {name!r}; valid names: {', '.join(PRETRAINED)}"
                          f"{weight_view_hint(name)}")
-    raw, meta, tok = load_attn_only(CHECKPOINT_DIR / f"{name}.safetensors", CHECKPOINT_DIR / f"{name}.json",
-                                    CHECKPOINT_DIR / "tokenizer.json")
-    model = from_attn_only(raw, tok)
+    with progress(f"load_pretrained {name}", total=2, unit="step") as bar:
+        bar.note("reading the checkpoint")
+        raw, meta, tok = load_attn_only(CHECKPOINT_DIR / f"{name}.safetensors", CHECKPOINT_DIR / f"{name}.json",
+                                        CHECKPOINT_DIR / "tokenizer.json")
+        bar.update()
+        bar.note("folding into a weight view")
+        model = from_attn_only(raw, tok)
+        bar.update()
     model.metadata = meta
     return model
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ...factored import FactoredMatrix
+from ...progress import progress
 from ..circuit_model import CircuitModel, weight_shapes
 from .checkpoint_files import CheckpointFiles, ModuleTree
 from .families import FAMILIES
@@ -333,14 +334,22 @@ def from_safetensors(path: str | Path, tokenizer=None, *, device=None, dtype: to
     if missing:
         raise ValueError(f"from_safetensors: {model_type} with {missing} is not supported: the weight view's forward "
                          "has no such feature")
-    files = CheckpointFiles(folder, dtype, device)
-    skeleton = _skeleton(config)
-    files.rename(_model_names(skeleton, files))
-    if not files.has_prefix(family.body):
-        raise ValueError(f"from_safetensors: {folder} has no tensors under {family.body!r} (expected the causal LM's "
-                         f"keys, e.g. {family.body}.{family.layers}.0..., as save_pretrained writes them)")
-    tree = ModuleTree(files, conv1d=family.qkv_layout == "conv1d", output=_output_module(skeleton, files, family))
-    if tokenizer is None and any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        from transformers import AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    return CheckpointModel(files, tree, model_type, config, as_tokenizer(tokenizer))
+    with progress(f"from_safetensors {folder.name}", total=3, unit="step") as bar:
+        bar.note("reading the shards' headers")
+        files = CheckpointFiles(folder, dtype, device)
+        skeleton = _skeleton(config)
+        files.rename(_model_names(skeleton, files))
+        if not files.has_prefix(family.body):
+            raise ValueError(f"from_safetensors: {folder} has no tensors under {family.body!r} (expected the causal "
+                             f"LM's keys, e.g. {family.body}.{family.layers}.0..., as save_pretrained writes them)")
+        tree = ModuleTree(files, conv1d=family.qkv_layout == "conv1d", output=_output_module(skeleton, files, family))
+        bar.update()
+        if tokenizer is None and any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            from transformers import AutoTokenizer
+            bar.note("loading the tokenizer")
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        bar.update()
+        bar.note("opening the weight view")
+        model = CheckpointModel(files, tree, model_type, config, as_tokenizer(tokenizer))
+        bar.update()
+    return model

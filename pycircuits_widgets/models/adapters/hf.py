@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...progress import progress
 from ..circuit_model import CircuitModel
 from ..config import ModelConfig
 from .families import FAMILIES, Family, get
@@ -328,11 +329,16 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
     A model placed by accelerate (``from_pretrained(..., device_map=...)``, CPU or disk offload included)
     is read from wherever its weights are (offloaded ones from their hooks' weight maps) and its weight
     view gathered on the map's first accelerator, else the CPU; the probe runs the source's own
-    dispatched forward. ``pcw.run`` then runs the weight view (in memory), not the source's dispatch."""
+    dispatched forward. ``pcw.run`` then runs the weight view (in memory), not the source's dispatch.
+    Past a second, a progress bar names the step running (reading, translating, verifying)."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")
-        return from_hf(source.eval(), tokenizer or AutoTokenizer.from_pretrained(model), verify=verify)
+        with progress(f"from_hf {model}", unit="step") as bar:
+            bar.note("loading with transformers")
+            source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")
+            bar.note("loading the tokenizer")
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+        return from_hf(source.eval(), tokenizer, verify=verify)
     if dtype is not None:
         raise TypeError("from_hf: dtype applies when loading by name or folder; cast a loaded model itself "
                         f"(model.to({dtype}))")
@@ -345,14 +351,20 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
     if missing:
         raise ValueError(f"from_hf: {model_type} with {missing} is not supported: the weight view's forward has "
                          "no such feature")
-    with torch.no_grad():
+    with torch.no_grad(), progress(f"from_hf {model_type}", total=3 if verify else 2, unit="step") as bar:
+        bar.note("reading the weights")
         cfg, folds = read_config(model.config, family, mlp_width(model, family))
         check_module_heads(model, family, cfg)
         raw = read_weights(model, family, cfg, folds)
         if getattr(model, "hf_device_map", None):  # placed by accelerate: gather the weights on one device
             raw = {k: None if v is None else v.to(_main_device(model.hf_device_map)) for k, v in raw.items()}
+        bar.update()
+        bar.note("building the weight view")
         circuit = build(cfg, raw, as_tokenizer(tokenizer), f"hf:{model_type}")
-    circuit.metadata["folded"] = {k: float(v) for k, v in folds.items()}
-    if verify:
-        circuit.metadata["verified"] = probe_hf(model, circuit, model_type)
+        bar.update()
+        circuit.metadata["folded"] = {k: float(v) for k, v in folds.items()}
+        if verify:
+            bar.note("verifying against the model's own forward")
+            circuit.metadata["verified"] = probe_hf(model, circuit, model_type)
+            bar.update()
     return circuit

@@ -20,6 +20,7 @@ import sys
 import anywidget
 import traitlets
 
+from ... import progress as bars
 from . import offline
 from .bundle import BundleMissing, bundle_code, bundle_file, ensure_carrier, stub_esm
 from .runner import Runner
@@ -41,6 +42,9 @@ class CircuitWidget(anywidget.AnyWidget):
     """str, default "": message shown in the view's error panel; empty when all is well."""
     busy = traitlets.Bool(False).tag(sync=True)
     """bool (read-only): True while the kernel recomputes for the current selection (view shows a spinner)."""
+    progress = traitlets.Dict().tag(sync=True)
+    """dict (read-only): ``{"text", "done", "total"}`` while the kernel works through a long job the
+    view reports on ("precomputing heads 37/144"), shown beside the spinner; {} otherwise."""
 
     _offline = traitlets.Dict().tag(sync=True)
     """dict (kernel's): precomputed answers for other selections, applied by the front end when
@@ -93,6 +97,13 @@ class CircuitWidget(anywidget.AnyWidget):
     def _started(self) -> None:
         """The view's setup once its traits are set (observers, first jobs on ``self._runner``)."""
 
+    def fill_steps(self, selection: dict):
+        """Runner steps that compute, into the per-model cache (``analysis.cache``), what this view
+        would compute for ``selection`` (every ``SELECTION_KEYS`` value, as a click resolves them),
+        so a later click there answers at once. The explorer's background fill runs them for every
+        head. Default: nothing to compute."""
+        return iter(())
+
     def _begin(self) -> None:
         """Start sharing kernel-less answers (an on-demand view: once it is ``active``)."""
         if self._answers_offline:
@@ -132,8 +143,10 @@ class CircuitWidget(anywidget.AnyWidget):
             self.error = f"could not restore {', '.join(old)}: {_message(exc)}"
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the view's recomputes (its runner's jobs) are done and applied (True if idle)."""
-        return self._runner.wait(timeout)
+        """Wait until the view's recomputes (its runner's jobs) are done and applied (True if idle);
+        a wait over a second shows a bar (``pycircuits_widgets.progress``)."""
+        with bars.progress(f"{type(self).__name__}: computing") as bar:
+            return self._runner.wait(timeout, tick=lambda: bar.note(self._runner.running_kind()))
 
     # -- kernel-less answers ------------------------------------------------------------
     def offline_answers(self, answers: offline.Answers) -> None:
@@ -155,10 +168,12 @@ class CircuitWidget(anywidget.AnyWidget):
             self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self), background=True)
 
     def _offline_ready(self) -> None:
-        """Make ``_offline`` current (a script computes it here, before a page is written)."""
+        """Make ``_offline`` current (a script computes it here, before a page is written, counting
+        the answers on a bar)."""
         self.wait(None)
         if not self._offline_fresh:
-            self._offline = offline.fill(self)
+            answers = bars.steps(offline.steps(self), f"{type(self).__name__}: kernel-less answers", unit="answer")
+            self._offline = offline.last(answers)["_offline"]
             self._offline_fresh = True
 
     # -- sharing ---------------------------------------------------------------------

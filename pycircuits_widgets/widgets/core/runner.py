@@ -7,6 +7,11 @@ never drop each other. Under a Jupyter kernel the work runs on one worker thread
 and every result is applied on the kernel's IO-loop thread (never ``setattr`` from the
 worker); in a plain script (no kernel) requests run synchronously, so nothing is left
 running at exit. Every view has one (``CircuitWidget._runner``).
+
+Background jobs (kernel-less answers, the explorer's precompute) give way to every other
+request, of any runner: at each chunk boundary one waits while any runner has a request
+pending or running (:data:`GATE`), so a click is computed before the next background chunk
+and never shares the CPU with one for longer than a chunk already started.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Callable, Iterator
 # A recompute: a generator of trait updates (dicts name -> value; None is a checkpoint with
 # no update). Each yield is a chunk boundary where stale work stops.
 Steps = Iterator["dict | None"]
+TICK = 0.25
+"""Seconds between the calls of ``wait``'s ``tick`` (a progress bar's redraw)."""
 
 
 def _kernel_loop():
@@ -43,8 +50,20 @@ class _Job:
 
 
 _shutting_down = threading.Event()
+GATE = threading.Condition()
+"""Guards :data:`_foreground`; notified whenever a runner's requests start or end, a background
+job starts or stops giving way, or a kind is cancelled."""
+_foreground: set = set()  # runners with a request (not background) pending or running
+
+
+def _shut_down() -> None:
+    _shutting_down.set()
+    with GATE:
+        GATE.notify_all()  # background jobs giving way stop waiting
+
+
 if hasattr(threading, "_register_atexit"):  # before non-daemon threads are joined at exit
-    threading._register_atexit(_shutting_down.set)
+    threading._register_atexit(_shut_down)
 
 
 class Runner:
@@ -60,6 +79,8 @@ class Runner:
     ``widgets/core/offline.py``): it never sets ``busy`` and yields to any other request at its
     next chunk, resuming once that is done; ``wait()`` still covers it. Under no kernel it is
     not run at all (``submit`` returns False): a script saves nothing until ``save_html``.
+    At each chunk it also waits while another runner has requests (module docstring);
+    ``giving_way`` is True meanwhile. ``cancel(kind)`` stops a kind's jobs.
 
     ``loop``: where results are applied. Default: the running kernel's IO loop (a worker
     thread computes, ``loop.add_callback`` applies); None: run synchronously in ``submit``.
@@ -77,6 +98,8 @@ class Runner:
         self._worker: threading.Thread | None = None
         self._failed: dict[str, str] = {}  # kind -> message shown in error
         self._applying = False
+        self.giving_way = False
+        """True while a background job waits for other runners' requests (set under GATE)."""
 
     # -- requests (kernel thread) ------------------------------------------------------------
     def submit(self, kind: str, make: Callable[[], Steps], *, background: bool = False) -> bool:
@@ -92,25 +115,45 @@ class Runner:
                 self._changed.notify_all()
         if self._loop is not None:
             if not background:
+                self._mark()
                 self._set_busy(True)
         elif not self._applying:
             self._run_sync()
         return True
 
+    def cancel(self, kind: str) -> None:
+        """Stop ``kind``'s jobs: the pending one is dropped, the running one stops at its next
+        chunk (its later results are dropped)."""
+        with self._lock:
+            self._generation[kind] += 1
+            job = self._pending.pop(kind, None)
+        if job is not None and job.steps is not None:
+            job.steps.close()  # a parked background job: never resumed
+        with GATE:
+            GATE.notify_all()  # one giving way sees it is stale
+
+    def running_kind(self) -> str:
+        """The kind of the job computing now ("" for none): what a progress bar names."""
+        job = self._running
+        return "" if job is None else job.kind
+
     def current(self, job: _Job) -> bool:
         return job.generation == self._generation[job.kind] and not _shutting_down.is_set()
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | None = None, tick: Callable[[], None] | None = None) -> bool:
         """Block until every request is done and applied (True), or ``timeout`` s (False).
-        Call it from the kernel thread (a cell, a test): it applies the results itself."""
+        Call it from the kernel thread (a cell, a test): it applies the results itself.
+        ``tick`` (a progress bar's) is called at least every ``TICK`` s meanwhile."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._drain():
+            if tick is not None:
+                tick()
             with self._lock:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
                 if not self._results and (self._pending or self._running is not None):
-                    self._changed.wait(left)
+                    self._changed.wait(left if tick is None else min(TICK, TICK if left is None else left))
         return True
 
     # -- synchronous mode ----------------------------------------------------------------------
@@ -154,14 +197,49 @@ class Runner:
                 with self._lock:
                     self._running = None
                     self._changed.notify_all()
+                if not job.background:
+                    self._mark()
                 self._post()
 
+    def _requested(self) -> bool:
+        """Whether a request (not background work) is pending or running (hold ``_lock``)."""
+        return any(not j.background for j in self._pending.values()) or (
+            self._running is not None and not self._running.background)
+
+    def _mark(self) -> None:
+        """Record in ``_foreground`` whether this runner has requests, waking who gives way."""
+        with GATE:
+            with self._lock:
+                requested = self._requested()
+            if requested:
+                _foreground.add(self)
+            else:
+                _foreground.discard(self)
+            GATE.notify_all()
+
     def _park(self, job: _Job) -> bool:
-        """A background job yields to waiting requests: back in the queue, resumed later
-        (dropped if a newer request of its kind is waiting)."""
+        """A background job yields to waiting requests of its runner: back in the queue,
+        resumed later (dropped if a newer request of its kind is waiting). While only other
+        runners have requests it waits here, in place, until they are done; a stale one (a newer
+        one of its kind, or cancelled) ends here, before computing another chunk."""
+        with GATE:
+            while True:
+                with self._lock:
+                    own = any(not j.background for j in self._pending.values())
+                if own or not (_foreground - {self}) or not self.current(job):
+                    break
+                self.giving_way = True
+                GATE.notify_all()
+                GATE.wait()
+            if self.giving_way:
+                self.giving_way = False
+                GATE.notify_all()
+        if not self.current(job):  # cancelled (or a newer one submitted): no further chunk
+            job.steps.close()
+            return True
+        if not own:
+            return False
         with self._lock:
-            if not any(not j.background for j in self._pending.values()):
-                return False
             if job.kind in self._pending:
                 job.steps.close()
             else:

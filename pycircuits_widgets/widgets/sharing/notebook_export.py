@@ -26,6 +26,7 @@ import json
 import pathlib
 import warnings
 
+from ...progress import progress
 from .standalone import Page, content_policy, refuse_notebook_target, write_atomic
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -271,4 +272,11 @@ def export_notebook(notebook, out=None, *, title: str | None = None) -> pathlib.
     if out.resolve() == notebook.resolve() or (out.exists() and out.samefile(notebook)):
         raise ExportError(f"refusing to write the HTML page to {out}: it is the notebook being exported; "
                           "choose another output name (-o PAGE.html)")
-    return write_atomic(out, render_notebook_html(notebook, title=title))
+    with progress(f"export {notebook.name}", total=2, unit="step") as bar:  # shown past a second
+        bar.note("rendering the cells")
+        page = render_notebook_html(notebook, title=title)
+        bar.update()
+        bar.note(f"writing {out.name}")
+        written = write_atomic(out, page)
+        bar.update()
+    return written

@@ -180,6 +180,11 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
             f"This view holds the {kind}-composition details of head pairs (within its {offline.BUDGET // 1000} KB "
             "budget for kernel-less answers); this one needs a running kernel."))
 
+    def fill_steps(self, selection):
+        """The detail of ``selection``'s pair (for the kind shown) computed into the per-model cache."""
+        for _ in self._detail_steps(list(selection["selected_pair"]), self.kind):
+            yield None
+
     def _table_steps(self, kind, erratum):
         wanted = self._missing(kind, erratum)
         if wanted:

@@ -172,6 +172,11 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
             for layer, head in offline.heads(self)
         ), base={"error": ""}, missing=offline.over_budget("This head's eigenvalue detail"))
 
+    def fill_steps(self, selection):
+        """``selection``'s head's detail computed into the per-model cache (its copied tokens)."""
+        for _ in self._detail_steps(selection["layer"], selection["head"], self.n_copies):
+            yield None
+
     def _score_steps(self):
         with torch.no_grad():
             computed = head_scores(self.model)

@@ -7,12 +7,13 @@ import types
 
 import ipywidgets
 import traitlets
-from tqdm import tqdm
 
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
 from ..core.arrays import Array
+from ... import progress as bars
+from ..core import offline
 from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
@@ -57,6 +58,14 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     The model reads each text once (``pcw.run``); the loss, attention, path and positional
     views share that pass. The paper views in ``ON_DEMAND`` are built inactive and computed
     on first use (their section's "compute" button, or :meth:`compute`), on their own runner.
+
+    Under a kernel, once built, the explorer precomputes in the background what a click on each
+    head would compute (each view's ``fill_steps``: the head's exact skip-trigram table, its
+    eigenvalue detail, the composition detail of the pair the click selects) into the per-model
+    cache (``analysis.cache``), so a later click answers from it. It gives way to every click
+    (``widgets/core/runner.py``), its header says how far it is (``progress``: "precomputing
+    heads 37/144"), and :meth:`stop_background` (or closing the explorer) stops it. In a plain
+    script nothing runs in the background.
 
     A view the model cannot support honestly is not built: ``notices[name]`` says why
     (no composition, induction or virtual heads in a one-layer model; only the bigram table in
@@ -128,21 +137,21 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
         super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
                          **kwargs)
-        # a console bar, shown only when building takes over a second (large models)
-        with tqdm(total=len(VIEWS), desc="CircuitExplorer", unit="view", delay=1.0, leave=False) as progress:
-            progress.set_postfix_str("running the model", refresh=False)
+        with bars.progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
+            bar.note("running the model")
             self._show_run()
-            self._build_views(no_heads, progress)
+            self._build_views(no_heads, bar)
         self._link()
         for name, value in selection.items():
             setattr(self, name, value)
+        self.start_background()
 
     # -- building ---------------------------------------------------------------------------
     def _build_views(self, no_heads: str, progress) -> None:
         """Each registry entry's view (``ViewSpec.build``), or a notice saying why there is none."""
         notices = {}
         for spec in VIEWS:
-            progress.set_postfix_str(spec.noun, refresh=False)
+            progress.note(spec.noun)
             progress.update()
             if no_heads and spec.needs_heads:
                 notices[spec.name] = f"No {spec.noun}: {no_heads}."
@@ -200,14 +209,57 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
 
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until every view's kernel-side recomputes are done and applied (True if all are
-        idle). A result applied in one view can move the selection and start work in another,
-        so this repeats until a full pass finds every view idle."""
-        while True:
-            busy_before = [v for v in self.views().values() if v.busy]
-            if not all(view.wait(timeout) for view in self.views().values()):
-                return False
-            if not busy_before and not any(v.busy for v in self.views().values()):
-                return True
+        idle); not the background precompute (:meth:`wait_background`). A result applied in one
+        view can move the selection and start work in another, so this repeats until a full pass
+        finds every view idle. A wait over a second shows a bar of the views done."""
+        views = self.views()
+        with bars.progress("CircuitExplorer: computing", total=len(views), unit="view") as bar:
+            while True:
+                busy_before = [v for v in views.values() if v.busy]
+                bar.n = 0
+                for name, view in views.items():
+                    bar.note(name)
+                    if not view._runner.wait(timeout, tick=lambda: bar.note(f"{name}: {view._runner.running_kind()}")):
+                        return False
+                    bar.update()
+                if not busy_before and not any(v.busy for v in views.values()):
+                    return True
+
+    # -- background precompute ----------------------------------------------------------------
+    def start_background(self) -> bool:
+        """Precompute, in the background, every head's results a click would compute (class
+        docstring), the selected head first; False in a plain script (nothing runs). Restarts a
+        running fill; heads already computed answer from the cache at once."""
+        views = [v for v in self.views().values() if type(v).fill_steps is not CircuitWidget.fill_steps]
+        heads = offline.heads(self) if views else []
+        return bool(heads) and self._runner.submit("fill", lambda: self._fill_steps(views, heads), background=True)
+
+    def stop_background(self) -> None:
+        """Stop the background precompute (what it computed stays cached)."""
+        self._runner.cancel("fill")
+        self.progress = {}
+
+    def wait_background(self, timeout: float | None = None) -> bool:
+        """Wait until the background precompute is done (True), or ``timeout`` s (False)."""
+        return self._runner.wait(timeout)
+
+    def _fill_steps(self, views, heads):
+        """Each head's ``fill_steps`` of each view, for the selection a click on it resolves to."""
+        current = {k: getattr(self, k) for k in SELECTION_KEYS}
+        for done, (layer, head) in enumerate(heads):
+            yield {"progress": {"text": "precomputing heads", "done": done, "total": len(heads)}}
+            selection = resolve_selection(current, {"layer": layer, "head": head}, self.token_ids,
+                                          self.strongest_writer)
+            for view in views:
+                for _ in view.fill_steps(selection):
+                    yield None
+        yield {"progress": {}}
+
+    def close(self) -> None:
+        """Close the explorer (its background precompute stops)."""
+        if hasattr(self, "_runner"):  # (also called by __del__, maybe of a failed construction)
+            self.stop_background()
+        super().close()
 
     # -- linking: children -> explorer -> children. Values converge, so no feedback loop: a
     # child set to the explorer's value reports an unchanged value and traitlets stays quiet.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import traitlets
 
+from ...analysis.cache import RESULT, cached, stored
 from ...analysis.circuits import embedding_note
 from ...analysis.rotary import rotations
 from ...analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, top_over_offsets,
@@ -19,7 +20,6 @@ from .notes import direct_path_ignores
 
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
-TABLE_CACHE = 32  # exact tables kept per widget (a few KiB each)
 
 
 class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidget):
@@ -87,7 +87,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     def __init__(self, model, offsets=None, **kwargs):
         check_model(model, "SkipTrigramTable")
         self._strings = model.token_strings
-        self._tables: dict = {}  # (layer, head, k) -> exact table payload, newest last
         super().__init__(model, offsets, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
 
@@ -219,29 +218,40 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     def _table_steps(self, layer, head, k):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
-        offsets = self._window
-        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device,
-                                                   layer=layer)
-        window = (offsets, R)
-        cache_key = (layer, head, k, tuple(offsets or ()))
-        table = self._tables.get(cache_key)
-        if table is not None:  # a revisited head answers at once
+        cache_key, window = self._keyed_window(layer, head, k)
+        table = stored(self.model, cache_key)
+        if table is not None:  # a revisited (or precomputed) head answers at once
             yield {"trigrams": table}
             return
-        q, kk, v, u = self._centred(layer, head)
-        n_vocab = kk.shape[0]
-        if n_vocab > self.partial_above:
+        if self.model.cfg.d_vocab > self.partial_above:
+            q, kk, v, u = self._centred(layer, head)
             with torch.no_grad():
                 found = top_over_offsets(lambda qr, floor: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, floor),
                                          q, window[1], n=k)
-            yield {"trigrams": self._table_of(layer, head, window, *found, self.partial_sources / n_vocab)}
+            yield {"trigrams": self._table_of(layer, head, window, *found, self.partial_sources / kk.shape[0])}
+        yield {"trigrams": cached(self.model, cache_key, lambda: self._exact_table(layer, head, k, window), tier=RESULT)}
+
+    def _exact_table(self, layer, head, k, window) -> dict:
+        """The exact top-k table of one head (kept per model: ``analysis.cache``)."""
+        q, kk, v, u = self._centred(layer, head)
         with torch.no_grad():
             found = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, floor=floor), q, window[1], n=k)
-        table = self._table_of(layer, head, window, *found, 1.0)
-        self._tables[cache_key] = table
-        while len(self._tables) > TABLE_CACHE:
-            del self._tables[next(iter(self._tables))]
-        yield {"trigrams": table}
+        return self._table_of(layer, head, window, *found, 1.0)
+
+    def fill_steps(self, selection):
+        """The exact table of ``selection``'s head into the per-model cache (no partial first)."""
+        layer, head, k = selection["layer"], selection["head"], self.k
+        cache_key, window = self._keyed_window(layer, head, k)
+        cached(self.model, cache_key, lambda: self._exact_table(layer, head, k, window), tier=RESULT)
+        yield None
+
+    def _keyed_window(self, layer, head, k):
+        """The cache key of a head's exact table and the window ``(offsets, rotations)`` it is read
+        over (None, None when not rotary)."""
+        offsets = self._window
+        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device,
+                                                   layer=layer)
+        return ("SkipTrigramTable", layer, head, k, tuple(offsets or ())), (offsets, R)
 
     def _table_of(self, layer, head, window, score, idx, at, progress):
         src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]

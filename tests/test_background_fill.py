@@ -1,0 +1,150 @@
+"""The explorer's background fill: under a kernel it computes, for every head, what a click
+would (the exact skip-trigram table, the eigenvalue detail, the composition detail of the pair
+the click selects) into the per-model cache, gives way to every other runner's requests, stops
+when cancelled or closed, and a click after it recomputes nothing the cache keeps. In a script
+nothing runs. Deterministic: the tests wait on the runner's own signals (``GATE``,
+``giving_way``, ``wait``), never on time."""
+
+import copy
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.widgets.core import runner
+from pycircuits_widgets.widgets.core.payload import decode_array
+from random_models import paper_model
+from runner_loop import ManualLoop, manual_kernel_loop  # noqa: F401 (fixture)
+
+TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
+WAIT = 60  # seconds: a bound on a hang, never a timing assertion
+
+
+def fresh_model():
+    """A model no other test has cached anything for."""
+    return paper_model(n_layers=2, n_heads=3, dtype=torch.float32, seed=5)
+
+
+def table_keys(model) -> set:
+    return {key[1:3] for key in cache.keys(model) if key[0] == "SkipTrigramTable"}
+
+
+def giving_way(r: runner.Runner) -> bool:
+    with runner.GATE:
+        return runner.GATE.wait_for(lambda: r.giving_way, WAIT)
+
+
+class Blocker:
+    """A request held on a runner until released: while it runs, that runner has work."""
+
+    def __init__(self, r: runner.Runner):
+        self.started, self.release = threading.Event(), threading.Event()
+        r.submit("blocker", self._steps)
+        assert self.started.wait(WAIT)
+
+    def _steps(self):
+        self.started.set()
+        assert self.release.wait(WAIT)
+        yield None
+
+
+def test_the_fill_visits_every_head_and_a_revisit_answers_from_the_cache(manual_kernel_loop):
+    model = fresh_model()
+    ex = pcw.CircuitExplorer(model, TEXT)
+    assert ex.wait(WAIT) and ex.wait_background(WAIT)
+    cfg = model.cfg
+    assert table_keys(model) == {(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)}
+    assert {key[1:3] for key in cache.keys(model) if key[0] == "ov_diagonal"} == table_keys(model)
+    assert ex.progress == {}  # the header's "precomputing heads" line is gone
+    # every precomputed table is the one a script computes for that head on its own
+    twin = copy.deepcopy(model)
+    for layer, head in [(0, 2), (1, 1)]:
+        view = pcw.SkipTrigramTable(twin, layer=layer, head=head)
+        assert view.wait(WAIT)
+        kept = cache.stored(model, ("SkipTrigramTable", layer, head, ex.trigrams.k, ()))
+        for name in ("src", "dest", "out", "score"):
+            assert np.array_equal(decode_array(kept[name]), decode_array(view.trigrams[name])), name
+    before = cache.stats(model)
+    ex.layer, ex.head = 1, 2  # a head the explorer never showed
+    assert ex.wait(WAIT)
+    after = cache.stats(model)
+    assert after["misses"] == before["misses"] and after["hits"] > before["hits"]
+    assert (ex.trigrams.trigrams["layer"], ex.trigrams.trigrams["head"]) == (1, 2)
+    assert (ex.eigen.detail["layer"], ex.eigen.detail["head"]) == (1, 2)
+    assert ex.composition.detail["h2"] == [1, 2] and ex.selected_pair[2:] == [1, 2]
+
+
+def test_the_fill_gives_way_to_a_click_and_then_finishes(manual_kernel_loop):
+    model = fresh_model()
+    ex = pcw.CircuitExplorer(model, TEXT)
+    ex.stop_background()
+    assert ex.wait(WAIT) and ex.wait_background(WAIT)
+    cache.clear(model)
+    held = Blocker(ex.eigen._runner)  # another view busy on a request
+    assert ex.start_background()
+    assert giving_way(ex._runner)
+    assert table_keys(model) == set()  # it gave way before its first head
+    ex.layer, ex.head = 1, 1  # a click while the fill waits
+    held.release.set()
+    assert ex.wait(WAIT)
+    assert (ex.trigrams.trigrams["layer"], ex.trigrams.trigrams["head"]) == (1, 1)
+    assert ex.wait_background(WAIT)
+    assert len(table_keys(model)) == model.cfg.n_layers * model.cfg.n_heads and ex.progress == {}
+
+
+def test_a_request_of_another_runner_is_computed_before_the_next_background_chunk():
+    """Two runners as under a kernel: the background job of one waits, at its chunk boundary,
+    until the other's requests (one running, one submitted meanwhile) are both computed."""
+    events = []
+
+    class View:  # what a Runner drives: busy and error traits, hold_sync
+        busy, error = False, ""
+
+        def hold_sync(self):
+            return threading.Lock()
+
+    loop = ManualLoop()
+    fill, clicks = runner.Runner(View(), loop=loop), runner.Runner(View(), loop=loop)
+    held = Blocker(clicks)
+
+    def background():
+        for chunk in range(3):
+            events.append(f"chunk {chunk}")
+            yield None
+
+    def click():
+        events.append("click")
+        yield None
+
+    fill.submit("fill", background, background=True)
+    assert giving_way(fill)
+    clicks.submit("click", click)
+    held.release.set()
+    assert clicks.wait(WAIT) and fill.wait(WAIT)
+    assert events == ["chunk 0", "click", "chunk 1", "chunk 2"]
+
+
+@pytest.mark.parametrize("how", ["stop_background", "close"])
+def test_cancelling_stops_the_fill(manual_kernel_loop, how):
+    model = fresh_model()
+    ex = pcw.CircuitExplorer(model, TEXT)
+    ex.stop_background()
+    assert ex.wait(WAIT) and ex.wait_background(WAIT)
+    cache.clear(model)
+    held = Blocker(ex.trigrams._runner)
+    assert ex.start_background() and giving_way(ex._runner)
+    getattr(ex, how)()
+    held.release.set()
+    assert ex.wait_background(WAIT)
+    assert table_keys(model) == set() and ex.progress == {}
+
+
+def test_a_script_runs_nothing_in_the_background():
+    model = fresh_model()
+    ex = pcw.CircuitExplorer(model, TEXT)
+    assert ex.start_background() is False
+    assert ex._runner._worker is None and ex.progress == {}
+    assert table_keys(model) == {(0, 0)}  # only the table the explorer shows

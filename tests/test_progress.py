@@ -1,0 +1,61 @@
+"""``pycircuits_widgets.progress``: a bar only for a wait past its delay, on the console in a
+script, in the cell under a Jupyter kernel, and nothing of it left in a saved notebook."""
+
+import pathlib
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from pycircuits_widgets.progress import progress, steps
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def test_a_wait_past_the_delay_draws_a_console_bar(capsys):
+    with progress("reading", total=3, unit="step", delay=0) as bar:
+        bar.note("first step")
+        bar.update(3)  # (within a redraw's interval: drawn with the next note)
+        bar.note("last step")
+    err = capsys.readouterr().err
+    assert "reading" in err and "first step" in err and "3/3" in err and "last step" in err
+
+
+def test_a_wait_under_the_delay_draws_nothing(capsys):
+    assert list(steps(range(4), "quick")) == [0, 1, 2, 3]  # default delay: a second
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("switch", [("PCW_PROGRESS", "0"), ("TQDM_DISABLE", "1")])
+def test_bars_can_be_turned_off(capsys, monkeypatch, switch):
+    monkeypatch.setenv(*switch)
+    with progress("reading", total=2, delay=0) as bar:
+        bar.update(2)
+    assert capsys.readouterr().err == ""
+
+
+CELL = """
+from pycircuits_widgets.progress import progress
+with progress("in the cell", total=3, unit="step", delay=0) as bar:
+    for _ in range(3):
+        bar.update()
+print("done")
+"""
+
+
+def test_a_bar_in_a_cell_leaves_no_widget_in_the_saved_notebook(tmp_path, monkeypatch):
+    """In a kernel the bar is drawn in the cell's output; once done that output is blank, and
+    no widget of it is in the saved widget state (nbclient keeps even closed widgets' state)."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL)])
+    NotebookClient(nb, kernel_name="python3", timeout=120, store_widget_state=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = nb.cells[0].outputs
+    assert [o.text for o in outputs if o.output_type == "stream"] == ["done\n"]
+    shown = [o for o in outputs if o.output_type == "display_data"]
+    assert len(shown) == 1 and dict(shown[0].data) == {"text/plain": ""}  # shown, then blanked in place
+    assert not any(WIDGET_VIEW in o.get("data", {}) for o in outputs)
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    assert state == {}
