@@ -56,6 +56,13 @@ def randomize(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
+def float64_pair(config, seed: int):
+    """``(hf, pcw.from_hf(hf))``: a random float64 Hugging Face model built from ``config`` (eager
+    attention, every parameter random) and its weight view."""
+    hf = randomize(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"), seed).double()
+    return hf, pcw.from_hf(hf)
+
+
 def tiny_model(kind: str, seed: int = 0):
     config = CONFIGS[kind]()
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")

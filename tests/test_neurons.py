@@ -20,7 +20,7 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.neurons import neuron_activations, neuron_terms
 from pycircuits_widgets.widgets.core import offline
 from pycircuits_widgets.widgets.views.explorer import reading_ids  # a model without a tokenizer reads ids
-from test_adapters_hf import randomize
+from test_adapters_hf import float64_pair
 
 V, D_MLP, K = 48, 40, 10
 IDS = [3, 7, 11, 3, 7, 11, 19, 2, 30, 5]
@@ -35,9 +35,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def adapted(request):
-    hf = randomize(transformers.AutoModelForCausalLM.from_config(CONFIGS[request.param](), attn_implementation="eager"),
-                   seed=3).double()
-    return request.param, hf, pcw.from_hf(hf)
+    return request.param, *float64_pair(CONFIGS[request.param](), seed=3)
 
 
 def hf_activations(kind, hf):

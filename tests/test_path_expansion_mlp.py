@@ -14,7 +14,7 @@ import transformers
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import path_expansion
 from pycircuits_widgets.analysis.path_expansion import path_specs
-from test_adapters_hf import randomize
+from test_adapters_hf import float64_pair
 
 V = 64
 CONFIGS = {
@@ -31,9 +31,7 @@ TOKENS = torch.tensor([[3, 17, 5, 3, 17, 5, 40, 2, 9, 63], [1, 2, 3, 4, 1, 2, 3,
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def adapted(request):
-    hf = randomize(transformers.AutoModelForCausalLM.from_config(CONFIGS[request.param](), attn_implementation="eager"),
-                   seed=5).double()
-    return request.param, hf, pcw.from_hf(hf)
+    return request.param, *float64_pair(CONFIGS[request.param](), seed=5)
 
 
 def _hf_forward_with_writes(kind, hf):
