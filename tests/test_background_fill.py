@@ -15,7 +15,6 @@ import torch
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import cache
 from pycircuits_widgets.widgets.core import runner
-from pycircuits_widgets.widgets.core.payload import decode_array
 from random_models import paper_model
 from runner_loop import ManualLoop, manual_kernel_loop  # noqa: F401 (fixture)
 
@@ -66,7 +65,7 @@ def test_the_fill_visits_every_head_and_a_revisit_answers_from_the_cache(manual_
         assert view.wait(WAIT)
         kept = cache.stored(model, ("SkipTrigramTable", layer, head, ex.trigrams.k, ()))
         for name in ("src", "dest", "out", "score"):
-            assert np.array_equal(decode_array(kept[name]), decode_array(view.trigrams[name])), name
+            assert np.array_equal(np.asarray(kept[name]), view.trigrams[name]), name
     before = cache.stats(model)
     ex.layer, ex.head = 1, 2  # a head the explorer never showed
     assert ex.wait(WAIT)

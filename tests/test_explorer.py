@@ -181,10 +181,10 @@ def test_a_new_text_moves_the_rotary_views_default_window_but_not_one_the_reader
     assert e.wait()
     for view in views:
         assert view.offsets == [0, 1, 2, 3, 4] and "query - key offsets 0..4" in view.offset_note
-    eigen_scores = decode_array(e.eigen.qk_positivity)
+    eigen_scores = e.eigen.qk_positivity
     e.eigen.offsets = [1, 2]  # the reader's window
     assert e.wait()
-    assert not np.array_equal(decode_array(e.eigen.qk_positivity), eigen_scores)  # it read the new window
+    assert not np.array_equal(e.eigen.qk_positivity, eigen_scores)  # it read the new window
     e.text = "t1 t2"
     assert e.wait()
     assert e.eigen.offsets == [1, 2] and "offsets 1..2" in e.eigen.offset_note
@@ -193,8 +193,8 @@ def test_a_new_text_moves_the_rotary_views_default_window_but_not_one_the_reader
     # the composition table is the one read over the new window
     fresh = pcw.CompositionMatrix(model, offsets=range(0, 2))
     assert fresh.wait()
-    assert np.array_equal(decode_array(e.composition.scores["K"]["correct"]),
-                          decode_array(fresh.scores["K"]["correct"]), equal_nan=True)
+    assert np.array_equal(e.composition.scores["K"]["correct"],
+                          fresh.scores["K"]["correct"], equal_nan=True)
 
 
 def test_bad_arguments_raise_clear_errors(model):

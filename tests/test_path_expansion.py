@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from random_models import custom_model, paper_model
 
+from pycircuits_widgets import FactoredMatrix
 from pycircuits_widgets.analysis import path_expansion
 
 TOKENS = torch.tensor([[4, 11, 29, 4, 11, 2, 36, 29], [1, 2, 3, 1, 2, 3, 0, 9]])
@@ -38,6 +39,10 @@ def test_one_head_and_virtual_head_terms_are_what_the_paper_writes():
     A = cache.patterns[:, 1, 2]
     one = (A @ (x / s[:, 1, :, None]) @ m.W_V[1, 2] @ m.W_O[1, 2]) / s[:, 2, :, None] @ m.W_U
     torch.testing.assert_close(pe.term_logits(by_name["L1.H2"]), one)
+    # ... computed through d_model: W_OV W_U stays factored (a dense [d_model, d_vocab] per term is
+    # 154 MB at GPT-2 size, 26 GB for its 170 terms)
+    W = pe.terms[by_name["L1.H2"]].term.W
+    assert isinstance(W, FactoredMatrix) and W.shape == (m.cfg.d_model, m.cfg.d_vocab) and W.mdim == m.cfg.d_model
     # virtual head L0.H1 → L1.H0: A^{h2} D A^{h1} D x W_OV1 W_OV2 W_U
     h1_out = cache.patterns[:, 0, 1] @ (x / s[:, 0, :, None]) @ m.W_V[0, 1] @ m.W_O[0, 1]
     virt = (cache.patterns[:, 1, 0] @ (h1_out / s[:, 1, :, None]) @ m.W_V[1, 0] @ m.W_O[1, 0]) / s[:, 2, :, None] @ m.W_U

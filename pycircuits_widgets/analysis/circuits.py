@@ -338,13 +338,15 @@ class TensorProductTerm:
     """A path-expansion term ``A ⊗ W`` in the paper's tensor-product notation.
 
     ``A [..., dest, src]`` mixes positions (an attention pattern or a product of them);
-    ``W [d_in, d_out]`` acts on the residual dimension. On row-convention activations
+    ``W [d_in, d_out]`` acts on the residual dimension, a tensor or a ``FactoredMatrix`` (a path's
+    ``W_OV ... W_U`` kept as ``(W_OV ...) @ W_U``: at GPT-2 size a dense ``[d_model, d_vocab]`` per
+    term is 154 MB, 26 GB for its 170 terms). On row-convention activations
     ``x [..., src, d_in]``: ``(A ⊗ W) x = A @ x @ W`` ``[..., dest, d_out]``. Read as one
     linear map on ``x`` flattened row-major, it is the Kronecker product ``kron(A, W^T)``.
     """
 
     A: torch.Tensor
-    W: torch.Tensor
+    W: torch.Tensor | FactoredMatrix
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``A @ x @ W``: ``x [..., src, d_in]`` -> ``[..., dest, d_out]``."""
@@ -353,8 +355,11 @@ class TensorProductTerm:
                 f"TensorProductTerm with A {tuple(self.A.shape)} and W {tuple(self.W.shape)} needs "
                 f"x [..., {self.A.shape[-1]}, {self.W.shape[0]}], got {tuple(x.shape)}"
             )
+        W = self.W
+        if isinstance(W, FactoredMatrix):  # through its inner dimension: [d_in, d_out] is never formed
+            return (self.A @ (x @ W.A)) @ W.B
         # multiply the cheaper side first; both orders are the same map
-        return self.A @ (x @ self.W) if self.W.shape[1] <= self.W.shape[0] else (self.A @ x) @ self.W
+        return self.A @ (x @ W) if W.shape[1] <= W.shape[0] else (self.A @ x) @ W
 
     def then(self, other: "TensorProductTerm") -> "TensorProductTerm":
         """``other ∘ self = (A_o A_s) ⊗ (W_s W_o)``: the path that goes through self, then other."""
@@ -364,4 +369,5 @@ class TensorProductTerm:
         """Dense ``[dest * d_out, src * d_in]`` matrix of the map on row-major-flattened ``x``."""
         if self.A.ndim != 2:
             raise ValueError(f"kron() needs a single 2-D A, got A of shape {tuple(self.A.shape)}")
-        return torch.kron(self.A, self.W.T.contiguous())
+        W = self.W.AB if isinstance(self.W, FactoredMatrix) else self.W
+        return torch.kron(self.A, W.T.contiguous())

@@ -39,6 +39,7 @@ import torch
 
 from ..models.circuit_model import next_token_loss
 from .activations import RunResult
+from ..factored import FactoredMatrix
 from .circuits import TensorProductTerm
 
 
@@ -219,7 +220,8 @@ def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathE
             terms.append(PathTerm((), TensorProductTerm(eye[None], model.b_U[None].to(dtype)), "b_U"))
             continue
         A, W = head_term(path)
-        terms.append(PathTerm(path, TensorProductTerm(inv[:, -1, :, None] * A, W_U if W is None else W @ W_U), source))
+        terms.append(PathTerm(path, TensorProductTerm(inv[:, -1, :, None] * A, W_U if W is None else FactoredMatrix(W, W_U)),
+                              source))
     return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits, sources=sources)
 
 
