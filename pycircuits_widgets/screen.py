@@ -179,10 +179,14 @@ class ProductScreen:
     ``candidates(rows, level)``: every ``(i, j)`` with ``(a @ b)[rows[i], j] > level`` is returned
     (and some that are not). ``backend``: one of ``BACKENDS``; default ``exact_route()`` of the
     factors' device. A route this machine's probe found inexact is refused (``ValueError``).
-    Memory: the quantised factors plus one ``[rows, TILE_COLS]`` tile.
+    ``row_maps [n_maps, r, r]`` (optional): screen the rows of every ``a @ M.T`` instead, stacked:
+    row ``i`` of map ``t`` is row ``t * m + i`` (a rotary key at each query - key offset, against one
+    set of queries: the columns are quantised once). Memory: the quantised factors (rows: ``n_maps``
+    times) plus one ``[rows, TILE_COLS]`` tile.
     """
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, backend: str | None = None, tile_cols: int = TILE_COLS):
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, backend: str | None = None, tile_cols: int = TILE_COLS,
+                 row_maps: torch.Tensor | None = None):
         if backend is None:
             backend = exact_route(a.device.type)
         if backend not in SCREEN_ROWS:
@@ -193,16 +197,18 @@ class ProductScreen:
                              f"exact routes here: {exact_routes(a.device.type)}")
         # rows of bt are the columns of b: every reduction below runs along contiguous rows
         a, bt = a.float(), b.float().T.contiguous()
+        # the rows one map at a time: a stacked float copy of every map's rows is never held
+        maps = [a] if row_maps is None else [a @ M.float().T for M in row_maps]
         self.backend = backend
         self.block_rows = SCREEN_ROWS[backend]
         self.n = bt.shape[0]
         cols = range(0, self.n, tile_cols)
         self._starts = list(cols)
-        a_norm = torch.linalg.vector_norm(a, dim=1)
+        a_norm = torch.cat([torch.linalg.vector_norm(x, dim=1) for x in maps])
         b_norm_max = torch.linalg.vector_norm(bt, dim=1).max()
         slack = FLOAT_SLACK * a_norm * b_norm_max
         if backend in INT8_WEIGHT_MAX:
-            self._x, alpha, aq_norm, e_norm = _quantise_rows(a)
+            self._x, alpha, aq_norm, e_norm = (torch.cat(parts) for parts in zip(*map(_quantise_rows, maps)))
             w, beta, bq_norm, f_norm = _quantise_rows(bt, INT8_WEIGHT_MAX[backend])  # w [n, r]: a linear layer's weight
             self._margin = alpha * aq_norm * f_norm.max() + e_norm * b_norm_max + slack
             self._scale = max(float(aq_norm.max() * (beta * bq_norm).max()) / 254, torch.finfo(torch.float32).tiny)
@@ -219,7 +225,7 @@ class ProductScreen:
             low = torch.bfloat16 if backend == "bfloat16" else torch.float32
             relative = (bf16_relative_error if backend == "bfloat16" else fp32_relative_error)(a.shape[1])
             self._margin = relative * a_norm * b_norm_max + slack
-            self._x = a.to(low)
+            self._x = torch.cat([x.to(low) for x in maps])
             self._tiles = [bt[c:c + tile_cols].T.to(low).contiguous() for c in cols]
 
     def _tile(self, x: torch.Tensor, t: int) -> torch.Tensor:

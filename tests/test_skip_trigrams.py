@@ -47,7 +47,7 @@ def test_exact_in_small_blocks_with_and_without_prunable_norms(k, block_bytes, t
     norms = torch.exp(tail * torch.rand(V, 1, generator=g))
     q, kk, v = (torch.randn(V, dh, generator=g) * norms for _ in range(3))
     u = torch.randn(dh, V, generator=g)
-    score, idx = top_skip_trigrams(q, kk, v, u, k, block_bytes)
+    score, idx, _ = top_skip_trigrams(q, kk, v, u, k, block_bytes)
     dense = (q @ kk.T).T.clamp_min(0)[:, :, None] * (v @ u).clamp_min(0)[:, None, :]
     torch.testing.assert_close(score, torch.topk(dense.flatten(), k).values)
     torch.testing.assert_close(dense[idx[:, 0], idx[:, 1], idx[:, 2]], score)
@@ -55,7 +55,7 @@ def test_exact_in_small_blocks_with_and_without_prunable_norms(k, block_bytes, t
 
 def test_fewer_positive_triples_than_k_returns_them_all():
     q = torch.tensor([[1.0], [-1.0]])
-    score, idx = top_skip_trigrams(q, q.clone(), q.clone(), q.T.clone(), 50)
+    score, idx, _ = top_skip_trigrams(q, q.clone(), q.clone(), q.T.clone(), 50)
     # qk[d, s] = q_d k_s and ov[s, o] = v_s u_o: positive pairs need d = s sign-wise and o = s
     assert score.tolist() == [1.0, 1.0] and sorted(idx[:, 0].tolist()) == [0, 1]
 
@@ -130,11 +130,33 @@ def test_screened_search_equals_brute_force_on_adversarial_factors(route, case, 
         q, k, v, u = (torch.randn(*shape, generator=g) for shape in shapes)
         for x in (q, k, v):
             x *= torch.exp(torch.rand(V, 1, generator=g) * 18 - 9)
-    score, idx = top_skip_trigrams(q, k, v, u, 60, block_bytes=V * 4 * 16)
+    score, idx, _ = top_skip_trigrams(q, k, v, u, 60, block_bytes=V * 4 * 16)
     QK, OV = q.double() @ k.double().T, v.double() @ u.double()  # [dest, src], [src, out]
     torch.testing.assert_close(score.double(), _brute_force(QK, OV, 60), rtol=1e-6, atol=0)
     s, d, o = idx.unbind(1)
     torch.testing.assert_close(QK[d, s] * OV[s, o], score.double(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("route", screen.exact_routes())
+def test_screened_search_over_a_window_of_rotations_equals_brute_force(route, monkeypatch):
+    # one search for the whole window: each triple's QK factor is its largest over the maps R[t]
+    # (rotations scaled by 1.3, as rotary attention scaling does), the screen deciding most sources
+    st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
+    monkeypatch.setattr(st, "SEED_SOURCES", 4)
+    monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": route)
+    g = torch.Generator().manual_seed(5)
+    V, r, n_maps = 180, 8, 5
+    q, k, v = (torch.randn(V, r, generator=g) * torch.exp(torch.rand(V, 1, generator=g) * 4 - 2) for _ in range(3))
+    u = torch.randn(r, V, generator=g)
+    R = torch.linalg.qr(torch.randn(n_maps, r, r, generator=g)).Q * 1.3
+    score, idx, at = top_skip_trigrams(q, k, v, u, 60, block_bytes=V * 4 * 16 * n_maps, R=R)
+    QK = torch.stack([q.double() @ Rt.double() @ k.double().T for Rt in R])  # [map, dest, src]
+    QKmax, OV = QK.amax(0), v.double() @ u.double()
+    torch.testing.assert_close(score.double(), _brute_force(QKmax, OV, 60), rtol=1e-6, atol=0)
+    s, d, o = idx.unbind(1)
+    torch.testing.assert_close(QK[at, d, s] * OV[s, o], score.double(), rtol=1e-6, atol=0)
+    assert (QK[at, d, s] >= QKmax[d, s] * (1 - 1e-6)).all()  # each triple at its strongest map
+    assert at.unique().numel() > 1  # the window matters: the best triples peak at different maps
 
 
 @pytest.mark.parametrize("weight, bad", [("W_Q", float("nan")), ("W_V", -float("inf")), ("W_U", float("inf"))])

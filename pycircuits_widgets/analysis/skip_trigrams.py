@@ -34,10 +34,11 @@ ignores composition, so ``skip_trigrams`` refuses unless ``approximate=True``.
 Rotary models (``rotary``): the QK circuit at query - key offset ``o`` is
 ``W_E W_Q R(o) W_K^T W_E^T``, i.e. the query factor ``q R(o)``. At one offset the table is exact as
 above. Over a window, ``reduce="max"`` scores each triple at its strongest offset (reported per
-triple): the exact top-k of that maximum is the top-k of the union of each offset's exact top-k (a
-triple in the top-k of the maximum is beaten, at the offset where it peaks, only by triples that
-also beat it in the maximum). ``reduce="mean"`` reads the QK circuit averaged over the window,
-``q mean_o R(o)``, one exact table.
+triple). Since the OV factor does not depend on the offset and is positive in every scored triple,
+``max_o qk_o * ov = (max_o qk_o) * ov``: the table is the exact top-k of one circuit whose QK entry
+is ``QKmax[dest, src] = max_o q_dest R(o) . k_src``, searched once (the OV screen once, the keys
+``k R(o)^T`` of every offset against one quantised query set). ``reduce="mean"`` reads the QK
+circuit averaged over the window, ``q mean_o R(o)``, one exact table.
 """
 
 from __future__ import annotations
@@ -146,18 +147,17 @@ def _finite(model, layer: int, head: int, *factors: torch.Tensor) -> tuple:
 
 
 class _TopTriples:
-    """Running exact top-k of ``(score, src, dest, out)``; ``threshold`` is the k-th score, or
-    ``floor`` (scores at or below it are not wanted) while that is higher."""
+    """Running exact top-k of ``(score, src, dest, out, at)``; ``threshold`` is the k-th score (0 until
+    there are k)."""
 
-    def __init__(self, k: int, device: torch.device, floor: float = 0.0):
+    def __init__(self, k: int, device: torch.device):
         self.k = k
-        self.floor = floor
         self.score = torch.empty(0, device=device)
-        self.idx = torch.empty(0, 3, dtype=torch.long, device=device)
+        self.idx = torch.empty(0, 4, dtype=torch.long, device=device)
 
     @property
     def threshold(self) -> float:
-        return max(self.floor, float(self.score.min()) if self.score.numel() >= self.k else 0.0)
+        return float(self.score.min()) if self.score.numel() >= self.k else 0.0
 
     def add(self, score: torch.Tensor, idx: torch.Tensor) -> None:
         self.score = torch.cat([self.score, score])
@@ -178,9 +178,14 @@ def _staircase(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     return i, j
 
 
-def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
-    """Add every triple of sources ``src`` that can enter ``top`` (full-precision rows)."""
-    qk_rows = k[src] @ q.T  # [n, dest]
+def _exact_sources(src, q, k, v, u, R, top: _TopTriples) -> None:
+    """Add every triple of sources ``src`` that can enter ``top`` (full-precision rows; ``R``: see
+    ``top_skip_trigrams``)."""
+    keys = k[src] if R is None else k[src] @ R.mT  # [n, r] or [n_offsets, n, r]: q R k^T = q (k R^T)^T
+    qk_rows = keys @ q.T  # [n, dest], or per offset
+    at_rows = None
+    if R is not None:  # each (src, dest) at its strongest offset
+        qk_rows, at_rows = qk_rows.max(0)
     ov_rows = v[src] @ u  # [n, out]
     mq, mo = qk_rows.amax(1).clamp_min(0), ov_rows.amax(1).clamp_min(0)
     bound = mq * mo  # every score of a source is at most this (NaN if a row holds NaN)
@@ -193,6 +198,7 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
         return
     if not live.all():  # (a copy of the rows: skip it when every source is live)
         src, qk_rows, ov_rows, mq, mo = src[live], qk_rows[live], ov_rows[live], mq[live], mo[live]
+        at_rows = None if at_rows is None else at_rows[live]
     n = min(top.k, qk_rows.shape[1])
     qv, qi = torch.topk(qk_rows, n, dim=1)  # sorted, so a prefix is each row's top n_q
     ov, oi = torch.topk(ov_rows, n, dim=1)
@@ -208,33 +214,44 @@ def _exact_sources(src, q, k, v, u, top: _TopTriples) -> None:
     best, flat = torch.topk(score.flatten(), min(top.k, score.numel()))
     ok = best > tau
     s_i, p = flat[ok] // i.numel(), flat[ok] % i.numel()
-    idx = torch.stack([src[s_i], qi[s_i, i[p]], oi[s_i, j[p]]], 1)
-    top.add(best[ok], idx)
+    dest = qi[s_i, i[p]]
+    at = torch.zeros_like(dest) if at_rows is None else at_rows[s_i, dest]
+    top.add(best[ok], torch.stack([src[s_i], dest, oi[s_i, j[p]], at], 1))
 
 
-def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, floor: float = 0.0):
-    """Exact top-``n`` of ``(q_d . k_s) * (v_s . u_o)`` over positive factors, among scores above
-    ``floor`` (default 0: every positive one; ``top_over_offsets`` raises it to prune).
+def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: torch.Tensor | None = None):
+    """Exact top-``n`` of ``(q_d . k_s) * (v_s . u_o)`` over positive factors.
 
-    Returns ``(score [n'], idx [n', 3] = (src, dest, out))`` sorted by score, ``n' <= n``
-    (fewer if fewer triples have both factors positive). See module docstring for the method.
+    ``R [n_offsets, r, r]`` (rotary, optional): the QK factor of a triple is its largest over the window,
+    ``max_t q_d R[t] . k_s`` (with ``v_s . u_o > 0`` the score's maximum over offsets is at that
+    offset). One search for the whole window: the OV side is screened once, the keys at every offset
+    against one quantised query set, and the k-th score so far prunes every offset at once.
+
+    Returns ``(score [n'], idx [n', 3] = (src, dest, out), at [n'])`` sorted by score, ``n' <= n``
+    (fewer if fewer triples have both factors positive); ``at`` indexes ``R`` (zeros without it).
+    See module docstring for the method.
     """
     V = k.shape[0]
-    top = _TopTriples(n, k.device, floor)
-    q_max, u_max = q.norm(dim=1).max(), u.norm(dim=0).max()
+    n_maps = 1 if R is None else R.shape[0]
+    top = _TopTriples(n, k.device)
+    # a rotation keeps norms up to the attention scaling R carries
+    q_max = q.norm(dim=1).max() * (1 if R is None else torch.linalg.matrix_norm(R, 2).max())
+    u_max = u.norm(dim=0).max()
     k_norm, v_norm = k.norm(dim=1), v.norm(dim=1)
     norm_bound = k_norm * q_max * v_norm * u_max
     order = torch.argsort(norm_bound, descending=True)
-    rows = max(1, block_bytes // (V * 4))
+    rows = max(1, block_bytes // (V * 4 * n_maps))
     seed = min(rows, SEED_SOURCES)
-    _exact_sources(order[:seed], q, k, v, u, top)  # the strongest-bounded sources set the threshold
-    qk_screen, ov_screen = ProductScreen(k, q.T), ProductScreen(v, u)
+    _exact_sources(order[:seed], q, k, v, u, R, top)  # the strongest-bounded sources set the threshold
+    qk_screen, ov_screen = ProductScreen(k, q.T, row_maps=R), ProductScreen(v, u)
+    step = max(1, qk_screen.block_rows // n_maps)  # one screening call: every offset of a block of sources
     upper, visited = [], []
-    for start in range(seed, V, qk_screen.block_rows):
-        src = order[start : start + qk_screen.block_rows]
+    for start in range(seed, V, step):
+        src = order[start : start + step]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
-        uq = qk_screen.row_max_upper(src).clamp_min(0)
+        keys = src if R is None else (torch.arange(n_maps, device=src.device)[:, None] * V + src).flatten()
+        uq = qk_screen.row_max_upper(keys).reshape(n_maps, -1).amax(0).clamp_min(0)
         uo = ov_screen.row_max_upper(src).clamp_min(0)
         upper.append(uq * uo)
         visited.append(src)
@@ -247,9 +264,10 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, floor:
             chunk = ranked[start : start + rows]
             if float(upper[chunk[0]]) <= top.threshold:
                 break
-            _exact_sources(src[chunk], q, k, v, u, top)
+            _exact_sources(src[chunk], q, k, v, u, R, top)
     score, order = torch.sort(top.score, descending=True)
-    return score, top.idx[order]
+    idx = top.idx[order]
+    return score, idx[:, :3], idx[:, 3]
 
 
 def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool = False,
@@ -278,8 +296,8 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
         q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
         R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
         try:
-            score, idx, at = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, block_bytes, floor),
-                                              q, R, reduce, n=k)
+            score, idx, at = top_over_offsets(lambda qr, Rr: top_skip_trigrams(qr, kk, v, u, k, block_bytes, Rr),
+                                              q, R, reduce)
         except NonFiniteError as err:  # name the weights behind the overflow
             raise non_finite_error(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype) from err
         qk = qk_entries(q, kk, idx, R, at)
@@ -295,35 +313,19 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     return out
 
 
-def top_over_offsets(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max", n: int | None = None):
-    """``search(q', floor) -> (score [n'], idx [n', 3])`` (an exact top-n of the scores above ``floor``,
-    e.g. ``top_skip_trigrams``) run on the query factor ``q [V, d_head]`` as the rotary circuit reads
-    it (module docstring).
+def top_over_offsets(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max"):
+    """``search(q', R') -> (score, idx, at)`` (an exact top-n search such as ``top_skip_trigrams``) on
+    the query factor ``q [V, d_head]`` as the rotary circuit reads it (module docstring).
 
-    ``R``: None (not rotary: ``search(q, 0)``), or ``[n_offsets, d_head, d_head]`` rotations of a window:
-    "mean" searches ``q R.mean(0)`` once; "max" searches each ``q R[i]`` and keeps each triple at its
-    best offset, then the top ``n`` (the search's n). Each search after the first only needs scores
-    above the ``n``-th best so far: a triple in the final top n scores at least that at the offset where
-    it peaks. Returns ``(score, idx, at)``, ``at [n']`` the index into ``R`` of each triple's offset
-    (None unless "max" over ``R``)."""
+    ``R``: None (not rotary: ``search(q, None)``), or ``[n_offsets, d_head, d_head]`` rotations of a
+    window: "max" searches the window at once, each triple at its best offset (``search(q, R)``);
+    "mean" searches the window-averaged circuit ``q R.mean(0)``. Returns ``(score, idx, at)``, ``at
+    [n']`` the index into ``R`` of each triple's offset (None unless "max" over ``R``)."""
     if R is None:
-        return (*search(q, 0.0), None)
+        return (*search(q, None)[:2], None)
     if check_reduce(reduce) == "mean":
-        return (*search(q @ R.mean(0), 0.0), None)
-    best: dict = {}
-    floor = 0.0
-    for i in range(R.shape[0]):
-        score, idx = search(q @ R[i], floor)
-        n = score.numel() if n is None else n
-        for value, key in zip(score.tolist(), map(tuple, idx.tolist())):
-            if key not in best or value > best[key][0]:
-                best[key] = (value, i)
-        if n and len(best) >= n:
-            floor = sorted((v for v, _ in best.values()), reverse=True)[n - 1]
-    ranked = sorted(best.items(), key=lambda item: -item[1][0])[:n or 0]
-    idx = torch.tensor([key for key, _ in ranked], dtype=torch.long).reshape(-1, 3)
-    return (torch.tensor([v for _, (v, _) in ranked], dtype=q.dtype),
-            idx, torch.tensor([i for _, (_, i) in ranked], dtype=torch.long))
+        return (*search(q @ R.mean(0), None)[:2], None)
+    return search(q, R)
 
 
 def qk_entries(q, k, idx, R=None, at=None) -> torch.Tensor:
@@ -396,17 +398,17 @@ def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 
     return [(i, strings[i], val) for i, val in zip(ids.tolist(), values.tolist())]
 
 
-def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, floor: float = 0.0):
+def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, R: torch.Tensor | None = None):
     """A quick first answer for a large vocabulary: the exact top-``n`` skip-trigrams among the
     ``n_sources`` sources with the largest factor norms ``|k[s]| |v[s]|`` (an upper bound on
     every score of source ``s`` up to the query and out factors), which are likely strong.
     Same inputs and output as :func:`top_skip_trigrams` (source ids are vocabulary ids).
     """
     src = torch.argsort(k.norm(dim=1) * v.norm(dim=1), descending=True)[:n_sources]
-    score, idx = top_skip_trigrams(q, k[src], v[src], u, n, floor=floor)
+    score, idx, at = top_skip_trigrams(q, k[src], v[src], u, n, R=R)
     idx = idx.clone()
     idx[:, 0] = src[idx[:, 0]]  # subset-local source -> vocab id
-    return score, idx
+    return score, idx, at
 
 
 def copied_tokens(model, layer: int, head: int, n: int):

@@ -226,8 +226,8 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         if self.model.cfg.d_vocab > self.partial_above:
             q, kk, v, u = self._centred(layer, head)
             with torch.no_grad():
-                found = top_over_offsets(lambda qr, floor: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, floor),
-                                         q, window[1], n=k)
+                found = top_over_offsets(lambda qr, R: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, R),
+                                         q, window[1])
             yield {"trigrams": self._table_of(layer, head, window, *found, self.partial_sources / kk.shape[0])}
         yield {"trigrams": cached(self.model, cache_key, lambda: self._exact_table(layer, head, k, window), tier=RESULT)}
 
@@ -235,7 +235,7 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         """The exact top-k table of one head (kept per model: ``analysis.cache``)."""
         q, kk, v, u = self._centred(layer, head)
         with torch.no_grad():
-            found = top_over_offsets(lambda qr, floor: top_skip_trigrams(qr, kk, v, u, k, floor=floor), q, window[1], n=k)
+            found = top_over_offsets(lambda qr, R: top_skip_trigrams(qr, kk, v, u, k, R=R), q, window[1])
         return self._table_of(layer, head, window, *found, 1.0)
 
     def fill_steps(self, selection):
