@@ -1,6 +1,7 @@
 """Skip-trigram top-k against brute force over the dense [src, dest, out] score tensor."""
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from random_models import custom_model, paper_model
 
 from pycircuits_widgets import screen
 from pycircuits_widgets.analysis import circuit_query, full_ov_circuit, full_qk_circuit, skip_trigrams
-from pycircuits_widgets.analysis.skip_trigrams import centred_factors, top_skip_trigrams, triple_entries
+from pycircuits_widgets.analysis.skip_trigrams import centred_factors, top_skip_trigrams, triple_entries, window_bound
 
 
 def _dense_centred(model, layer, head):
@@ -137,25 +138,60 @@ def test_screened_search_equals_brute_force_on_adversarial_factors(route, case, 
     torch.testing.assert_close(QK[d, s] * OV[s, o], score.double(), rtol=1e-6, atol=0)
 
 
+def _rotary_pairs(r: int, offsets, base: float = 100.0, rotary_dim: int | None = None) -> torch.Tensor:
+    """Rotary maps (GPT-NeoX layout: dims ``i`` and ``i + half`` turn together by ``offset * base^(-i/half)``)
+    at each offset, identity beyond ``rotary_dim``, written here from the rotary definition."""
+    rotary_dim = rotary_dim or r
+    half = rotary_dim // 2
+    R = torch.eye(r).repeat(len(offsets), 1, 1)
+    for t, o in enumerate(offsets):
+        for i in range(half):
+            a = o * base ** (-i / half)
+            R[t, i, i] = R[t, i + half, i + half] = math.cos(a)
+            R[t, i, i + half], R[t, i + half, i] = math.sin(a), -math.sin(a)
+    return R
+
+
+def _maps(kind: str, r: int, g) -> torch.Tensor:
+    if kind == "dense":  # one block: every dim mixes with every other
+        return torch.linalg.qr(torch.randn(5, r, r, generator=g)).Q
+    return _rotary_pairs(r, range(0, 8), rotary_dim=r - 2)  # frequency pairs, two dims that never turn
+
+
+@pytest.mark.parametrize("kind", ["dense", "rotary"])
+def test_window_bound_is_above_every_maps_entry_and_close_for_rotary_pairs(kind):
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(300, 16, generator=g, dtype=torch.float64), torch.randn(200, 16, generator=g, dtype=torch.float64)
+    R = _maps(kind, 16, g).double() * 1.3
+    qw, kw = window_bound(q, k, R)
+    truth = torch.stack([k @ (q @ Rt).T for Rt in R]).amax(0)  # [src, dest]: max over the maps
+    bound = kw @ qw.T
+    assert (bound >= truth - 1e-9).all()
+    if kind == "rotary":  # slow pairs barely turn over 8 offsets: the bound on each source's best is near it
+        assert float((bound.amax(1) / truth.amax(1)).median()) < 1.6
+
+
+@pytest.mark.parametrize("kind", ["dense", "rotary"])
 @pytest.mark.parametrize("route", screen.exact_routes())
-def test_screened_search_over_a_window_of_rotations_equals_brute_force(route, monkeypatch):
+def test_screened_search_over_a_window_of_rotations_equals_brute_force(route, kind, monkeypatch):
     # one search for the whole window: each triple's QK factor is its largest over the maps R[t]
-    # (rotations scaled by 1.3, as rotary attention scaling does), the screen deciding most sources
+    # (scaled by 1.3, as rotary attention scaling does), the screens deciding most sources
     st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
     monkeypatch.setattr(st, "SEED_SOURCES", 4)
     monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": route)
     g = torch.Generator().manual_seed(5)
-    V, r, n_maps = 180, 8, 5
+    V, r = 180, 8
     q, k, v = (torch.randn(V, r, generator=g) * torch.exp(torch.rand(V, 1, generator=g) * 4 - 2) for _ in range(3))
     u = torch.randn(r, V, generator=g)
-    R = torch.linalg.qr(torch.randn(n_maps, r, r, generator=g)).Q * 1.3
-    score, idx, at = top_skip_trigrams(q, k, v, u, 60, block_bytes=V * 4 * 16 * n_maps, R=R)
+    R = _maps(kind, r, g) * 1.3
+    score, idx, at = top_skip_trigrams(q, k, v, u, 60, block_bytes=V * 4 * 16, R=R)
     QK = torch.stack([q.double() @ Rt.double() @ k.double().T for Rt in R])  # [map, dest, src]
     QKmax, OV = QK.amax(0), v.double() @ u.double()
     torch.testing.assert_close(score.double(), _brute_force(QKmax, OV, 60), rtol=1e-6, atol=0)
     s, d, o = idx.unbind(1)
     torch.testing.assert_close(QK[at, d, s] * OV[s, o], score.double(), rtol=1e-6, atol=0)
     assert (QK[at, d, s] >= QKmax[d, s] * (1 - 1e-6)).all()  # each triple at its strongest map
+    assert len(set(map(tuple, idx.tolist()))) == len(idx)  # no triple twice
     assert at.unique().numel() > 1  # the window matters: the best triples peak at different maps
 
 

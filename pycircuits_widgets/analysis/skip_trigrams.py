@@ -36,9 +36,11 @@ Rotary models (``rotary``): the QK circuit at query - key offset ``o`` is
 above. Over a window, ``reduce="max"`` scores each triple at its strongest offset (reported per
 triple). Since the OV factor does not depend on the offset and is positive in every scored triple,
 ``max_o qk_o * ov = (max_o qk_o) * ov``: the table is the exact top-k of one circuit whose QK entry
-is ``QKmax[dest, src] = max_o q_dest R(o) . k_src``, searched once (the OV screen once, the keys
-``k R(o)^T`` of every offset against one quantised query set). ``reduce="mean"`` reads the QK
-circuit averaged over the window, ``q mean_o R(o)``, one exact table.
+is ``QKmax[dest, src] = max_o q_dest R(o) . k_src``, searched once: the OV screen once, one screen of
+a bound on the whole window (``window_bound``: the mean rotation plus, per frequency pair, how far
+the window turns it), and the keys ``k R(o)^T`` of every offset against one quantised query set
+only for the sources that bound leaves. ``reduce="mean"`` reads the QK circuit averaged over the
+window, ``q mean_o R(o)``, one exact table.
 """
 
 from __future__ import annotations
@@ -181,11 +183,17 @@ def _staircase(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
 def _exact_sources(src, q, k, v, u, R, top: _TopTriples) -> None:
     """Add every triple of sources ``src`` that can enter ``top`` (full-precision rows; ``R``: see
     ``top_skip_trigrams``)."""
-    keys = k[src] if R is None else k[src] @ R.mT  # [n, r] or [n_offsets, n, r]: q R k^T = q (k R^T)^T
-    qk_rows = keys @ q.T  # [n, dest], or per offset
-    at_rows = None
-    if R is not None:  # each (src, dest) at its strongest offset
-        qk_rows, at_rows = qk_rows.max(0)
+    qk_rows, at_rows = k[src] @ q.T, None  # [n, dest]
+    if R is not None:  # each (src, dest) at its strongest offset, one offset at a time: q R k^T = q (k R^T)^T
+        qk_rows = at_rows = None
+        for t, Rt in enumerate(R):
+            rows_t = (k[src] @ Rt.T) @ q.T
+            if qk_rows is None:
+                qk_rows, at_rows = rows_t, torch.zeros(rows_t.shape, dtype=torch.int32, device=rows_t.device)
+            else:
+                better = rows_t > qk_rows
+                qk_rows = torch.where(better, rows_t, qk_rows)
+                at_rows.masked_fill_(better, t)
     ov_rows = v[src] @ u  # [n, out]
     mq, mo = qk_rows.amax(1).clamp_min(0), ov_rows.amax(1).clamp_min(0)
     bound = mq * mo  # every score of a source is at most this (NaN if a row holds NaN)
@@ -215,8 +223,37 @@ def _exact_sources(src, q, k, v, u, R, top: _TopTriples) -> None:
     ok = best > tau
     s_i, p = flat[ok] // i.numel(), flat[ok] % i.numel()
     dest = qi[s_i, i[p]]
-    at = torch.zeros_like(dest) if at_rows is None else at_rows[s_i, dest]
+    at = torch.zeros_like(dest) if at_rows is None else at_rows[s_i, dest].long()
     top.add(best[ok], torch.stack([src[s_i], dest, oi[s_i, j[p]], at], 1))
+
+
+def window_bound(q: torch.Tensor, k: torch.Tensor, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors ``(qw [V, r + n_b], kw [V', r + n_b])`` of one bound on a whole window of maps:
+    ``max_t q_d R[t] . k_s <= qw_d . kw_s`` for every destination ``d`` and source ``s``.
+
+    ``R [n_maps, r, r]`` is block-diagonal (rotary: a 2 x 2 rotation per frequency pair, the identity
+    elsewhere); ``Rbar = mean_t R[t]`` and, per block ``b`` (dims ``I_b``), ``rho_b = max_t ||(R[t] -
+    Rbar)[I_b, I_b]||_2``. Then ``q R[t] k = q Rbar k + sum_b q_b (R[t] - Rbar)_b k_b
+    <= q Rbar k + sum_b rho_b ||q_b|| ||k_b||``: ``qw = [q Rbar, rho_b ||q_b||]``, ``kw = [k, ||k_b||]``
+    (blocks with ``rho_b = 0``, which every map moves alike, are left out). Slow pairs rotate little
+    over the window, so their ``rho_b`` is small and the bound is close to the window's maximum."""
+    pattern = (R != 0).any(0)
+    pattern = pattern | pattern.T
+    label = torch.arange(R.shape[-1])
+    for _ in range(R.shape[-1]):  # connected components: each dim takes the smallest label it touches
+        spread = torch.minimum(label, torch.where(pattern, label[None, :], R.shape[-1]).amin(1))
+        if torch.equal(spread, label):
+            break
+        label = spread
+    Rbar = R.mean(0)
+    q_parts, k_parts = [q @ Rbar], [k]
+    for b in label.unique():
+        dims = (label == b).nonzero().flatten()
+        rho = float(torch.linalg.matrix_norm((R - Rbar)[:, dims][:, :, dims], 2).max())
+        if rho > 0:
+            q_parts.append(rho * q[:, dims].norm(dim=1, keepdim=True))
+            k_parts.append(k[:, dims].norm(dim=1, keepdim=True))
+    return torch.cat(q_parts, 1), torch.cat(k_parts, 1)
 
 
 def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: torch.Tensor | None = None):
@@ -224,8 +261,9 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
 
     ``R [n_offsets, r, r]`` (rotary, optional): the QK factor of a triple is its largest over the window,
     ``max_t q_d R[t] . k_s`` (with ``v_s . u_o > 0`` the score's maximum over offsets is at that
-    offset). One search for the whole window: the OV side is screened once, the keys at every offset
-    against one quantised query set, and the k-th score so far prunes every offset at once.
+    offset). One search for the whole window: every source is screened once against one bound on the
+    whole window (``window_bound``) and once on the OV side; only the sources that bound leaves are
+    screened at every offset (their keys ``k R[t]^T`` against one quantised query set).
 
     Returns ``(score [n'], idx [n', 3] = (src, dest, out), at [n'])`` sorted by score, ``n' <= n``
     (fewer if fewer triples have both factors positive); ``at`` indexes ``R`` (zeros without it).
@@ -240,31 +278,48 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
     k_norm, v_norm = k.norm(dim=1), v.norm(dim=1)
     norm_bound = k_norm * q_max * v_norm * u_max
     order = torch.argsort(norm_bound, descending=True)
-    rows = max(1, block_bytes // (V * 4 * n_maps))
+    rows = max(1, block_bytes // (V * 4))
     seed = min(rows, SEED_SOURCES)
     _exact_sources(order[:seed], q, k, v, u, R, top)  # the strongest-bounded sources set the threshold
-    qk_screen, ov_screen = ProductScreen(k, q.T, row_maps=R), ProductScreen(v, u)
-    step = max(1, qk_screen.block_rows // n_maps)  # one screening call: every offset of a block of sources
-    upper, visited = [], []
-    for start in range(seed, V, step):
-        src = order[start : start + step]
+    qw, kw = (q, k) if R is None else window_bound(q, k, R)
+    qk_screen, ov_screen = ProductScreen(kw, qw.T), ProductScreen(v, u)
+    uq, uo, visited = [], [], []
+    for start in range(seed, V, qk_screen.block_rows):
+        src = order[start : start + qk_screen.block_rows]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
-        keys = src if R is None else (torch.arange(n_maps, device=src.device)[:, None] * V + src).flatten()
-        uq = qk_screen.row_max_upper(keys).reshape(n_maps, -1).amax(0).clamp_min(0)
-        uo = ov_screen.row_max_upper(src).clamp_min(0)
-        upper.append(uq * uo)
+        uq.append(qk_screen.row_max_upper(src).clamp_min(0))
+        uo.append(ov_screen.row_max_upper(src).clamp_min(0))
         visited.append(src)
-    if visited:
-        upper, src = torch.cat(upper), torch.cat(visited)
-        keep = upper > top.threshold
-        upper, src = upper[keep], src[keep]
-        ranked = torch.argsort(upper, descending=True)
-        for start in range(0, ranked.numel(), rows):
-            chunk = ranked[start : start + rows]
-            if float(upper[chunk[0]]) <= top.threshold:
-                break
-            _exact_sources(src[chunk], q, k, v, u, R, top)
+    if not visited:
+        return _ranked(top)
+    uq, uo, src = torch.cat(uq), torch.cat(uo), torch.cat(visited)
+    upper = uq * uo
+    if R is not None:
+        first = torch.argsort(upper, descending=True)[:rows]
+        _exact_sources(src[first], q, k, v, u, R, top)  # a k-th score near the last, before the costly screen
+        upper[first] = 0  # (done: their triples are in)
+        live = (upper > top.threshold).nonzero().flatten()
+        offset_screen = ProductScreen(k, q.T, row_maps=R)
+        step = max(1, offset_screen.block_rows // n_maps)  # one call: every offset of a block of sources
+        for start in range(0, live.numel(), step):
+            at = live[start : start + step]
+            keys = (torch.arange(n_maps, device=src.device)[:, None] * V + src[at]).flatten()
+            per_offset = offset_screen.row_max_upper(keys).reshape(n_maps, -1).amax(0).clamp_min(0)
+            upper[at] = torch.minimum(upper[at], per_offset * uo[at])
+    keep = upper > top.threshold
+    upper, src = upper[keep], src[keep]
+    ranked = torch.argsort(upper, descending=True)
+    for start in range(0, ranked.numel(), rows):
+        chunk = ranked[start : start + rows]
+        if float(upper[chunk[0]]) <= top.threshold:
+            break
+        _exact_sources(src[chunk], q, k, v, u, R, top)
+    return _ranked(top)
+
+
+def _ranked(top: _TopTriples):
+    """``(score, idx [n, 3], at [n])`` of ``top``, best first."""
     score, order = torch.sort(top.score, descending=True)
     idx = top.idx[order]
     return score, idx[:, :3], idx[:, 3]
