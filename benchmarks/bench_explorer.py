@@ -19,11 +19,22 @@ page with ``performance.now()`` from the click to:
 * "painted": the next animation frame after "all views".
 
 A few warm-up clicks are not counted. Peers (CircuitsVis, bertviz) have no kernel round trip.
+
+``--model llama-135m``: ``bench_build``'s 30-layer LLaMA shape (30 x 9 heads, 3 key-value heads,
+d_model 576, MLP 1536, d_vocab 49152, rotary), random weights, the same trained tokenizer.
+
+``--fill`` (clicks after the background fill): the explorer's background fill
+(``CircuitExplorer.start_background``, started when it is shown) runs first, timed in the kernel
+until every head is done (``explorer.wait_background``), or with ``--fill-heads N`` until the first
+N heads of its order are (the shown head, then layer by layer; the fill is then stopped); the clicks
+then go to filled heads only. Without it the clicks share the CPU with the fill (which gives way to them) and most heads
+are first visits.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import platform
@@ -36,25 +47,47 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
 from harness import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from live_lab import JupyterLab, kernel_eval, open_notebook, run_all_cells, write_notebook  # noqa: E402
+from live_lab import JupyterLab, kernel_eval, kernel_exec, open_notebook, run_all_cells, write_notebook  # noqa: E402
 
 WARMUP = 3
 SETUP = "import pycircuits_widgets as pcw\nfrom pycircuits_widgets.demo import SAMPLE_TEXT\n"
+_TRAINED_TOKENIZER = (
+    "import torch, transformers\n"
+    "from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers\n"
+    "tok = Tokenizer(models.BPE())\n"
+    "tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)\n"
+    "tok.decoder = decoders.ByteLevel()\n"
+    "tok.train_from_iterator([SAMPLE_TEXT], trainers.BpeTrainer(vocab_size=400, special_tokens=['<|endoftext|>'],\n"
+    "                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))\n"
+    "tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token='<|endoftext|>')\n"
+    "torch.manual_seed(0)\n"
+)
 MODELS = {
     "attn-only-2l": "model = pcw.load_pretrained('attn-only-2l')\n",
-    "gpt2-small": (
-        "import torch, transformers\n"
-        "from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers\n"
-        "tok = Tokenizer(models.BPE())\n"
-        "tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)\n"
-        "tok.decoder = decoders.ByteLevel()\n"
-        "tok.train_from_iterator([SAMPLE_TEXT], trainers.BpeTrainer(vocab_size=400, special_tokens=['<|endoftext|>'],\n"
-        "                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))\n"
-        "torch.manual_seed(0)\n"
+    "gpt2-small": _TRAINED_TOKENIZER + (
         "hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()\n"
-        "model = pcw.from_hf(hf, transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token='<|endoftext|>'))\n"
+        "model = pcw.from_hf(hf, tok)\n"
+    ),
+    "llama-135m": _TRAINED_TOKENIZER + (
+        "config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,\n"
+        "    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,\n"
+        "    max_position_embeddings=2048, rms_norm_eps=1e-5)\n"
+        "hf = transformers.LlamaForCausalLM(config).eval()\n"
+        "model = pcw.from_hf(hf, tok)\n"
     ),
 }
+# the fill's wall time in the kernel: every head, or until the first N of its order are done
+_FILL = """
+import json as _json, time as _time
+_t0 = _time.perf_counter()
+if {n} is None:
+    explorer.wait_background(None)
+else:
+    while explorer.progress.get("done", 0) < {n} and not explorer.wait_background(0.5):
+        pass
+    explorer.stop_background()  # the clicks do not share the CPU with the rest of the fill
+print(_json.dumps([_time.perf_counter() - _t0, explorer.progress.get("done")]))
+"""
 SHOW = "explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT)\nexplorer"
 
 # Clicks head (l, h) and resolves with [header ms, all views ms, painted ms].
@@ -94,10 +127,9 @@ async ([l, h]) => {
 """
 
 
-def heads_to_click(n_layers: int, n_heads: int, clicks: int, start: tuple[int, int]) -> list[tuple[int, int]]:
-    """A seeded sequence of heads, each different from the one before it."""
+def heads_to_click(all_heads: list[tuple[int, int]], clicks: int, start: tuple[int, int]) -> list[tuple[int, int]]:
+    """A seeded sequence of ``all_heads``, each different from the one before it."""
     rng = np.random.default_rng(0)
-    all_heads = [(l, h) for l in range(n_layers) for h in range(n_heads)]
     out, current = [], start
     while len(out) < clicks:
         nxt = all_heads[rng.integers(len(all_heads))]
@@ -111,6 +143,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clicks", type=int, default=20)
     parser.add_argument("--model", choices=sorted(MODELS), default="attn-only-2l")
+    parser.add_argument("--fill", action="store_true", help="click after the background fill (module docstring)")
+    parser.add_argument("--fill-heads", type=int, default=None, help="with --fill: wait for the first N heads only")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -127,7 +161,14 @@ def main():
         page.locator(".pcw-explorer section[data-view=attention] button.thumb").first.wait_for(timeout=600_000)
         shape = kernel_eval(page, "[model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_vocab]")
         n_layers, n_heads, d_vocab = shape
-        order = heads_to_click(n_layers, n_heads, args.clicks + WARMUP, (0, 0))
+        heads = [(l, h) for l in range(n_layers) for h in range(n_heads)]  # the fill's order from (0, 0)
+        filled = None
+        if args.fill:
+            fill_s, done = json.loads(kernel_exec(page, _FILL.format(n=args.fill_heads)).strip().splitlines()[-1])
+            filled = len(heads) if args.fill_heads is None else max(args.fill_heads, done or 0)
+            heads = heads[:filled]
+            fill_load = os.getloadavg()[0]
+        order = heads_to_click(heads, args.clicks + WARMUP, (0, 0))
         ms = np.array([page.evaluate(_CLICK_JS, list(head)) for head in order])[WARMUP:]
         version = browser.version
         browser.close()
@@ -136,6 +177,9 @@ def main():
           f"{args.clicks} clicks (+{WARMUP} warm-up), {args.model} ({n_layers}x{n_heads} heads, d_vocab {d_vocab})")
     print(f"jupyterlab {jupyterlab.__version__}, anywidget {anywidget.__version__}, chromium {version}, "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}")
+    if filled is not None:
+        print(f"background fill: {fill_s:.0f} s for {filled} of {n_layers * n_heads} heads "
+              f"({fill_s / filled:.1f} s each, load avg {fill_load:.1f} at its end); clicks on filled heads only")
     print(f"{'until':<12}{'p50':>9}{'p95':>9}{'max':>9}  peer")
     for i, name in enumerate(["header", "all views", "painted"]):
         col = ms[:, i]
