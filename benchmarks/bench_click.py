@@ -30,12 +30,13 @@ worker threads and the clock stops when every view shows the new head (no view b
 Targets (issue 25): revisit <= 0.3 forwards; first visit <= 8 forwards, all but the exact
 table <= 1 forward.
 
-* screen floor: what the exact table's low-precision screen alone costs at this shape, measured
+* screen floor: what the exact table's low-precision screens alone cost at this shape, measured
   in the same run: one block of ``block_rows`` sources through ``screen.ProductScreen`` (this
-  machine's exact route) against all ``d_vocab`` columns, times the blocks of one QK screen per
-  offset of the table's window (1 without rotary) and one OV screen. On random weights no cheap
-  bound rules a source out (every per-source bound but the screen's is 2-3x above the truth,
-  while the k-th score sits within 1.2x of 97% of the sources' best), so every source is screened:
+  machine's exact route) against all ``d_vocab`` columns, times the blocks of one OV screen and
+  one QK screen (rotary: of the window's bound, inner dimension d_head plus the rotary pairs;
+  the per-offset screens of the sources that bound leaves come on top). On random weights no
+  cheaper bound rules a source out (the norm and ellipsoid bounds are 2.6-7x above each source's
+  best score, while the k-th score is within 1.2x of 97% of them), so every source is screened:
   the first visit cannot beat this floor with this kernel. ``--profile`` prints where the first visit and the revisit spend their time
 (cProfile of this thread and the views' worker threads, cumulative).
 """
@@ -84,13 +85,16 @@ def click(explorer, layer: int, head: int) -> dict:
         time.sleep(0.002)
 
 
-def screen_floor(cfg, n_maps: int) -> float:
-    """Seconds of the exact table's screen at ``cfg``'s shape (module docstring, "screen floor")."""
+def screen_floor(cfg, rotary: bool) -> float:
+    """Seconds of the exact table's screens at ``cfg``'s shape (module docstring, "screen floor")."""
     g = torch.Generator().manual_seed(0)
-    V, r = cfg.d_vocab, cfg.d_head
-    s = ProductScreen(torch.randn(V, r, generator=g), torch.randn(r, V, generator=g))
-    rows = torch.arange(min(s.block_rows, V))
-    return (n_maps + 1) * V / rows.numel() * best_seconds(lambda: s.row_max_upper(rows), 3)
+    V = cfg.d_vocab
+    seconds = 0.0
+    for r in (cfg.d_head, cfg.d_head + cfg.rotary_dim // 2 if rotary else cfg.d_head):  # OV, then QK
+        s = ProductScreen(torch.randn(V, r, generator=g), torch.randn(r, V, generator=g))
+        rows = torch.arange(min(s.block_rows, V))
+        seconds += V / rows.numel() * best_seconds(lambda: s.row_max_upper(rows), 3)
+    return seconds
 
 
 def profiled(fn):
@@ -156,8 +160,7 @@ def measure(shape: str, tok, n_tokens: int, profile: bool, fill_heads: int | Non
     cache.discard(model, lambda key: target in key or key[1:3] == target)
     with torch.no_grad():  # again next to the clicks: the least disturbed of both runs is the yardstick
         forward = min(forward, best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False))
-    window = explorer.views()["trigrams"]._window
-    floor = screen_floor(cfg, 1 if window is None else len(window))
+    floor = screen_floor(cfg, explorer.views()["trigrams"]._window is not None)
     first = profiled(lambda: click(explorer, *target)) if profile else click(explorer, *target)
     revisit = profiled(lambda: click(explorer, *start)) if profile else click(explorer, *start)
     filled, n_filled = fill(explorer, fill_heads)
