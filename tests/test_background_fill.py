@@ -126,6 +126,45 @@ def test_a_request_of_another_runner_is_computed_before_the_next_background_chun
     assert events == ["chunk 0", "click", "chunk 1", "chunk 2"]
 
 
+def test_a_request_giving_way_waits_for_other_runners_requests_but_not_for_another_giving_way():
+    """``GIVE_WAY`` in a request's steps (the skip-trigram table after its partial answer): the
+    rest waits until the other runner's request is done; two requests giving way at once do not
+    wait for each other (no deadlock), and a synchronous run ignores it."""
+    events = []
+
+    class View:
+        busy, error = False, ""
+
+        def hold_sync(self):
+            return threading.Lock()
+
+    loop = ManualLoop()
+    table, other, second = (runner.Runner(View(), loop=loop) for _ in range(3))
+    held = Blocker(other)
+
+    def slow(name):
+        def steps():
+            events.append(f"{name} partial")
+            yield {"busy": True}
+            yield runner.GIVE_WAY
+            events.append(f"{name} exact")
+            yield None
+        return steps
+
+    table.submit("table", slow("A"))
+    assert giving_way(table)
+    second.submit("table", slow("B"))
+    assert giving_way(second)
+    assert events == ["A partial", "B partial"]  # both wait for the held request, neither for the other
+    held.release.set()
+    assert other.wait(WAIT) and table.wait(WAIT) and second.wait(WAIT)
+    assert sorted(events[2:]) == ["A exact", "B exact"]
+    sync = runner.Runner(View(), loop=None)
+    events.clear()
+    sync.submit("table", slow("C"))  # no kernel: runs through, the checkpoint skipped
+    assert events == ["C partial", "C exact"]
+
+
 @pytest.mark.parametrize("how", ["stop_background", "close"])
 def test_cancelling_stops_the_fill(manual_kernel_loop, how):
     model = fresh_model()

@@ -7,6 +7,7 @@ import torch
 import traitlets
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.core.runner import GIVE_WAY
 from pycircuits_widgets.analysis import (circuit_query, composition_detail, composition_scores,
                                          eigenvalue_positivity, eigenvalues, random_baseline, skip_trigrams)
 from pycircuits_widgets.analysis import cache
@@ -77,7 +78,10 @@ def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     w = pcw.SkipTrigramTable(m1, head=2, k=12)
     w.partial_above, w.partial_sources = 100, 40  # as if 256 tokens were a large vocabulary
     cache.discard(m1, lambda key: key[0] == "SkipTrigramTable")  # forget the table the constructor computed
-    steps = list(w._table_steps(0, 2, 12))
+    raw = list(w._table_steps(0, 2, 12))
+    assert raw[1] is GIVE_WAY  # the exact search lets the click's other views go first
+    steps = [raw[0], raw[2]]
+    assert len(raw) == 3
     assert [s["trigrams"]["progress"] for s in steps] == pytest.approx([40 / 256, 1])
     assert [s["trigrams"]["exact"] for s in steps] == [False, True]
     partial = np.asarray(steps[0]["trigrams"]["score"])  # the step as the trait receives it

@@ -453,17 +453,20 @@ def circuit_query(model, layer: int, head: int, token: int, mode: str, k: int = 
     return [(i, strings[i], val) for i, val in zip(ids.tolist(), values.tolist())]
 
 
-def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, R: torch.Tensor | None = None):
+def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, R: torch.Tensor | None = None,
+                          block_bytes: int = BLOCK_BYTES):
     """A quick first answer for a large vocabulary: the exact top-``n`` skip-trigrams among the
     ``n_sources`` sources with the largest factor norms ``|k[s]| |v[s]|`` (an upper bound on
     every score of source ``s`` up to the query and out factors), which are likely strong.
-    Same inputs and output as :func:`top_skip_trigrams` (source ids are vocabulary ids).
+    Same inputs and output as :func:`top_skip_trigrams`; the few sources are computed in full
+    precision directly (a screen would cost more than it saves).
     """
     src = torch.argsort(k.norm(dim=1) * v.norm(dim=1), descending=True)[:n_sources]
-    score, idx, at = top_skip_trigrams(q, k[src], v[src], u, n, R=R)
-    idx = idx.clone()
-    idx[:, 0] = src[idx[:, 0]]  # subset-local source -> vocab id
-    return score, idx, at
+    top = _TopTriples(n, k.device)
+    rows = max(1, block_bytes // (k.shape[0] * 4))
+    for start in range(0, src.numel(), rows):
+        _exact_sources(src[start : start + rows], q, k, v, u, R, top)
+    return _ranked(top)
 
 
 def copied_tokens(model, layer: int, head: int, n: int):

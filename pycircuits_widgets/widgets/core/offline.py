@@ -214,8 +214,9 @@ def heads(widget) -> list[tuple[int, int]]:
 
 
 def last(steps) -> dict:
-    """The final update of a widget's recompute steps (a generator of trait patches)."""
+    """The final update of a widget's recompute steps (a generator of trait patches; checkpoints,
+    None or ``runner.GIVE_WAY``, are skipped)."""
     update = {}
     for step in steps:
-        update = step or update
+        update = step if isinstance(step, dict) and step else update
     return update

@@ -24,8 +24,21 @@ from typing import Callable, Iterator
 
 
 # A recompute: a generator of trait updates (dicts name -> value; None is a checkpoint with
-# no update). Each yield is a chunk boundary where stale work stops.
+# no update; GIVE_WAY a checkpoint where the rest waits for other runners). Each yield is a
+# chunk boundary where stale work stops.
 Steps = Iterator["dict | None"]
+
+
+class _GiveWay:
+    def __repr__(self) -> str:
+        return "GIVE_WAY"
+
+
+GIVE_WAY = _GiveWay()
+"""Yielded by a request's steps where the rest of it can wait: under a kernel the job waits there
+while another runner has a request that is not itself giving way (the first, quick part of a
+click, say a partial table, is shown; the slow rest lets the other views of the click finish
+first instead of sharing the CPU with them). Ignored when run synchronously."""
 TICK = 0.25
 """Seconds between the calls of ``wait``'s ``tick`` (a progress bar's redraw)."""
 
@@ -99,7 +112,8 @@ class Runner:
         self._failed: dict[str, str] = {}  # kind -> message shown in error
         self._applying = False
         self.giving_way = False
-        """True while a background job waits for other runners' requests (set under GATE)."""
+        """True while a background job, or a request at ``GIVE_WAY``, waits for other runners'
+        requests (set under GATE)."""
 
     # -- requests (kernel thread) ------------------------------------------------------------
     def submit(self, kind: str, make: Callable[[], Steps], *, background: bool = False) -> bool:
@@ -164,7 +178,7 @@ class Runner:
                 kind = next(iter(self._pending))
                 job = self._pending.pop(kind)
                 for item in self._steps(job):
-                    if item is not None:
+                    if item is not None and item is not GIVE_WAY:
                         self._apply(job, item)
                     if isinstance(item, BaseException) and not isinstance(item, Exception):
                         raise item  # Ctrl-C in a script still stops it, the view showing why
@@ -186,6 +200,9 @@ class Runner:
                 if job.steps is None:
                     job.steps = self._steps(job)
                 for item in job.steps:
+                    if item is GIVE_WAY:
+                        self._give_way(job)
+                        continue
                     if item is not None:
                         with self._lock:
                             self._results.append((job, item))
@@ -215,6 +232,18 @@ class Runner:
                 _foreground.add(self)
             else:
                 _foreground.discard(self)
+            GATE.notify_all()
+
+    def _give_way(self, job: _Job) -> None:
+        """A request's ``GIVE_WAY``: wait while another runner has a request not giving way itself
+        (two such requests never wait for each other), the job current and no shutdown."""
+        with GATE:
+            self.giving_way = True
+            GATE.notify_all()
+            while (self.current(job) and not _shutting_down.is_set()
+                   and any(r is not self and not r.giving_way for r in _foreground)):
+                GATE.wait()
+            self.giving_way = False
             GATE.notify_all()
 
     def _park(self, job: _Job) -> bool:

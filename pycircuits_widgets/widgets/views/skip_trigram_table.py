@@ -15,6 +15,7 @@ from ..core import offline
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, check_range, check_text, rolls_back
 from ..core.offset_window import OffsetWindow
+from ..core.runner import GIVE_WAY
 from ..core.selection import HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
 
@@ -229,6 +230,7 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
                 found = top_over_offsets(lambda qr, R: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, R),
                                          q, window[1])
             yield {"trigrams": self._table_of(layer, head, window, *found, self.partial_sources / kk.shape[0])}
+            yield GIVE_WAY  # the exact search takes seconds: the click's other views first
         yield {"trigrams": cached(self.model, cache_key, lambda: self._exact_table(layer, head, k, window), tier=RESULT)}
 
     def _exact_table(self, layer, head, k, window) -> dict:
