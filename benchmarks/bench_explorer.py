@@ -8,8 +8,9 @@ Run:  .venv/bin/python benchmarks/bench_explorer.py [--clicks 20] [--model gpt2-
 Setup: tests/e2e/live_lab.py's JupyterLab 4 server and kernel; headless Chromium opens a
 notebook with ``pcw.CircuitExplorer(model, text)`` on the quick start's text, where model is
 the shipped ``attn-only-2l`` (default) or, with ``--model gpt2-small``, a GPT-2-small-shaped
-model (``transformers.GPT2Config()`` defaults: 12 layers x 12 heads, d_model 768, d_vocab
-50257, MLPs) with random weights built in the kernel, read through ``pcw.from_hf`` with a
+model (``transformers.GPT2Config`` defaults, 12 layers x 12 heads, d_model 768, MLPs, with GPT-2's
+50257 tokens padded to 50304 as nanoGPT trains it: the explorer takes a smaller tokenizer only for a
+vocabulary padded to a multiple of 64) with random weights built in the kernel, read through ``pcw.from_hf`` with a
 byte-level BPE tokenizer trained on the text (nothing is downloaded). Each click selects a different head in the attention view; timed in the
 page with ``performance.now()`` from the click to:
 
@@ -65,7 +66,7 @@ _TRAINED_TOKENIZER = (
 MODELS = {
     "attn-only-2l": "model = pcw.load_pretrained('attn-only-2l')\n",
     "gpt2-small": _TRAINED_TOKENIZER + (
-        "hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()\n"
+        "hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=50304)).eval()\n"
         "model = pcw.from_hf(hf, tok)\n"
     ),
     "llama-135m": _TRAINED_TOKENIZER + (
