@@ -181,6 +181,9 @@ def test_composition_detail_defaults_to_a_stated_window_and_matches_the_scores(l
     torch.testing.assert_close(detail.scores_by_offset, by_offset, rtol=1e-6, atol=1e-9)
     assert detail.offset == int(by_offset.argmax()) and detail.score == pytest.approx(float(by_offset.max()), rel=1e-6)
     assert detail.offset_note == f"at query - key offset {detail.offset} (the largest score of offsets 0..32)"
+    q_scores = composition_scores(model, "Q", baseline=False, offsets=DEFAULT_OFFSETS)  # the rotation on h2's query
+    torch.testing.assert_close(composition_detail(model, "Q", (0, 2), (1, 1)).scores_by_offset,
+                               q_scores[:, 0, 2, 1, 1].double(), rtol=1e-6, atol=1e-9)
     assert composition_detail(model, "Q", (0, 1), (1, 3), offset=4).offset == 4
     assert composition_detail(model, "V", (0, 1), (1, 3)).offset is None  # V-composition has no offset
 

@@ -59,7 +59,7 @@ from .cache import MODEL, cached
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 from .finite import NonFiniteError, non_finite_error, require_finite
-from .rotary import offset_window, rotation, span
+from .rotary import offset_window, rotation, rotations, span
 
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 """The weights composition scores read (named when a score is not finite)."""
@@ -120,8 +120,10 @@ def _factors(W_Q, W_K, W_V, W_O, kind: str):
     return W_V, W_O, W_V, W_O
 
 
-def _layer_factors(model, kind: str, layer, offset: int | None = None):
-    """``_factors`` of ``model``'s heads ``[layer]`` as the residual stream sees them.
+def _layer_factors(model, kind: str, layer, offset: int | list[int] | None = None, head: int | None = None):
+    """``_factors`` of ``model``'s heads ``[layer]`` (``head``: that one only) as the residual stream
+    sees them; ``offset`` a list: the rotated factor gains a leading ``[n_offsets]`` dim before its
+    matrix dims (the others broadcast).
 
     Layer norm never reads the all-ones direction (it subtracts the mean), so with
     ``normalization="layernorm"`` readers (``W_Q, W_K, W_V``) lose their mean over ``d_model`` and
@@ -130,11 +132,14 @@ def _layer_factors(model, kind: str, layer, offset: int | None = None):
     Folding already does this where it can (``folding.center_readers``); Shortformer tables still
     read ``W_Q, W_K`` whole, and a hand-built model may not be centred. Rotary: ``W_Q R(offset)``.
     16-bit weights are widened to float32 (``linalg_dtype``)."""
-    W_Q, W_K, W_V, W_O = (W[layer].to(linalg_dtype(W.dtype)) for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
+    index = layer if head is None else (layer, head)
+    W_Q, W_K, W_V, W_O = (W[index].to(linalg_dtype(W.dtype)) for W in (model.W_Q, model.W_K, model.W_V, model.W_O))
     if model.cfg.normalization == "layernorm":
         W_Q, W_K, W_V = (center_reading_weights(W) for W in (W_Q, W_K, W_V))
         W_O = center_writing_weights(W_O)
-    if offset is not None:
+    if isinstance(offset, list):
+        W_Q = W_Q.unsqueeze(-3) @ rotations(model.cfg, offset, W_Q.dtype, W_Q.device, layer=layer)
+    elif offset is not None:
         W_Q = W_Q @ rotation(model.cfg, offset, W_Q.dtype, W_Q.device, layer=layer)
     return _factors(W_Q, W_K, W_V, W_O, kind)
 
@@ -491,9 +496,11 @@ class CompositionDetail:
         return f"at query - key offset {self.offset}{window}"
 
 
-def _pair_factors(model, kind: str, l1: int, i1: int, l2: int, i2: int, offset: int | None):
-    A1, B1, _, _ = (f[i1] for f in _layer_factors(model, kind, l1, offset))
-    _, _, C2, D2 = (f[i2] for f in _layer_factors(model, kind, l2, offset))
+def _pair_factors(model, kind: str, l1: int, i1: int, l2: int, i2: int, offset: int | list[int] | None):
+    """``(A1, B1, C2, D2)`` of the pair ``(l1, i1) -> (l2, i2)`` (``offset`` a list: ``[n_offsets]``
+    leading dims where the rotation enters, ``_layer_factors``)."""
+    A1, B1, _, _ = _layer_factors(model, kind, l1, offset, head=i1)
+    _, _, C2, D2 = _layer_factors(model, kind, l2, offset, head=i2)
     return A1, B1, C2, D2
 
 
@@ -521,8 +528,8 @@ def _composition_detail(model, kind: str, h1: Head, h2: Head, offsets: list[int]
     (l1, i1), (l2, i2) = h1, h2
     by_offset, best = None, None
     if offsets is not None:
-        by_offset = torch.tensor([float(_pair_scores(*_pair_factors(model, kind, l1, i1, l2, i2, o), "correct"))
-                                  for o in offsets], dtype=torch.float64)
+        # every offset in one batched score (the explorer's window is its text's length: ~100)
+        by_offset = _pair_scores(*_pair_factors(model, kind, l1, i1, l2, i2, list(offsets)), "correct").double()
         best = offsets[int(by_offset.nan_to_num(float("-inf")).argmax())]
     A1, B1, C2, D2 = _pair_factors(model, kind, l1, i1, l2, i2, best)
     composed = FactoredMatrix(A1, B1) @ FactoredMatrix(C2, D2)
