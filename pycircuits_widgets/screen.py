@@ -197,18 +197,23 @@ class ProductScreen:
                              f"exact routes here: {exact_routes(a.device.type)}")
         # rows of bt are the columns of b: every reduction below runs along contiguous rows
         a, bt = a.float(), b.float().T.contiguous()
-        # the rows one map at a time: a stacked float copy of every map's rows is never held
-        maps = [a] if row_maps is None else [a @ M.float().T for M in row_maps]
+        int8 = backend in INT8_WEIGHT_MAX
+        low = torch.bfloat16 if backend == "bfloat16" else torch.float32
+        # one map's float rows at a time (int8: only their quantisation is kept)
+        norms, rows = [], []
+        for x in (a,) if row_maps is None else (a @ M.float().T for M in row_maps):
+            norms.append(torch.linalg.vector_norm(x, dim=1))
+            rows.append(_quantise_rows(x) if int8 else x.to(low))
         self.backend = backend
         self.block_rows = SCREEN_ROWS[backend]
         self.n = bt.shape[0]
         cols = range(0, self.n, tile_cols)
         self._starts = list(cols)
-        a_norm = torch.cat([torch.linalg.vector_norm(x, dim=1) for x in maps])
+        a_norm = torch.cat(norms)
         b_norm_max = torch.linalg.vector_norm(bt, dim=1).max()
         slack = FLOAT_SLACK * a_norm * b_norm_max
-        if backend in INT8_WEIGHT_MAX:
-            self._x, alpha, aq_norm, e_norm = (torch.cat(parts) for parts in zip(*map(_quantise_rows, maps)))
+        if int8:
+            self._x, alpha, aq_norm, e_norm = (torch.cat(parts) for parts in zip(*rows))
             w, beta, bq_norm, f_norm = _quantise_rows(bt, INT8_WEIGHT_MAX[backend])  # w [n, r]: a linear layer's weight
             self._margin = alpha * aq_norm * f_norm.max() + e_norm * b_norm_max + slack
             self._scale = max(float(aq_norm.max() * (beta * bq_norm).max()) / 254, torch.finfo(torch.float32).tiny)
@@ -222,10 +227,9 @@ class ProductScreen:
             self._tiles = [(torch.ops.onednn.qlinear_prepack(w[c:c + tile_cols], rows_hint), beta[c:c + tile_cols])
                            for c in cols]
         else:
-            low = torch.bfloat16 if backend == "bfloat16" else torch.float32
             relative = (bf16_relative_error if backend == "bfloat16" else fp32_relative_error)(a.shape[1])
             self._margin = relative * a_norm * b_norm_max + slack
-            self._x = torch.cat([x.to(low) for x in maps])
+            self._x = torch.cat(rows)
             self._tiles = [bt[c:c + tile_cols].T.to(low).contiguous() for c in cols]
 
     def _tile(self, x: torch.Tensor, t: int) -> torch.Tensor:

@@ -183,11 +183,12 @@ def _staircase(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
 def _exact_sources(src, q, k, v, u, R, top: _TopTriples) -> None:
     """Add every triple of sources ``src`` that can enter ``top`` (full-precision rows; ``R``: see
     ``top_skip_trigrams``)."""
-    qk_rows, at_rows = k[src] @ q.T, None  # [n, dest]
-    if R is not None:  # each (src, dest) at its strongest offset, one offset at a time: q R k^T = q (k R^T)^T
-        qk_rows = at_rows = None
+    if R is None:
+        qk_rows, at_rows = k[src] @ q.T, None  # [n, dest]
+    else:  # each (src, dest) at its strongest offset, one offset at a time: q R k^T = q (k R^T)^T
+        keys, qk_rows, at_rows = k[src], None, None
         for t, Rt in enumerate(R):
-            rows_t = (k[src] @ Rt.T) @ q.T
+            rows_t = (keys @ Rt.T) @ q.T
             if qk_rows is None:
                 qk_rows, at_rows = rows_t, torch.zeros(rows_t.shape, dtype=torch.int32, device=rows_t.device)
             else:
