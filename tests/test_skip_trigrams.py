@@ -113,14 +113,18 @@ def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
         skip_trigrams(model, 0, 0, vocab=[70])
 
 
-@pytest.mark.parametrize("route", screen.exact_routes())
-@pytest.mark.parametrize("case", ["near_ties", "norms_spread_e9"])
-def test_screened_search_equals_brute_force_on_adversarial_factors(route, case, monkeypatch):
-    # a small seed so the low-precision screen (not the exact seed) decides most sources;
-    # every route this machine's probe accepts, not only the default one
+@pytest.fixture(params=screen.exact_routes())
+def screened(request, monkeypatch):
+    """Every screen route this machine's probe accepts (not only the default one), with a small
+    seed so the low-precision screen, not the exact seed, decides most sources."""
     st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
     monkeypatch.setattr(st, "SEED_SOURCES", 4)
-    monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": route)
+    monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("case", ["near_ties", "norms_spread_e9"])
+def test_screened_search_equals_brute_force_on_adversarial_factors(screened, case):
     g = torch.Generator().manual_seed(11)
     V, r = 150, 8
     shapes = ((V, r), (V, r), (V, r), (r, V))
@@ -172,13 +176,9 @@ def test_window_bound_is_above_every_maps_entry_and_close_for_rotary_pairs(kind)
 
 
 @pytest.mark.parametrize("kind", ["dense", "rotary"])
-@pytest.mark.parametrize("route", screen.exact_routes())
-def test_screened_search_over_a_window_of_rotations_equals_brute_force(route, kind, monkeypatch):
+def test_screened_search_over_a_window_of_rotations_equals_brute_force(screened, kind):
     # one search for the whole window: each triple's QK factor is its largest over the maps R[t]
     # (scaled by 1.3, as rotary attention scaling does), the screens deciding most sources
-    st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
-    monkeypatch.setattr(st, "SEED_SOURCES", 4)
-    monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": route)
     g = torch.Generator().manual_seed(5)
     V, r = 180, 8
     q, k, v = (torch.randn(V, r, generator=g) * torch.exp(torch.rand(V, 1, generator=g) * 4 - 2) for _ in range(3))
