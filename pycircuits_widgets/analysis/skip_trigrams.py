@@ -301,13 +301,16 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
         _exact_sources(src[first], q, k, v, u, R, top)  # a k-th score near the last, before the costly screen
         upper[first] = 0  # (done: their triples are in)
         live = (upper > top.threshold).nonzero().flatten()
-        offset_screen = ProductScreen(k, q.T, row_maps=R)
-        step = max(1, offset_screen.block_rows // n_maps)  # one call: every offset of a block of sources
-        for start in range(0, live.numel(), step):
-            at = live[start : start + step]
-            keys = (torch.arange(n_maps, device=src.device)[:, None] * V + src[at]).flatten()
-            per_offset = offset_screen.row_max_upper(keys).reshape(n_maps, -1).amax(0).clamp_min(0)
-            upper[at] = torch.minimum(upper[at], per_offset * uo[at])
+        if live.numel():  # only the keys the window bound leaves are rotated and quantised
+            offset_screen = ProductScreen(k[src[live]], q.T, row_maps=R)
+            m = live.numel()
+            step = max(1, offset_screen.block_rows // n_maps)  # one call: every offset of a block of sources
+            for start in range(0, m, step):
+                local = torch.arange(start, min(start + step, m), device=src.device)
+                keys = (torch.arange(n_maps, device=src.device)[:, None] * m + local).flatten()
+                per_offset = offset_screen.row_max_upper(keys).reshape(n_maps, -1).amax(0).clamp_min(0)
+                at = live[local]
+                upper[at] = torch.minimum(upper[at], per_offset * uo[at])
     keep = upper > top.threshold
     upper, src = upper[keep], src[keep]
     ranked = torch.argsort(upper, descending=True)
