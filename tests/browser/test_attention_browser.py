@@ -50,6 +50,35 @@ def test_grid_has_one_labelled_thumbnail_per_head_and_detail_draws_mask_not_zero
     assert zero != masked and min(zero) > 240 and max(masked) < 230
 
 
+THUMB_PIXEL = """([layer, head, x, y]) => {
+  const img = document.querySelector(`.thumb[data-layer="${layer}"][data-head="${head}"] img`);
+  const c = document.createElement("canvas");
+  c.width = img.naturalWidth; c.height = img.naturalHeight;
+  const g = c.getContext("2d");
+  g.drawImage(img, 0, 0);
+  return Array.from(g.getImageData(x, y, 1, 1).data.slice(0, 3));
+}"""
+
+
+def test_each_thumbnail_shows_its_own_heads_pattern(show):
+    n, L, H = 6, 2, 3
+    A = np.zeros((L, H, n, n), np.float32)
+    for l in range(L):
+        for h in range(H):
+            for d in range(n):
+                A[l, h, d, min(d, l * H + h)] = 1.0  # head (l, h) attends to token l*H+h once it can
+    view = show(pcw.AttentionPatterns(tokens=toks(n), patterns=A))
+    painted(view)
+    px = 80 / n  # a thumbnail is 80 px for n cells
+    at = lambda l, h, d, s: tuple(view.page.evaluate(THUMB_PIXEL, [l, h, int((s + 0.5) * px), int((d + 0.5) * px)]))
+    for l in range(L):
+        for h in range(H):
+            j = l * H + h
+            assert at(l, h, n - 1, j) == BLUE_LUT_END, (l, h)  # the last row's weight-1 cell
+            other = (j + 1) % n
+            assert min(at(l, h, n - 1, other)) > 240, (l, h)  # weight 0 there: white
+
+
 def test_hover_reads_out_dest_src_and_the_exact_weight_from_the_kernel(show):
     A = causal_softmax(2, 2, 9, seed=1)
     w = pcw.AttentionPatterns(tokens=toks(9), patterns=A, layer=1, head=1)
@@ -147,7 +176,10 @@ def test_html_tokens_are_shown_as_text_and_run_nothing(show):
     assert view.page.locator(".token").all_inner_texts()[1] == XSS.replace(" ", "·")
     hover_cell(view.page, 1, 1)
     assert "<img" in view.page.get_by_test_id("readout").inner_text()
-    assert view.page.locator(".pcw-attention img").count() == 0
+    # the only images are the grid's own thumbnails (drawn PNGs), none from a token
+    images = view.page.locator(".pcw-attention img").evaluate_all(
+        "els => els.map((e) => [e.dataset.testid, e.src.slice(0, 22)])")
+    assert images == [["thumb-image", "data:image/png;base64,"]]
     assert view.page.evaluate("window.__pwned") is None
 
 
