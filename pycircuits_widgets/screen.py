@@ -175,7 +175,8 @@ def _quantise_rows(x: torch.Tensor, qmax: int = 127):
 class ProductScreen:
     """Upper bounds on entries of ``a [m, r] @ b [r, n]`` (float32) from a low-precision GEMM.
 
-    ``row_max_upper(rows)``: ``[len(rows)]`` bounds ``>= max_j (a @ b)[i, j]``.
+    ``row_max_upper(rows)``: ``[len(rows)]`` bounds ``>= max_j (a @ b)[i, j]``; ``tile_max_upper``
+    the same per column tile (optionally only the tiles a row needs).
     ``candidates(rows, level)``: every ``(i, j)`` with ``(a @ b)[rows[i], j] > level`` is returned
     (and some that are not). ``backend``: one of ``BACKENDS``; default ``exact_route()`` of the
     factors' device. A route this machine's probe found inexact is refused (``ValueError``).
@@ -185,8 +186,9 @@ class ProductScreen:
     times) plus one ``[rows, TILE_COLS]`` tile.
     """
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, backend: str | None = None, tile_cols: int = TILE_COLS,
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, backend: str | None = None, tile_cols: int | None = None,
                  row_maps: torch.Tensor | None = None):
+        tile_cols = TILE_COLS if tile_cols is None else tile_cols  # (read at call time: tests narrow it)
         if backend is None:
             backend = exact_route(a.device.type)
         if backend not in SCREEN_ROWS:
@@ -239,15 +241,38 @@ class ProductScreen:
             return _qlinear(x, w, beta, self._scale)
         return x @ self._tiles[t]
 
+    @property
+    def n_tiles(self) -> int:
+        """How many column tiles of ``tile_cols`` (default ``TILE_COLS``; the last may be shorter)."""
+        return len(self._tiles)
+
     def row_max_upper(self, rows: torch.Tensor) -> torch.Tensor:
         """``[len(rows)]`` float32 upper bounds of ``max_j (a @ b)[rows, j]`` (never below the truth)."""
-        x = self._x[rows]
-        # each tile is reduced while still in cache; its [R] maxima are stacked (a strided out= is slower)
-        best = torch.stack([torch.amax(self._tile(x, t), 1) for t in range(len(self._tiles))], 1).amax(1).float()
+        return self.tile_max_upper(rows).amax(1)
+
+    def tile_max_upper(self, rows: torch.Tensor, need: torch.Tensor | None = None) -> torch.Tensor:
+        """``[len(rows), n_tiles]`` float32 upper bounds of each row's maximum over each column tile.
+
+        ``need [len(rows), n_tiles]`` (bool, optional): compute only these (row, tile) entries, the
+        rest are ``-inf``; the rows a tile needs go through its GEMM together, ``block_rows`` at a time.
+        """
+        if need is None:
+            x = self._x[rows]
+            # each tile is reduced while still in cache; its [R] maxima are stacked (a strided out= is slower)
+            best = torch.stack([torch.amax(self._tile(x, t), 1) for t in range(self.n_tiles)], 1).float()
+        else:
+            best = torch.full((rows.numel(), self.n_tiles), -torch.inf, device=self._x.device)
+            for t in range(self.n_tiles):
+                at = need[:, t].nonzero().flatten()
+                for start in range(0, at.numel(), self.block_rows):
+                    part = at[start : start + self.block_rows]
+                    best[part, t] = torch.amax(self._tile(self._x[rows[part]], t), 1).float()
         if self.backend not in INT8_WEIGHT_MAX:
-            return best + self._margin[rows]
-        upper = self._alpha_s[rows] * (best + 1) + self._margin[rows]
-        return torch.where(best >= 127, torch.inf, upper)  # saturated: no bound
+            upper = best + self._margin[rows, None]
+        else:
+            upper = self._alpha_s[rows, None] * (best + 1) + self._margin[rows, None]
+            upper = torch.where(best >= 127, torch.inf, upper)  # saturated: no bound
+        return upper if need is None else upper.masked_fill_(~need, -torch.inf)
 
     def candidates(self, rows: torch.Tensor, level: float) -> tuple[torch.Tensor, torch.Tensor]:
         """``(i, j)`` index tensors: a superset of the entries with ``(a @ b)[rows[i], j] > level``."""

@@ -203,3 +203,26 @@ def test_row_maps_screen_every_mapped_row_stacked_map_by_map(backend):
     true_max = torch.cat([(a @ M.T).double() @ b.double() for M in maps]).amax(1)
     assert (upper >= true_max).all()
     assert ((upper - true_max) <= 0.1 * true_max.abs().max()).all()
+
+
+@pytest.mark.parametrize("backend", screen.exact_routes())
+def test_tile_bounds_hold_per_column_tile_and_only_where_needed(backend):
+    # each [row, tile] bound is above that tile's true max (tiles of 128 columns, the last short) and
+    # near it (int8's output step leaves up to ~10% of the row's largest |entry|; a bound read from the
+    # wrong tile falls below the truth for about half the rows); the needed-only form computes exactly
+    # the needed entries: the same bounds there, -inf elsewhere
+    g = torch.Generator().manual_seed(4)
+    a, b = _spread(300, 32, 3, 0, g).float(), _spread(32, 700, 1, 1, g).float()
+    s = ProductScreen(a, b, backend, tile_cols=128)
+    exact = a.double() @ b.double()
+    rows = torch.randperm(300, generator=g)[:250]
+    truth = torch.stack([exact[rows, c:c + 128].amax(1) for c in range(0, 700, 128)], 1)
+    tiles = s.tile_max_upper(rows).double()
+    assert s.n_tiles == truth.shape[1] == 6
+    assert (tiles >= truth).all()
+    assert ((tiles - truth) <= 0.25 * exact[rows].abs().amax(1, keepdim=True)).all()
+    assert torch.equal(s.row_max_upper(rows), s.tile_max_upper(rows).amax(1))
+    need = torch.rand(250, 6, generator=g) < 0.3
+    part = s.tile_max_upper(rows, need).double()
+    assert torch.equal(part[need], tiles[need])
+    assert (part[~need] == -torch.inf).all()

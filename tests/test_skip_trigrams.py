@@ -116,9 +116,11 @@ def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
 @pytest.fixture(params=screen.exact_routes())
 def screened(request, monkeypatch):
     """Every screen route this machine's probe accepts (not only the default one), with a small
-    seed so the low-precision screen, not the exact seed, decides most sources."""
+    seed so the low-precision screen, not the exact seed, decides most sources, and column tiles
+    of 32 so a rotary search's per-offset screen skips some tiles (at 1024 a test vocabulary is one)."""
     st = importlib.import_module("pycircuits_widgets.analysis.skip_trigrams")
     monkeypatch.setattr(st, "SEED_SOURCES", 4)
+    monkeypatch.setattr(screen, "TILE_COLS", 32)
     monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": request.param)
     return request.param
 

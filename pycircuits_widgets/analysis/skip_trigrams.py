@@ -39,7 +39,7 @@ triple). Since the OV factor does not depend on the offset and is positive in ev
 is ``QKmax[dest, src] = max_o q_dest R(o) . k_src``, searched once: the OV screen once, one screen of
 a bound on the whole window (``window_bound``: the mean rotation plus, per frequency pair, how far
 the window turns it), and the keys ``k R(o)^T`` of every offset against one quantised query set
-only for the sources that bound leaves. ``reduce="mean"`` reads the QK circuit averaged over the
+only for the sources that bound leaves, and only on the tiles of destinations where it leaves room. ``reduce="mean"`` reads the QK circuit averaged over the
 window, ``q mean_o R(o)``, one exact table.
 """
 
@@ -184,17 +184,12 @@ def _exact_sources(src, q, k, v, u, R, top: _TopTriples) -> None:
     """Add every triple of sources ``src`` that can enter ``top`` (full-precision rows; ``R``: see
     ``top_skip_trigrams``)."""
     if R is None:
-        qk_rows, at_rows = k[src] @ q.T, None  # [n, dest]
-    else:  # each (src, dest) at its strongest offset, one offset at a time: q R k^T = q (k R^T)^T
-        keys, qk_rows, at_rows = k[src], None, None
-        for t, Rt in enumerate(R):
-            rows_t = (keys @ Rt.T) @ q.T
-            if qk_rows is None:
-                qk_rows, at_rows = rows_t, torch.zeros(rows_t.shape, dtype=torch.int32, device=rows_t.device)
-            else:
-                better = rows_t > qk_rows
-                qk_rows = torch.where(better, rows_t, qk_rows)
-                at_rows.masked_fill_(better, t)
+        qk_rows = k[src] @ q.T  # [n, dest]
+    else:  # each (src, dest) at its strongest offset: q R k^T = q (k R^T)^T, a running max in place
+        keys = k[src]
+        qk_rows = (keys @ R[0].T) @ q.T
+        for Rt in R[1:]:
+            torch.maximum(qk_rows, (keys @ Rt.T) @ q.T, out=qk_rows)
     ov_rows = v[src] @ u  # [n, out]
     mq, mo = qk_rows.amax(1).clamp_min(0), ov_rows.amax(1).clamp_min(0)
     bound = mq * mo  # every score of a source is at most this (NaN if a row holds NaN)
@@ -207,7 +202,6 @@ def _exact_sources(src, q, k, v, u, R, top: _TopTriples) -> None:
         return
     if not live.all():  # (a copy of the rows: skip it when every source is live)
         src, qk_rows, ov_rows, mq, mo = src[live], qk_rows[live], ov_rows[live], mq[live], mo[live]
-        at_rows = None if at_rows is None else at_rows[live]
     n = min(top.k, qk_rows.shape[1])
     qv, qi = torch.topk(qk_rows, n, dim=1)  # sorted, so a prefix is each row's top n_q
     ov, oi = torch.topk(ov_rows, n, dim=1)
@@ -223,9 +217,11 @@ def _exact_sources(src, q, k, v, u, R, top: _TopTriples) -> None:
     best, flat = torch.topk(score.flatten(), min(top.k, score.numel()))
     ok = best > tau
     s_i, p = flat[ok] // i.numel(), flat[ok] % i.numel()
-    dest = qi[s_i, i[p]]
-    at = torch.zeros_like(dest) if at_rows is None else at_rows[s_i, dest].long()
-    top.add(best[ok], torch.stack([src[s_i], dest, oi[s_i, j[p]], at], 1))
+    source, dest = src[s_i], qi[s_i, i[p]]
+    # the offset of each kept (src, dest): its entry at every offset, the largest (a tie within
+    # rounding of the running max takes either offset, both at the triple's score)
+    at = torch.zeros_like(dest) if R is None else torch.einsum("nr,trs,ns->tn", q[dest], R, k[source]).argmax(0)
+    top.add(best[ok], torch.stack([source, dest, oi[s_i, j[p]], at], 1))
 
 
 def window_bound(q: torch.Tensor, k: torch.Tensor, R: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,8 +259,9 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
     ``R [n_offsets, r, r]`` (rotary, optional): the QK factor of a triple is its largest over the window,
     ``max_t q_d R[t] . k_s`` (with ``v_s . u_o > 0`` the score's maximum over offsets is at that
     offset). One search for the whole window: every source is screened once against one bound on the
-    whole window (``window_bound``) and once on the OV side; only the sources that bound leaves are
-    screened at every offset (their keys ``k R[t]^T`` against one quantised query set).
+    whole window (``window_bound``, per tile of destinations) and once on the OV side; only the sources
+    that bound leaves are screened at every offset (their keys ``k R[t]^T`` against one quantised query
+    set), on the destination tiles where it leaves room (~1 in 8 at the LLaMA-135M shape).
 
     Returns ``(score [n'], idx [n', 3] = (src, dest, out), at [n'])`` sorted by score, ``n' <= n``
     (fewer if fewer triples have both factors positive); ``at`` indexes ``R`` (zeros without it).
@@ -289,12 +286,15 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
         src = order[start : start + qk_screen.block_rows]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
-        uq.append(qk_screen.row_max_upper(src).clamp_min(0))
+        # rotary: kept per destination tile, for the per-offset screen below
+        tiles = qk_screen.tile_max_upper(src).clamp_min(0)
+        uq.append(tiles if R is not None else tiles.amax(1))
         uo.append(ov_screen.row_max_upper(src).clamp_min(0))
         visited.append(src)
     if not visited:
         return _ranked(top)
     uq, uo, src = torch.cat(uq), torch.cat(uo), torch.cat(visited)
+    uq_tiles, uq = (None, uq) if R is None else (uq, uq.amax(1))
     upper = uq * uo
     if R is not None:
         first = torch.argsort(upper, descending=True)[:rows]
@@ -302,13 +302,21 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
         upper[first] = 0  # (done: their triples are in)
         live = (upper > top.threshold).nonzero().flatten()
         if live.numel():  # only the keys the window bound leaves are rotated and quantised
-            offset_screen = ProductScreen(k[src[live]], q.T, row_maps=R)
-            m = live.numel()
-            step = max(1, offset_screen.block_rows // n_maps)  # one call: every offset of a block of sources
-            for start in range(0, m, step):
-                local = torch.arange(start, min(start + step, m), device=src.device)
+            offset_screen = ProductScreen(k[src[live]], q.T, row_maps=R)  # tiled as qk_screen: both over q
+            m, n_tiles = live.numel(), offset_screen.n_tiles
+            # a destination tile whose window bound times the source's OV bound is at most the k-th
+            # score holds no triple that can enter: its offsets are not screened
+            need = uq_tiles[live] * uo[live, None] > top.threshold  # [m, n_tiles]
+            # blocks of consecutive sources that give each tile's GEMM about block_rows (offset, source) rows
+            rows_before = (need.sum(1).cumsum(0) - need.sum(1)) * n_maps
+            _, sizes = torch.unique_consecutive(rows_before // (offset_screen.block_rows * n_tiles), return_counts=True)
+            start = 0
+            for size in sizes.tolist():
+                local = torch.arange(start, start + size, device=src.device)
+                start += size
                 keys = (torch.arange(n_maps, device=src.device)[:, None] * m + local).flatten()
-                per_offset = offset_screen.row_max_upper(keys).reshape(n_maps, -1).amax(0).clamp_min(0)
+                tiles = offset_screen.tile_max_upper(keys, need[local].repeat(n_maps, 1))
+                per_offset = tiles.amax(1).reshape(n_maps, -1).amax(0).clamp_min(0)  # 0: every tile ruled out
                 at = live[local]
                 upper[at] = torch.minimum(upper[at], per_offset * uo[at])
     keep = upper > top.threshold
