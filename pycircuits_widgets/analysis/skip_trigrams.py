@@ -39,8 +39,8 @@ triple). Since the OV factor does not depend on the offset and is positive in ev
 is ``QKmax[dest, src] = max_o q_dest R(o) . k_src``, searched once: the OV screen once, one screen of
 a bound on the whole window (``window_bound``: the mean rotation plus, per frequency pair, how far
 the window turns it), and the keys ``k R(o)^T`` of every offset against one quantised query set
-only for the sources that bound leaves, and only on the tiles of destinations where it leaves room. ``reduce="mean"`` reads the QK circuit averaged over the
-window, ``q mean_o R(o)``, one exact table.
+only for the sources that bound leaves, and only on the tiles of destinations where it leaves room.
+``reduce="mean"`` reads the QK circuit averaged over the window, ``q mean_o R(o)``, one exact table.
 """
 
 from __future__ import annotations
