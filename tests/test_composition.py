@@ -16,6 +16,7 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import composition as composition_module
 from pycircuits_widgets.analysis import composition_detail, composition_scores, random_baseline
 from pycircuits_widgets.analysis.composition import composition_baseline, rotation
+from pycircuits_widgets.analysis.rotary import matmul_rotation, rotation_matmul, rotation_parts, rotations
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +287,19 @@ def test_rotation_is_the_map_between_rotated_queries_and_keys_in_the_forward(kw,
         assert not torch.allclose(rotation(model.cfg, 7, layer=layer), rotation(_rotary_model().cfg, 7, layer=layer))
 
 
+@pytest.mark.parametrize("kw, layer", [({}, 0), ({"rope": LLAMA3}, 1), ({"rotary_layers": [True, False]}, 1)])
+def test_rotation_products_from_its_two_nonzeros_per_row_equal_the_dense_products(kw, layer):
+    model = _rotary_model(**kw)
+    offsets = [0, 3, 11]
+    R = rotations(model.cfg, offsets, layer=layer)  # [3, 8, 8]
+    diagonal, paired, partner = rotation_parts(model.cfg, offsets, layer=layer)
+    parts = (diagonal[:, None], paired[:, None], partner)  # broadcast over a batch of 4 matrices
+    M = torch.randn(4, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    torch.testing.assert_close(rotation_matmul(parts, M), R[:, None] @ M, rtol=0, atol=1e-14)
+    torch.testing.assert_close(matmul_rotation(M, parts), M @ R[:, None], rtol=0, atol=1e-14)
+    assert int((R != 0).sum(-1).max()) <= 2  # the structure the parts describe
+
+
 def test_rotary_qk_composition_needs_offsets_and_is_scored_at_each():
     model = _rotary_model()
     for kind in "QK":
@@ -310,6 +324,92 @@ def test_rotary_qk_composition_needs_offsets_and_is_scored_at_each():
         torch.testing.assert_close(scores[offset, 0, 0, 1, 1], expected)
     spread = scores[:, 0, :, 1, :].amax(0) - scores[:, 0, :, 1, :].amin(0)
     assert spread.min() > 1e-4  # the score really moves with the offset
+
+
+def _exact_rotary_float64(model, kind, offsets):
+    """``[n_offsets, L, H, L, H]`` Q/K scores with h2's query rotated at each offset (``rotation``, checked
+    against the forward above), each offset by the float64 QR route of ``_exact_float64``."""
+    W_Q, W_K, W_V, W_O = (w.double() for w in _visible(model))
+    R1 = torch.linalg.qr(W_V, mode="r").R
+    left = R1 @ W_O  # [L, H, r, d]
+    out = []
+    for offset in offsets:
+        R = torch.stack([rotation(model.cfg, offset, layer=layer) for layer in range(model.cfg.n_layers)])
+        Q_rot = W_Q @ R[:, None]
+        first, second = (Q_rot, W_K) if kind == "Q" else (W_K, Q_rot)
+        right = first @ torch.linalg.qr(second, mode="r").R.mT  # [L, H, d, r]: its Gram is (W2 W_other^T)'s
+        num = torch.einsum("ahrd,bgds->ahbgrs", left, right).square().sum((-2, -1)).sqrt()
+        out.append(num / (left.square().sum((-2, -1)).sqrt()[:, :, None, None] * right.square().sum((-2, -1)).sqrt()))
+    L = model.cfg.n_layers
+    defined = (torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]).expand(L, *out[0].shape[1:])
+    return torch.stack(out).masked_fill(~defined, float("nan"))
+
+
+@pytest.mark.parametrize("kw", [{}, {"rope": LLAMA3}, {"rotary_layers": [True, False, True]}, {"normalization": "rmsnorm"}])
+@pytest.mark.parametrize("kind", ["Q", "K"])
+def test_window_route_equals_every_offset_scored_alone(kind, kw):
+    """The window route (the offset-free Z = X1^T W2 once, then d_head^2 per pair and offset) against the
+    float64 QR route at each offset, and against the Gram route it replaces, on layer norm (centred
+    readers and writers), llama3 frequencies and a layer that does not rotate."""
+    model = custom_model(n_layers=3, n_heads=2, d_model=24, d_head=8, positional="rotary", rotary_dim=6, **kw)
+    offsets = [0, 1, 5, 12, 15]
+    window = composition_module._window_correct_scores(model, kind, offsets)
+    torch.testing.assert_close(window, _exact_rotary_float64(model, kind, offsets), equal_nan=True)
+    each = torch.stack([composition_module._correct_scores(model, kind, o) for o in offsets])
+    torch.testing.assert_close(window, each, equal_nan=True)
+    assert window.isnan().sum() == len(offsets) * 2 * 2 * (3 * 3 - 3)  # l1 >= l2 only
+    if not kw.get("rotary_layers"):  # the scores move with the offset (a layer that does not rotate stays)
+        assert float((window.nan_to_num().amax(0) - window.nan_to_num().amin(0)).max()) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["Q", "K"])
+def test_rotary_erratum_scores_at_each_offset_of_a_window(kind):
+    """The left erratum (the view's panel) is taken once for a window: each offset's entry equals the
+    pair's own products at that offset (``_pair_scores`` on dense factors); the right erratum, whose
+    rotation sits between factors, is scored at each offset and moves with it."""
+    model = _rotary_model(rope=LLAMA3)
+    offsets = [0, 2, 9]
+    for norm in ("erratum_left", "erratum_right"):
+        table = composition_scores(model, kind, baseline=False, norm=norm, offsets=offsets)
+        for i, offset in enumerate(offsets):
+            for h1, h2 in [(0, 1), (1, 0)]:
+                A1, B1, C2, D2 = composition_module._pair_factors(model, kind, 0, h1, 1, h2, offset)
+                expected = composition_module._pair_scores(A1, B1, C2, D2, norm)
+                torch.testing.assert_close(table[i, 0, h1, 1, h2], expected)
+        moves = float((table.nan_to_num().amax(0) - table.nan_to_num().amin(0)).max())
+        assert (moves > 1e-4) == (norm == "erratum_right")
+
+
+def test_window_route_fallback_sums_squares_where_the_inner_product_may_cancel(monkeypatch):
+    """With no error allowed every entry takes the fallback (``||Z P(o)||_F^2``): the same scores, so
+    the fallback is right wherever the guard sends an entry."""
+    model = custom_model(n_layers=3, n_heads=2, d_model=24, d_head=8, positional="rotary", rotary_dim=8)
+    offsets = list(range(0, 16, 3))
+    for kind in "QK":
+        inner = composition_module._window_correct_scores(model, kind, offsets)
+        monkeypatch.setattr(composition_module, "FALLBACK_RELATIVE_ERROR", 0.0)
+        direct = composition_module._window_correct_scores(model, kind, offsets)
+        monkeypatch.undo()
+        torch.testing.assert_close(direct, inner, equal_nan=True)
+        torch.testing.assert_close(direct, _exact_rotary_float64(model, kind, offsets), equal_nan=True)
+
+
+def test_a_long_window_takes_the_window_route_and_a_short_one_each_offset(monkeypatch):
+    """``composition_scores`` picks the route with fewer operations: a 100-offset window of a 12 x 4
+    model goes through ``_window_correct_scores`` (float32, within the stated error of the float64
+    oracle), one offset through the Gram route."""
+    model = custom_model(n_layers=12, n_heads=4, d_model=64, d_head=16, positional="rotary", rotary_dim=16,
+                         n_ctx=128, normalization="rmsnorm").to(torch.float32)
+    calls = []
+    window_route = composition_module._window_correct_scores
+    monkeypatch.setattr(composition_module, "_window_correct_scores",
+                        lambda *args: calls.append(len(args[2])) or window_route(*args))
+    scores = composition_scores(model, "K", baseline=False, offsets=range(100))
+    composition_scores(model, "K", baseline=False, offsets=[7])
+    assert calls == [100]
+    exact = _exact_rotary_float64(model, "K", [0, 37, 99])
+    relative = (scores[[0, 37, 99]].double() - exact).abs() / exact
+    assert float(relative.nan_to_num().max()) < composition_module.FALLBACK_RELATIVE_ERROR
 
 
 def test_rank_deficient_heads_are_scored_too():

@@ -37,7 +37,7 @@ from ..factored import eigvals, gram
 from .cache import MODEL, cached
 from .circuits import embedding, embedding_is_normalized
 from .finite import non_finite_error
-from .rotary import offset_window, reduce_offsets, rotations
+from .rotary import matmul_rotation, offset_window, reduce_offsets, rotation_parts
 
 KINDS = ("OV", "QK")
 
@@ -104,8 +104,14 @@ def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> t
         raise non_finite_error(f"the {kind} circuits", model, weights, small.dtype)
     if offsets is None:
         return eigvals(small.double())
-    R = rotations(model.cfg, offsets, device=small.device, layer=None)[:, :, None]  # [n, L, 1, d_head, d_head]
-    eigs = eigvals(small.double()[None] @ R)
+    per_layer = []
+    for layer in range(model.cfg.n_layers):
+        diagonal, paired, partner = (t.to(small.device) for t in rotation_parts(model.cfg, offsets, layer=layer))
+        # each head's circuit at each offset, [n_offsets, H, d_head, d_head]: one layer at a time (every
+        # layer's at once is 1 GB in float64 at the LLaMA-135M shape with 100 offsets)
+        rotated = matmul_rotation(small[layer].double(), (diagonal[:, None], paired[:, None], partner))
+        per_layer.append(eigvals(rotated))
+    eigs = torch.stack(per_layer, 1)  # [n_offsets, L, H, d_head]
     return eigs if window else eigs[0]
 
 

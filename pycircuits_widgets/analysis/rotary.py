@@ -35,16 +35,43 @@ def rotations(cfg, offsets, dtype=torch.float64, device=None, *, layer) -> torch
     convention (``q @ R``). Built in float64 from the forward's float32 frequencies, then cast."""
     if layer is None:
         return torch.stack([rotations(cfg, offsets, dtype, device, layer=l) for l in range(cfg.n_layers)], 1)
+    diagonal, paired, partner = rotation_parts(cfg, offsets, layer=layer)
+    R = torch.diag_embed(diagonal)
+    R[:, torch.arange(cfg.d_head), partner] += paired  # (+=: a dim that does not rotate is its own partner)
+    return R.to(dtype=dtype, device=device)
+
+
+def rotation_parts(cfg, offsets, *, layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``R(offset)`` of ``rotations`` by its two nonzeros per row, float64: ``(diagonal [n_offsets, d_head],
+    paired [n_offsets, d_head], partner [d_head])`` with ``R[i, i] = diagonal[i]``, ``R[i, partner[i]] =
+    paired[i]`` and zeros elsewhere. ``partner`` pairs dim ``i`` with ``i + rotary_dim / 2`` (an
+    involution; a dim that does not rotate is its own partner, with ``paired`` 0), so ``R @ M`` is
+    ``diagonal[:, None] * M + paired[:, None] * M[partner]``: no ``d_head^3`` product."""
     inv, scaling = rotary_frequencies(cfg, layer)
     inv, half = inv.double(), inv.numel()  # half = rotary_dim / 2; 0 where the layer does not rotate
     angle = torch.as_tensor(list(offsets), dtype=torch.float64)[:, None] * inv
     cos, sin = angle.cos(), angle.sin()
-    R = torch.eye(cfg.d_head, dtype=torch.float64).repeat(len(angle), 1, 1)
+    n, rest = len(angle), cfg.d_head - 2 * half
+    # (q_i, q_{i+half}) -> (q_i cos - q_{i+half} sin, q_{i+half} cos + q_i sin); R carries s^2
+    diagonal = torch.cat([cos, cos, torch.ones(n, rest, dtype=torch.float64)], 1) * scaling**2
+    paired = torch.cat([sin, -sin, torch.zeros(n, rest, dtype=torch.float64)], 1) * scaling**2
     i = torch.arange(half)
-    # (q_i, q_{i+half}) -> (q_i cos - q_{i+half} sin, q_{i+half} cos + q_i sin)
-    R[:, i, i], R[:, i + half, i + half] = cos, cos
-    R[:, i + half, i], R[:, i, i + half] = -sin, sin
-    return (R * scaling**2).to(dtype=dtype, device=device)
+    partner = torch.cat([i + half, i, torch.arange(2 * half, cfg.d_head)])
+    return diagonal, paired, partner
+
+
+def rotation_matmul(parts, M: torch.Tensor) -> torch.Tensor:
+    """``R @ M`` for ``parts = rotation_parts(...)`` (leading dims of ``diagonal``/``paired`` broadcast
+    against ``M [..., d_head, k]``): ``d_head k`` operations per matrix, not ``d_head^2 k``."""
+    diagonal, paired, partner = parts
+    return diagonal[..., :, None] * M + paired[..., :, None] * M[..., partner, :]
+
+
+def matmul_rotation(M: torch.Tensor, parts) -> torch.Tensor:
+    """``M @ R`` for ``parts = rotation_parts(...)`` and ``M [..., k, d_head]`` (``rotation_matmul``):
+    column ``j`` of ``R`` holds ``diagonal[j]`` and, in row ``partner[j]``, ``paired[partner[j]]``."""
+    diagonal, paired, partner = parts
+    return M * diagonal[..., None, :] + M[..., :, partner] * paired[..., partner][..., None, :]
 
 
 def rotation(cfg, offset: int, dtype=torch.float64, device=None, *, layer: int) -> torch.Tensor:
