@@ -1,6 +1,7 @@
 """Benchmark all-pairs Q/K/V composition at GPT-2-small, -medium, -large and -XL head shapes.
 
     .venv/bin/python benchmarks/bench_composition.py   # from the repository root [--direct-xl] [--no-tl]
+    .venv/bin/python benchmarks/bench_composition.py --rotary 100   # a rotary window of 100 offsets
 
 Random float32 weights built here (nothing downloaded), layer norm, GPT-2 head shapes:
 small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d_model 768 /
@@ -15,6 +16,13 @@ small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d
 * TL: TransformerLens 4.3 ``utilities.matrix.composition_scores`` on the same (centred) weights,
   what ``all_composition_scores`` runs; GPT-2-small only (+8 GB there; its one broadcast
   product grows with heads^2 d_model^2 and does not fit this machine's memory past it).
+
+``--rotary N``: Q/K-composition of a rotary model over query - key offsets ``0..N-1`` (the
+explorer's window for an N-token text) at the LLaMA-135M head shapes (30 x 9 heads of d_head 64 in
+d_model 576, RMS norm, rotary on every dim): ours (``composition_scores(..., offsets=range(N))``:
+the window route, ``_window_correct_scores``, where it costs fewer operations) against "each
+offset", the Gram route at every offset (what the window route replaced), and the left erratum
+(computed once for a window) against its per-offset computation.
 
 The load average is printed before and after: on a shared 2-core machine every time scales
 with it.
@@ -54,6 +62,27 @@ def heads(shape: str):
     L, H, d, dh = SHAPES[shape]
     cfg = ModelConfig(n_layers=L, n_heads=H, d_model=d, d_head=dh, d_vocab=1, n_ctx=1024, positional="learned",
                       normalization="layernorm", attn_only=True, name=shape)
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s, std: torch.randn(*s, generator=g) * std  # noqa: E731
+    return types.SimpleNamespace(cfg=cfg, W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
+                                 W_V=r(L, H, d, dh, std=d ** -0.5), W_O=r(L, H, dh, d, std=dh ** -0.5))
+
+
+ROTARY_SHAPE = (30, 9, 576, 64)
+"""``--rotary``: the LLaMA-135M head shapes (n_layers, n_heads, d_model, d_head)."""
+
+
+def rotary_heads():
+    """``heads``' weight view at ``ROTARY_SHAPE`` with rotary positions and RMS norm (nothing to centre)."""
+    import types
+
+    import torch
+
+    from pycircuits_widgets.models.config import ModelConfig
+
+    L, H, d, dh = ROTARY_SHAPE
+    cfg = ModelConfig(n_layers=L, n_heads=H, d_model=d, d_head=dh, d_vocab=1, n_ctx=2048, positional="rotary",
+                      rotary_dim=dh, normalization="rmsnorm", attn_only=True, name="LLaMA-135M heads")
     g = torch.Generator().manual_seed(0)
     r = lambda *s, std: torch.randn(*s, generator=g) * std  # noqa: E731
     return types.SimpleNamespace(cfg=cfg, W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
@@ -114,6 +143,33 @@ def op_tl(shape, kind):
     return lambda: tl_scores(left, right())
 
 
+def op_window(kind, n_offsets, norm="correct"):
+    from pycircuits_widgets.analysis import composition_scores
+    m = rotary_heads()
+    return lambda: composition_scores(m, kind, baseline=False, norm=norm, offsets=range(n_offsets))
+
+
+def op_each_offset(kind, n_offsets, norm="correct"):
+    import torch
+
+    from pycircuits_widgets.analysis.composition import _correct_scores, _erratum_scores, _model_factors
+    m = rotary_heads()
+    if norm == "correct":
+        return lambda: torch.stack([_correct_scores(m, kind, o) for o in range(n_offsets)])
+    return lambda: torch.stack([_erratum_scores(*_model_factors(m, kind, o), norm) for o in range(n_offsets)])
+
+
+def rotary(n_offsets: int) -> None:
+    """The ``--rotary`` table (module docstring)."""
+    print(f"LLaMA-135M head shapes {ROTARY_SHAPE}, rotary, offsets 0..{n_offsets - 1}; {load_average()}")
+    print(f"{'kind':<4} {'norm':<13} | {'ours':>9} {'peak+':>9} | {'each offset':>11} {'peak+':>9} | ratio")
+    for kind, norm in (("K", "correct"), ("Q", "correct"), ("K", "erratum_left")):
+        ours, each = measure("op_window", kind, n_offsets, norm), measure("op_each_offset", kind, n_offsets, norm)
+        print(f"{kind:<4} {norm:<13} | {ours['s']:>7.2f} s {ours['mem_mb']:>6.0f} MB | {each['s']:>9.2f} s "
+              f"{each['mem_mb']:>6.0f} MB | {each['s'] / ours['s']:.1f}x", flush=True)
+    print(f"{load_average()} at the end")
+
+
 def child(name, args):
     import torch
     fn = globals()[name](*args)
@@ -137,9 +193,12 @@ def main():
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--direct-xl", action="store_true", help="also time the direct route at XL (~70 s idle)")
     ap.add_argument("--no-tl", action="store_true", help="skip TransformerLens (GPT-2-small, ~8 GB, minutes)")
+    ap.add_argument("--rotary", type=int, metavar="N", help="only the rotary table: Q/K over offsets 0..N-1")
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], json.loads(a.child[1]))
+    if a.rotary:
+        return rotary(a.rotary)
     import torch
     print(f"torch {torch.__version__}, transformer-lens 4.3.0, python {platform.python_version()}, "
           f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")

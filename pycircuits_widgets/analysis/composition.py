@@ -74,7 +74,7 @@ TILE = 160  # width of the d_model tiles of the Gram route (a [heads, TILE^2] bl
 ROW_CHUNKS = 8  # earlier-layer heads scored in this many chunks, so few pairs with l1 >= l2 are computed
 MIN_CHUNK_ROWS = 128
 FALLBACK_RELATIVE_ERROR = 1e-3  # recompute a pair exactly when the Gram route could be off by more than this
-WINDOW_BLOCK_BYTES = 64 << 20  # float64 Z (and Z^T Z) of a block of writers against one layer's readers
+WINDOW_BLOCK_BYTES = 16 << 20  # float64 Z (and Z^T Z) of a block of writers against one layer's readers
 FALLBACK_BATCH = 64  # pairs per exact recompute: two [64, d_model, r] gathers, 67 MB at d_model 2048 (256 took 0.27 GB)
 
 
@@ -356,7 +356,7 @@ def _window_correct_scores(model, kind: str, offsets: list[int]) -> torch.Tensor
     if not bool(torch.isfinite(nx).all()):
         raise NonFiniteError(f"the squared norms of the heads overflow {work}")
     center = cfg.normalization == "layernorm"
-    scores = torch.full((n_off, L * H, L * H), float("nan"), dtype=torch.float64, device=X.device)
+    scores = torch.full((n_off, L * H, L * H), float("nan"), dtype=work, device=X.device)
     u = torch.finfo(torch.float64).eps / 2
     per_entry = 2 * (2 * d + 2 * r + r * r) * u
     for l2 in range(1, L):
@@ -394,7 +394,7 @@ def _window_correct_scores(model, kind: str, offsets: list[int]) -> torch.Tensor
                 raise NonFiniteError("the squared norms of the heads' products overflow float64")
             squared = f / (nx[rows, None, None] * ny.T[None])
             scores[:, rows, l2 * H : (l2 + 1) * H] = squared.clamp_min(0).sqrt().permute(2, 0, 1)
-    return scores.reshape(n_off, L, H, L, H).to(work)
+    return scores.reshape(n_off, L, H, L, H)
 
 
 def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
