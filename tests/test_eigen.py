@@ -69,6 +69,12 @@ def test_rotary_qk_is_read_at_an_offset_ov_needs_none_and_bad_kind_is_named():
         eigenvalue_positivity(rotary, "VO")
 
 
+def test_zero_layer_rotary_model_has_empty_spectra_over_a_window():
+    model = custom_model(n_layers=0, positional="rotary")
+    assert eigenvalues(model, "QK", range(4)).shape == (4, 0, 3, 6)
+    assert eigenvalue_positivity(model, "QK").shape == (0, 3)
+
+
 def test_gram_equals_the_dense_float64_product_and_is_exactly_symmetric():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(2, 700, 45, generator=g)

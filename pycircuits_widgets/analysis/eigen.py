@@ -111,7 +111,9 @@ def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> t
         # layer's at once is 1 GB in float64 at the LLaMA-135M shape with 100 offsets)
         rotated = matmul_rotation(small[layer].double(), (diagonal[:, None], paired[:, None], partner))
         per_layer.append(eigvals(rotated))
-    eigs = torch.stack(per_layer, 1)  # [n_offsets, L, H, d_head]
+    L, H, d_head = small.shape[:3]
+    eigs = torch.stack(per_layer, 1) if per_layer else torch.empty(  # [n_offsets, L, H, d_head]
+        len(offsets), L, H, d_head, dtype=torch.complex128, device=small.device)  # (a zero-layer model: none)
     return eigs if window else eigs[0]
 
 
