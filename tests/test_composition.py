@@ -345,7 +345,8 @@ def _exact_rotary_float64(model, kind, offsets):
     return torch.stack(out).masked_fill(~defined, float("nan"))
 
 
-@pytest.mark.parametrize("kw", [{}, {"rope": LLAMA3}, {"rotary_layers": [True, False, True]}, {"normalization": "rmsnorm"}])
+@pytest.mark.parametrize("kw", [{}, {"rope": LLAMA3}, {"rotary_layers": [True, False, True]},
+                                {"normalization": "rmsnorm"}])
 @pytest.mark.parametrize("kind", ["Q", "K"])
 def test_window_route_equals_every_offset_scored_alone(kind, kw):
     """The window route (the offset-free Z = X1^T W2 once, then d_head^2 per pair and offset) against the

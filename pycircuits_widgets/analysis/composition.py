@@ -331,8 +331,8 @@ def _window_correct_scores(model, kind: str, offsets: list[int]) -> torch.Tensor
     """Q/K-composition correct scores of a rotary model at every offset of a window, ``[n_offsets, L, H,
     L, H]`` (NaN where ``l1 >= l2``), as ``_correct_scores`` at each offset, with the offset-free work
     done once: per pair ``d_head^2`` operations per offset instead of the Gram route's ``d_model^2``
-    (plus every head's tile Grams again at each offset): 50 -> 6 s for 100 offsets at the LLaMA-135M shape
-    (2 threads, AVX2 host).
+    (plus every head's tile Grams again at each offset): 55 -> 5.4 s for 100 offsets at the LLaMA-135M
+    shape (2 threads, AVX2 host: ``benchmarks/bench_composition.py --rotary 100``).
 
     With the writer's thin factor ``X1 [d_model, r]`` (``_thin_factors``) and h2's reader ``W2`` (Q:
     ``W_Q``, whose query the offset rotates; K: ``W_K``), the composed matrix's norm is
@@ -514,10 +514,10 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     query and key (``W_QK(offset) = W_Q R(offset) W_K^T``, see ``rotation``), so they need
     ``offsets`` (e.g. ``range(0, 33)``) and return ``[n_offsets, L, H, L, H]``; without it they are
     refused, never silently taken at offset 0 (``"erratum_left"`` is the same at every offset: the
-    rotation ends both of its products, so it is computed once and read-only). Entries with ``l1 >= l2`` are NaN. Computed in the
-    weights' dtype (16-bit weights: in float32, returned as float32); float32 precision of the
-    correct score: see ``_correct_scores``. The table without baseline is computed once per model
-    (``cache``).
+    rotation ends both of its products, so it is computed once and read-only). Entries with
+    ``l1 >= l2`` are NaN. Computed in the weights' dtype (16-bit weights: in float32, returned as
+    float32); float32 precision of the correct score: see ``_correct_scores``. The table without
+    baseline is computed once per model (``cache``).
     """
     _check(kind, norm)
     offsets = _check_offsets(model, kind, offsets)
