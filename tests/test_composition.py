@@ -221,9 +221,13 @@ def test_gram_route_equals_dense_float64_products(monkeypatch, shape, kind):
         torch.testing.assert_close(scores[later], expected[later], rtol=1e-10, atol=0)
 
 
-def _exact_float64(model, kind):
-    """All pairs in float64 by the QR route (||R_A (B C) R_D^T||), written here independently."""
+def _exact_float64(model, kind, offset=None):
+    """All pairs in float64 by the QR route (||R_A (B C) R_D^T||), written here independently
+    (``offset``: h2's queries rotated at that offset, ``rotation``: checked against the forward)."""
     W_Q, W_K, W_V, W_O = (w.double() for w in _visible(model))
+    if offset is not None:
+        R = torch.stack([rotation(model.cfg, offset, layer=layer) for layer in range(model.cfg.n_layers)])
+        W_Q = W_Q @ R[:, None]
     second = {"Q": (W_Q, W_K.mT), "K": (W_K, W_Q.mT), "V": (W_V, W_O)}[kind]
     R1 = torch.linalg.qr(W_V, mode="r").R
     R2 = torch.linalg.qr(second[1].mT, mode="r").R
@@ -327,22 +331,10 @@ def test_rotary_qk_composition_needs_offsets_and_is_scored_at_each():
 
 
 def _exact_rotary_float64(model, kind, offsets):
-    """``[n_offsets, L, H, L, H]`` Q/K scores with h2's query rotated at each offset (``rotation``, checked
-    against the forward above), each offset by the float64 QR route of ``_exact_float64``."""
-    W_Q, W_K, W_V, W_O = (w.double() for w in _visible(model))
-    R1 = torch.linalg.qr(W_V, mode="r").R
-    left = R1 @ W_O  # [L, H, r, d]
-    out = []
-    for offset in offsets:
-        R = torch.stack([rotation(model.cfg, offset, layer=layer) for layer in range(model.cfg.n_layers)])
-        Q_rot = W_Q @ R[:, None]
-        first, second = (Q_rot, W_K) if kind == "Q" else (W_K, Q_rot)
-        right = first @ torch.linalg.qr(second, mode="r").R.mT  # [L, H, d, r]: its Gram is (W2 W_other^T)'s
-        num = torch.einsum("ahrd,bgds->ahbgrs", left, right).square().sum((-2, -1)).sqrt()
-        out.append(num / (left.square().sum((-2, -1)).sqrt()[:, :, None, None] * right.square().sum((-2, -1)).sqrt()))
+    """``[n_offsets, L, H, L, H]``: ``_exact_float64`` at each offset, NaN where ``l1 >= l2``."""
     L = model.cfg.n_layers
-    defined = (torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]).expand(L, *out[0].shape[1:])
-    return torch.stack(out).masked_fill(~defined, float("nan"))
+    defined = torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]
+    return torch.stack([_exact_float64(model, kind, o).masked_fill(~defined, float("nan")) for o in offsets])
 
 
 @pytest.mark.parametrize("kw", [{}, {"rope": LLAMA3}, {"rotary_layers": [True, False, True]},
