@@ -185,6 +185,8 @@ def main():
     parser.add_argument("--fill-heads", type=int, default=None, help="heads the background fill runs over "
                         "(default: all)")
     args = parser.parse_args()
+    if args.fill_heads is not None and args.fill_heads < 2:  # the click after the fill needs a filled head never shown
+        parser.error(f"--fill-heads must be at least 2 (the shown head, then one to click), got {args.fill_heads}")
     torch.set_num_threads(args.threads)
     from pycircuits_widgets.widgets.core import runner  # the widget layer
 
