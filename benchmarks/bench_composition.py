@@ -21,8 +21,9 @@ small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d
 explorer's window for an N-token text) at the LLaMA-135M head shapes (30 x 9 heads of d_head 64 in
 d_model 576, RMS norm, rotary on every dim): ours (``composition_scores(..., offsets=range(N))``:
 the window route, ``_window_correct_scores``, where it costs fewer operations) against "each
-offset", the Gram route at every offset (what the window route replaced), and the left erratum
-(computed once for a window) against its per-offset computation.
+offset", the Gram route at every offset (what the window route replaced); the left erratum
+(computed once for a window) and the right erratum (its offset-free work once per pair,
+``_window_erratum_right_scores``) against their per-offset computation.
 
 The load average is printed before and after: on a shared 2-core machine every time scales
 with it.
@@ -163,7 +164,7 @@ def rotary(n_offsets: int) -> None:
     """The ``--rotary`` table (module docstring)."""
     print(f"LLaMA-135M head shapes {ROTARY_SHAPE}, rotary, offsets 0..{n_offsets - 1}; {load_average()}")
     print(f"{'kind':<4} {'norm':<13} | {'ours':>9} {'peak+':>9} | {'each offset':>11} {'peak+':>9} | ratio")
-    for kind, norm in (("K", "correct"), ("Q", "correct"), ("K", "erratum_left")):
+    for kind, norm in (("K", "correct"), ("Q", "correct"), ("K", "erratum_left"), ("K", "erratum_right")):
         ours, each = measure("op_window", kind, n_offsets, norm), measure("op_each_offset", kind, n_offsets, norm)
         print(f"{kind:<4} {norm:<13} | {ours['s']:>7.2f} s {ours['mem_mb']:>6.0f} MB | {each['s']:>9.2f} s "
               f"{each['mem_mb']:>6.0f} MB | {each['s'] / ours['s']:.1f}x", flush=True)

@@ -5,6 +5,8 @@ never reads the all-ones direction), TransformerLens's ``composition_scores`` on
 its own folded ``TransformerBridge``, the model's own forward (function-preserving changes,
 rotary scores), and a complex-number rotation written here."""
 
+import itertools
+
 import pytest
 import torch
 from random_models import custom_model, paper_model
@@ -373,6 +375,55 @@ def test_rotary_erratum_scores_at_each_offset_of_a_window(kind):
         assert (moves > 1e-4) == (norm == "erratum_right")
 
 
+def _dense_erratum_right(model, kind, offsets):
+    """``[n_offsets, L, H, L, H]`` right-erratum scores from explicit products of the visible weights,
+    h2's queries rotated by the dense ``rotation``: Q ``||W_O1 W_Q R W_K^T W_V1||``, K ``||W_O1 W_K (W_Q
+    R)^T W_V1||``, each over ``||W_O1 W_V1||`` and the norm of h2's own ``D2 C2``; NaN where ``l1 >= l2``."""
+    W_Q, W_K, W_V, W_O = (w.double() for w in _visible(model))
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    out = torch.full((len(offsets), L, H, L, H), float("nan"), dtype=torch.float64)
+    for i, offset in enumerate(offsets):
+        for l1, h1, l2, h2 in itertools.product(range(L), range(H), range(L), range(H)):
+            if l1 >= l2:
+                continue
+            Q_rot = W_Q[l2, h2] @ rotation(model.cfg, offset, layer=l2)
+            C2, D2 = (Q_rot, W_K[l2, h2].T) if kind == "Q" else (W_K[l2, h2], Q_rot.T)
+            num = (W_O[l1, h1] @ C2 @ D2 @ W_V[l1, h1]).norm()
+            out[i, l1, h1, l2, h2] = num / ((W_O[l1, h1] @ W_V[l1, h1]).norm() * (D2 @ C2).norm())
+    return out
+
+
+@pytest.mark.parametrize("kw", [{}, {"rope": LLAMA3}, {"rotary_layers": [True, False, True]},
+                                {"normalization": "rmsnorm"}])
+@pytest.mark.parametrize("kind", ["Q", "K"])
+def test_right_erratum_over_a_window_equals_every_offset_scored_alone(kind, kw):
+    """The right erratum over a window (``P = X W_Q``, ``Q = W_K^T Y`` and their Grams once per pair, then a
+    quadratic form in each offset's rotation) against explicit products at each offset and against the
+    per-offset route it replaces; rotary_dim 6 of d_head 8 leaves two dims that do not rotate."""
+    model = custom_model(n_layers=3, n_heads=2, d_model=24, d_head=8, positional="rotary", rotary_dim=6, **kw)
+    offsets = [0, 1, 5, 12, 15]
+    window = composition_module._window_erratum_right_scores(model, kind, offsets)
+    torch.testing.assert_close(window, _dense_erratum_right(model, kind, offsets), equal_nan=True)
+    each = torch.stack([composition_module._erratum_scores(*composition_module._model_factors(model, kind, o),
+                                                           "erratum_right") for o in offsets])
+    torch.testing.assert_close(window, each, equal_nan=True)
+    if not kw.get("rotary_layers"):  # it moves with the offset
+        assert float((window.nan_to_num().amax(0) - window.nan_to_num().amin(0)).max()) > 1e-3
+
+
+def test_right_erratum_window_falls_back_to_the_direct_product_where_the_form_may_cancel(monkeypatch):
+    """With no error allowed every entry takes the fallback (``||(P R) Q||_F^2``): the same scores."""
+    model = custom_model(n_layers=3, n_heads=2, d_model=24, d_head=8, positional="rotary", rotary_dim=8)
+    offsets = list(range(0, 16, 3))
+    for kind in "QK":
+        form = composition_module._window_erratum_right_scores(model, kind, offsets)
+        monkeypatch.setattr(composition_module, "FALLBACK_RELATIVE_ERROR", 0.0)
+        direct = composition_module._window_erratum_right_scores(model, kind, offsets)
+        monkeypatch.undo()
+        torch.testing.assert_close(direct, form, equal_nan=True)
+        torch.testing.assert_close(direct, _dense_erratum_right(model, kind, offsets), equal_nan=True)
+
+
 def test_window_route_fallback_sums_squares_where_the_inner_product_may_cancel(monkeypatch):
     """With no error allowed every entry takes the fallback (``||Z P(o)||_F^2``): the same scores, so
     the fallback is right wherever the guard sends an entry."""
@@ -403,6 +454,23 @@ def test_a_long_window_takes_the_window_route_and_a_short_one_each_offset(monkey
     exact = _exact_rotary_float64(model, "K", [0, 37, 99])
     relative = (scores[[0, 37, 99]].double() - exact).abs() / exact
     assert float(relative.nan_to_num().max()) < composition_module.FALLBACK_RELATIVE_ERROR
+
+
+def test_the_right_erratum_of_a_long_window_takes_the_window_route_and_a_short_one_each_offset(monkeypatch):
+    """As the correct score's route choice: 100 offsets of a 12 x 4 float32 model through
+    ``_window_erratum_right_scores`` (within float32 rounding of the explicit products), 2 offsets each alone."""
+    model = custom_model(n_layers=12, n_heads=4, d_model=64, d_head=16, positional="rotary", rotary_dim=16,
+                         n_ctx=128, normalization="rmsnorm").to(torch.float32)
+    calls = []
+    window_route = composition_module._window_erratum_right_scores
+    monkeypatch.setattr(composition_module, "_window_erratum_right_scores",
+                        lambda *args: calls.append(len(args[2])) or window_route(*args))
+    scores = composition_scores(model, "Q", baseline=False, norm="erratum_right", offsets=range(100))
+    composition_scores(model, "Q", baseline=False, norm="erratum_right", offsets=[3, 7])
+    assert calls == [100]
+    exact = _dense_erratum_right(model, "Q", [0, 37, 99])
+    relative = (scores[[0, 37, 99]].double() - exact).abs() / exact
+    assert float(relative.nan_to_num().max()) < 1e-5
 
 
 def test_rank_deficient_heads_are_scored_too():

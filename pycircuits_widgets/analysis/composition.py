@@ -25,7 +25,9 @@ heads at once: ``d_model^2`` FLOPs per pair instead of ``2 r^2 d_model`` for ``X
 Rotary models: Q/K-composition is scored at stated query-key offsets (``composition_scores(...,
 offsets=...)``), never silently at offset 0; V-composition does not depend on position. Over a
 window the offset-free part of every pair is computed once (``_window_correct_scores``: ``d_head^2``
-per pair and offset), where that costs fewer operations than the Gram route at each offset.
+per pair and offset), where that costs fewer operations than the Gram route at each offset; so is
+the right erratum's (``_window_erratum_right_scores``: ``3 d_head^2`` per pair and offset), and the
+left erratum does not move with the offset at all.
 
 The published erratum: the original diagram computed a cyclic permutation of the product,
 which preserves the trace but NOT the Frobenius norm. The errata names two such rotations, both
@@ -422,6 +424,93 @@ def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
     return out / (n1[:, :, None, None] * n2[None, None])
 
 
+def _right_window_flops(n_layers: int, n_heads: int, d_model: int, r: int, n_offsets: int) -> int:
+    """Floating-point operations of ``_window_erratum_right_scores`` (multiply-add = 2): every pair's
+    ``P, Q`` and their Grams once, then a ``3 r^2`` inner product per offset."""
+    pairs = n_heads**2 * n_layers * (n_layers - 1) // 2
+    return 2 * pairs * r * r * (2 * d_model + 2 * r + 3 * n_offsets)
+
+
+def _right_window_is_cheaper(cfg, r: int, n_offsets: int) -> bool:
+    """Whether ``_window_erratum_right_scores`` costs fewer operations than ``_erratum_scores`` at each
+    offset (``2 r^2 (2 d_model + r)`` per pair and offset; float64 counted twice, as
+    ``_window_route_is_cheaper``)."""
+    L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
+    pairs = H**2 * L * (L - 1) // 2
+    return 2 * _right_window_flops(L, H, d, r, n_offsets) < n_offsets * 2 * pairs * r * r * (2 * d + r)
+
+
+def _window_erratum_right_scores(model, kind: str, offsets: list[int]) -> torch.Tensor:
+    """``"erratum_right"`` Q/K scores of a rotary model at every offset of a window, ``[n_offsets, L, H,
+    L, H]`` (NaN where ``l1 >= l2``), as ``_erratum_scores`` at each offset with the offset-free work
+    done once per pair (``benchmarks/bench_composition.py --rotary N``).
+
+    The rotation sits inside the product: Q: ``B1 C2 D2 A1 = W_O1 W_Q R W_K^T W_V1``; K: ``W_O1 W_K R^T
+    W_Q^T W_V1``, whose transpose has the same norm. Both are ``||P R Q||_F`` with the offset-free
+    ``P = X W_Q [k, r]`` and ``Q = W_K^T Y [r, k]``: ``(X, Y) = (W_O1, W_V1)`` for Q, ``(W_V1^T, W_O1^T)``
+    for K. ``R = diag(a) + diag(b) Pi`` (``rotation_parts``: ``a`` the diagonal, ``b`` the partner's
+    entry, ``Pi`` the partner permutation), so ``P R Q = [P P] diag(a; b) [Q; Pi Q]`` and
+
+        ||P R Q||_F^2 = a^T (S ⊙ K) a + 2 a^T (S ⊙ K Pi) b + b^T (S ⊙ Pi K Pi) b,
+
+    ``S = P^T P``, ``K = Q Q^T`` (``[r, r]`` per pair, once): one ``[pairs, 3 r^2] @ [3 r^2, n_offsets]``
+    GEMM. The reader's own norm ``||D2 C2|| = ||W_K^T W_Q R||`` is taken at each offset (``[r, r]``
+    per head).
+
+    In float64. The Grams (``k`` terms), their products and the inner product (``3 r^2`` terms) give,
+    to first order, ``|error| <= (3 r^2 + 2 k + 2) u beta^2`` with ``beta = sum_m |d_m| ||[P P]_m||
+    ||[Q; Pi Q]_m||`` (``d = (a; b)``, columns and rows; ``u = 2^-53``), doubled for margin; where that
+    could move the score by more than ``FALLBACK_RELATIVE_ERROR`` (the quadratic form cancels), the
+    entry is the direct ``||(P R) Q||_F^2``. ``P`` and ``Q`` themselves are the same ``d_model``-term
+    products the per-offset route forms. Memory: every head's factors in the weights' ``linalg_dtype``
+    (as the per-offset route), in float64 one layer's readers and blocks of ``WINDOW_BLOCK_BYTES`` (the
+    Gram products and ``P, Q`` of a block of writers against them)."""
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    A1, B1, C2, D2 = _model_factors(model, kind, None)  # centred as _erratum_scores reads them; unrotated
+    W_Q, W_KT, X, Y = (C2, D2, B1, A1) if kind == "Q" else (D2.mT, C2.mT, A1.mT, B1.mT)
+    work, device = X.dtype, X.device
+    k, d, r, n_off = X.shape[-2], X.shape[-1], W_Q.shape[-1], len(offsets)
+    # ||B1 A1|| (K: its transpose), one layer at a time in float64
+    n1 = torch.cat([torch.linalg.matrix_norm(X[layer].double() @ Y[layer].double()) for layer in range(L)])
+    scores = torch.full((n_off, L * H, L * H), float("nan"), dtype=work, device=device)
+    per_entry = 2 * (3 * r * r + 2 * k + 2) * torch.finfo(torch.float64).eps / 2
+    chunk = max(1, WINDOW_BLOCK_BYTES // (H * (7 * r * r + 2 * k * r) * 8))
+    for l2 in range(1, L):
+        a, b, pi = (t.to(device) for t in rotation_parts(cfg, offsets, layer=l2))  # [n_off, r] x 2, [r]
+        W_Q2, W_KT2 = W_Q[l2].double(), W_KT[l2].double()  # [H, d_model, r], [H, r, d_model]
+        n2 = torch.linalg.matrix_norm(matmul_rotation(W_KT2 @ W_Q2, (a[:, None], b[:, None], pi)))  # [n_off, H]
+        # d d^T per offset, as the three blocks the quadratic form reads: [n_off, 3 r^2]
+        dd = torch.stack([a[:, :, None] * a[:, None], 2 * a[:, :, None] * b[:, None], b[:, :, None] * b[:, None]], 1)
+        dd = dd.reshape(n_off, 3 * r * r)
+        readers_q = W_Q2.permute(1, 0, 2).reshape(d, H * r)  # every h2 side by side: one GEMM per block
+        readers_k = W_KT2.reshape(H * r, d)
+        n_writers = l2 * H
+        Xw, Yw = X[:l2].reshape(n_writers, k, d), Y[:l2].reshape(n_writers, d, k)
+        for start in range(0, n_writers, chunk):
+            rows = slice(start, min(start + chunk, n_writers))
+            c = rows.stop - rows.start
+            P = (Xw[rows].double().reshape(c * k, d) @ readers_q).view(c, k, H, r).transpose(1, 2)  # [c, H, k, r]
+            Q = (readers_k @ Yw[rows].double().permute(1, 0, 2).reshape(d, c * k)).view(H, r, c, k).permute(2, 0, 1, 3)
+            S, K = P.mT @ P, Q @ Q.mT  # [c, H, r, r]
+            K_pi = K[..., pi]
+            blocks = torch.stack([S * K, S * K_pi, S * K_pi[..., pi, :]], 2).reshape(c * H, 3 * r * r)
+            f = blocks @ dd.T  # [c H, n_off]
+            p_norm, q_norm = P.norm(dim=-2).reshape(c * H, r), Q.norm(dim=-1).reshape(c * H, r)
+            beta = (p_norm * q_norm) @ a.abs().T + (p_norm * q_norm[:, pi]) @ b.abs().T
+            unsure = (per_entry * beta.square() > 2 * FALLBACK_RELATIVE_ERROR * f.clamp_min(0)).nonzero(as_tuple=True)
+            if unsure[0].numel():  # the direct sum of squares for the entries the quadratic form may have lost
+                i, o = unsure
+                PR = matmul_rotation(P.reshape(c * H, k, r)[i], (a[o], b[o], pi))
+                f[i, o] = (PR @ Q.reshape(c * H, r, k)[i]).square().sum((-2, -1))
+            # (checked before the division: a zero head's 0 / 0 is the layout's NaN, not an overflow)
+            if not all(bool(torch.isfinite(t).all()) for t in (f, n1, n2)):
+                raise NonFiniteError(f"the erratum products overflow {work}")
+            num = f.clamp_min(0).sqrt().view(c, H, n_off)
+            scores[:, rows, l2 * H : (l2 + 1) * H] = (num / (n1[rows, None, None] * n2.T[None])).permute(2, 0, 1)
+    return scores.reshape(n_off, L, H, L, H)
+
+
 def _model_factors(model, kind: str, offset: int | None):
     """``_layer_factors`` of every layer stacked: ``(A1, B1, C2, D2)`` each ``[L, H, ...]``."""
     per_layer = [_layer_factors(model, kind, layer, offset) for layer in range(model.cfg.n_layers)]
@@ -514,7 +603,9 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     query and key (``W_QK(offset) = W_Q R(offset) W_K^T``, see ``rotation``), so they need
     ``offsets`` (e.g. ``range(0, 33)``) and return ``[n_offsets, L, H, L, H]``; without it they are
     refused, never silently taken at offset 0 (``"erratum_left"`` is the same at every offset: the
-    rotation ends both of its products, so it is computed once and read-only). Entries with
+    rotation ends both of its products, so it is computed once and read-only; ``"erratum_right"`` does
+    its offset-free work once per pair where that costs fewer operations: from 3 offsets at the
+    LLaMA-135M shape). Entries with
     ``l1 >= l2`` are NaN. Computed in the weights' dtype (16-bit weights: in float32, returned as
     float32); float32 precision of the correct score: see ``_correct_scores``. The table without
     baseline is computed once per model (``cache``).
@@ -545,6 +636,9 @@ def _composition_scores(model, kind: str, norm: str, offsets: list[int] | None) 
             scores = at(None)
         elif norm == "correct" and L >= 2 and _window_route_is_cheaper(model.cfg, model.W_V.shape[-1], len(offsets)):
             scores = _window_correct_scores(model, kind, offsets)
+        elif (norm == "erratum_right" and L >= 2
+              and _right_window_is_cheaper(model.cfg, model.W_V.shape[-1], len(offsets))):
+            scores = _window_erratum_right_scores(model, kind, offsets)
         elif norm == "erratum_left":
             # R(o) = s^2 x an orthogonal map ends both products (Q: D2 A1 B1 W_Q R and W_K^T W_Q R; K: R^T
             # starts them): each norm is s^2 times the unrotated one, so the score is the same at every offset
