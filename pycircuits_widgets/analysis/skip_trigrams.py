@@ -308,7 +308,8 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
             # score holds no triple that can enter: its offsets are not screened
             need = uq_tiles[live] * uo[live, None] > top.threshold  # [m, n_tiles]
             # blocks of consecutive sources that give each tile's GEMM about block_rows (offset, source) rows
-            rows_before = (need.sum(1).cumsum(0) - need.sum(1)) * n_maps
+            tiles_per_source = need.sum(1)
+            rows_before = (tiles_per_source.cumsum(0) - tiles_per_source) * n_maps
             _, sizes = torch.unique_consecutive(rows_before // (offset_screen.block_rows * n_tiles), return_counts=True)
             start = 0
             for size in sizes.tolist():
