@@ -411,31 +411,22 @@ def test_right_erratum_over_a_window_equals_every_offset_scored_alone(kind, kw):
         assert float((window.nan_to_num().amax(0) - window.nan_to_num().amin(0)).max()) > 1e-3
 
 
-def test_right_erratum_window_falls_back_to_the_direct_product_where_the_form_may_cancel(monkeypatch):
-    """With no error allowed every entry takes the fallback (``||(P R) Q||_F^2``): the same scores."""
+@pytest.mark.parametrize("route, oracle", [("_window_correct_scores", _exact_rotary_float64),
+                                           ("_window_erratum_right_scores", _dense_erratum_right)])
+def test_window_routes_fall_back_to_the_direct_product_where_their_inner_product_may_cancel(monkeypatch, route,
+                                                                                          oracle):
+    """With no error allowed every entry takes the fallback (correct: ``||Z P(o)||_F^2``; right erratum:
+    ``||(P R) Q||_F^2``): the same scores, so the fallback is right wherever the guard sends an entry."""
     model = custom_model(n_layers=3, n_heads=2, d_model=24, d_head=8, positional="rotary", rotary_dim=8)
     offsets = list(range(0, 16, 3))
+    scores = getattr(composition_module, route)
     for kind in "QK":
-        form = composition_module._window_erratum_right_scores(model, kind, offsets)
+        inner = scores(model, kind, offsets)
         monkeypatch.setattr(composition_module, "FALLBACK_RELATIVE_ERROR", 0.0)
-        direct = composition_module._window_erratum_right_scores(model, kind, offsets)
-        monkeypatch.undo()
-        torch.testing.assert_close(direct, form, equal_nan=True)
-        torch.testing.assert_close(direct, _dense_erratum_right(model, kind, offsets), equal_nan=True)
-
-
-def test_window_route_fallback_sums_squares_where_the_inner_product_may_cancel(monkeypatch):
-    """With no error allowed every entry takes the fallback (``||Z P(o)||_F^2``): the same scores, so
-    the fallback is right wherever the guard sends an entry."""
-    model = custom_model(n_layers=3, n_heads=2, d_model=24, d_head=8, positional="rotary", rotary_dim=8)
-    offsets = list(range(0, 16, 3))
-    for kind in "QK":
-        inner = composition_module._window_correct_scores(model, kind, offsets)
-        monkeypatch.setattr(composition_module, "FALLBACK_RELATIVE_ERROR", 0.0)
-        direct = composition_module._window_correct_scores(model, kind, offsets)
+        direct = scores(model, kind, offsets)
         monkeypatch.undo()
         torch.testing.assert_close(direct, inner, equal_nan=True)
-        torch.testing.assert_close(direct, _exact_rotary_float64(model, kind, offsets), equal_nan=True)
+        torch.testing.assert_close(direct, oracle(model, kind, offsets), equal_nan=True)
 
 
 def test_a_long_window_takes_the_window_route_and_a_short_one_each_offset(monkeypatch):
