@@ -9,10 +9,16 @@ behind: the cell's output is blanked, and since the cell bar is no widget, a sav
 widgets) holds no widget output or widget state of it.
 
 ``PCW_PROGRESS=0`` (or tqdm's own ``TQDM_DISABLE=1``) turns the bars off.
+
+A view's worker thread computes under ``quiet()``: the view shows its own busy state there, and a
+bar drawn from that thread would land in whichever cell ran last (ipykernel sends a thread's
+output to the latest cell), not the one that made the view. A bar that thread updates is drawn
+by the next update or tick of the thread that waits on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import sys
@@ -23,6 +29,20 @@ DELAY = 1.0
 """Seconds a wait lasts before its bar is shown."""
 REFRESH = 0.1
 """Least seconds between two redraws of a shown bar."""
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def quiet():
+    """Within it, this thread draws no bar (module docstring)."""
+    before = getattr(_local, "quiet", False)
+    _local.quiet = True
+    try:
+        yield
+    finally:
+        _local.quiet = before
 
 
 def enabled() -> bool:
@@ -72,7 +92,7 @@ class Progress:
     def _show(self, force: bool = False) -> None:
         now = time.monotonic()
         with self._lock:
-            if self._closed or not enabled() or now - self._start < self._delay:
+            if self._closed or not enabled() or now - self._start < self._delay or getattr(_local, "quiet", False):
                 return
             if self._bar is None:
                 self._bar = (CellBar if in_notebook() else ConsoleBar)(self.desc, self.unit, self.total)

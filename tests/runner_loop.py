@@ -23,6 +23,15 @@ class ManualLoop:
             self.posted += 1
 
 
+class BareView:
+    """What a ``Runner`` drives, and nothing else: ``busy`` and ``error`` traits and ``hold_sync``."""
+
+    busy, error = False, ""
+
+    def hold_sync(self):
+        return threading.Lock()
+
+
 @pytest.fixture
 def manual_kernel_loop(monkeypatch):
     loop = ManualLoop()

@@ -16,7 +16,7 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import cache
 from pycircuits_widgets.widgets.core import runner
 from random_models import paper_model
-from runner_loop import ManualLoop, manual_kernel_loop  # noqa: F401 (fixture)
+from runner_loop import BareView, ManualLoop, manual_kernel_loop  # noqa: F401 (fixture)
 
 TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
 WAIT = 60  # seconds: a bound on a hang, never a timing assertion
@@ -99,14 +99,8 @@ def test_a_request_of_another_runner_is_computed_before_the_next_background_chun
     until the other's requests (one running, one submitted meanwhile) are both computed."""
     events = []
 
-    class View:  # what a Runner drives: busy and error traits, hold_sync
-        busy, error = False, ""
-
-        def hold_sync(self):
-            return threading.Lock()
-
     loop = ManualLoop()
-    fill, clicks = runner.Runner(View(), loop=loop), runner.Runner(View(), loop=loop)
+    fill, clicks = runner.Runner(BareView(), loop=loop), runner.Runner(BareView(), loop=loop)
     held = Blocker(clicks)
 
     def background():
@@ -132,14 +126,8 @@ def test_a_request_giving_way_waits_for_other_runners_requests_but_not_for_anoth
     wait for each other (no deadlock), and a synchronous run ignores it."""
     events = []
 
-    class View:
-        busy, error = False, ""
-
-        def hold_sync(self):
-            return threading.Lock()
-
     loop = ManualLoop()
-    table, other, second = (runner.Runner(View(), loop=loop) for _ in range(3))
+    table, other, second = (runner.Runner(BareView(), loop=loop) for _ in range(3))
     held = Blocker(other)
 
     def slow(name):
@@ -159,7 +147,7 @@ def test_a_request_giving_way_waits_for_other_runners_requests_but_not_for_anoth
     held.release.set()
     assert other.wait(WAIT) and table.wait(WAIT) and second.wait(WAIT)
     assert sorted(events[2:]) == ["A exact", "B exact"]
-    sync = runner.Runner(View(), loop=None)
+    sync = runner.Runner(BareView(), loop=None)
     events.clear()
     sync.submit("table", slow("C"))  # no kernel: runs through, the checkpoint skipped
     assert events == ["C partial", "C exact"]

@@ -2,12 +2,15 @@
 script, in the cell under a Jupyter kernel, and nothing of it left in a saved notebook."""
 
 import pathlib
+import threading
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from pycircuits_widgets.progress import progress, steps
+from pycircuits_widgets.progress import progress, quiet, steps
+from pycircuits_widgets.widgets.core import runner
+from runner_loop import BareView, ManualLoop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -34,6 +37,42 @@ def test_bars_can_be_turned_off(capsys, monkeypatch, switch):
     with progress("reading", total=2, delay=0) as bar:
         bar.update(2)
     assert capsys.readouterr().err == ""
+
+
+def test_a_quiet_thread_draws_no_bar_and_the_waiting_thread_draws_its_updates(capsys):
+    """A view's worker runs under ``quiet()``: a bar it makes or updates is not drawn from it (it would
+    land in the latest cell); the thread that waits draws the count at its next update."""
+    def worker(bar):
+        with quiet():
+            with progress("worker's own", total=1, delay=0) as own:
+                own.update()
+            bar.update(2)
+
+    with progress("waited on", total=3, unit="step", delay=0) as bar:
+        thread = threading.Thread(target=worker, args=(bar,))
+        thread.start()
+        thread.join()
+        assert capsys.readouterr().err == ""
+        bar.update()
+    err = capsys.readouterr().err
+    assert "waited on" in err and "3/3" in err and "worker's own" not in err
+
+
+def test_a_views_worker_draws_no_bar(capsys):
+    """``Runner`` runs its jobs under ``quiet()``: a bar made in a job draws nothing, while the same bar
+    on this (the kernel's) thread is drawn."""
+    def job():
+        with progress("in a view's job", total=1, delay=0) as bar:
+            bar.update()
+        yield {}
+
+    run = runner.Runner(BareView(), loop=ManualLoop())
+    run.submit("probe", job)
+    assert run.wait(30)
+    assert capsys.readouterr().err == ""
+    for _ in job():
+        pass
+    assert "in a view's job" in capsys.readouterr().err
 
 
 CELL = """

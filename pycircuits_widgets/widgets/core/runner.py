@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
+from ... import progress as bars
+
 
 # A recompute: a generator of trait updates (dicts name -> value; None is a checkpoint with
 # no update; GIVE_WAY a checkpoint where the rest waits for other runners). Each yield is a
@@ -187,6 +189,10 @@ class Runner:
 
     # -- worker thread: computes, never touches traits -------------------------------------------
     def _work(self) -> None:
+        with bars.quiet():  # the view shows it is busy; a bar from here would go to the latest cell
+            self._work_quietly()
+
+    def _work_quietly(self) -> None:
         while True:
             with self._lock:
                 if not self._pending or _shutting_down.is_set():
