@@ -8,8 +8,12 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import eigenvalues
+from pycircuits_widgets import progress as progress_module
 from pycircuits_widgets.progress import progress, quiet, steps
 from pycircuits_widgets.widgets.core import runner
+from random_models import custom_model
 from runner_loop import BareView, ManualLoop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -73,6 +77,25 @@ def test_a_views_worker_draws_no_bar(capsys):
     for _ in job():
         pass
     assert "in a view's job" in capsys.readouterr().err
+
+
+def test_the_slow_analysis_calls_count_their_work_on_a_bar(capsys, monkeypatch):
+    """With no delay, each of the analysis calls that can take seconds at real size draws its bar:
+    composition scores over a window (both window routes, the Gram route) and each offset alone,
+    the QK spectra over a window and the skip-trigram screen."""
+    monkeypatch.setattr(progress_module, "DELAY", 0.0)
+    model = custom_model(n_layers=3, n_heads=2, d_model=24, d_head=8, d_vocab=600, positional="rotary",
+                         rotary_dim=8, n_ctx=64)
+    pcw.composition_scores(model, "K", offsets=range(40))
+    pcw.composition_scores(model, "K", offsets=range(40), norm="erratum_right")
+    pcw.composition_scores(model, "Q", offsets=[0])
+    eigenvalues(model, "QK", offset=range(4))
+    pcw.skip_trigrams(model, 1, 0, approximate=True, offset=range(3))
+    err = capsys.readouterr().err
+    for bar in ("composition_scores: K over 40 offsets", "composition_scores: K erratum_right over 40 offsets",
+                "composition_scores: Q correct", "composition_scores: Gram tiles", "eigenvalues: QK over 4 offsets",
+                "skip-trigram screen"):
+        assert bar in err, bar
 
 
 CELL = """

@@ -59,6 +59,7 @@ import torch
 
 from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of_product, linalg_dtype
 from ..models.folding import center_reading_weights, center_writing_weights
+from ..progress import steps
 from .cache import MODEL, cached
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
@@ -261,7 +262,7 @@ def _gram_squares(X: torch.Tensor, Y: torch.Tensor, L: int, H: int):
     pairs = _tile_pairs(d)
     size = max((I.stop - I.start) * (J.stop - J.start) for I, J, _ in pairs)
     buffers = [X.new_empty(n * size) for _ in range(4)]  # two tile Grams, two packed diagonal ones
-    for I, J, k in pairs:
+    for I, J, k in steps(pairs, "composition_scores: Gram tiles", unit="tile"):
         a, b = I.stop - I.start, J.stop - J.start
         G1, G2 = (torch.bmm(Z[:, I], Z[:, J].mT, out=buf[: n * a * b].view(n, a, b)).view(n, a * b)
                   for Z, buf in ((Xe, buffers[0]), (Yl, buffers[1])))
@@ -361,7 +362,7 @@ def _window_correct_scores(model, kind: str, offsets: list[int]) -> torch.Tensor
     scores = torch.full((n_off, L * H, L * H), float("nan"), dtype=work, device=X.device)
     u = torch.finfo(torch.float64).eps / 2
     per_entry = 2 * (2 * d + 2 * r + r * r) * u
-    for l2 in range(1, L):
+    for l2 in steps(range(1, L), f"composition_scores: {kind} over {n_off} offsets", unit="layer"):
         W_Q, W_K = (W[l2].double() for W in (model.W_Q, model.W_K))  # [H, d_model, r]
         W2, other = (W_Q, W_K) if kind == "Q" else (W_K, W_Q)
         if center:  # (X1 is centred: this changes no Z, only the reader's own norm)
@@ -476,7 +477,7 @@ def _window_erratum_right_scores(model, kind: str, offsets: list[int]) -> torch.
     scores = torch.full((n_off, L * H, L * H), float("nan"), dtype=work, device=device)
     per_entry = 2 * (3 * r * r + 2 * k + 2) * torch.finfo(torch.float64).eps / 2
     chunk = max(1, WINDOW_BLOCK_BYTES // (H * (7 * r * r + 2 * k * r) * 8))
-    for l2 in range(1, L):
+    for l2 in steps(range(1, L), f"composition_scores: {kind} erratum_right over {n_off} offsets", unit="layer"):
         a, b, pi = (t.to(device) for t in rotation_parts(cfg, offsets, layer=l2))  # [n_off, r] x 2, [r]
         W_Q2, W_KT2 = W_Q[l2].double(), W_KT[l2].double()  # [H, d_model, r], [H, r, d_model]
         n2 = torch.linalg.matrix_norm(matmul_rotation(W_KT2 @ W_Q2, (a[:, None], b[:, None], pi)))  # [n_off, H]
@@ -644,7 +645,7 @@ def _composition_scores(model, kind: str, norm: str, offsets: list[int] | None) 
             # starts them): each norm is s^2 times the unrotated one, so the score is the same at every offset
             scores = at(offsets[0]).expand(len(offsets), L, H, L, H)
         else:
-            scores = torch.stack([at(o) for o in offsets])
+            scores = torch.stack([at(o) for o in steps(offsets, f"composition_scores: {kind} {norm}", unit="offset")])
     except NonFiniteError as err:
         raise non_finite_error(what, model, WEIGHTS, linalg_dtype(model.W_Q.dtype)) from err
     return scores

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from ..factored import eigvals, gram
+from ..progress import steps
 from .cache import MODEL, cached
 from .circuits import embedding, embedding_is_normalized
 from .finite import non_finite_error
@@ -105,7 +106,7 @@ def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> t
     if offsets is None:
         return eigvals(small.double())
     per_layer = []
-    for layer in range(model.cfg.n_layers):
+    for layer in steps(range(model.cfg.n_layers), f"eigenvalues: QK over {len(offsets)} offsets", unit="layer"):
         diagonal, paired, partner = (t.to(small.device) for t in rotation_parts(model.cfg, offsets, layer=layer))
         # each head's circuit at each offset, [n_offsets, H, d_head, d_head]: one layer at a time (every
         # layer's at once is 1 GB in float64 at the LLaMA-135M shape with 100 offsets)

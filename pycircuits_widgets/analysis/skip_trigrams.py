@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..progress import steps
 from ..screen import ProductScreen
 from .cache import FACTORS, cached
 from .circuits import check_head, check_index, embedding, model_name
@@ -282,7 +283,7 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
     qw, kw = (q, k) if R is None else window_bound(q, k, R)
     qk_screen, ov_screen = ProductScreen(kw, qw.T), ProductScreen(v, u)
     uq, uo, visited = [], [], []
-    for start in range(seed, V, qk_screen.block_rows):
+    for start in steps(range(seed, V, qk_screen.block_rows), "skip-trigram screen", unit="block"):
         src = order[start : start + qk_screen.block_rows]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
