@@ -121,3 +121,39 @@ def test_a_bar_in_a_cell_leaves_no_widget_in_the_saved_notebook(tmp_path, monkey
     assert not any(WIDGET_VIEW in o.get("data", {}) for o in outputs)
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     assert state == {}
+
+
+WORKER_CELLS = ["""
+import threading
+from pycircuits_widgets.progress import progress
+from pycircuits_widgets.widgets.core.runner import Runner
+
+class View:  # what a Runner drives
+    busy, error = False, ""
+    def hold_sync(self):
+        return threading.Lock()
+
+def job():
+    with progress("from the view's worker", total=3, delay=0) as bar:
+        for _ in range(3):
+            bar.update()
+    yield {}
+
+run = Runner(View())
+assert run._loop is not None  # under the kernel: a worker thread computes
+started = run.submit("probe", job)
+""", """
+assert run.wait(60)
+print("done")
+"""]
+
+
+def test_in_a_kernel_a_views_worker_puts_no_bar_in_any_cell(tmp_path, monkeypatch):
+    """Under a real kernel a Runner's worker draws its bar nowhere (ipykernel would send it to the
+    latest cell); the cell that waits has only its own output."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in WORKER_CELLS])
+    NotebookClient(nb, kernel_name="python3", timeout=120,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert nb.cells[0].outputs == []
+    assert [(o.output_type, o.get("text")) for o in nb.cells[1].outputs] == [("stream", "done\n")]
