@@ -429,39 +429,26 @@ def test_window_routes_fall_back_to_the_direct_product_where_their_inner_product
         torch.testing.assert_close(direct, oracle(model, kind, offsets), equal_nan=True)
 
 
-def test_a_long_window_takes_the_window_route_and_a_short_one_each_offset(monkeypatch):
+@pytest.mark.parametrize("route, kind, norm, short, oracle, tolerance", [
+    ("_window_correct_scores", "K", "correct", [7], _exact_rotary_float64, composition_module.FALLBACK_RELATIVE_ERROR),
+    ("_window_erratum_right_scores", "Q", "erratum_right", [3, 7], _dense_erratum_right, 1e-5)])
+def test_a_long_window_takes_the_window_route_and_a_short_one_each_offset(monkeypatch, route, kind, norm, short,
+                                                                           oracle, tolerance):
     """``composition_scores`` picks the route with fewer operations: a 100-offset window of a 12 x 4
-    model goes through ``_window_correct_scores`` (float32, within the stated error of the float64
-    oracle), one offset through the Gram route."""
+    float32 model goes through the window route (correct: within the stated error of the float64
+    oracle; right erratum: within float32 rounding of the explicit products), a short one through the
+    per-offset route."""
     model = custom_model(n_layers=12, n_heads=4, d_model=64, d_head=16, positional="rotary", rotary_dim=16,
                          n_ctx=128, normalization="rmsnorm").to(torch.float32)
     calls = []
-    window_route = composition_module._window_correct_scores
-    monkeypatch.setattr(composition_module, "_window_correct_scores",
-                        lambda *args: calls.append(len(args[2])) or window_route(*args))
-    scores = composition_scores(model, "K", baseline=False, offsets=range(100))
-    composition_scores(model, "K", baseline=False, offsets=[7])
+    window_route = getattr(composition_module, route)
+    monkeypatch.setattr(composition_module, route, lambda *args: calls.append(len(args[2])) or window_route(*args))
+    scores = composition_scores(model, kind, baseline=False, norm=norm, offsets=range(100))
+    composition_scores(model, kind, baseline=False, norm=norm, offsets=short)
     assert calls == [100]
-    exact = _exact_rotary_float64(model, "K", [0, 37, 99])
+    exact = oracle(model, kind, [0, 37, 99])
     relative = (scores[[0, 37, 99]].double() - exact).abs() / exact
-    assert float(relative.nan_to_num().max()) < composition_module.FALLBACK_RELATIVE_ERROR
-
-
-def test_the_right_erratum_of_a_long_window_takes_the_window_route_and_a_short_one_each_offset(monkeypatch):
-    """As the correct score's route choice: 100 offsets of a 12 x 4 float32 model through
-    ``_window_erratum_right_scores`` (within float32 rounding of the explicit products), 2 offsets each alone."""
-    model = custom_model(n_layers=12, n_heads=4, d_model=64, d_head=16, positional="rotary", rotary_dim=16,
-                         n_ctx=128, normalization="rmsnorm").to(torch.float32)
-    calls = []
-    window_route = composition_module._window_erratum_right_scores
-    monkeypatch.setattr(composition_module, "_window_erratum_right_scores",
-                        lambda *args: calls.append(len(args[2])) or window_route(*args))
-    scores = composition_scores(model, "Q", baseline=False, norm="erratum_right", offsets=range(100))
-    composition_scores(model, "Q", baseline=False, norm="erratum_right", offsets=[3, 7])
-    assert calls == [100]
-    exact = _dense_erratum_right(model, "Q", [0, 37, 99])
-    relative = (scores[[0, 37, 99]].double() - exact).abs() / exact
-    assert float(relative.nan_to_num().max()) < 1e-5
+    assert float(relative.nan_to_num().max()) < tolerance
 
 
 def test_rank_deficient_heads_are_scored_too():
