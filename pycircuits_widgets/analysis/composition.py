@@ -316,11 +316,15 @@ def _correct_scores(model, kind: str, offset: int | None = None) -> torch.Tensor
     return scores.reshape(L, H, L, H).to(X.dtype)
 
 
+def _n_pairs(n_layers: int, n_heads: int) -> int:
+    """Head pairs ``(h1, h2)`` with ``h1`` in an earlier layer than ``h2``."""
+    return n_heads**2 * n_layers * (n_layers - 1) // 2
+
+
 def _window_flops(n_layers: int, n_heads: int, d_model: int, r: int, n_offsets: int) -> int:
     """Floating-point operations of ``_window_correct_scores`` (multiply-add = 2): every pair's ``Z``,
     ``Z^T Z`` and its inner product with each offset's ``W(o)``."""
-    pairs = n_heads**2 * n_layers * (n_layers - 1) // 2
-    return 2 * pairs * r * r * (d_model + r + n_offsets)
+    return 2 * _n_pairs(n_layers, n_heads) * r * r * (d_model + r + n_offsets)
 
 
 def _window_route_is_cheaper(cfg, r: int, n_offsets: int) -> bool:
@@ -428,8 +432,7 @@ def _erratum_scores(A1, B1, C2, D2, norm: str) -> torch.Tensor:
 def _right_window_flops(n_layers: int, n_heads: int, d_model: int, r: int, n_offsets: int) -> int:
     """Floating-point operations of ``_window_erratum_right_scores`` (multiply-add = 2): every pair's
     ``P, Q`` and their Grams once, then a ``3 r^2`` inner product per offset."""
-    pairs = n_heads**2 * n_layers * (n_layers - 1) // 2
-    return 2 * pairs * r * r * (2 * d_model + 2 * r + 3 * n_offsets)
+    return 2 * _n_pairs(n_layers, n_heads) * r * r * (2 * d_model + 2 * r + 3 * n_offsets)
 
 
 def _right_window_is_cheaper(cfg, r: int, n_offsets: int) -> bool:
@@ -437,8 +440,7 @@ def _right_window_is_cheaper(cfg, r: int, n_offsets: int) -> bool:
     offset (``2 r^2 (2 d_model + r)`` per pair and offset; float64 counted twice, as
     ``_window_route_is_cheaper``)."""
     L, H, d = cfg.n_layers, cfg.n_heads, cfg.d_model
-    pairs = H**2 * L * (L - 1) // 2
-    return 2 * _right_window_flops(L, H, d, r, n_offsets) < n_offsets * 2 * pairs * r * r * (2 * d + r)
+    return 2 * _right_window_flops(L, H, d, r, n_offsets) < n_offsets * 2 * _n_pairs(L, H) * r * r * (2 * d + r)
 
 
 def _window_erratum_right_scores(model, kind: str, offsets: list[int]) -> torch.Tensor:
@@ -474,6 +476,9 @@ def _window_erratum_right_scores(model, kind: str, offsets: list[int]) -> torch.
     k, d, r, n_off = X.shape[-2], X.shape[-1], W_Q.shape[-1], len(offsets)
     # ||B1 A1|| (K: its transpose), one layer at a time in float64
     n1 = torch.cat([torch.linalg.matrix_norm(X[layer].double() @ Y[layer].double()) for layer in range(L)])
+    overflow = NonFiniteError(f"the erratum products overflow {work}")
+    if not bool(torch.isfinite(n1).all()):
+        raise overflow
     scores = torch.full((n_off, L * H, L * H), float("nan"), dtype=work, device=device)
     per_entry = 2 * (3 * r * r + 2 * k + 2) * torch.finfo(torch.float64).eps / 2
     chunk = max(1, WINDOW_BLOCK_BYTES // (H * (7 * r * r + 2 * k * r) * 8))
@@ -481,6 +486,8 @@ def _window_erratum_right_scores(model, kind: str, offsets: list[int]) -> torch.
         a, b, pi = (t.to(device) for t in rotation_parts(cfg, offsets, layer=l2))  # [n_off, r] x 2, [r]
         W_Q2, W_KT2 = W_Q[l2].double(), W_KT[l2].double()  # [H, d_model, r], [H, r, d_model]
         n2 = torch.linalg.matrix_norm(matmul_rotation(W_KT2 @ W_Q2, (a[:, None], b[:, None], pi)))  # [n_off, H]
+        if not bool(torch.isfinite(n2).all()):
+            raise overflow
         # d d^T per offset, as the three blocks the quadratic form reads: [n_off, 3 r^2]
         dd = torch.stack([a[:, :, None] * a[:, None], 2 * a[:, :, None] * b[:, None], b[:, :, None] * b[:, None]], 1)
         dd = dd.reshape(n_off, 3 * r * r)
@@ -505,8 +512,8 @@ def _window_erratum_right_scores(model, kind: str, offsets: list[int]) -> torch.
                 PR = matmul_rotation(P.reshape(c * H, k, r)[i], (a[o], b[o], pi))
                 f[i, o] = (PR @ Q.reshape(c * H, r, k)[i]).square().sum((-2, -1))
             # (checked before the division: a zero head's 0 / 0 is the layout's NaN, not an overflow)
-            if not all(bool(torch.isfinite(t).all()) for t in (f, n1, n2)):
-                raise NonFiniteError(f"the erratum products overflow {work}")
+            if not bool(torch.isfinite(f).all()):
+                raise overflow
             num = f.clamp_min(0).sqrt().view(c, H, n_off)
             scores[:, rows, l2 * H : (l2 + 1) * H] = (num / (n1[rows, None, None] * n2.T[None])).permute(2, 0, 1)
     return scores.reshape(n_off, L, H, L, H)
@@ -606,10 +613,9 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     refused, never silently taken at offset 0 (``"erratum_left"`` is the same at every offset: the
     rotation ends both of its products, so it is computed once and read-only; ``"erratum_right"`` does
     its offset-free work once per pair where that costs fewer operations: from 3 offsets at the
-    LLaMA-135M shape). Entries with
-    ``l1 >= l2`` are NaN. Computed in the weights' dtype (16-bit weights: in float32, returned as
-    float32); float32 precision of the correct score: see ``_correct_scores``. The table without
-    baseline is computed once per model (``cache``).
+    LLaMA-135M shape). Entries with ``l1 >= l2`` are NaN. Computed in the weights' dtype (16-bit
+    weights: in float32, returned as float32); float32 precision of the correct score: see
+    ``_correct_scores``. The table without baseline is computed once per model (``cache``).
     """
     _check(kind, norm)
     offsets = _check_offsets(model, kind, offsets)
