@@ -52,21 +52,25 @@ SHAPES = {  # n_layers, n_heads, d_model, d_head
 }
 
 
-def heads(shape: str):
-    """A weight view with only what composition reads: ``cfg`` and ``W_Q, W_K, W_V, W_O``."""
+def _weight_view(L: int, H: int, d: int, dh: int, **cfg):
+    """A weight view with only what composition reads: ``cfg`` (``ModelConfig`` with ``cfg``'s fields)
+    and random ``W_Q, W_K, W_V, W_O`` of ``L`` layers of ``H`` heads, ``d_head`` ``dh`` in ``d_model`` ``d``."""
     import types
 
     import torch
 
     from pycircuits_widgets.models.config import ModelConfig
 
-    L, H, d, dh = SHAPES[shape]
-    cfg = ModelConfig(n_layers=L, n_heads=H, d_model=d, d_head=dh, d_vocab=1, n_ctx=1024, positional="learned",
-                      normalization="layernorm", attn_only=True, name=shape)
+    config = ModelConfig(n_layers=L, n_heads=H, d_model=d, d_head=dh, d_vocab=1, attn_only=True, **cfg)
     g = torch.Generator().manual_seed(0)
     r = lambda *s, std: torch.randn(*s, generator=g) * std  # noqa: E731
-    return types.SimpleNamespace(cfg=cfg, W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
+    return types.SimpleNamespace(cfg=config, W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
                                  W_V=r(L, H, d, dh, std=d ** -0.5), W_O=r(L, H, dh, d, std=dh ** -0.5))
+
+
+def heads(shape: str):
+    """``_weight_view`` at a GPT-2 shape: learned positions, layer norm."""
+    return _weight_view(*SHAPES[shape], n_ctx=1024, positional="learned", normalization="layernorm", name=shape)
 
 
 ROTARY_SHAPE = (30, 9, 576, 64)
@@ -74,20 +78,9 @@ ROTARY_SHAPE = (30, 9, 576, 64)
 
 
 def rotary_heads():
-    """``heads``' weight view at ``ROTARY_SHAPE`` with rotary positions and RMS norm (nothing to centre)."""
-    import types
-
-    import torch
-
-    from pycircuits_widgets.models.config import ModelConfig
-
-    L, H, d, dh = ROTARY_SHAPE
-    cfg = ModelConfig(n_layers=L, n_heads=H, d_model=d, d_head=dh, d_vocab=1, n_ctx=2048, positional="rotary",
-                      rotary_dim=dh, normalization="rmsnorm", attn_only=True, name="LLaMA-135M heads")
-    g = torch.Generator().manual_seed(0)
-    r = lambda *s, std: torch.randn(*s, generator=g) * std  # noqa: E731
-    return types.SimpleNamespace(cfg=cfg, W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
-                                 W_V=r(L, H, d, dh, std=d ** -0.5), W_O=r(L, H, dh, d, std=dh ** -0.5))
+    """``_weight_view`` at ``ROTARY_SHAPE`` with rotary positions and RMS norm (nothing to centre)."""
+    return _weight_view(*ROTARY_SHAPE, n_ctx=2048, positional="rotary", rotary_dim=ROTARY_SHAPE[3],
+                        normalization="rmsnorm", name="LLaMA-135M heads")
 
 
 def flops(shape: str) -> int:

@@ -1,6 +1,7 @@
 """``pycircuits_widgets.progress``: a bar only for a wait past its delay, on the console in a
 script, in the cell under a Jupyter kernel, and nothing of it left in a saved notebook."""
 
+import os
 import pathlib
 import threading
 
@@ -9,8 +10,8 @@ import pytest
 from nbclient import NotebookClient
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.analysis import eigenvalues
 from pycircuits_widgets import progress as progress_module
+from pycircuits_widgets.analysis import eigenvalues
 from pycircuits_widgets.progress import progress, quiet, steps
 from pycircuits_widgets.widgets.core import runner
 from random_models import custom_model
@@ -124,14 +125,9 @@ def test_a_bar_in_a_cell_leaves_no_widget_in_the_saved_notebook(tmp_path, monkey
 
 
 WORKER_CELLS = ["""
-import threading
 from pycircuits_widgets.progress import progress
 from pycircuits_widgets.widgets.core.runner import Runner
-
-class View:  # what a Runner drives
-    busy, error = False, ""
-    def hold_sync(self):
-        return threading.Lock()
+from runner_loop import BareView
 
 def job():
     with progress("from the view's worker", total=3, delay=0) as bar:
@@ -139,7 +135,7 @@ def job():
             bar.update()
     yield {}
 
-run = Runner(View())
+run = Runner(BareView())
 assert run._loop is not None  # under the kernel: a worker thread computes
 started = run.submit("probe", job)
 """, """
@@ -151,7 +147,7 @@ print("done")
 def test_in_a_kernel_a_views_worker_puts_no_bar_in_any_cell(tmp_path, monkeypatch):
     """Under a real kernel a Runner's worker draws its bar nowhere (ipykernel would send it to the
     latest cell); the cell that waits has only its own output."""
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in WORKER_CELLS])
     NotebookClient(nb, kernel_name="python3", timeout=120,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
