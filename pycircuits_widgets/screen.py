@@ -279,16 +279,23 @@ class ProductScreen:
         x = self._x[rows]
         floor = level - self._margin[rows]
         int8 = self.backend in INT8_WEIGHT_MAX
+        keep_all = None
         if int8:
             # o + 1 > floor / (alpha S) is needed; o <= t with t < that - 1 rules an entry out.
-            # A saturated o = 127 always passes (t <= 126).
+            # A saturated o = 127 always passes (t <= 126). Where t < -128 no int8 o is <= t (a level
+            # far below what the row's scale can express): such a row keeps every entry.
             t = torch.floor(floor.double() / self._alpha_s[rows].double() - 1 - 1e-3)
             cut = t.clamp(-128, 126).to(torch.int8)[:, None]
+            if bool((t < -128).any()):
+                keep_all = (t < -128)[:, None]
         else:
             cut = floor[:, None]
         found = []
         for t, start in enumerate(self._starts):
             tile = self._tile(x, t)
-            i, j = torch.nonzero(tile > cut if int8 else tile.float() > cut, as_tuple=True)
+            passed = tile > cut if int8 else tile.float() > cut
+            if keep_all is not None:
+                passed |= keep_all
+            i, j = torch.nonzero(passed, as_tuple=True)
             found.append((i, j + start))
         return torch.cat([f[0] for f in found]), torch.cat([f[1] for f in found])

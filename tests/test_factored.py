@@ -266,6 +266,19 @@ def test_topk_keeps_entries_that_bf16_screening_cannot_tell_apart():
     assert torch.equal(M[rows, cols], values)
 
 
+def test_bottom_k_of_a_positive_matrix_with_rows_of_very_different_norms():
+    """The smallest entries come from the rows of smallest norm, whose screened int8 outputs all sit at
+    the bottom of their range while the running level (of the negated matrix) lies far below what their
+    scale can express: the screen must keep them (found by the property test below on an AVX2 host)."""
+    g = torch.Generator().manual_seed(4)
+    A = torch.rand(300, 1, generator=g) * torch.exp(torch.linspace(0, -12, 300))[:, None]
+    B = torch.rand(1, 200, generator=g) + 10  # (every product of a row within 10%: all its int8 outputs saturate)
+    M = A.double() @ B.double()
+    values, rows, cols = FactoredMatrix(A, B).topk(7, largest=False, block_bytes=64)
+    torch.testing.assert_close(values.double(), torch.topk(M.flatten(), 7, largest=False).values, rtol=1e-6, atol=0)
+    torch.testing.assert_close(M[rows, cols], values.double(), rtol=1e-6, atol=0)
+
+
 @FAST
 @given(factor_pairs(), st.integers(1, 9), st.booleans())
 def test_topk_variants_match_dense_with_leading_dims(pair, k, largest):

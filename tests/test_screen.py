@@ -44,6 +44,19 @@ def test_bounds_hold_with_row_and_column_norms_spread_over_e9(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_level_below_every_entry_keeps_every_entry(backend):
+    """Rank-1 factors put every product at +-||a_i|| |b_j|, so the int8 outputs saturate at both ends.
+    With the level below every entry (a bottom-k's running k-th value, say) no entry may be screened
+    out, however far the level lies below what a row's scale can express."""
+    g = torch.Generator().manual_seed(5)
+    a, b = _spread(40, 1, 3.0, 0, g), torch.randn(1, 50, generator=g, dtype=torch.float64)
+    s = ProductScreen(a.float(), b.float(), backend)
+    level = float((a.float().double() @ b.float().double()).min()) - 1.0
+    i, j = s.candidates(torch.arange(40), level)
+    assert sorted(zip(i.tolist(), j.tolist())) == [(x, y) for x in range(40) for y in range(50)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bounds_hold_at_large_inner_dimension(backend):
     # d_model-sized contractions (a FactoredMatrix [V, 768] @ [768, V]); ρ_r grows with r
     g = torch.Generator().manual_seed(2)
