@@ -21,6 +21,10 @@ page with ``performance.now()`` from the click to:
 
 A few warm-up clicks are not counted. Peers (CircuitsVis, bertviz) have no kernel round trip.
 
+``--trace``: the timed clicks are also recorded in a Chromium trace, and the page's main-thread work
+per click is printed by kind (``PAGE_WORK``: script, style, layout, paint, compositing), to tell
+the page's share of a click from the kernel's.
+
 ``--model llama-135m``: ``bench_build``'s 30-layer LLaMA shape (30 x 9 heads, 3 key-value heads,
 d_model 576, MLP 1536, d_vocab 49152, rotary), random weights, the same trained tokenizer.
 
@@ -128,6 +132,39 @@ async ([l, h]) => {
 """
 
 
+# Chromium trace events of the renderer's main thread, by the kind of work they are (the names are
+# DevTools' timeline events; nested events of one kind are counted once, at the outermost, and an
+# event nested in one of another kind counts in both: a forced layout inside a script is script and layout)
+PAGE_WORK = {
+    "script": ("FunctionCall", "EvaluateScript", "v8.callFunction", "TimerFire", "FireAnimationFrame",
+               "EventDispatch", "RunMicrotasks", "V8.GCScavenger", "MajorGC", "MinorGC"),
+    "style": ("UpdateLayoutTree", "RecalculateStyles", "ParseAuthorStyleSheet"),
+    "layout": ("Layout", "IntersectionObserverController::computeIntersections"),
+    "paint": ("PrePaint", "Paint", "PaintImage", "Decode Image"),
+    "compositing": ("Layerize", "UpdateLayer", "Commit", "UpdateLayerTree"),
+}
+
+
+def page_work(trace: dict, clicks: int) -> dict[str, float]:
+    """Milliseconds per click of the renderer main thread's work by kind (``PAGE_WORK``), and
+    ``"main thread"``: all of its top-level tasks."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    main = {(e["pid"], e["tid"]) for e in events
+            if e.get("ph") == "M" and e.get("name") == "thread_name" and e["args"].get("name") == "CrRendererMain"}
+    kind_of = {name: kind for kind, names in PAGE_WORK.items() for name in names}
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+                   if e.get("ph") == "X" and (e["pid"], e["tid"]) in main)
+    totals = dict.fromkeys([*PAGE_WORK, "main thread"], 0.0)
+    open_until = dict.fromkeys([*PAGE_WORK, "task"], -1.0)
+    for start, end, name in spans:
+        kind = "task" if name in ("RunTask", "ThreadControllerImpl::RunTask") else kind_of.get(name)
+        if kind is None or start < open_until[kind]:
+            continue  # not counted, or nested in an event of its kind already counted
+        open_until[kind] = end
+        totals["main thread" if kind == "task" else kind] += (end - start) / 1000
+    return {kind: ms / clicks for kind, ms in totals.items()}
+
+
 def heads_to_click(all_heads: list[tuple[int, int]], clicks: int, start: tuple[int, int]) -> list[tuple[int, int]]:
     """A seeded sequence of ``all_heads``, each different from the one before it."""
     rng = np.random.default_rng(0)
@@ -146,6 +183,7 @@ def main():
     parser.add_argument("--model", choices=sorted(MODELS), default="attn-only-2l")
     parser.add_argument("--fill", action="store_true", help="click after the background fill (module docstring)")
     parser.add_argument("--fill-heads", type=int, default=None, help="with --fill: wait for the first N heads only")
+    parser.add_argument("--trace", action="store_true", help="the page's main-thread work per click (module docstring)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -170,7 +208,12 @@ def main():
             heads = heads[:filled]
             fill_load = os.getloadavg()[0]
         order = heads_to_click(heads, args.clicks + WARMUP, (0, 0))
-        ms = np.array([page.evaluate(_CLICK_JS, list(head)) for head in order])[WARMUP:]
+        for head in order[:WARMUP]:
+            page.evaluate(_CLICK_JS, list(head))
+        if args.trace:
+            browser.start_tracing(page=page, categories=["devtools.timeline", "disabled-by-default-devtools.timeline"])
+        ms = np.array([page.evaluate(_CLICK_JS, list(head)) for head in order[WARMUP:]])
+        work = page_work(json.loads(browser.stop_tracing()), args.clicks) if args.trace else None
         version = browser.version
         browser.close()
 
@@ -186,6 +229,8 @@ def main():
         col = ms[:, i]
         print(f"{name:<12}{np.percentile(col, 50):>7.1f}ms{np.percentile(col, 95):>7.1f}ms{col.max():>7.0f}ms"
               "  n/a (no kernel round trip)")
+    if work is not None:
+        print("page main-thread work per click: " + ", ".join(f"{kind} {v:.1f} ms" for kind, v in work.items()))
 
 
 if __name__ == "__main__":
