@@ -144,6 +144,7 @@ class WidgetView:
         self.page = page
         self.widgets = {w.model_id: w for w in widgets}
         self.errors: list[str] = []
+        self.received: list[tuple[str, str]] = []  # (model_id, "update" | "custom") of each browser message
         self._outbox: list[dict] = []
         self._lock = threading.Lock()
         self._main = threading.get_ident()
@@ -194,6 +195,7 @@ class WidgetView:
     # -- browser -> kernel ------------------------------------------------------------
     def _from_browser(self, model_id, kind, payload_json):
         widget = self.widgets[model_id]
+        self.received.append((model_id, kind))
         payload = json.loads(payload_json)
         self._in_callback = True
         try:

@@ -1,6 +1,6 @@
 // The browser-side selection rules (the explorer links its views with them, kernel or not).
 import { describe, expect, it } from "vitest";
-import { applySelection, headData, headLabel, resolveSelection, writerLookup } from "../src/lib/selection.js";
+import { applySelection, headData, headLabel, resolveSelection, trackKernel, writerLookup } from "../src/lib/selection.js";
 import { HostModel } from "../src/lib/host.js";
 
 const ids = [5, 7, 5, 9];
@@ -55,6 +55,50 @@ describe("applySelection", () => {
     applySelection(explorer, kids, { ...none, layer: 1, head: 0, selected_pair: [0, 2, 1, 0] }, follows);
     expect(kids.composition.saved).toEqual([{ layer: 1, selected_pair: [0, 2, 1, 0] }]); // head 0 already
     expect(kids.eigen.saved).toEqual([{ layer: 1 }]); // eigen does not show pairs
+  });
+});
+
+describe("with a live kernel only the explorer is moved", () => {
+  const follows = { trigrams: ["layer", "head"], eigen: ["layer", "head"] };
+  const model = (state, hooks) => {
+    const saved = [];
+    const m = new HostModel("x", state, hooks === undefined ? { onSave: (_, c) => saved.push(c) } : hooks);
+    return Object.assign(m, { saved });
+  };
+  it("a live explorer is saved alone; its kernel moves the children, which keep no unsent change", () => {
+    const explorer = model({ ...none });
+    const kids = { trigrams: model({ layer: 0, head: 0 }), eigen: model({ layer: 0, head: 0 }) };
+    const [kernelLinks, stop] = trackKernel(explorer);
+    expect(kernelLinks()).toBe(false); // nothing heard yet
+    applySelection(explorer, kids, { layer: 1, head: 6 }, follows, kernelLinks);
+    expect(kernelLinks()).toBe(true); // the explorer's own change said its comm is live
+    expect(explorer.saved).toEqual([{ layer: 1, head: 6 }]);
+    expect(kids.trigrams.get("head")).toBe(0);
+    kids.trigrams.save_changes();
+    expect(kids.trigrams.saved).toEqual([]); // nothing stale to send later
+    stop();
+    applySelection(explorer, kids, { layer: 1, head: 7 }, follows, kernelLinks);
+    expect(kernelLinks()).toBe(true); // (stopped: the last answer stays)
+  });
+  it("without a live comm, or a host that does not say, every view is moved here", () => {
+    for (const emitter of [{ comm_live: false }, {}, undefined]) {
+      const explorer = model({ ...none });
+      const kids = { trigrams: model({ layer: 0, head: 0 }), eigen: model({ layer: 1, head: 6 }) };
+      const [kernelLinks] = trackKernel(explorer);
+      explorer._emit = function (event, _self, value) { // the event's model, as that host passes it
+        for (const cb of [...(this._listeners.get(event) ?? [])]) cb(emitter, value);
+      };
+      applySelection(explorer, kids, { layer: 1, head: 6 }, follows, kernelLinks);
+      expect(kernelLinks()).toBe(false);
+      expect(kids.trigrams.saved).toEqual([{ layer: 1, head: 6 }]);
+      expect(kids.eigen.saved).toEqual([]); // already there
+    }
+    const offline = model({ ...none }, {}); // a saved page: no onSave, comm_live false
+    const kid = model({ layer: 0, head: 0 }, {});
+    const [kernelLinks] = trackKernel(offline);
+    applySelection(offline, { trigrams: kid }, { layer: 1, head: 6 }, follows, kernelLinks);
+    expect(kernelLinks()).toBe(false);
+    expect(kid.get("head")).toBe(6);
   });
 });
 

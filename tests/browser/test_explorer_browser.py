@@ -68,9 +68,15 @@ def test_click_on_a_head_thumbnail_recomputes_the_other_views(show, model):
     explorer = pcw.CircuitExplorer(model, TEXT)
     explorer.wait()
     view = show_explorer(show, explorer)
+    before = len(view.received)
     section(view, "attention").locator("button.thumb[data-layer='1'][data-head='2']").click()
     view.wait_until(lambda: (explorer.layer, explorer.head) == (1, 2) and explorer.wait(0.01) and not explorer.busy,
                     what="kernel selection and recompute")
+    # one message: the explorer's; the kernel moves its views (one per view would be 9 requests a click)
+    assert view.received[before:] == [(explorer.model_id, "update")]
+    for name, child in explorer.views().items():
+        if "head" in type(child).class_trait_names():
+            view.wait_until(lambda: view.js_model(child, "head") == 2, what=f"the page's {name} model at head 2")
     view.wait_until(lambda: view.page.locator("[data-testid=selected-head]").inner_text() == "L1.H2",
                     what="header updated")
     caption = section(view, "trigrams").locator("caption")

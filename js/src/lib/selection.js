@@ -68,22 +68,48 @@ function lastIndexOf(ids, t) {
 /**
  * Move the explorer and its child views to `selection`: every model that shows a key gets
  * the new value (one `save_changes` per model that changed, so a kernel hears of it too).
+ * Where `kernelLinks()` is true after the explorer's own change (a live kernel, `trackKernel`),
+ * only the explorer is moved and saved: its Python side moves the child views (explorer.py
+ * `_to_views`) and their models hear it from the kernel. One message a click instead of one per
+ * view (each is a kernel request with its echo and two status messages; benchmarks/README.md has
+ * the live JupyterLab A/B). A child set here but not saved would keep the value in its unsent
+ * changes and send it, stale, with its next save: so either both or neither.
  * @param {{get:Function, set:Function, save_changes:Function}} explorer
  * @param {Record<string, {get:Function, set:Function, save_changes:Function}>} children by view name
  * @param {Record<string, string[]>} follows  view name -> the selection keys it shows (the explorer's `sections`)
+ * @param {() => boolean} [kernelLinks]
  */
-export function applySelection(explorer, children, selection, follows) {
-  const targets = [[explorer, SELECTION_KEYS], ...Object.entries(children).map(([name, m]) => [m, follows[name] ?? []])];
-  for (const [model, keys] of targets) {
-    let changed = false;
-    for (const key of keys) {
-      if (key in selection && !sameValue(model.get(key), selection[key])) {
-        model.set(key, selection[key]);
-        changed = true;
-      }
+export function applySelection(explorer, children, selection, follows, kernelLinks = () => false) {
+  moveModel(explorer, SELECTION_KEYS, selection);
+  if (kernelLinks()) return;
+  for (const [name, model] of Object.entries(children)) moveModel(model, follows[name] ?? [], selection);
+}
+
+function moveModel(model, keys, selection) {
+  let changed = false;
+  for (const key of keys) {
+    if (key in selection && !sameValue(model.get(key), selection[key])) {
+      model.set(key, selection[key]);
+      changed = true;
     }
-    if (changed) model.save_changes();
   }
+  if (changed) model.save_changes();
+}
+
+/**
+ * Whether the explorer's changes reach a live kernel, which links its child views itself: read
+ * from each change event of its selection keys, whose first argument is the model that changed
+ * (ipywidgets' model, whose `comm_live` says whether its comm is connected; lib/host.js's models
+ * have `comm_live` too). False until such an event says otherwise, and for a host that does not
+ * say (its children are then moved here, as without a kernel). Returns `[kernelLinks, stop]`.
+ * @param {{on:Function, off:Function}} explorer
+ * @returns {[() => boolean, () => void]}
+ */
+export function trackKernel(explorer) {
+  let live = false;
+  const seen = (emitter) => (live = emitter?.comm_live === true);
+  for (const key of SELECTION_KEYS) explorer.on(`change:${key}`, seen);
+  return [() => live, () => SELECTION_KEYS.forEach((key) => explorer.off(`change:${key}`, seen))];
 }
 
 /**
