@@ -122,7 +122,12 @@ async ([l, h]) => {
     };
     const obs = new MutationObserver(check);
     obs.observe(root, { subtree: true, childList: true, characterData: true, attributes: true });
-    setTimeout(() => { obs.disconnect(); reject(new Error(`head L${l}.H${h} not shown after 120 s`)); }, 120000);
+    setTimeout(() => {
+      obs.disconnect();
+      const shown = (s) => JSON.stringify(q(s)?.textContent?.slice(0, 200) ?? null);
+      reject(new Error(`head L${l}.H${h} not shown after 120 s: header ${shown("[data-testid=selected-head]")}, `
+        + `table ${shown("section[data-view=trigrams] caption")}, eigen ${shown("section[data-view=eigen] [data-testid=detail]")}`));
+    }, 120000);
   });
   q(`section[data-view=attention] button.thumb[data-layer="${l}"][data-head="${h}"]`).click();
   const tAll = await done;
@@ -163,6 +168,22 @@ def page_work(trace: dict, clicks: int) -> dict[str, float]:
         open_until[kind] = end
         totals["main thread" if kind == "task" else kind] += (end - start) / 1000
     return {kind: ms / clicks for kind, ms in totals.items()}
+
+
+# what the kernel holds, where a click's views never showed its head
+_KERNEL_STATE = ("{'explorer': [explorer.layer, explorer.head, explorer.busy, explorer.error], 'views': "
+                 "{n: [v.layer, v.head, v.busy, v.error] for n, v in explorer.views().items() if hasattr(v, 'head')}, "
+                 "'table': [explorer.trigrams.trigrams.get(k) for k in ('layer', 'head', 'exact')]}")
+
+
+def click(page, head: tuple[int, int]) -> list[float]:
+    """``_CLICK_JS`` on ``head``; where its views never show it, the error says what the kernel holds."""
+    from playwright.sync_api import Error
+
+    try:
+        return page.evaluate(_CLICK_JS, list(head))
+    except Error as exc:
+        raise RuntimeError(f"{exc.message}\nthe kernel: {kernel_eval(page, _KERNEL_STATE)}") from exc
 
 
 def heads_to_click(all_heads: list[tuple[int, int]], clicks: int, start: tuple[int, int]) -> list[tuple[int, int]]:
@@ -209,10 +230,10 @@ def main():
             fill_load = os.getloadavg()[0]
         order = heads_to_click(heads, args.clicks + WARMUP, (0, 0))
         for head in order[:WARMUP]:
-            page.evaluate(_CLICK_JS, list(head))
+            click(page, head)
         if args.trace:
             browser.start_tracing(page=page, categories=["devtools.timeline", "disabled-by-default-devtools.timeline"])
-        ms = np.array([page.evaluate(_CLICK_JS, list(head)) for head in order[WARMUP:]])
+        ms = np.array([click(page, head) for head in order[WARMUP:]])
         work = page_work(json.loads(browser.stop_tracing()), args.clicks) if args.trace else None
         version = browser.version
         browser.close()
