@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 import traitlets
+from comm.base_comm import BaseComm
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.core import runner
 from pycircuits_widgets.widgets.core.runner import Runner
 from pycircuits_widgets.widgets.core.selection import head_label
 from random_models import paper_model
@@ -127,6 +129,71 @@ def test_newer_request_of_a_kind_stops_the_running_one_between_chunks(m2, manual
     assert w.page == 3 and gate.closed.is_set()
     assert gate.chunks == [1]  # stale after its first chunk: never computed the second
     assert not w.busy
+
+
+class SentState(BaseComm):
+    """A widget's comm that records the state keys of each update ipywidgets sends the page."""
+
+    kernel = "a kernel"  # ipywidgets sends only on a comm with a kernel
+
+    def __init__(self):
+        self.updates = []
+        super().__init__(target_name="jupyter.widget")
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        if msg_type == "comm_msg" and data["method"] == "update":
+            self.updates.append(set(data["state"]))
+
+
+class WatchedLock:
+    """``runner.APPLY`` that tells when a second thread has had to wait for it."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self.waited = threading.Event()
+
+    def __enter__(self):
+        if not self._lock.acquire(blocking=False):
+            self.waited.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_a_browser_message_on_another_thread_waits_while_results_are_applied(m2, manual_kernel_loop, monkeypatch):
+    """JupyterLab sends widget messages to a kernel subshell, which ipykernel serves on a thread of
+    its own, while results are applied on the main thread: the two never interleave
+    (``runner.APPLY``), so what either sets reaches the page."""
+    monkeypatch.setattr(runner, "APPLY", lock := WatchedLock())
+    w = pcw.SkipTrigramTable(m2, k=5)
+    assert w.wait(30)
+    w.comm = comm = SentState()
+    inside, release, order = threading.Event(), threading.Event(), []
+
+    def paused(change):  # the result's observer, on the applying thread, until released
+        order.append("result applied")
+        inside.set()
+        assert release.wait(30)
+
+    w.observe(paused, "page")
+    w.observe(lambda change: order.append("message applied"), "sort_by")
+    w._runner.submit("table", lambda: iter([{"page": 3}]))
+    applying = threading.Thread(target=w.wait, args=(30,))
+    applying.start()
+    assert inside.wait(30)
+    message = {"content": {"data": {"method": "update", "state": {"sort_by": "qk"}, "buffer_paths": []}},
+               "buffers": []}
+    browser = threading.Thread(target=w._handle_msg, args=(message,))
+    browser.start()
+    assert lock.waited.wait(30)  # the message waits for the result being applied
+    order.append("released")
+    release.set()
+    applying.join(30)
+    browser.join(30)
+    assert order == ["result applied", "released", "message applied"]
+    assert (w.page, w.sort_by, w.error) == (3, "qk", "")
+    assert any("page" in keys for keys in comm.updates)  # the result reached the page
 
 
 def test_kinds_never_drop_each_other(m2, manual_kernel_loop):

@@ -21,7 +21,7 @@ import anywidget
 import traitlets
 
 from ... import progress as bars
-from . import offline
+from . import offline, runner
 from .bundle import BundleMissing, bundle_code, bundle_file, ensure_carrier, stub_esm
 from .runner import Runner
 
@@ -110,6 +110,10 @@ class CircuitWidget(anywidget.AnyWidget):
             self._share_offline()
 
     # -- browser input ---------------------------------------------------------------
+    def _handle_msg(self, msg):
+        with runner.APPLY:  # maybe on a kernel subshell's thread, while results are applied (runner.APPLY)
+            super()._handle_msg(msg)
+
     def set_state(self, sync_data):
         """Apply a state change from the browser. Traits outside ``_browser_writable`` are
         refused; a value that fails validation or whose observers fail is rolled back. Either

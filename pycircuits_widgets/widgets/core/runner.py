@@ -5,8 +5,8 @@ token query, a detail panel): per kind at most one job runs and one waits, and a
 request of a kind makes the older one stale, stopped at its next chunk (``yield``); kinds
 never drop each other. Under a Jupyter kernel the work runs on one worker thread per widget
 and every result is applied on the kernel's IO-loop thread (never ``setattr`` from the
-worker); in a plain script (no kernel) requests run synchronously, so nothing is left
-running at exit. Every view has one (``CircuitWidget._runner``).
+worker), holding :data:`APPLY`; in a plain script (no kernel) requests run synchronously, so
+nothing is left running at exit. Every view has one (``CircuitWidget._runner``).
 
 Background jobs (kernel-less answers, the explorer's precompute) give way to every other
 request, of any runner: at each chunk boundary one waits while any runner has a request
@@ -63,6 +63,13 @@ class _Job:
         self.kind, self.make, self.generation, self.background = kind, make, generation, background
         self.steps = None  # the running generator of updates, kept while a background job is parked
 
+
+APPLY = threading.RLock()
+"""Held while traits change outside a cell: a runner applying results (on the kernel's IO loop,
+the main thread) and a browser message (``CircuitWidget._handle_msg``: JupyterLab 4 sends widget
+messages to a kernel subshell, which ipykernel 7 serves on a thread of its own). Traitlets and
+ipywidgets' ``hold_sync`` are not thread-safe: a result applied on one thread while a message is
+applied on the other could be lost on its way to the page (a table left at the last head)."""
 
 _shutting_down = threading.Event()
 GATE = threading.Condition()
@@ -313,6 +320,10 @@ class Runner:
     def _drain(self) -> bool:
         """Apply the queued results in order; True when all work is done (``busy`` goes off
         once all but background work is done)."""
+        with APPLY:
+            return self._drain_applying()
+
+    def _drain_applying(self) -> bool:
         while True:
             with self._lock:
                 entry = self._results.popleft() if self._results else None
