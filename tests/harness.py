@@ -145,6 +145,7 @@ class WidgetView:
         self.widgets = {w.model_id: w for w in widgets}
         self.errors: list[str] = []
         self.received: list[tuple[str, str]] = []  # (model_id, "update" | "custom") of each browser message
+        self.sent: list[tuple[str, set[str]]] = []  # (model_id, the state's keys) of each kernel update
         self._outbox: list[dict] = []
         self._lock = threading.Lock()
         self._main = threading.get_ident()
@@ -168,6 +169,8 @@ class WidgetView:
     def _queue(self, comm_id, data, buffers):
         if data.get("method") == "echo_update":
             return  # the page already holds the value it sent
+        if data["method"] == "update":
+            self.sent.append((comm_id, set(data.get("state", {}))))
         msg = {
             "model_id": comm_id,
             "method": data["method"],

@@ -17,10 +17,18 @@ class ManualLoop:
     def __init__(self):
         self.posted = 0
         self._lock = threading.Lock()
+        self._posted = threading.Condition(self._lock)
 
     def add_callback(self, callback, *args):
         with self._lock:
             self.posted += 1
+            self._posted.notify_all()
+
+    def wait_posted(self, n: int, timeout: float = 30) -> bool:
+        """Block until ``n`` callbacks were posted in all (a worker posts one per result and one
+        when its job ends), or ``timeout`` s (False)."""
+        with self._lock:
+            return self._posted.wait_for(lambda: self.posted >= n, timeout)
 
 
 class BareView:

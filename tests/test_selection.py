@@ -145,6 +145,18 @@ class SentState(BaseComm):
             self.updates.append(set(data["state"]))
 
 
+def test_a_result_and_busy_going_off_reach_the_page_as_one_message(m2, manual_kernel_loop):
+    w = pcw.SkipTrigramTable(m2, k=5)
+    assert w.wait(30)
+    w.comm = comm = SentState()
+    posted = manual_kernel_loop.posted
+    w._runner.submit("table", lambda: iter([{"page": 3}, {"sort_by": "qk"}]))
+    assert comm.updates == [{"busy"}]
+    assert manual_kernel_loop.wait_posted(posted + 3)  # both results, then the job's end
+    assert w.wait(30)
+    assert comm.updates == [{"busy"}, {"page"}, {"sort_by", "busy"}]  # the last result and busy off: one render
+
+
 class WatchedLock:
     """``runner.APPLY`` that tells when a second thread has had to wait for it."""
 

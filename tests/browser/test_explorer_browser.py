@@ -68,7 +68,7 @@ def test_click_on_a_head_thumbnail_recomputes_the_other_views(show, model):
     explorer = pcw.CircuitExplorer(model, TEXT)
     explorer.wait()
     view = show_explorer(show, explorer)
-    before = len(view.received)
+    before, sent_before = len(view.received), len(view.sent)
     section(view, "attention").locator("button.thumb[data-layer='1'][data-head='2']").click()
     view.wait_until(lambda: (explorer.layer, explorer.head) == (1, 2) and explorer.wait(0.01) and not explorer.busy,
                     what="kernel selection and recompute")
@@ -77,6 +77,9 @@ def test_click_on_a_head_thumbnail_recomputes_the_other_views(show, model):
     for name, child in explorer.views().items():
         if "head" in type(child).class_trait_names():
             view.wait_until(lambda: view.js_model(child, "head") == 2, what=f"the page's {name} model at head 2")
+            # its layer and head in one message: the page never shows (new layer, old head)
+            moved = [keys for mid, keys in view.sent[sent_before:] if mid == child.model_id and keys & {"layer", "head"}]
+            assert len(moved) == 1 and {"layer", "head"} <= moved[0], (name, moved)
     view.wait_until(lambda: view.page.locator("[data-testid=selected-head]").inner_text() == "L1.H2",
                     what="header updated")
     caption = section(view, "trigrams").locator("caption")

@@ -328,8 +328,7 @@ class Runner:
             with self._lock:
                 entry = self._results.popleft() if self._results else None
                 idle = entry is None and not self._pending and self._running is None
-                shown = entry is None and all(j.background for j in self._pending.values()) and (
-                    self._running is None or self._running.background)
+                shown = entry is None and self._shown()
             if entry is None:
                 if shown:
                     self._set_busy(False)
@@ -346,15 +345,25 @@ class Runner:
             widget.error = message
             return
         try:
-            with widget.hold_sync():
+            with widget.hold_sync():  # the result, and busy off where it is the last: one message
                 for name, value in item.items():
                     setattr(widget, name, value)
+                with self._lock:
+                    last = self._shown()
+                if last:
+                    self._set_busy(False)
         except Exception as exc:  # an observer of the update failed: say so, keep going
             self._failed[job.kind] = widget.error = f"{job.kind}: {type(exc).__name__}: {exc}"
             return
         shown = self._failed.pop(job.kind, None)
         if shown is not None and widget.error == shown:
             widget.error = ""
+
+    def _shown(self) -> bool:
+        """Whether every result asked for is applied: only background work may be left (hold
+        ``_lock``)."""
+        return not self._results and all(j.background for j in self._pending.values()) and (
+            self._running is None or self._running.background)
 
     def _set_busy(self, value: bool) -> None:
         if self._widget.busy != value:

@@ -306,7 +306,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for view_name, view in self.views().items():
             keys = [k for k in BY_NAME[view_name].follows if getattr(view, k) != getattr(self, k)]
             if keys:
-                with view.hold_trait_notifications():  # both set before its observers run
+                # both set before its observers run, and sent as one message with the busy flag
+                # those raise: the page never shows (new layer, old head)
+                with view.hold_sync(), view.hold_trait_notifications():
                     for k in keys:
                         setattr(view, k, getattr(self, k))
 
