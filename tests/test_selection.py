@@ -4,6 +4,7 @@ clean exit, a narrow browser surface with rollback. Kernel mode uses ``runner_lo
 stand-in IO loop (results are applied when the test thread calls ``wait()``); every wait is
 on an event, never a sleep."""
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -173,39 +174,67 @@ class WatchedLock:
         self._lock.release()
 
 
-def test_a_browser_message_on_another_thread_waits_while_results_are_applied(m2, manual_kernel_loop, monkeypatch):
+def browser_message(w, name, value):
+    """``w`` applies a browser update of one trait, as ipywidgets' comm hands it over."""
+    w._handle_msg({"content": {"data": {"method": "update", "state": {name: value}, "buffer_paths": []}},
+                   "buffers": []})
+
+
+def applied_result(w, name, value):
+    w._runner.submit("table", lambda: iter([{name: value}]))
+    assert w.wait(30)
+
+
+# (what changes first, on one thread; what changes meanwhile, on another)
+CHANGERS = {"a result": applied_result, "a browser message": browser_message, "a cell": setattr}
+
+
+@pytest.mark.parametrize("first, second", [("a result", "a browser message"), ("a browser message", "a result"),
+                                           ("a browser message", "a cell")])
+def test_changes_from_two_threads_never_interleave(m2, manual_kernel_loop, monkeypatch, first, second):
     """JupyterLab sends widget messages to a kernel subshell, which ipykernel serves on a thread of
-    its own, while results are applied on the main thread: the two never interleave
-    (``runner.APPLY``), so what either sets reaches the page."""
+    its own, while results are applied and cells run on the main thread: one change with its
+    observers is done before another thread's change is applied (``runner.APPLY``), so what
+    either sets reaches the page."""
     monkeypatch.setattr(runner, "APPLY", lock := WatchedLock())
     w = pcw.SkipTrigramTable(m2, k=5)
     assert w.wait(30)
     w.comm = comm = SentState()
     inside, release, order = threading.Event(), threading.Event(), []
 
-    def paused(change):  # the result's observer, on the applying thread, until released
-        order.append("result applied")
+    def paused(*_):  # on the first change's thread, until released
+        order.append("first paused")
         inside.set()
         assert release.wait(30)
 
-    w.observe(paused, "page")
-    w.observe(lambda change: order.append("message applied"), "sort_by")
-    w._runner.submit("table", lambda: iter([{"page": 3}]))
-    applying = threading.Thread(target=w.wait, args=(30,))
-    applying.start()
+    if first == "a browser message":  # before it sets anything
+        set_state = w.set_state
+        w.set_state = lambda state: (paused(), set_state(state))
+    else:  # applying the result, before it sets anything
+        hold_sync = w.hold_sync
+
+        @contextlib.contextmanager
+        def held():
+            paused()
+            with hold_sync():
+                yield
+
+        w.hold_sync = held
+    w.observe(lambda change: order.append("sort_by set"), "sort_by")
+    one = threading.Thread(target=CHANGERS[first], args=(w, "page", 3))
+    one.start()
     assert inside.wait(30)
-    message = {"content": {"data": {"method": "update", "state": {"sort_by": "qk"}, "buffer_paths": []}},
-               "buffers": []}
-    browser = threading.Thread(target=w._handle_msg, args=(message,))
-    browser.start()
-    assert lock.waited.wait(30)  # the message waits for the result being applied
+    other = threading.Thread(target=CHANGERS[second], args=(w, "sort_by", "qk"))
+    other.start()
+    assert lock.waited.wait(30)  # the second waits for the first
     order.append("released")
     release.set()
-    applying.join(30)
-    browser.join(30)
-    assert order == ["result applied", "released", "message applied"]
+    one.join(30)
+    other.join(30)
+    assert order == ["first paused", "released", "sort_by set"]
     assert (w.page, w.sort_by, w.error) == (3, "qk", "")
-    assert any("page" in keys for keys in comm.updates)  # the result reached the page
+    sent = set().union(*comm.updates)  # what the kernel sent the page; a browser message's own value is only echoed
+    assert ("page" in sent, "sort_by" in sent) == (first != "a browser message", second != "a browser message")
 
 
 def test_kinds_never_drop_each_other(m2, manual_kernel_loop):

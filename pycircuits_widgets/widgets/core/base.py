@@ -114,6 +114,10 @@ class CircuitWidget(anywidget.AnyWidget):
         with runner.APPLY:  # maybe on a kernel subshell's thread, while results are applied (runner.APPLY)
             super()._handle_msg(msg)
 
+    def notify_change(self, change):
+        with runner.APPLY:  # a cell's change (main thread) and its observers, and a browser message, in turn
+            super().notify_change(change)
+
     def set_state(self, sync_data):
         """Apply a state change from the browser. Traits outside ``_browser_writable`` are
         refused; a value that fails validation or whose observers fail is rolled back. Either
