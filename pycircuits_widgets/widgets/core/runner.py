@@ -322,21 +322,18 @@ class Runner:
         """Apply the queued results in order; True when all work is done (``busy`` goes off
         once all but background work is done)."""
         with APPLY:
-            return self._drain_applying()
-
-    def _drain_applying(self) -> bool:
-        while True:
-            with self._lock:
-                entry = self._results.popleft() if self._results else None
-                idle = entry is None and not self._pending and self._running is None
-                shown = entry is None and self._shown()
-            if entry is None:
-                if shown:
-                    self._set_busy(False)
-                return idle
-            job, item = entry
-            if self.current(job):
-                self._apply(job, item)
+            while True:
+                with self._lock:
+                    entry = self._results.popleft() if self._results else None
+                    idle = entry is None and not self._pending and self._running is None
+                    shown = entry is None and self._shown()
+                if entry is None:
+                    if shown:
+                        self._set_busy(False)
+                    return idle
+                job, item = entry
+                if self.current(job):
+                    self._apply(job, item)
 
     def _apply(self, job: _Job, item) -> None:
         widget = self._widget
