@@ -286,8 +286,9 @@ class ProductScreen:
             # far below what the row's scale can express): such a row keeps every entry.
             t = torch.floor(floor.double() / self._alpha_s[rows].double() - 1 - 1e-3)
             cut = t.clamp(-128, 126).to(torch.int8)[:, None]
-            if bool((t < -128).any()):
-                keep_all = (t < -128)[:, None]
+            below = t < -128
+            if bool(below.any()):
+                keep_all = below[:, None]
         else:
             cut = floor[:, None]
         found = []
