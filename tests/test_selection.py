@@ -185,17 +185,31 @@ def applied_result(w, name, value):
     assert w.wait(30)
 
 
+def in_a_block(hold):
+    """A cell's ``with w.hold_sync():`` (or ``hold_trait_notifications``) block setting one trait;
+    ``w._pause`` (the test's) runs first inside the block."""
+    def change(w, name, value):
+        with getattr(w, hold)():
+            w._pause()
+            setattr(w, name, value)
+    return change
+
+
 # (what changes first, on one thread; what changes meanwhile, on another)
-CHANGERS = {"a result": applied_result, "a browser message": browser_message, "a cell": setattr}
+CHANGERS = {"a result": applied_result, "a browser message": browser_message, "a cell": setattr,
+            "a cell's hold_sync block": in_a_block("hold_sync"),
+            "a cell's hold_trait_notifications block": in_a_block("hold_trait_notifications")}
 
 
 @pytest.mark.parametrize("first, second", [("a result", "a browser message"), ("a browser message", "a result"),
-                                           ("a browser message", "a cell")])
+                                           ("a browser message", "a cell"),
+                                           ("a cell's hold_sync block", "a browser message"),
+                                           ("a cell's hold_trait_notifications block", "a browser message")])
 def test_changes_from_two_threads_never_interleave(m2, manual_kernel_loop, monkeypatch, first, second):
     """JupyterLab sends widget messages to a kernel subshell, which ipykernel serves on a thread of
     its own, while results are applied and cells run on the main thread: one change with its
-    observers is done before another thread's change is applied (``runner.APPLY``), so what
-    either sets reaches the page."""
+    observers (or a cell's whole ``hold_sync`` block) is done before another thread's change is
+    applied, its value included (``runner.APPLY``), so what either sets reaches the page."""
     monkeypatch.setattr(runner, "APPLY", lock := WatchedLock())
     w = pcw.SkipTrigramTable(m2, k=5)
     assert w.wait(30)
@@ -210,7 +224,7 @@ def test_changes_from_two_threads_never_interleave(m2, manual_kernel_loop, monke
     if first == "a browser message":  # before it sets anything
         set_state = w.set_state
         w.set_state = lambda state: (paused(), set_state(state))
-    else:  # applying the result, before it sets anything
+    elif first == "a result":  # applying the result, before it sets anything
         hold_sync = w.hold_sync
 
         @contextlib.contextmanager
@@ -220,6 +234,10 @@ def test_changes_from_two_threads_never_interleave(m2, manual_kernel_loop, monke
                 yield
 
         w.hold_sync = held
+    else:  # a cell's block, before it sets anything
+        w._pause = paused
+    before = w.sort_by
+    assert before != "qk"
     w.observe(lambda change: order.append("sort_by set"), "sort_by")
     one = threading.Thread(target=CHANGERS[first], args=(w, "page", 3))
     one.start()
@@ -227,6 +245,7 @@ def test_changes_from_two_threads_never_interleave(m2, manual_kernel_loop, monke
     other = threading.Thread(target=CHANGERS[second], args=(w, "sort_by", "qk"))
     other.start()
     assert lock.waited.wait(30)  # the second waits for the first
+    assert w.sort_by == before  # nothing of it is stored meanwhile
     order.append("released")
     release.set()
     one.join(30)

@@ -13,6 +13,7 @@ and a self-contained HTML export of finished state (``widgets/sharing/``, loaded
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import pathlib
 import sys
@@ -109,14 +110,27 @@ class CircuitWidget(anywidget.AnyWidget):
         if self._answers_offline:
             self._share_offline()
 
-    # -- browser input ---------------------------------------------------------------
+    # -- changes from two threads: a browser message, a cell (runner.APPLY) -----------
     def _handle_msg(self, msg):
         with runner.APPLY:  # maybe on a kernel subshell's thread, while results are applied (runner.APPLY)
             super()._handle_msg(msg)
 
-    def notify_change(self, change):
-        with runner.APPLY:  # a cell's change (main thread) and its observers, and a browser message, in turn
-            super().notify_change(change)
+    def __setattr__(self, name, value):
+        if self.has_trait(name):
+            with runner.APPLY:  # a cell's change: its stored value and its observers, as one change
+                super().__setattr__(name, value)
+        else:  # a plain attribute: a worker thread may set one, so it never waits for the lock
+            super().__setattr__(name, value)
+
+    @contextlib.contextmanager
+    def hold_sync(self):
+        with runner.APPLY, super().hold_sync():  # a cell's block too, as ours: one change
+            yield
+
+    @contextlib.contextmanager
+    def hold_trait_notifications(self):
+        with runner.APPLY, super().hold_trait_notifications():
+            yield
 
     def set_state(self, sync_data):
         """Apply a state change from the browser. Traits outside ``_browser_writable`` are

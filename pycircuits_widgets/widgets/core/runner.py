@@ -67,9 +67,9 @@ class _Job:
 APPLY = threading.RLock()
 """Held while a view's traits change: a runner applying results (on the kernel's IO loop, the main
 thread), a browser message (``CircuitWidget._handle_msg``: JupyterLab 4 sends widget messages to a
-kernel subshell, which ipykernel 7 serves on a thread of its own) and any change notification
-with its observers (``CircuitWidget.notify_change``: a cell's). Traitlets and ipywidgets'
-``hold_sync`` are not thread-safe: a result applied on one thread while a message is applied on
+kernel subshell, which ipykernel 7 serves on a thread of its own), and a cell's change: a trait
+set with its observers (``CircuitWidget.__setattr__``) or a whole ``hold_sync`` or
+``hold_trait_notifications`` block. Traitlets and ipywidgets' ``hold_sync`` are not thread-safe: a result applied on one thread while a message is applied on
 the other could be lost on its way to the page (a table left at the last head)."""
 
 _shutting_down = threading.Event()
