@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { decodeArray } from "../src/lib/buffers.js";
 import { HostModel } from "../src/lib/host.js";
 import { answerOffline, isLive, offlinePatch } from "../src/lib/offline.js";
@@ -52,6 +52,26 @@ describe("kernel-less answers", () => {
     await Promise.resolve();
     expect(live.get("table")).toBeUndefined();
     expect(live.get("_needs_kernel")).toBeUndefined();
+  });
+
+  it("reads a saved state's rules once, and a new saved state anew", () => {
+    const parse = vi.spyOn(JSON, "parse");
+    try {
+      const m = new HostModel("m", { layer: 1, head: 2, _offline: saved() });
+      offlinePatch(m, ["head"]);
+      const once = parse.mock.calls.length;
+      expect(once).toBeGreaterThan(0);
+      m.update({ head: 0 });
+      expect(offlinePatch(m, ["head"])).toEqual({ _offline_note: "needs a kernel" });
+      expect(parse.mock.calls.length).toBe(once); // the same value: not parsed again
+      const next = saved();
+      next.rules = next.rules.replace('"1,2"', '"1,0"');
+      m.update({ _offline: next });
+      expect(offlinePatch(m, ["head"]).table.head).toBe(2); // the new value's answers
+      expect(parse.mock.calls.length).toBeGreaterThan(once);
+    } finally {
+      parse.mockRestore();
+    }
   });
 
   it("reads liveness from the emitter (ipywidgets passes its model) and assumes live when unknown", () => {
