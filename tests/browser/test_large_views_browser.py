@@ -104,8 +104,11 @@ def test_attention_grid_scrolls_the_selected_head_into_view_and_filters_by_layer
     view.flush()
     thumb = page.locator('.thumb[data-layer="11"][data-head="11"]')
     view.wait_until(lambda: thumb.get_attribute("aria-selected") == "true", what="selected thumbnail")
-    g, t = grid.bounding_box(), thumb.bounding_box()
-    assert g["y"] <= t["y"] and t["y"] + t["height"] <= g["y"] + g["height"] + 1
+
+    def inside(g, t):
+        return g["y"] <= t["y"] and t["y"] + t["height"] <= g["y"] + g["height"] + 1
+
+    view.wait_until(lambda: inside(grid.bounding_box(), thumb.bounding_box()), what="the grid scrolled to it")
     assert page.evaluate("document.scrollingElement.scrollTop") == 0  # the grid scrolled, not the page
     page.get_by_test_id("layer-filter").select_option("3")
     layers = page.locator("button.thumb").evaluate_all("els => els.map((e) => e.dataset.layer)")
