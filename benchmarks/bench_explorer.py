@@ -25,6 +25,11 @@ A few warm-up clicks are not counted. Peers (CircuitsVis, bertviz) have no kerne
 per click is printed by kind (``PAGE_WORK``: script, style, layout, paint, compositing), to tell
 the page's share of a click from the kernel's.
 
+``--profile``: the timed clicks are also sampled by the page's JavaScript profiler (DevTools'
+``Profiler`` domain), and the script's self time per click is printed by where its code comes from
+(``script_origins``: this package's bundle, JupyterLab and its extensions, the browser's own
+functions, garbage collection), with the bundle's busiest functions.
+
 ``--model llama-135m``: ``bench_build``'s 30-layer LLaMA shape (30 x 9 heads, 3 key-value heads,
 d_model 576, MLP 1536, d_vocab 49152, rotary), random weights, the same trained tokenizer.
 
@@ -170,6 +175,42 @@ def page_work(trace: dict, clicks: int) -> dict[str, float]:
     return {kind: ms / clicks for kind, ms in totals.items()}
 
 
+def script_origins(profile: dict, clicks: int, bundle: str) -> tuple[dict[str, float], dict[str, list]]:
+    """``({origin: ms per click}, {origin: [(function, ms per click)]})`` of a DevTools CPU profile's
+    self time: origins "pycircuits_widgets" (scripts whose URL contains ``bundle``: anywidget imports
+    the bundle from a ``blob:`` URL), "JupyterLab" (the server's own scripts: JupyterLab and its
+    extensions, ipywidgets included), "browser" (functions with no script: DOM, canvas, a layout a
+    read forces; each named with whose script called it), "garbage collection"; idle and the
+    profiler's "(program)" are left out. The second holds each origin's five busiest functions (the
+    bundle's minified, with line and column)."""
+    nodes = {node["id"]: node["callFrame"] for node in profile["nodes"]}
+    parent = {child: node["id"] for node in profile["nodes"] for child in node.get("children", ())}
+
+    def caller(node: int) -> str:  # whose script called a browser function
+        while (node := parent.get(node)) is not None:
+            if nodes[node]["url"]:
+                return "pycircuits_widgets" if bundle in nodes[node]["url"] else "JupyterLab"
+        return "no script"
+
+    self_us: dict[int, float] = {}
+    for sample, delta in zip(profile["samples"], profile["timeDeltas"]):
+        self_us[sample] = self_us.get(sample, 0.0) + delta
+    functions: dict[str, dict[str, float]] = {o: {} for o in ("pycircuits_widgets", "JupyterLab", "browser",
+                                                              "garbage collection")}
+    for node, us in self_us.items():
+        frame = nodes[node]
+        name, url = frame["functionName"] or "(anonymous)", frame["url"]
+        if name in ("(idle)", "(program)", "(root)"):
+            continue
+        origin = ("garbage collection" if name == "(garbage collector)" else "browser" if not url
+                  else "pycircuits_widgets" if bundle in url else "JupyterLab")
+        where = f"{name}:{frame['lineNumber'] + 1}:{frame['columnNumber'] + 1}" if url else f"{name} ({caller(node)})"
+        functions[origin][where] = functions[origin].get(where, 0.0) + us / 1000 / clicks
+    totals = {origin: sum(f.values()) for origin, f in functions.items()}
+    busiest = {origin: sorted(f.items(), key=lambda item: -item[1])[:5] for origin, f in functions.items()}
+    return totals, busiest
+
+
 # what the kernel holds, where a click's views never showed its head
 _KERNEL_STATE = ("{'explorer': [explorer.layer, explorer.head, explorer.busy, explorer.error], 'views': "
                  "{n: [v.layer, v.head, v.busy, v.error] for n, v in explorer.views().items() if hasattr(v, 'head')}, "
@@ -205,6 +246,7 @@ def main():
     parser.add_argument("--fill", action="store_true", help="click after the background fill (module docstring)")
     parser.add_argument("--fill-heads", type=int, default=None, help="with --fill: wait for the first N heads only")
     parser.add_argument("--trace", action="store_true", help="the page's main-thread work per click (module docstring)")
+    parser.add_argument("--profile", action="store_true", help="the page's script time per click by origin (module docstring)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -233,8 +275,13 @@ def main():
             click(page, head)
         if args.trace:
             browser.start_tracing(page=page, categories=["devtools.timeline", "disabled-by-default-devtools.timeline"])
+        if args.profile:
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Profiler.enable")
+            cdp.send("Profiler.start")
         ms = np.array([click(page, head) for head in order[WARMUP:]])
         work = page_work(json.loads(browser.stop_tracing()), args.clicks) if args.trace else None
+        origins = script_origins(cdp.send("Profiler.stop")["profile"], args.clicks, "blob:") if args.profile else None
         version = browser.version
         browser.close()
 
@@ -252,6 +299,11 @@ def main():
               "  n/a (no kernel round trip)")
     if work is not None:
         print("page main-thread work per click: " + ", ".join(f"{kind} {v:.1f} ms" for kind, v in work.items()))
+    if origins is not None:
+        by_origin, busiest = origins
+        print("page script self time per click: " + ", ".join(f"{o} {v:.1f} ms" for o, v in by_origin.items()))
+        for origin in ("pycircuits_widgets", "JupyterLab", "browser"):
+            print(f"  {origin}'s busiest: " + ", ".join(f"{f} {v:.1f} ms" for f, v in busiest[origin]))
 
 
 if __name__ == "__main__":
