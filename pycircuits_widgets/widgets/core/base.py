@@ -124,7 +124,7 @@ class CircuitWidget(anywidget.AnyWidget):
 
     @contextlib.contextmanager
     def hold_sync(self):
-        with runner.APPLY, super().hold_sync():  # a cell's block too, as ours: one change
+        with runner.APPLY, super().hold_sync():  # a cell's own block is one change, as our code's are
             yield
 
     @contextlib.contextmanager

@@ -69,8 +69,9 @@ APPLY = threading.RLock()
 thread), a browser message (``CircuitWidget._handle_msg``: JupyterLab 4 sends widget messages to a
 kernel subshell, which ipykernel 7 serves on a thread of its own), and a cell's change: a trait
 set with its observers (``CircuitWidget.__setattr__``) or a whole ``hold_sync`` or
-``hold_trait_notifications`` block. Traitlets and ipywidgets' ``hold_sync`` are not thread-safe: a result applied on one thread while a message is applied on
-the other could be lost on its way to the page (a table left at the last head)."""
+``hold_trait_notifications`` block. Traitlets and ipywidgets' ``hold_sync`` are not thread-safe: a
+result applied on one thread while a message is applied on the other could be lost on its way to
+the page (a table left at the last head)."""
 
 _shutting_down = threading.Event()
 GATE = threading.Condition()
