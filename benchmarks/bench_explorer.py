@@ -28,7 +28,7 @@ the page's share of a click from the kernel's.
 ``--profile``: the timed clicks are also sampled by the page's JavaScript profiler (DevTools'
 ``Profiler`` domain), and the script's self time per click is printed by where its code comes from
 (``script_origins``: this package's bundle, JupyterLab and its extensions, the browser's own
-functions, garbage collection), with the bundle's busiest functions.
+functions, garbage collection), with the five busiest functions of each.
 
 ``--model llama-135m``: ``bench_build``'s 30-layer LLaMA shape (30 x 9 heads, 3 key-value heads,
 d_model 576, MLP 1536, d_vocab 49152, rotary), random weights, the same trained tokenizer.
@@ -186,10 +186,13 @@ def script_origins(profile: dict, clicks: int, bundle: str) -> tuple[dict[str, f
     nodes = {node["id"]: node["callFrame"] for node in profile["nodes"]}
     parent = {child: node["id"] for node in profile["nodes"] for child in node.get("children", ())}
 
+    def script(url: str) -> str:
+        return "pycircuits_widgets" if bundle in url else "JupyterLab"
+
     def caller(node: int) -> str:  # whose script called a browser function
         while (node := parent.get(node)) is not None:
             if nodes[node]["url"]:
-                return "pycircuits_widgets" if bundle in nodes[node]["url"] else "JupyterLab"
+                return script(nodes[node]["url"])
         return "no script"
 
     self_us: dict[int, float] = {}
@@ -202,8 +205,7 @@ def script_origins(profile: dict, clicks: int, bundle: str) -> tuple[dict[str, f
         name, url = frame["functionName"] or "(anonymous)", frame["url"]
         if name in ("(idle)", "(program)", "(root)"):
             continue
-        origin = ("garbage collection" if name == "(garbage collector)" else "browser" if not url
-                  else "pycircuits_widgets" if bundle in url else "JupyterLab")
+        origin = "garbage collection" if name == "(garbage collector)" else script(url) if url else "browser"
         where = f"{name}:{frame['lineNumber'] + 1}:{frame['columnNumber'] + 1}" if url else f"{name} ({caller(node)})"
         functions[origin][where] = functions[origin].get(where, 0.0) + us / 1000 / clicks
     totals = {origin: sum(f.values()) for origin, f in functions.items()}

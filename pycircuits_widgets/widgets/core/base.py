@@ -112,7 +112,7 @@ class CircuitWidget(anywidget.AnyWidget):
 
     # -- changes from two threads: a browser message, a cell (runner.APPLY) -----------
     def _handle_msg(self, msg):
-        with runner.APPLY:  # maybe on a kernel subshell's thread, while results are applied (runner.APPLY)
+        with runner.APPLY:  # maybe on a kernel subshell's thread, while results are applied
             super()._handle_msg(msg)
 
     def __setattr__(self, name, value):
