@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "FactoredMatrix": "pycircuits_widgets.factored",
+    "NonFiniteError": "pycircuits_widgets.linalg",
     "load_pretrained": "pycircuits_widgets.models",
     "from_transformer_lens": "pycircuits_widgets.models",
     "from_hf": "pycircuits_widgets.models",

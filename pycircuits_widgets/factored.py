@@ -13,8 +13,10 @@ factor shared by all heads is multiplied once).
 
 Conventions: row vectors (``x @ W``); device follows the inputs and so does dtype, except
 that the spectra, norms and SVDs of 16-bit factors are computed and returned in float32
-(``linalg_dtype``). ``FactoredMatrix.svd()`` returns ``(U, S, V)`` with ``M = U diag(S) V^T``,
-TransformerLens's convention, NOT ``torch.linalg.svd``'s ``(U, S, Vh)``.
+(``linalg_dtype``). Their LAPACK calls go through ``linalg``, which refuses NaN/inf input with
+``NonFiniteError`` (on Intel oneMKL such a call aborts the process). ``FactoredMatrix.svd()``
+returns ``(U, S, V)`` with ``M = U diag(S) V^T``, TransformerLens's convention, NOT
+``torch.linalg.svd``'s ``(U, S, Vh)``.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import functools
 import math
 import operator
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from itertools import product as _index_product
 
 import numpy as np
 import torch
 
+from . import linalg
+from .linalg import linalg_dtype
 from .screen import ProductScreen
 
 DENSE_LIMIT_BYTES = 1 << 30
@@ -40,12 +43,6 @@ TOPK_BLOCK_BYTES = 64 << 20
 
 def _fmt_bytes(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.2f} MiB"
-
-
-def linalg_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype spectra, norms and SVDs are computed in: float32 for 16-bit floats (LAPACK has no
-    16-bit kernels, and a bf16 Gram loses a norm's low bits), else ``dtype`` itself."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _upcast(factors) -> list[torch.Tensor]:
@@ -154,10 +151,10 @@ def _qr_norm(factors: list[torch.Tensor]) -> torch.Tensor:
     """The QR route of ``frobenius_norm_of_product``."""
     first = factors[0]
     if first.shape[-2] > first.shape[-1]:  # tall: replace by its [d1, d1] triangle
-        factors[0] = torch.linalg.qr(first, mode="r").R
+        factors[0] = linalg.qr_r(first, "the first factor of a Frobenius norm's chain")
     last = factors[-1]
     if last.shape[-1] > last.shape[-2]:  # wide: replace by its [d, d] triangle
-        factors[-1] = torch.linalg.qr(last.mT, mode="r").R.mT
+        factors[-1] = linalg.qr_r(last.mT, "the last factor of a Frobenius norm's chain (transposed)").mT
     return torch.linalg.matrix_norm(chain_matmul(*factors))
 
 
@@ -185,22 +182,6 @@ def gram(X: torch.Tensor, blocks: int = GRAM_BLOCKS) -> torch.Tensor:
     return G
 
 
-def eigvals(x: torch.Tensor) -> torch.Tensor:
-    """``torch.linalg.eigvals`` of a batch ``[..., n, n]``, its matrices split over torch's threads.
-
-    LAPACK's ``geev`` runs one small matrix at a time on one core (144 heads' ``64 x 64`` circuits:
-    ~70 ms, a quarter of the eigenvalue view's time at GPT-2-small shapes); torch releases the GIL
-    inside it, so a thread per chunk uses every core. 16-bit input: in float32 (complex64)."""
-    x = x.to(linalg_dtype(x.dtype))
-    chunks = min(torch.get_num_threads(), math.prod(x.shape[:-2]))
-    if chunks < 2 or x.shape[-1] < 16:  # small problems: thread start-up would dominate
-        return torch.linalg.eigvals(x)
-    flat = x.reshape(-1, *x.shape[-2:])
-    with ThreadPoolExecutor(chunks) as pool:
-        parts = list(pool.map(torch.linalg.eigvals, flat.chunk(chunks)))
-    return torch.cat(parts).reshape(*x.shape[:-1])
-
-
 def eigenvalues_of_product(*factors: torch.Tensor) -> torch.Tensor:
     """Nonzero spectrum of the square product ``X1 X2 ... Xr`` (complex), batched.
 
@@ -217,7 +198,9 @@ def eigenvalues_of_product(*factors: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"eigenvalues need a square product, got factor shapes {shapes}")
     dims = [f.shape[-2] for f in factors]
     start = dims.index(min(dims))
-    return eigvals(chain_matmul(*factors[start:], *factors[:start]))
+    rotated = chain_matmul(*factors[start:], *factors[:start])
+    shapes = " @ ".join(str(tuple(f.shape)) for f in factors)
+    return linalg.eigvals(rotated, f"the product {shapes} (rotated to its smallest square)")
 
 
 class FactoredMatrix:
@@ -425,10 +408,10 @@ class FactoredMatrix:
     @functools.cached_property
     def _svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         work = linalg_dtype(self.dtype)
-        Ua, Sa, Vha = torch.linalg.svd(self._A.to(work), full_matrices=False)
-        Ub, Sb, Vhb = torch.linalg.svd(self._B.to(work), full_matrices=False)
+        Ua, Sa, Vha = linalg.svd(self._A.to(work), "factor A of a FactoredMatrix")
+        Ub, Sb, Vhb = linalg.svd(self._B.to(work), "factor B of a FactoredMatrix")
         C = (Sa[..., :, None] * Vha) @ (Ub * Sb[..., None, :])
-        Uc, Sc, Vhc = torch.linalg.svd(C, full_matrices=False)
+        Uc, Sc, Vhc = linalg.svd(C, "the core S_A Vh_A U_B S_B of a FactoredMatrix's SVD")
         return self._full(Ua @ Uc, 2), self._full(Sc, 1), self._full(Vhb.mT @ Vhc.mT, 2)
 
     def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

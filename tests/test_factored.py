@@ -367,21 +367,3 @@ def test_norm_of_a_nearly_cancelling_product_falls_back_from_the_gram_route():
     well = torch.randn(3, 300, 8, generator=g), torch.randn(3, 8, 200, generator=g)
     torch.testing.assert_close(FactoredMatrix(*well).norm().double(),
                                torch.linalg.matrix_norm(well[0].double() @ well[1].double()), rtol=1e-5, atol=0)
-
-
-@pytest.mark.parametrize("batch", [(7,), (2, 3), (1,)])
-def test_eigvals_splits_a_batch_over_threads_and_keeps_every_matrix_in_place(batch):
-    """factored.eigvals runs chunks of the batch in threads: each matrix's spectrum must come
-    back at its own index (oracle: numpy's eigvals of each matrix alone)."""
-    from pycircuits_widgets.factored import eigvals
-    x = torch.randn(*batch, 20, 20, generator=torch.Generator().manual_seed(len(batch)), dtype=torch.float64)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        got = eigvals(x)
-    finally:
-        torch.set_num_threads(threads)
-    assert got.shape == (*batch, 20)
-    flat = x.reshape(-1, 20, 20).numpy()
-    for i, row in enumerate(got.reshape(-1, 20).numpy()):
-        np.testing.assert_allclose(np.sort_complex(row), np.sort_complex(np.linalg.eigvals(flat[i])), rtol=1e-10, atol=1e-10)

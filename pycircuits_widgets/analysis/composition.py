@@ -58,12 +58,13 @@ import numpy as np
 import torch
 
 from ..factored import FactoredMatrix, eigenvalues_of_product, frobenius_norm_of_product, linalg_dtype
+from ..linalg import cholesky_ex, eigh
 from ..models.folding import center_reading_weights, center_writing_weights
 from ..progress import steps
 from .cache import MODEL, cached
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
-from .finite import NonFiniteError, non_finite_error, require_finite
+from .finite import NonFiniteError, naming_non_finite, require_finite
 from .rotary import matmul_rotation, offset_window, rotation, rotation_matmul, rotation_parts, rotations, span
 
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
@@ -161,12 +162,11 @@ def _gram_root(A: torch.Tensor, center: bool) -> torch.Tensor:
     if center:
         A = A - A.mean(-2, keepdim=True)
     gram = (A.mT @ A).double()
-    if not bool(torch.isfinite(gram).all()):  # Cholesky and eigh fail on inf with a LAPACK message
-        raise NonFiniteError(f"a head's Gram matrix overflows {A.dtype}")
-    root, info = torch.linalg.cholesky_ex(gram)
+    what = f"a head's Gram matrix (multiplied in {A.dtype})"
+    root, info = cholesky_ex(gram, what)
     failed = info != 0
     if failed.any():
-        values, vectors = torch.linalg.eigh(gram[failed])
+        values, vectors = eigh(gram[failed], what)
         root[failed] = vectors * values.clamp_min(0).sqrt()[..., None, :]
     return root.to(A.dtype)
 
@@ -637,8 +637,7 @@ def _composition_scores(model, kind: str, norm: str, offsets: list[int] | None) 
             return _correct_scores(model, kind, offset)
         return _erratum_scores(*_model_factors(model, kind, offset), norm)
 
-    what = f"the {kind}-composition scores"
-    try:
+    with naming_non_finite(f"the {kind}-composition scores", model, WEIGHTS, linalg_dtype(model.W_Q.dtype)):
         if offsets is None:
             scores = at(None)
         elif norm == "correct" and L >= 2 and _window_route_is_cheaper(model.cfg, model.W_V.shape[-1], len(offsets)):
@@ -652,8 +651,6 @@ def _composition_scores(model, kind: str, norm: str, offsets: list[int] | None) 
             scores = at(offsets[0]).expand(len(offsets), L, H, L, H)
         else:
             scores = torch.stack([at(o) for o in steps(offsets, f"composition_scores: {kind} {norm}", unit="offset")])
-    except NonFiniteError as err:
-        raise non_finite_error(what, model, WEIGHTS, linalg_dtype(model.W_Q.dtype)) from err
     return scores
 
 
@@ -732,19 +729,22 @@ def _composition_detail(model, kind: str, h1: Head, h2: Head, offsets: list[int]
         by_offset = _pair_scores(*_pair_factors(model, kind, l1, i1, l2, i2, list(offsets)), "correct").double()
         best = offsets[int(by_offset.nan_to_num(float("-inf")).argmax())]
     A1, B1, C2, D2 = _pair_factors(model, kind, l1, i1, l2, i2, best)
-    composed = FactoredMatrix(A1, B1) @ FactoredMatrix(C2, D2)
-    _, S, _ = composed.svd()
-    if kind == "V":
-        eigs = eigenvalues_of_product(*[x.double() for x in (A1, B1, C2, D2)], token_gram(model, "OV"))
-    else:
-        # token circuit W_E M W_E^T with M = A1 B1 C2 D2 (Q) or its transpose (K)
-        chain = (A1, B1, C2, D2) if kind == "Q" else (D2.mT, C2.mT, B1.mT, A1.mT)
-        eigs = eigenvalues_of_product(*[x.double() for x in chain], token_gram(model, "QK"))
-    # a zero head's score is 0 / 0 = NaN (as in composition_scores); an overflow shows in these
-    own = torch.stack([frobenius_norm_of_product(A1, B1), frobenius_norm_of_product(C2, D2)])
-    require_finite(torch.cat([S, own]), f"the {kind}-composition of {h1} -> {h2}", model, WEIGHTS)
-    require_finite(eigs, f"the eigenvalues of the {kind}-composition token circuit of {h1} -> {h2}", model,
-                   ("W_E", "W_U", *WEIGHTS), linalg_dtype(model.W_E.dtype))  # the vocab-sized Gram's dtype
+    what = f"the {kind}-composition of {h1} -> {h2}"
+    with naming_non_finite(what, model, WEIGHTS, A1.dtype):
+        S = (FactoredMatrix(A1, B1) @ FactoredMatrix(C2, D2)).S
+        # a zero head's score is 0 / 0 = NaN (as in composition_scores); an overflow shows in these
+        own = torch.stack([frobenius_norm_of_product(A1, B1), frobenius_norm_of_product(C2, D2)])
+    require_finite(torch.cat([S, own]), what, model, WEIGHTS)
+    what = f"the eigenvalues of the {kind}-composition token circuit of {h1} -> {h2}"
+    token_weights, gram_dtype = ("W_E", "W_U", *WEIGHTS), linalg_dtype(model.W_E.dtype)  # the vocab-sized Gram's
+    with naming_non_finite(what, model, token_weights, gram_dtype):
+        if kind == "V":
+            eigs = eigenvalues_of_product(*[x.double() for x in (A1, B1, C2, D2)], token_gram(model, "OV"))
+        else:
+            # token circuit W_E M W_E^T with M = A1 B1 C2 D2 (Q) or its transpose (K)
+            chain = (A1, B1, C2, D2) if kind == "Q" else (D2.mT, C2.mT, B1.mT, A1.mT)
+            eigs = eigenvalues_of_product(*[x.double() for x in chain], token_gram(model, "QK"))
+    require_finite(eigs, what, model, token_weights, gram_dtype)
     score = float(_pair_scores(A1, B1, C2, D2, "correct"))
     erratum = {norm: float(_pair_scores(A1, B1, C2, D2, norm)) for norm in NORMS[1:]}
     return CompositionDetail(

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from ..factored import eigvals, gram
+from ..factored import gram
+from ..linalg import eigvals
 from ..progress import steps
 from .cache import MODEL, cached
 from .circuits import embedding, embedding_is_normalized
@@ -104,14 +105,14 @@ def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> t
         weights = ("W_E", "W_V", "W_O", "W_U") if kind == "OV" else ("W_E", "W_Q", "W_K")
         raise non_finite_error(f"the {kind} circuits", model, weights, small.dtype)
     if offsets is None:
-        return eigvals(small.double())
+        return eigvals(small.double(), f"the {kind} circuits")
     per_layer = []
     for layer in steps(range(model.cfg.n_layers), f"eigenvalues: QK over {len(offsets)} offsets", unit="layer"):
         diagonal, paired, partner = (t.to(small.device) for t in rotation_parts(model.cfg, offsets, layer=layer))
         # each head's circuit at each offset, [n_offsets, H, d_head, d_head]: one layer at a time (every
         # layer's at once is 1 GB in float64 at the LLaMA-135M shape with 100 offsets)
         rotated = matmul_rotation(small[layer].double(), (diagonal[:, None], paired[:, None], partner))
-        per_layer.append(eigvals(rotated))
+        per_layer.append(eigvals(rotated, f"the {kind} circuits of layer {layer} over {len(offsets)} offsets"))
     L, H, d_head = small.shape[:3]
     eigs = torch.stack(per_layer, 1) if per_layer else torch.empty(  # [n_offsets, L, H, d_head]
         len(offsets), L, H, d_head, dtype=torch.complex128, device=small.device)  # (a zero-layer model: none)

@@ -4,16 +4,17 @@ A NaN compares false everywhere and an inf wins every top-k: left alone, either 
 silently wrong table (an empty top-k, a positivity of 0.0, a score of inf). Every analysis that can
 produce one checks its result and raises ``NonFiniteError`` instead, saying which weight holds
 NaN/inf or, where every weight is finite, that the computation overflowed (with the largest
-entries of the weights it read, so the user sees which one to rescale).
+entries of the weights it read, so the user sees which one to rescale). LAPACK calls refuse NaN/inf
+input before they run (``linalg``); ``naming_non_finite`` turns that refusal into the same error.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
-
-class NonFiniteError(ValueError):
-    """An analysis result would hold NaN or inf (the message names the weight or the overflow)."""
+from ..linalg import NonFiniteError
 
 
 def _parts(weight):
@@ -46,3 +47,14 @@ def require_finite(values: torch.Tensor, what: str, model, weights, dtype: torch
         dtype = dtype or (values.real.dtype if values.is_complex() else values.dtype)
         raise non_finite_error(what, model, weights, dtype)
     return values
+
+
+@contextmanager
+def naming_non_finite(what: str, model, weights, dtype: torch.dtype):
+    """Inside the block, a ``NonFiniteError`` (an overflow caught early, or ``linalg`` refusing a NaN/inf
+    matrix before LAPACK) becomes ``non_finite_error(what, ...)``: the weight holding NaN/inf or the
+    overflow of ``dtype``, named as the analysis knows them."""
+    try:
+        yield
+    except NonFiniteError as err:
+        raise non_finite_error(what, model, weights, dtype) from err

@@ -33,7 +33,7 @@ from ..factored import eigenvalues_of_product, linalg_dtype
 from .circuits import Head, check_earlier, k_composition_circuit
 from .composition import composition_detail, composition_scores
 from .eigen import eigenvalue_positivity, positivity, token_gram
-from .finite import require_finite
+from .finite import naming_non_finite, require_finite
 from .rotary import offset_window, reduce_offsets, rotations
 
 MATCH_THRESHOLD = 0.5
@@ -163,16 +163,17 @@ def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
     with torch.no_grad():
         G = token_gram(model, "QK")
         W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
+        refusal = ("the K-composition token circuits' eigenvalues", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"),
+                   linalg_dtype(model.W_E.dtype))  # G's dtype
         for i, rot in enumerate(R):
             for l1 in range(L - 1):
                 for l2 in range(l1 + 1, L):
                     query = W_Q[l2] if rot is None else W_Q[l2] @ rot[l2]
                     # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
-                    eigs = eigenvalues_of_product(query[None], W_K[l2].mT[None], W_O[l1].mT[:, None],
-                                                  W_V[l1].mT[:, None], G)
-                    require_finite(eigs, "the K-composition token circuits' eigenvalues", model,
-                                   ("W_E", "W_Q", "W_K", "W_V", "W_O"), linalg_dtype(model.W_E.dtype))  # G's
-                    out[i, l1, :, l2] = positivity(eigs).float()
+                    with naming_non_finite(*refusal):
+                        eigs = eigenvalues_of_product(query[None], W_K[l2].mT[None], W_O[l1].mT[:, None],
+                                                      W_V[l1].mT[:, None], G)
+                    out[i, l1, :, l2] = positivity(require_finite(eigs, *refusal)).float()
     if offsets is None or (offset is not None and not hasattr(offset, "__iter__")):
         return out[0], None
     values, at = reduce_offsets(out, offsets, reduce)
@@ -256,5 +257,7 @@ def best_offset(model, h1: Head, h2: Head, offset=None) -> int | None:
     (l1, i1), (l2, i2) = h1, h2
     G = token_gram(model, "QK")
     W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q[l2, i2], model.W_K[l2, i2], model.W_V[l1, i1], model.W_O[l1, i1]))
-    eigs = eigenvalues_of_product(W_Q @ rotations(model.cfg, offsets, layer=l2), W_K.mT, W_O.mT, W_V.mT, G)
+    with naming_non_finite(f"the K-composition token circuit of {h1} -> {h2} over its offsets", model,
+                           ("W_E", "W_Q", "W_K", "W_V", "W_O"), linalg_dtype(model.W_E.dtype)):
+        eigs = eigenvalues_of_product(W_Q @ rotations(model.cfg, offsets, layer=l2), W_K.mT, W_O.mT, W_V.mT, G)
     return offsets[int(positivity(eigs).argmax())]

@@ -49,11 +49,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..linalg import spectral_norm
 from ..progress import steps
 from ..screen import ProductScreen
 from .cache import FACTORS, cached
 from .circuits import check_head, check_index, embedding, model_name
-from .finite import NonFiniteError, non_finite_error
+from .finite import NonFiniteError, naming_non_finite, non_finite_error
 from .rotary import check_reduce, offset_window, rotations
 
 WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_U")
@@ -247,7 +248,7 @@ def window_bound(q: torch.Tensor, k: torch.Tensor, R: torch.Tensor) -> tuple[tor
     q_parts, k_parts = [q @ Rbar], [k]
     for b in label.unique():
         dims = (label == b).nonzero().flatten()
-        rho = float(torch.linalg.matrix_norm((R - Rbar)[:, dims][:, :, dims], 2).max())
+        rho = float(spectral_norm((R - Rbar)[:, dims][:, :, dims], "a rotary block's turn over the window").max())
         if rho > 0:
             q_parts.append(rho * q[:, dims].norm(dim=1, keepdim=True))
             k_parts.append(k[:, dims].norm(dim=1, keepdim=True))
@@ -272,7 +273,7 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
     n_maps = 1 if R is None else R.shape[0]
     top = _TopTriples(n, k.device)
     # a rotation keeps norms up to the attention scaling R carries
-    q_max = q.norm(dim=1).max() * (1 if R is None else torch.linalg.matrix_norm(R, 2).max())
+    q_max = q.norm(dim=1).max() * (1 if R is None else spectral_norm(R, "the rotary maps").max())
     u_max = u.norm(dim=0).max()
     k_norm, v_norm = k.norm(dim=1), v.norm(dim=1)
     norm_bound = k_norm * q_max * v_norm * u_max
@@ -364,11 +365,9 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     with torch.no_grad():
         q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
         R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
-        try:
+        with naming_non_finite(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype):
             score, idx, at = top_over_offsets(lambda qr, Rr: top_skip_trigrams(qr, kk, v, u, k, block_bytes, Rr),
                                               q, R, reduce)
-        except NonFiniteError as err:  # name the weights behind the overflow
-            raise non_finite_error(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype) from err
         qk = qk_entries(q, kk, idx, R, at)
         strings = model.token_strings
         out = []

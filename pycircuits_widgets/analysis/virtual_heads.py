@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..factored import eigenvalues_of_product, frobenius_norm_of_product
+from ..factored import eigenvalues_of_product, frobenius_norm_of_product, linalg_dtype
 from .circuits import Head, check_earlier, full_virtual_ov_circuit
 from .eigen import positivity, token_gram
-from .finite import require_finite
+from .finite import naming_non_finite, require_finite
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ def virtual_head_norms(model) -> torch.Tensor:
             for l2 in range(l1 + 1, L):
                 A1, B1 = model.W_V[l1][:, None], model.W_O[l1][:, None]  # [H, 1, ...]
                 C2, D2 = model.W_V[l2][None], model.W_O[l2][None]        # [1, H, ...]
-                norms = frobenius_norm_of_product(A1, B1, C2, D2)
+                with naming_non_finite("the virtual head norms", model, ("W_V", "W_O"), linalg_dtype(A1.dtype)):
+                    norms = frobenius_norm_of_product(A1, B1, C2, D2)
                 out[l1, :, l2] = require_finite(norms, "the virtual head norms", model, ("W_V", "W_O")).float()
     return out
 
@@ -60,7 +61,8 @@ def virtual_head_positivity(model, h1: Head, h2: Head, gram: torch.Tensor | None
     """
     (l1, i1), (l2, i2) = check_earlier(model, h1, h2)
     factors = [x.double() for x in (model.W_V[l1, i1], model.W_O[l1, i1], model.W_V[l2, i2], model.W_O[l2, i2])]
-    with torch.no_grad():
+    with torch.no_grad(), naming_non_finite(f"the eigenvalues of the virtual head {h1} -> {h2}'s token circuit", model,
+                                            ("W_E", "W_V", "W_O", "W_U"), linalg_dtype(model.W_E.dtype)):
         gram = token_gram(model, "OV") if gram is None else gram
         return float(positivity(eigenvalues_of_product(*factors, gram)))
 
