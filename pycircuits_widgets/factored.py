@@ -223,20 +223,37 @@ class FactoredMatrix:
 
     Operands: torch tensors, or array-likes (numpy, anything exposing ``__array__`` or
     ``__dlpack__``), converted with ``torch.as_tensor``/``torch.from_dlpack`` so every method
-    works on them. TransformerLens also keeps protocol-only duck types unconverted (then only
-    ``@``, ``AB`` and ``BA`` work there); here such an object is refused with a TypeError.
+    works on them (protocol-only duck types: see the differences below).
 
     dtype: factors must share dtype and device (a TypeError names both; TransformerLens
     builds the object and fails later in ``torch.matmul``). ``svd``, ``eigenvalues`` and
     ``norm`` of 16-bit factors run and return in float32, as TransformerLens's do (LAPACK
     has no 16-bit kernels; a bf16 Gram would lose the norm).
 
-    Where this class differs on purpose: ValueError (not AssertionError/RuntimeError) for
-    mismatched shapes; IndexError for out-of-range row/column ints (TransformerLens returns
-    an empty matrix) and for indices that cannot stay factored (see ``__getitem__``);
-    ``AB``/``dense()`` refuse products over ``DENSE_LIMIT_BYTES``; ``norm()`` takes the
-    Gram/QR routes with an error bound instead of the SVD; ``eigenvalues`` pads with exact
-    zeros where TransformerLens's ``eig(BA)`` returns rounding noise (m < k).
+    Products (``@`` with a FactoredMatrix, a matrix or a vector, on either side) broadcast the
+    operands' leading dims as ``torch.matmul`` does, expanded (stride-0) ones included, and every
+    result (spectra, SVD, norms, indexing, ``collapse_*``) has the product's leading dims.
+
+    Where this class differs from TransformerLens on purpose:
+
+    - Exceptions: ValueError (not AssertionError or RuntimeError) for mismatched inner or leading
+      dims in the constructor and in ``@``, a non-scalar tensor in ``*``, and ``BA``/``eigenvalues``
+      of a non-square matrix; IndexError (not ValueError "too long an index") for more indices
+      than dims.
+    - Indexing refuses with IndexError what cannot stay factored or would be wrong: an int
+      row/column out of range (TransformerLens returns an empty matrix), and tensor indices into
+      both rows and columns at once (``fm[..., [0, 1], [0]]``: TransformerLens takes the block of
+      those rows and columns, torch pairs them entry by entry; index one dim at a time, or read
+      entries with ``entry``). See ``__getitem__``.
+    - Protocol-only duck types (a ``shape``, ``ndim`` and ``@`` but no ``__array__`` or
+      ``__dlpack__``, like TransformerLens's ``TensorLike``) are refused with a TypeError naming
+      them, as factors and as ``@`` operands: every method needs the numbers.
+    - ``eigenvalues`` where ``m < k``: ``M``'s ``m`` eigenvalues in LAPACK's order for ``AB``,
+      then ``k - m`` exact zeros; TransformerLens returns ``eig(BA)`` in LAPACK's order, those
+      zeros as rounding noise among the others. Where ``k <= m`` both are ``eig(BA)``, same order.
+    - ``AB``/``dense()`` refuse products over ``DENSE_LIMIT_BYTES``; ``norm()`` takes the
+      Gram/QR routes with an error bound instead of the SVD; spectra and SVDs refuse NaN/inf
+      factors (``linalg.NonFiniteError``) where LAPACK would return NaN or abort the process.
     """
 
     __array_ufunc__ = None  # numpy_array @ fm: numpy defers to __rmatmul__ instead of wrapping fm
@@ -394,12 +411,14 @@ class FactoredMatrix:
     def eigenvalues(self) -> torch.Tensor:
         """Spectrum of ``M`` as ``eig(BA)``: complex ``[..., k]`` (TransformerLens's count, ``mdim``).
 
-        Needs m == n. The other ``m - k`` eigenvalues of ``M`` are 0. Where ``m < k``, ``BA`` has
-        ``k - m`` zero eigenvalues besides ``M``'s: ``eig(AB)`` (the smaller problem) gives the
-        ``m`` values and the rest are appended as exact zeros (TransformerLens returns rounding
-        noise there). 16-bit factors: computed in float32 (complex64)."""
+        Needs m == n. The other ``m - k`` eigenvalues of ``M`` are 0. Order: where ``k <= m``,
+        LAPACK's order of ``eig(BA)``, the same values in the same order as TransformerLens. Where
+        ``m < k``, ``BA`` has ``k - m`` zero eigenvalues besides ``M``'s: ``eig(AB)`` (the smaller
+        problem) gives the ``m`` values, in LAPACK's order for ``AB``, and the rest are appended as
+        exact zeros (TransformerLens returns rounding noise there, at LAPACK's places in ``BA``'s
+        order): compare such spectra as sets. 16-bit factors: computed in float32 (complex64)."""
         self._require_square("eigenvalues")
-        eigs = eigenvalues_of_product(self._A, self._B)  # [..., min(m, k)]
+        eigs = eigenvalues_of_product(self._B, self._A)  # [..., min(m, k)]; a tie (m == k) takes BA
         missing = self.mdim - eigs.shape[-1]
         if missing:
             eigs = torch.cat([eigs, eigs.new_zeros((*eigs.shape[:-1], missing))], -1)
@@ -497,7 +516,7 @@ class FactoredMatrix:
         and a matrix dim; more indices than dims. TypeError: a bool index (torch, and TransformerLens
         at a leading dim, read it as a new axis; TransformerLens at a row/column as row 0 or 1).
         """
-        items = [_index_item(i) for i in (idx if isinstance(idx, tuple) else (idx,))]
+        items = list(map(_index_item, idx if isinstance(idx, tuple) else (idx,)))  # (map: warnings point here)
         if sum(i is Ellipsis for i in items) > 1:
             raise IndexError("an index can only have a single ellipsis ('...')")
         used = sum(_dims_used(i) for i in items)
@@ -655,8 +674,13 @@ def _as_tensor(x, what: str) -> torch.Tensor:
 
 def _operand(other, fm: FactoredMatrix) -> torch.Tensor | None:
     """``other`` as a tensor, or None for non-array operands (Python then raises its TypeError);
-    errors on a dtype/device mix (no promotion: the caller converts)."""
+    errors on a dtype/device mix (no promotion: the caller converts) and on protocol-only duck types."""
     if not _is_array(other):
+        if hasattr(other, "shape") and hasattr(other, "ndim"):
+            # left to Python, its own __rmatmul__/__matmul__ would wrap this FactoredMatrix unmultiplied
+            raise TypeError(f"cannot multiply a FactoredMatrix by a {type(other).__name__}: it has a shape but "
+                            "no array protocol (__array__ or __dlpack__) to read its numbers from (TransformerLens's "
+                            "protocol-only TensorLike); pass torch.as_tensor(x) or expose __array__")
         return None
     other = _as_tensor(other, "operand")
     if other.dtype != fm.dtype or other.device != fm.device:
@@ -669,13 +693,15 @@ def _operand(other, fm: FactoredMatrix) -> torch.Tensor | None:
 
 def _index_item(item):
     """One entry of an index as ``__getitem__`` handles it: lists and arrays as tensors, integer
-    scalars (numpy, 0-d tensors) as ints, uint8 masks as bool (torch's reading); refuses bools."""
+    scalars (numpy, 0-d tensors) as ints, uint8 masks as bool with torch's deprecation warning; refuses bools."""
     if item is None or item is Ellipsis or isinstance(item, slice):
         return item
     if isinstance(item, (list, tuple)) or (not isinstance(item, torch.Tensor) and _is_array(item)):
         item = torch.as_tensor(item)
     if isinstance(item, torch.Tensor):
         if item.dtype == torch.uint8:
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+                          "instead (read as that bool mask, as torch does)", UserWarning, stacklevel=3)
             item = item.bool()
         if item.dtype == torch.bool and item.ndim == 0 or item.is_floating_point() or item.is_complex():
             raise TypeError(f"FactoredMatrix index entries must be ints, slices, None, ..., integer "
@@ -710,16 +736,25 @@ def _require(ok: bool, left, right) -> None:
 
 
 def _from_chain(factors, left, right) -> FactoredMatrix:
-    """Factored form of a chain product, split at its smallest inner dim (first on ties)."""
+    """Factored form of ``left @ right``, the chain ``factors`` (a FactoredMatrix's stored factors, whose
+    shared leading dims are kept at size 1), split at its smallest inner dim (first on ties). The
+    result has the leading dims of ``left`` and ``right`` broadcast, not those of the stored factors."""
     try:
         _check_chain(factors)
     except (TypeError, ValueError) as err:
         raise type(err)(
             f"cannot multiply shape {tuple(left.shape)} by shape {tuple(right.shape)} ({err})"
         ) from None
+    try:
+        lead = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"cannot multiply shape {tuple(left.shape)} by shape {tuple(right.shape)}: leading "
+                         f"dims {tuple(left.shape[:-2])} and {tuple(right.shape[:-2])} do not broadcast") from None
     inner = [f.shape[-1] for f in factors[:-1]]
     split = inner.index(min(inner)) + 1
-    return FactoredMatrix(chain_matmul(*factors[:split]), chain_matmul(*factors[split:]))
+    X, Y = chain_matmul(*factors[:split]), chain_matmul(*factors[split:])
+    # stride-0 views: the constructor keeps a dim that only broadcasts at size 1 again
+    return FactoredMatrix(X.broadcast_to((*lead, *X.shape[-2:])), Y.broadcast_to((*lead, *Y.shape[-2:])))
 
 
 def _candidates(block: torch.Tensor, k: int, threshold):

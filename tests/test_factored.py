@@ -367,3 +367,78 @@ def test_norm_of_a_nearly_cancelling_product_falls_back_from_the_gram_route():
     well = torch.randn(3, 300, 8, generator=g), torch.randn(3, 8, 200, generator=g)
     torch.testing.assert_close(FactoredMatrix(*well).norm().double(),
                                torch.linalg.matrix_norm(well[0].double() @ well[1].double()), rtol=1e-5, atol=0)
+
+
+# ------------------------------------------------------------------ leading dims through products
+# Oracle: the dense float64 product of the same operands, by torch.matmul's broadcasting. Entries are
+# sums of at most 5 x 5 products of N(0, 1) values (|entry| < ~50); float64 rounding of a chain of
+# 4 factors is ~4 * 5 * eps * 50 ~ 1e-13, so assert_close's float64 default (1e-7) has room to spare.
+def operand(rows, cols, lead, how, seed):
+    """A float64 [*lead, rows, cols]: "expand": one random matrix broadcast as stride-0 views (as
+    ``Tensor.expand`` and ``einops.repeat`` build them), "random": a different one per leading index."""
+    g = torch.Generator().manual_seed(seed)
+    if how == "expand":
+        return torch.randn(rows, cols, generator=g, dtype=torch.float64).expand(*lead, rows, cols)
+    return torch.randn(*lead, rows, cols, generator=g, dtype=torch.float64)
+
+
+def product_case(kind, lead_left, lead_right, how):
+    """``(FactoredMatrix product, dense product)``, a [..., 4, 4] square, inner dims 3, 5, 2 (fm @ fm)."""
+    if kind == "fm@fm":
+        A, B, C, D = (operand(*shape, lead, how, seed) for shape, lead, seed in
+                      (((4, 3), lead_left, 1), ((3, 5), lead_left, 2), ((5, 2), lead_right, 3), ((2, 4), lead_right, 4)))
+        return FactoredMatrix(A, B) @ FactoredMatrix(C, D), (A @ B) @ (C @ D)
+    if kind == "fm@tensor":
+        A, B, T = operand(4, 3, lead_left, how, 5), operand(3, 5, lead_left, how, 6), operand(5, 4, lead_right, how, 7)
+        return FactoredMatrix(A, B) @ T, (A @ B) @ T
+    T, C, D = operand(4, 4, lead_left, how, 8), operand(4, 3, lead_right, how, 9), operand(3, 4, lead_right, how, 10)
+    return T @ FactoredMatrix(C, D), T @ (C @ D)
+
+
+@pytest.mark.parametrize("kind", ["fm@fm", "fm@tensor", "tensor@fm"])
+@pytest.mark.parametrize("how", ["expand", "random"])
+@pytest.mark.parametrize("lead_left, lead_right", [((2,), ()), ((), (2,)), ((2, 9), (9,)), ((2, 1), (3,)), ((2,), (2,))])
+def test_products_keep_broadcast_leading_dims_through_every_result(kind, how, lead_left, lead_right):
+    P, dense = product_case(kind, lead_left, lead_right, how)
+    lead = dense.shape[:-2]
+    assert P.shape == dense.shape and P.ndim == dense.ndim
+    assert P.A.shape[:-2] == P.B.shape[:-2] == lead
+    torch.testing.assert_close(P.AB, dense)
+    r = P.mdim
+    U, S, V = P.svd()
+    assert U.shape == (*lead, 4, r) and S.shape == (*lead, r) and V.shape == (*lead, 4, r)
+    torch.testing.assert_close(U @ torch.diag_embed(S) @ V.mT, dense)
+    torch.testing.assert_close(S, torch.linalg.svdvals(dense)[..., :r])
+    torch.testing.assert_close(P.collapse_l(), S[..., :, None] * V.mT)
+    torch.testing.assert_close(P.collapse_r(), U * S[..., None, :])
+    assert P.collapse_l().shape == (*lead, r, 4) and P.collapse_r().shape == (*lead, 4, r)
+    torch.testing.assert_close(P.norm(), torch.linalg.matrix_norm(dense))
+    torch.testing.assert_close(P.trace(), dense.diagonal(dim1=-2, dim2=-1).sum(-1))
+    eigs = P.eigenvalues
+    assert eigs.shape == (*lead, r)
+    dense_eigs = torch.linalg.eigvals(dense)  # rank r: r nonzero eigenvalues, the rest rounding noise
+    top = dense_eigs.gather(-1, dense_eigs.abs().argsort(-1, descending=True)[..., :r])
+    close_sets(eigs, top, atol=1e-8)
+    for i in np.ndindex(*lead):  # every leading index reads its own matrix, as the dense product does
+        torch.testing.assert_close(P[i].AB, dense[i])
+        torch.testing.assert_close(P[i].eigenvalues, eigs[i])
+        torch.testing.assert_close(P[i].S, S[i])
+
+
+def test_the_issue_case_of_expanded_factors():
+    a, b = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
+    fm = FactoredMatrix(a.expand(2, 4, 4), b.expand(2, 4, 4))
+    for product in (fm @ fm, fm @ a, a @ fm):
+        assert product.shape == (2, 4, 4)
+        assert product.eigenvalues.shape == (2, 4)
+        torch.testing.assert_close(product[1].AB, product.AB[1])
+    torch.testing.assert_close((fm @ fm).AB[1], a @ b @ a @ b)
+
+
+def test_products_whose_expanded_leading_dims_do_not_broadcast_are_refused():
+    a, b = torch.randn(4, 3), torch.randn(3, 4)
+    two, three = FactoredMatrix(a.expand(2, 4, 3), b), FactoredMatrix(a.expand(3, 4, 3), b)
+    # the stored factors are [1, 4, 3]: the check must use the leading dims the matrices report
+    for product in (lambda: two @ three, lambda: two @ torch.randn(3, 4, 4), lambda: torch.randn(3, 4, 4) @ two):
+        with pytest.raises(ValueError, match=r"leading dims \((2|3),\) and \((3|2),\) do not broadcast"):
+            product()
