@@ -320,3 +320,307 @@ def test_results_stay_on_the_factors_device_meta():
                fm @ torch.empty(6, device="meta")]
     assert all(r.device.type == "meta" for r in results)
     assert fm.eigenvalues.shape == (2, 3) and fm.svd()[2].shape == (2, 6, 3)
+
+
+# ------------------------------------------------------------------ TransformerLens's own test behaviours
+# Each behaviour TransformerLens's tests/unit/factored_matrix checks, on our own cases, against its
+# FactoredMatrix and float64 dense math (float64 throughout: entries < ~50, products of <= 4 factors
+# of width <= 9 round at ~1e-13, inside assert_close's float64 default of 1e-7).
+INNER_SHAPES = [  # ((m, k), (k, n)) of the left operand, ((n, k2), (k2, p)) of the right: ones and every order
+    (((3, 3), (3, 3)), ((3, 3), (3, 3))),
+    (((1, 1), (1, 1)), ((1, 1), (1, 1))),
+    (((1, 4), (4, 1)), ((1, 6), (6, 1))),
+    (((1, 2), (2, 3)), ((3, 2), (2, 4))),
+    (((5, 2), (2, 1)), ((1, 1), (1, 1))),
+    (((3, 4), (4, 5)), ((5, 6), (6, 7))),
+    (((8, 6), (6, 5)), ((5, 7), (7, 3))),
+    (((7, 6), (6, 3)), ((3, 7), (7, 8))),
+]
+LEAD_FORMS = [((), ()), ((2,), ()), ((), (2,)), ((2, 9), (9,))]  # as einops.repeat builds them: stride-0
+
+
+@pytest.mark.parametrize("left_lead, right_lead", LEAD_FORMS)
+@pytest.mark.parametrize("left, right", INNER_SHAPES)
+def test_factored_products_of_repeated_factors_match_transformer_lens(left, right, left_lead, right_lead):
+    (a, b), (c, d) = ([randn(*s, seed=10 * i + j).expand(*lead, *s) for j, s in enumerate(pair)]
+                      for i, (pair, lead) in enumerate(((left, left_lead), (right, right_lead))))
+    ours, theirs = FactoredMatrix(a, b) @ FactoredMatrix(c, d), TLFactoredMatrix(a, b) @ TLFactoredMatrix(c, d)
+    dense = (a @ b) @ (c @ d)
+    torch.testing.assert_close(ours.AB, dense)
+    torch.testing.assert_close(ours.AB, theirs.AB)
+    assert ours.shape == theirs.shape == dense.shape
+    assert (ours.ldim, ours.mdim, ours.rdim) == (theirs.ldim, theirs.mdim, theirs.rdim)
+    assert ours.mdim == min(left[0][1], left[1][1], right[0][1])  # split at the chain's narrowest inner dim
+    assert ours.A.shape[:-2] == ours.B.shape[:-2] == theirs.A.shape[:-2] == dense.shape[:-2]
+
+
+@pytest.mark.parametrize("fm_lead, tensor_lead", [((), ()), ((2,), ()), ((), (2, 12)), ((2,), (2,))])
+@pytest.mark.parametrize("k, side", [(3, "right"), (6, "right"), (4, "right"), (3, "left"), (6, "left"), (2, "left")])
+def test_tensor_products_of_repeated_operands_match_transformer_lens(k, side, fm_lead, tensor_lead):
+    a, b = randn(2, k, seed=1).expand(*fm_lead, 2, k), randn(k, 2, seed=2).expand(*fm_lead, k, 2)
+    t = randn(2, 5 if side == "right" else 2, seed=3)
+    t = (t if side == "right" else t.T).expand(*tensor_lead, *(t.shape if side == "right" else t.T.shape))
+    ours, theirs = FactoredMatrix(a, b), TLFactoredMatrix(a, b)
+    got, tl = (ours @ t, theirs @ t) if side == "right" else (t @ ours, t @ theirs)
+    dense = (a @ b) @ t if side == "right" else t @ (a @ b)
+    torch.testing.assert_close(got.AB, dense)
+    torch.testing.assert_close(got.AB, tl.AB)
+    assert got.mdim == tl.mdim == min(k, 2) and got.shape == tl.shape == dense.shape
+    assert got.A.shape[:-2] == got.B.shape[:-2] == dense.shape[:-2]
+
+
+@pytest.mark.parametrize("lead", [(), (6,)])
+def test_vector_products_on_both_sides(lead):
+    a, b = randn(*lead, 2, 3, seed=1), randn(*lead, 3, 4, seed=2)
+    fm, v, w = FactoredMatrix(a, b), randn(4, seed=3), randn(2, seed=4)
+    torch.testing.assert_close(fm @ v, (a @ b) @ v)
+    torch.testing.assert_close(fm @ v, TLFactoredMatrix(a, b) @ v)
+    # vector @ fm: TransformerLens's squeeze(-1) leaves [..., 1, n] here (its tests skip this case)
+    assert (w @ fm).shape == (*lead, 4)
+    torch.testing.assert_close(w @ fm, w @ (a @ b))
+
+
+@pytest.mark.parametrize("scalar", [torch.tensor([0.7], dtype=torch.float64), 0.3, 4])
+@pytest.mark.parametrize("lead", [(), (6,)])
+def test_scalar_multiples_on_both_sides(scalar, lead):
+    a, b = randn(*lead, 2, 3, seed=1), randn(*lead, 3, 4, seed=2)
+    fm = FactoredMatrix(a, b)
+    for product in (fm * scalar, scalar * fm):
+        torch.testing.assert_close(product.AB, (a @ b) * scalar)
+        torch.testing.assert_close(product.AB, (TLFactoredMatrix(a, b) * scalar).AB)
+
+
+SQUARE_AND_NOT = [(3, 2, 3), (4, 5, 4), (6, 7, 6), (6, 7, 3)]  # (m, k, n)
+
+
+@pytest.mark.parametrize("m, k, n", SQUARE_AND_NOT)
+def test_properties_match_transformer_lens(m, k, n):
+    a, b = randn(m, k, seed=m), randn(k, n, seed=n + 10)
+    ours, theirs = both(a, b)
+    assert ours.ndim == theirs.ndim == len(ours.shape) == 2
+    assert torch.equal(ours.pair[0], a) and torch.equal(ours.pair[1], b) and torch.equal(ours.A, a)
+    torch.testing.assert_close(ours.AB, a @ b)
+    torch.testing.assert_close(ours.T.A, b.T)
+    torch.testing.assert_close(ours.T.B, a.T)
+    torch.testing.assert_close(ours.norm(), (a @ b).norm())
+    torch.testing.assert_close(ours.get_corner(3), theirs.get_corner(3))
+    U, S, V = ours.svd()
+    torch.testing.assert_close(U @ torch.diag(S) @ V.T, a @ b)
+    r = U.shape[-1]
+    torch.testing.assert_close(U.T @ U, torch.eye(r, dtype=U.dtype))
+    torch.testing.assert_close(V.T @ V, torch.eye(r, dtype=V.dtype))
+    torch.testing.assert_close(ours.collapse_l(), S[:, None] * V.T)
+    torch.testing.assert_close(ours.collapse_r(), U * S[None, :])
+    if m == n:
+        torch.testing.assert_close(ours.BA, theirs.BA)
+    else:  # TransformerLens: AssertionError
+        with pytest.raises(ValueError, match=r"BA needs a square matrix \(m == n\), got shape"):
+            ours.BA
+        with pytest.raises(ValueError, match=r"eigenvalues needs a square matrix"):
+            ours.eigenvalues
+        with pytest.raises(AssertionError):
+            theirs.BA
+
+
+def test_svd_with_leading_ones_is_cached_and_does_not_keep_its_matrix_alive():
+    import gc
+    import weakref
+
+    fm = FactoredMatrix(randn(1, 8, 9, seed=1), randn(1, 9, 8, seed=2))
+    U, S, V = fm.svd()
+    torch.testing.assert_close(U @ torch.diag_embed(S) @ V.mT, fm.AB)
+    torch.testing.assert_close(U.mT @ U, torch.eye(8, dtype=U.dtype).expand(1, 8, 8))
+    assert all(x is y for x, y in zip(fm.svd(), (U, S, V)))  # the same tensors, not recomputed
+    unsqueezed = FactoredMatrix(fm.A.unsqueeze(0), fm.B.unsqueeze(0))
+    assert unsqueezed.shape == (1, 1, 8, 8) and torch.equal(unsqueezed.A, fm.A.unsqueeze(0))
+    ref = weakref.ref(fm)
+    del fm, unsqueezed
+    gc.collect()
+    assert ref() is None  # the cache lives on the instance, not in a global keyed by it
+
+
+def test_eigenvalue_order_is_transformer_lens_order_where_k_is_at_most_m():
+    # k <= m: both eig(BA), so the same values at the same places (TransformerLens's own test compares
+    # |eigenvalues| entry by entry); m < k: ours lists eig(AB), then exact zeros (docstring)
+    for m, k in ((3, 2), (6, 6), (9, 4)):
+        ours, theirs = both(randn(2, m, k, seed=m), randn(2, k, m, seed=k + 20))
+        torch.testing.assert_close(ours.eigenvalues, theirs.eigenvalues)
+        torch.testing.assert_close(ours.eigenvalues, torch.linalg.eigvals(ours.B @ ours.A))
+    a, b = randn(4, 5, seed=1), randn(5, 4, seed=2)
+    ours, theirs = both(a, b)
+    torch.testing.assert_close(ours.eigenvalues[:4], torch.linalg.eigvals(a @ b))
+    assert ours.eigenvalues[4] == 0
+    dist = (ours.eigenvalues[:, None] - theirs.eigenvalues[None, :]).abs()
+    assert dist.min(0).values.max() < 1e-8 and dist.min(1).values.max() < 1e-8  # the same set
+
+
+def test_16_bit_eigenvalues_are_complex64_near_float32_ones():
+    for m, k in ((3, 2), (10, 4)):
+        a, b = randn(m, k, seed=m).to(torch.bfloat16), randn(k, m, seed=k).to(torch.bfloat16)
+        eigs = FactoredMatrix(a, b).eigenvalues
+        assert eigs.dtype == torch.complex64
+        # the same rounded bf16 numbers in float32: only float32 rounding separates them (k <= m: same order)
+        torch.testing.assert_close(eigs, torch.linalg.eigvals(b.float() @ a.float()))
+
+
+def test_constructor_broadcasts_either_factor_and_refuses_a_mismatch():
+    for A in (torch.ones(5, 3, dtype=torch.float64), torch.ones(4, 5, 3, dtype=torch.float64)):
+        B = torch.ones(2, 4, 3, 7, dtype=torch.float64)
+        ours, theirs = both(A, B)
+        assert ours.shape == theirs.shape == (2, 4, 5, 7) and ours.A.shape == theirs.A.shape == (2, 4, 5, 3)
+        assert torch.equal(ours.B, B) and ours.has_leading_dims
+    with pytest.raises(RuntimeError, match="[Mm]ismatch"):
+        TLFactoredMatrix(torch.ones(9, 5, 3), torch.ones(2, 4, 3, 7))
+    with pytest.raises(ValueError, match=r"leading dims do not broadcast between factor shapes \(9, 5, 3\), \(2, 4, 3, 7\)"):
+        FactoredMatrix(torch.ones(9, 5, 3), torch.ones(2, 4, 3, 7))
+
+
+# TransformerLens raises AssertionError/RuntimeError/ValueError here; pcw a ValueError or IndexError naming the shapes
+CLEARER_ERRORS = [
+    (lambda F: F(randn(2, 3, 4), randn(2, 4, 6)) @ F(randn(4, 6, 7), randn(4, 7, 2)), RuntimeError,
+     ValueError, r"cannot multiply shape \(2, 3, 6\) by shape \(4, 6, 2\).*do not broadcast"),
+    (lambda F: F(randn(2, 9, 3, 4), randn(2, 9, 4, 6)) @ F(randn(2, 6, 7), randn(2, 7, 2)), RuntimeError,
+     ValueError, r"cannot multiply shape \(2, 9, 3, 6\) by shape \(2, 6, 2\).*do not broadcast"),
+    (lambda F: F(randn(3, 4), randn(4, 6)) @ F(randn(5, 6), randn(6, 7)), AssertionError,
+     ValueError, r"cannot multiply shape \(3, 6\) by shape \(5, 7\)"),
+    (lambda F: F(randn(3, 4), randn(4, 6)) @ F(randn(2, 5, 6), randn(2, 6, 7)), AssertionError,
+     ValueError, r"cannot multiply shape \(3, 6\) by shape \(2, 5, 7\)"),
+    (lambda F: F(randn(2, 3), randn(3, 4)) * randn(2, 2), AssertionError, ValueError, r"needs a scalar, got shape \(2, 2\)"),
+    (lambda F: randn(2) * F(randn(6, 2, 3), randn(6, 3, 4)), AssertionError, ValueError, r"needs a scalar, got shape \(2,\)"),
+    (lambda F: F(randn(5, 2), randn(2, 7))[..., 0, 0, 0], ValueError, IndexError, r"uses 3 dims.*has 2"),
+]
+
+
+@pytest.mark.parametrize("make, theirs, ours, match", CLEARER_ERRORS, ids=[
+    "fm@fm leading 2 vs 4", "fm@fm leading (2, 9) vs 2", "fm@fm inner", "fm@fm inner with batch", "fm * matrix",
+    "vector * fm", "index too long"])
+def test_clearer_exceptions_where_transformer_lens_asserts(make, theirs, ours, match):
+    with pytest.raises(theirs):
+        make(TLFactoredMatrix)
+    with pytest.raises(ours, match=match):
+        make(FactoredMatrix)
+
+
+class ProtocolOnlyLike:
+    """TransformerLens's TensorLike protocol (shape, ndim, size, unsqueeze, squeeze, broadcast_to, @)
+    and nothing to read the numbers through."""
+
+    def __init__(self, t):
+        self.t = t
+
+    ndim = property(lambda self: self.t.ndim)
+    shape = property(lambda self: self.t.shape)
+
+    def size(self, dim=None):
+        return self.t.size() if dim is None else self.t.size(dim)
+
+    def unsqueeze(self, dim):
+        return ProtocolOnlyLike(self.t.unsqueeze(dim))
+
+    def squeeze(self, dim):
+        return ProtocolOnlyLike(self.t.squeeze(dim))
+
+    def broadcast_to(self, shape):
+        return ProtocolOnlyLike(self.t.broadcast_to(shape))
+
+    def __matmul__(self, other):
+        return NotImplemented if isinstance(other, (FactoredMatrix, TLFactoredMatrix)) else ProtocolOnlyLike(self.t @ other)
+
+    def __rmatmul__(self, other):
+        return ProtocolOnlyLike(other @ self.t)
+
+
+def test_protocol_only_operands_are_refused_by_name_on_either_side_of_matmul():
+    a, b = randn(2, 3, seed=1), randn(3, 4, seed=2)
+    ours, theirs = both(a, b)
+    assert isinstance(theirs @ ProtocolOnlyLike(randn(4, 5, seed=3)), TLFactoredMatrix)  # TransformerLens takes it
+    for product in (lambda: ours @ ProtocolOnlyLike(randn(4, 5)), lambda: ProtocolOnlyLike(randn(5, 2)) @ ours,
+                    lambda: ours @ ProtocolOnlyLike(randn(4))):
+        with pytest.raises(TypeError, match="by a ProtocolOnlyLike: it has a shape but no array protocol"):
+            product()
+    with pytest.raises(TypeError, match="A must be a torch.Tensor or an array-like.*got ProtocolOnlyLike"):
+        FactoredMatrix(ProtocolOnlyLike(a), b)
+
+
+# ------------------------------------------------------------------ indexing as TransformerLens's tests do it
+A_MASKED, B_MASKED = randn(2, 3, 5, 2, seed=30), randn(2, 3, 2, 7, seed=31)
+MASK_1D, MASK_2D = torch.tensor([True, False]), torch.tensor([[True, False, True], [False, True, False]])
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
+@pytest.mark.parametrize("index, matrix_index", [
+    ((...,), (slice(None), slice(None))),
+    ((..., 1), (slice(None), slice(1, 2))),
+    ((..., -1), (slice(None), slice(-1, None))),
+    ((..., 1, slice(None)), (slice(1, 2), slice(None))),
+    ((..., -1, slice(None)), (slice(-1, None), slice(None))),
+    ((..., slice(1, 4), slice(2, 6)), (slice(1, 4), slice(2, 6))),
+    ((None, ..., slice(1, 4), slice(None)), (slice(1, 4), slice(None))),
+    ((..., torch.tensor([1, 4])), (slice(None), torch.tensor([1, 4]))),
+    ((..., torch.tensor([1, 3]), slice(None)), (torch.tensor([1, 3]), slice(None))),
+])
+def test_ellipsis_indices_match_the_dense_product(lead, index, matrix_index, monkeypatch):
+    fm = FactoredMatrix(randn(*lead, 5, 2, seed=32), randn(*lead, 2, 7, seed=33))
+    prefix = ((None,) if index[0] is None else ()) + (slice(None),) * len(lead)
+    want = (fm.A @ fm.B)[prefix + matrix_index]
+    monkeypatch.setattr(FactoredMatrix, "dense", lambda *_: pytest.fail("indexing formed the product"))
+    got = fm[index]
+    monkeypatch.undo()
+    assert isinstance(got, FactoredMatrix) and got.mdim == 2  # still factored, same inner dim
+    torch.testing.assert_close(got.AB, want)
+    torch.testing.assert_close(got.AB, TLFactoredMatrix(fm.A, fm.B)[index].AB)
+
+
+@pytest.mark.parametrize("form", ["tensor", "numpy", "list", "tuple"])
+@pytest.mark.parametrize("mask", [MASK_1D, MASK_2D], ids=["1-D", "2-D"])
+def test_bool_masks_of_every_form_select_leading_dims(mask, form):
+    fm = FactoredMatrix(A_MASKED, B_MASKED)
+    selected = (A_MASKED @ B_MASKED)[mask]
+    written = {"tensor": mask, "numpy": mask.numpy(), "list": mask.tolist(),
+               "tuple": tuple(map(tuple, mask.tolist())) if mask.ndim == 2 else tuple(mask.tolist())}[form]
+    cases = [((written, ...), selected), ((written, ..., 1), selected[..., 1:2]),
+             ((written, ..., 1, slice(None)), selected[..., 1:2, :]),
+             ((written, *[slice(None)] * (3 - mask.ndim), 1), selected[..., 1:2]),
+             ((None, written, ..., 1), selected[None, ..., 1:2])]
+    for index, want in cases:
+        got = fm[index]
+        assert got.mdim == fm.mdim
+        torch.testing.assert_close(got.AB, want)
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_uint8_masks_read_as_bool_with_torchs_warning(as_numpy):
+    fm = FactoredMatrix(A_MASKED, B_MASKED)
+    mask = torch.tensor([[1, 0, 1], [0, 1, 0]], dtype=torch.uint8)
+    with pytest.warns(UserWarning, match="uint8"):
+        got = fm[mask.numpy() if as_numpy else mask, ...]
+    torch.testing.assert_close(got.AB, (A_MASKED @ B_MASKED)[mask.bool()])
+
+
+@pytest.mark.parametrize("index", [[1, 0], (1, 0), [[1, 0], [0, 1]], ((1, 0), (0, 1))])
+def test_an_integer_sequence_indexes_one_leading_dim(index):
+    fm = FactoredMatrix(A_MASKED, B_MASKED)
+    want = (A_MASKED @ B_MASKED)[torch.tensor(index), ..., 1:2]
+    torch.testing.assert_close(fm[index, ..., 1].AB, want)
+
+
+def test_a_tensor_leading_index_then_ellipsis_then_a_column():
+    a, b = randn(3, 5, 2, seed=34), randn(3, 2, 7, seed=35)
+    heads = torch.tensor([2, 0])
+    torch.testing.assert_close(FactoredMatrix(a, b)[heads, ..., 1].AB, (a @ b)[heads, :, 1:2])
+
+
+def test_leading_ints_and_single_entries_as_transformer_lens_reads_them():
+    a, b = randn(2, 2, 2, 2, 2, seed=40), randn(2, 2, 2, 2, 2, seed=41)
+    ours, theirs = both(a, b)
+    M = a @ b
+    for idx in [0, (0, 1), (slice(None), 1), (slice(None), slice(None), 1)]:
+        torch.testing.assert_close(ours[idx].A, theirs[idx].A)
+        torch.testing.assert_close(ours[idx].B, theirs[idx].B)
+    for idx in [(0, 0, 0, 1), (0, 0, 0, 0, 1), (0, 0, 0, -1), (0, 0, 0, 0, -1), (0, 0, 0, -1, -1)]:
+        torch.testing.assert_close(ours[idx].AB.squeeze(), M[idx])
+    torch.testing.assert_close(ours[:, :, :, [0, 1], 0].B.squeeze(-1), b[:, :, :, :, 0])
+    torch.testing.assert_close(FactoredMatrix(a[0, 0, 0], b[0, 0, 0])[1, ..., 0].AB, M[0, 0, 0, 1:2, 0:1])
+    for idx in [(1, 1, 1, 1, 1, 1), (..., ...)]:
+        with pytest.raises(IndexError):
+            ours[idx]
