@@ -329,7 +329,8 @@ def _output_module(skeleton, files: CheckpointFiles, family) -> str:
     return f"{family.body}.{family.embed}"
 
 
-def check_folder(path: str | Path, dtype: torch.dtype = torch.float32, device=None, *, loader: str = "from_safetensors"):
+def check_folder(path: str | Path, dtype: torch.dtype = torch.float32, device=None, *,
+                 loader: str = "from_safetensors"):
     """``(transformers config, model_type, CheckpointFiles, meta skeleton)`` of the checkpoint folder
     ``path``, everything checked that can be before a weight is read or a model allocated: no file
     reached outside the folder (``checkpoint_files``), the headers, the config's sizes against them
