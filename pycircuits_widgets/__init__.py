@@ -16,6 +16,7 @@ _EXPORTS = {
     "from_transformer_lens": "pycircuits_widgets.models",
     "from_hf": "pycircuits_widgets.models",
     "from_safetensors": "pycircuits_widgets.models",
+    "CheckpointError": "pycircuits_widgets.models",
     "run": "pycircuits_widgets.analysis",
     "composition_scores": "pycircuits_widgets.analysis",
     "eigenvalue_positivity": "pycircuits_widgets.analysis",

@@ -180,7 +180,9 @@ def test_config_that_contradicts_the_shards_is_refused(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["num_key_value_heads"] = 4  # the shards hold 2 key/value heads
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="layer 0: W_K has shape .* the config gives"):
+    # refused on the headers, before any weight is read, naming the shard, the key and config.json
+    with pytest.raises(pcw.CheckpointError, match=r"model-0000\d-of-0000\d\.safetensors: model\.layers\.0\.self_attn"
+                                                  r"\.k_proj\.(bias|weight) has shape .*config\.json gives"):
         pcw.from_safetensors(folder)
 
 

@@ -8,10 +8,11 @@ Anything wrong with them raises ``CheckpointError`` naming the file and the mism
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 
@@ -28,18 +29,71 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], dtype: torc
 
 # safetensors header dtype names of real floating tensors (what a checkpoint may hold)
 _FLOAT_HEADER_DTYPES = {"F16", "BF16", "F32", "F64"}
+# bytes per element of every dtype a safetensors header may name
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+_MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def read_header(path: str | Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{name: (shape, dtype)}`` from a safetensors file's header, without reading any tensor."""
+    """``{name: (shape, dtype)}`` from a safetensors file's header, without reading any tensor.
+
+    The header is checked as the format requires (every tensor's ``data_offsets`` hold exactly its
+    ``shape`` of its ``dtype``, the tensors tile the data without gap or overlap, nothing past the
+    file's end), so a lying header is refused naming the file and the tensor instead of failing
+    later, deep inside a read."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"corrupt checkpoint {path}: not a readable safetensors file ({err})") from err
+
+    def corrupt(what: str):
+        return CheckpointError(f"corrupt checkpoint {path}: not a readable safetensors file ({what})")
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little") if size >= 8 else None
+        if length is None or length > min(_MAX_HEADER_BYTES, size - 8):
+            raise corrupt(f"the header length {length} does not fit the file's {size} bytes")
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise corrupt(f"the header is not JSON: {str(err)[:200]}") from None
+    if not isinstance(header, dict):
+        raise corrupt("the header is not a JSON object")
+    data_bytes, spans, shapes = size - 8 - length, [], {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        entry = entry if isinstance(entry, dict) else {}
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        lie = None
+        if dtype not in _DTYPE_BYTES:
+            lie = f"dtype {dtype!r} is not a safetensors dtype"
+        elif not isinstance(shape, list) or not all(map(_is_size, shape)):
+            lie = f"shape {shape!r} is not a list of sizes"
+        elif not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_size, offsets))
+                  and offsets[0] <= offsets[1] <= data_bytes):
+            lie = f"data_offsets {offsets!r} do not lie within the file's {data_bytes} data bytes"
+        elif offsets[1] - offsets[0] != math.prod(shape) * _DTYPE_BYTES[dtype]:
+            lie = (f"shape {shape} of {dtype} needs {math.prod(shape) * _DTYPE_BYTES[dtype]} bytes, its "
+                   f"data_offsets {offsets} hold {offsets[1] - offsets[0]}")
+        if lie:
+            raise CheckpointError(f"corrupt checkpoint {path}: tensor {name!r}: the header's {lie}")
+        spans.append((offsets[0], offsets[1], name))
+        shapes[name] = (tuple(shape), dtype)
+    end = 0
+    for begin, stop, name in sorted(spans):
+        if begin != end:
+            raise CheckpointError(f"corrupt checkpoint {path}: tensor {name!r}: the header's data_offsets start at "
+                                  f"byte {begin}, the tensor before it ends at {end} (overlapping or missing data)")
+        end = stop
+    if end != data_bytes:
+        raise corrupt(f"its tensors end at data byte {end} of {data_bytes}")
+    return shapes
 
 
 def check_header(path: str | Path, expected_shapes: dict[str, tuple[int, ...]]) -> None:

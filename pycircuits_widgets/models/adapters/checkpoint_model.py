@@ -37,11 +37,13 @@ import torch
 from ...factored import FactoredMatrix
 from ...progress import progress
 from ..circuit_model import CircuitModel, weight_shapes
+from ..checkpoints import CheckpointError
+from .checkpoint_config import read_checked_config
 from .checkpoint_files import CheckpointFiles, ModuleTree
 from .families import FAMILIES
 from .hf import (ATTENTION_KEYS, LAYER_KEYS, _module, apply_folds, layer_weights, read_config, token_embedding,
                  unembedding)
-from .hf_tokenizer import as_tokenizer
+from .hf_tokenizer import as_tokenizer, folder_tokenizer
 from .weight_view import BIASES, circuit_notes, fold_norms
 
 
@@ -108,7 +110,10 @@ class CheckpointModel(CircuitModel):
         self.files, self._tree, self._family = files, tree, FAMILIES[family_name]
         layers = _module(_module(tree, self._family.body), self._family.layers)
         d_mlp = self._mlp_width(layers)
-        self.cfg, self._folds = read_config(config, self._family, d_mlp)
+        try:
+            self.cfg, self._folds = read_config(config, self._family, d_mlp)
+        except ValueError as err:
+            raise CheckpointError(f"from_safetensors: {files.folder / 'config.json'}: {err}") from err
         self.tokenizer = tokenizer
         self._token_strings = None
         self._layers = layers
@@ -116,7 +121,7 @@ class CheckpointModel(CircuitModel):
         self._cached: tuple[int, bool, dict] | None = None  # (layer, with MLP, folded weights)
         self._recent: dict[str, weakref.ref] = {}
         if len(layers) != self.cfg.n_layers:
-            raise ValueError(f"from_safetensors: {files.folder} config.json says {self.cfg.n_layers} layers, the "
+            raise CheckpointError(f"from_safetensors: {files.folder} config.json says {self.cfg.n_layers} layers, the "
                              f"shards hold {len(layers)}")
         present = self.layer(0, mlp=True) if self.cfg.n_layers else {}
         shapes = weight_shapes(self.cfg)
@@ -142,7 +147,7 @@ class CheckpointModel(CircuitModel):
         family = self._family
         key = ".".join(filter(None, (layers.prefix, "0", family.mlp, family.mlp_names[-1], "weight")))
         if key not in self.files:
-            raise ValueError(f"from_safetensors: {self.files.folder} has no {key} (expected the layout "
+            raise CheckpointError(f"from_safetensors: {self.files.folder} has no {key} (expected the layout "
                              f"save_pretrained writes for a {family.body}-based causal LM)")
         shape = self.files.shape(key)
         return shape[0] if self._tree.conv1d else shape[1]
@@ -178,7 +183,7 @@ class CheckpointModel(CircuitModel):
         for name, value in weights.items():
             expected = shapes[name][1:] if name in LAYER_KEYS else shapes[name]
             if tuple(value.shape) != tuple(expected):
-                raise ValueError(f"from_safetensors: {self.files.folder} {where}: {name} has shape "
+                raise CheckpointError(f"from_safetensors: {self.files.folder} {where}: {name} has shape "
                                  f"{tuple(value.shape)}, the config gives {tuple(expected)}")
 
     def _whole(self, name: str, rows: slice | None = None) -> torch.Tensor | None:
@@ -264,11 +269,12 @@ def _skeleton(config):
         return AutoModelForCausalLM.from_config(config)
 
 
-def _model_names(skeleton, files: CheckpointFiles) -> dict[str, str]:
-    """Stored key -> the parameter transformers loads it into: its checkpoint renamings (legacy names such
-    as GPT-NeoX's ``embed_out``) and a missing or extra base-model prefix, applied as ``from_pretrained``
-    applies them (transformers 5.x). A key that needs more than a rename (fused or split experts, ...)
-    is refused: the weight view reads stored tensors as they are."""
+def _model_names(skeleton, files: CheckpointFiles) -> tuple[dict[str, str], dict[str, str]]:
+    """(stored key -> the parameter transformers loads it into, stored key -> the conversion it needs).
+    Names: transformers' checkpoint renamings (legacy names such as GPT-NeoX's ``embed_out``) and a
+    missing or extra base-model prefix, applied as ``from_pretrained`` applies them (transformers 5.x).
+    A key that needs more than a rename (fused or split experts, ...) is a conversion: the weight view,
+    which reads stored tensors as they are, refuses it; transformers applies it."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightRenaming, rename_source_key
@@ -278,7 +284,7 @@ def _model_names(skeleton, files: CheckpointFiles) -> dict[str, str]:
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
     meta = skeleton.state_dict()
-    names = {}
+    names, conversions = {}, {}
     for key in files.shard:
         if get_model_conversion_mapping is None:
             name, converted = key, None
@@ -288,10 +294,26 @@ def _model_names(skeleton, files: CheckpointFiles) -> dict[str, str]:
         else:
             name, converted = rename_source_key(key, renamings, converters, skeleton.base_model_prefix, meta)
         if converted is not None:
-            raise ValueError(f"from_safetensors: {files.folder}: {key} is stored in a layout transformers converts when "
-                             f"it loads ({converted!r}); load the model and use pcw.from_hf")
+            conversions[key] = converted
         names[key] = name
-    return names
+    return names, conversions
+
+
+def _check_against_skeleton(skeleton, files: CheckpointFiles, names: dict[str, str], conversions: dict) -> None:
+    """Every stored tensor has the shape the config's model gives its parameter, and (where nothing is
+    converted) every parameter is stored: what transformers would find loading the weights, found on
+    the headers, naming the shard and the key. A missing weight would be initialised at random."""
+    expected = {name: tuple(value.shape) for name, value in skeleton.state_dict().items()}
+    config = files.folder / "config.json"
+    for key, name in names.items():
+        if key not in conversions and name in expected and files.shapes[key] != expected[name]:
+            raise CheckpointError(f"{files.shard[key]}: {key} has shape {files.shapes[key]} in the header; "
+                                  f"{config} gives {expected[name]}")
+    stored = set(names.values())
+    missing = [name for name, _ in skeleton.named_parameters() if name not in stored]
+    if missing and not conversions:
+        raise CheckpointError(f"{files.folder}: the shards hold no {missing[0]} ({len(missing)} of the parameters "
+                              f"{config} asks for are missing; a missing weight would be initialised at random)")
 
 
 def _output_module(skeleton, files: CheckpointFiles, family) -> str:
@@ -302,9 +324,46 @@ def _output_module(skeleton, files: CheckpointFiles, family) -> str:
     if f"{name}.weight" in files:
         return name
     if output.weight is not skeleton.get_input_embeddings().weight:
-        raise ValueError(f"from_safetensors: {files.folder} has no {name}.weight and its config does not tie the "
+        raise CheckpointError(f"from_safetensors: {files.folder} has no {name}.weight and its config does not tie the "
                          "embeddings: the unembedding is missing")
     return f"{family.body}.{family.embed}"
+
+
+def check_folder(path: str | Path, dtype: torch.dtype = torch.float32, device=None, *,
+                 loader: str = "from_safetensors"):
+    """``(transformers config, model_type, CheckpointFiles, meta skeleton)`` of the checkpoint folder
+    ``path``, everything checked that can be before a weight is read or a model allocated: no file
+    reached outside the folder (``checkpoint_files``), the headers, the config's sizes against them
+    (``checkpoint_config``), the family's supported features, every stored shape against the model
+    transformers builds from the config. ``from_hf(folder)`` runs it before transformers loads the
+    folder (``loader="from_hf"``: conversions transformers applies are allowed)."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{loader}: {folder} has no config.json (expected a Hugging Face checkpoint "
+                                "folder written by save_pretrained)")
+    files = CheckpointFiles(folder, dtype, device)
+    if loader == "from_hf" and len(files.paths) > 1 and not files.indexed:
+        raise CheckpointError(f"from_hf: {folder} holds {len(files.paths)} shards and no "
+                              "model.safetensors.index.json, which transformers needs to load them; "
+                              "pcw.from_safetensors reads them without it (weights only)")
+    config, model_type = read_checked_config(folder, files)
+    missing = FAMILIES[model_type].refuse(config)
+    if missing:
+        raise ValueError(f"{loader}: {model_type} with {missing} is not supported: the weight view's forward "
+                         "has no such feature")
+    try:
+        skeleton = _skeleton(config)
+    except Exception as err:  # transformers' modules raise any type on a config they cannot build
+        raise CheckpointError(f"{folder / 'config.json'}: transformers cannot build a {model_type} from it "
+                              f"({type(err).__name__}: {err})") from err
+    names, conversions = _model_names(skeleton, files)
+    if conversions and loader == "from_safetensors":
+        key, converted = next(iter(conversions.items()))
+        raise CheckpointError(f"from_safetensors: {folder}: {key} is stored in a layout transformers converts when "
+                              f"it loads ({converted!r}); load the model and use pcw.from_hf")
+    _check_against_skeleton(skeleton, files, names, conversions)
+    files.rename(names)
+    return config, model_type, files, skeleton
 
 
 def from_safetensors(path: str | Path, tokenizer=None, *, device=None, dtype: torch.dtype = torch.float32
@@ -315,39 +374,26 @@ def from_safetensors(path: str | Path, tokenizer=None, *, device=None, dtype: to
     float64) on ``device`` (default CPU) as they are read; analyses compute there.
 
     ``tokenizer``: a ``transformers`` tokenizer; None loads the folder's own when it has one
-    (``tokenizer.json`` or ``tokenizer_config.json``, local files only), else token ids only.
-    Refuses the features ``from_hf`` refuses, a config that contradicts the shards' shapes, and
-    non-finite weights (each checked when read). Needs ``transformers`` for ``config.json``."""
-    from transformers import AutoConfig
-
+    (``hf_tokenizer.folder_tokenizer``: one that cannot be loaded is a warning, not an error), else
+    token ids only. Before anything is read or built (``check_folder``): a file reaching outside the
+    folder, a lying header or index, a tensor stored twice, a config whose sizes contradict the headers
+    are refused as ``CheckpointError`` naming the file and the key or field; so are the features
+    ``from_hf`` refuses and non-finite weights (each checked when read). Which shards are read:
+    ``checkpoint_files.shard_paths``. Needs ``transformers`` for ``config.json``."""
     folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"from_safetensors: {folder} has no config.json (expected a Hugging Face checkpoint "
-                                "folder written by save_pretrained)")
-    config = AutoConfig.from_pretrained(folder)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise ValueError(f"from_safetensors: unsupported config.model_type={model_type!r} in {folder}; supported "
-                         f"model types: {sorted(FAMILIES)}")
-    family = FAMILIES[model_type]
-    missing = family.refuse(config)
-    if missing:
-        raise ValueError(f"from_safetensors: {model_type} with {missing} is not supported: the weight view's forward "
-                         "has no such feature")
     with progress(f"from_safetensors {folder.name}", total=3, unit="step") as bar:
-        bar.note("reading the shards' headers")
-        files = CheckpointFiles(folder, dtype, device)
-        skeleton = _skeleton(config)
-        files.rename(_model_names(skeleton, files))
+        bar.note("checking the shards' headers against the config")
+        config, model_type, files, skeleton = check_folder(folder, dtype, device)
+        family = FAMILIES[model_type]
         if not files.has_prefix(family.body):
-            raise ValueError(f"from_safetensors: {folder} has no tensors under {family.body!r} (expected the causal "
-                             f"LM's keys, e.g. {family.body}.{family.layers}.0..., as save_pretrained writes them)")
+            raise CheckpointError(f"from_safetensors: {folder} has no tensors under {family.body!r} (expected the "
+                                  f"causal LM's keys, e.g. {family.body}.{family.layers}.0..., as save_pretrained "
+                                  "writes them)")
         tree = ModuleTree(files, conv1d=family.qkv_layout == "conv1d", output=_output_module(skeleton, files, family))
         bar.update()
-        if tokenizer is None and any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-            from transformers import AutoTokenizer
+        if tokenizer is None:
             bar.note("loading the tokenizer")
-            tokenizer = AutoTokenizer.from_pretrained(folder)
+            tokenizer = folder_tokenizer(folder)
         bar.update()
         bar.note("opening the weight view")
         model = CheckpointModel(files, tree, model_type, config, as_tokenizer(tokenizer))

@@ -9,6 +9,8 @@ in the forward and in ``b_*``. The translation is verified at load (``verify.py`
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -16,7 +18,7 @@ from ...progress import progress
 from ..circuit_model import CircuitModel
 from ..config import ModelConfig
 from .families import FAMILIES, Family, get
-from .hf_tokenizer import as_tokenizer
+from .hf_tokenizer import as_tokenizer, folder_tokenizer
 from .verify import check_module_heads, probe_hf
 from .weight_view import act_fn, adjacent_pairs_to_halves, build, expand_kv_heads
 
@@ -322,7 +324,10 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
 
     ``model`` may be a hub name or a local folder (``save_pretrained``): it is loaded with
     ``AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")`` and its
-    tokenizer with ``AutoTokenizer`` (a hub name downloads; never in tests). Memory: the source model
+    tokenizer with ``AutoTokenizer`` (a hub name downloads; never in tests). A folder is first checked
+    as ``from_safetensors`` checks it (``checkpoint_model.check_folder``: nothing outside the folder, the
+    headers against the config) before transformers opens it; its tokenizer is loaded when it has one
+    (one that cannot be loaded warns and is left out). Memory: the source model
     and the weight view are both held while translating (about twice the checkpoint in ``dtype``);
     for weight-only analyses of a large checkpoint, ``from_safetensors`` reads it layer by layer.
 
@@ -333,11 +338,19 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
     Past a second, a progress bar names the step running (reading, translating, verifying)."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        folder = Path(model)
         with progress(f"from_hf {model}", unit="step") as bar:
+            if folder.is_dir():
+                # the folder's checks before transformers opens a file of it (checkpoint_model reads this
+                # module's translation, hence imported here)
+                from .checkpoint_model import check_folder
+                bar.note("checking the shards' headers against the config")
+                check_folder(folder, loader="from_hf")
             bar.note("loading with transformers")
             source = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="eager")
             bar.note("loading the tokenizer")
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+            if tokenizer is None:
+                tokenizer = folder_tokenizer(folder) if folder.is_dir() else AutoTokenizer.from_pretrained(model)
         return from_hf(source.eval(), tokenizer, verify=verify)
     if dtype is not None:
         raise TypeError("from_hf: dtype applies when loading by name or folder; cast a loaded model itself "

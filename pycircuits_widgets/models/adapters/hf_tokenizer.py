@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 from ..tokenizer import _unicode_to_byte, display_bytes, escape_invisible, visible_whitespace
 
@@ -62,3 +63,22 @@ def as_tokenizer(tokenizer):
     if tokenizer is None or hasattr(tokenizer, "display_token"):
         return tokenizer
     return HFTokenizer(tokenizer)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def folder_tokenizer(folder):
+    """The tokenizer saved in the checkpoint folder ``folder`` (``TOKENIZER_FILES``, local files only),
+    or None: none saved, or one transformers cannot load, which warns naming the files and the error
+    (the weight-only analyses need no tokenizer: token ids only)."""
+    saved = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if not saved:
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as err:  # tokenizer loaders raise any type (KeyError, ValueError, ...) on a bad file
+        warnings.warn(f"{' / '.join(map(str, saved))}: the tokenizer cannot be loaded ({type(err).__name__}: {err}); "
+                      "the model is read without one (token ids only)", stacklevel=3)
+        return None
