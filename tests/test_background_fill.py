@@ -6,7 +6,6 @@ nothing runs. Deterministic: the tests wait on the runner's own signals (``GATE`
 ``giving_way``, ``wait``), never on time."""
 
 import copy
-import threading
 
 import numpy as np
 import pytest
