@@ -124,3 +124,21 @@ def logit_tol(model, cache, n_tokens: int, dtype: torch.dtype = torch.float32) -
     """Bound on the difference of two ``dtype`` forward passes' logits:
     ``chain_tol(forward_length(to="logits"), unembed_magnitude)`` (a final soft-cap only shrinks it)."""
     return chain_tol(model_forward_length(model.cfg, n_tokens), unembed_magnitude(model, cache), dtype)
+
+
+def product_tol(*factors: torch.Tensor, computations: int = 2) -> torch.Tensor:
+    """Elementwise worst-case bound on the error of the product ``factors[0] @ factors[1] @ ...``
+    computed in the factors' dtype, in any order: ``gamma(n) * (|F0| @ |F1| @ ...)`` with ``n``
+    the sum of the inner dimensions (Higham section 3.5, ``|fl(AB) - AB| <= gamma_n |A||B|``, chained),
+    times ``computations`` (2: ours and a reference each computed it in that dtype)."""
+    n = sum(f.shape[-1] for f in factors[:-1])
+    magnitude = factors[0].double().abs()
+    for f in factors[1:]:
+        magnitude = magnitude @ f.double().abs()
+    return computations * gamma(n, factors[0].dtype) * magnitude
+
+
+def assert_within(actual: torch.Tensor, expected: torch.Tensor, tol) -> None:
+    """``|actual - expected| <= tol`` elementwise (``tol`` a number or a tensor), naming the worst entry."""
+    excess = (actual.double() - expected.double()).abs() - torch.as_tensor(tol, dtype=torch.float64)
+    assert float(excess.max()) <= 0, f"off by {float(excess.max()):.3g} beyond the tolerance at {int(excess.argmax())}"
