@@ -35,7 +35,8 @@ variables (Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019): their sum stays w
 So a bound grows with the model (``sqrt(n)``): GPT-2-small's logits get about 3e-4 of their sums' size
 where a fixed 1e-4 could refuse a correct translation on another CPU.
 
-Cost (``benchmarks/bench_verify.py``): one source forward and one weight-view forward of 16 tokens.
+Cost (``benchmarks/bench_verify.py``): one source forward and one weight-view forward of 16 tokens,
+and one more unembedding-sized product for the bound (``|x_norm| @ |W_U|``, in vocabulary blocks).
 """
 
 from __future__ import annotations
@@ -69,15 +70,24 @@ def chain_length(cfg, n_tokens: int, to: str = "logits") -> int:
     return cfg.n_layers * layer + 2 * cfg.d_model
 
 
+UNEMBED_BLOCK = 8192
+"""Vocabulary columns of ``|W_U|`` taken at a time (a block's copy, not the whole unembedding's)."""
+
+
 def _unembed_magnitude(model, cache) -> float:
-    """``max(|x_norm| @ |W_U| + |b_U|)`` over the run's positions: the size of the logits' sums."""
-    resid = cache.resid[:, -1].double()
+    """``max(|x_norm| @ |W_U| + |b_U|)`` over the run's positions: the size of the logits' sums
+    (float32 is ample for a size; blocks of ``UNEMBED_BLOCK`` tokens bound the memory)."""
+    resid = cache.resid[:, -1].float()
     if model.cfg.normalization == "layernorm":
         resid = resid - resid.mean(-1, keepdim=True)
-    sums = (resid / cache.ln_scale[:, -1, :, None].double()).abs() @ model.W_U.double().abs()
-    if model.b_U is not None:
-        sums = sums + model.b_U.double().abs()
-    return float(sums.max())
+    x = (resid / cache.ln_scale[:, -1, :, None].float()).abs()
+    largest = 0.0
+    for start in range(0, model.cfg.d_vocab, UNEMBED_BLOCK):
+        sums = x @ model.W_U[:, start:start + UNEMBED_BLOCK].float().abs()
+        if model.b_U is not None:
+            sums = sums + model.b_U[start:start + UNEMBED_BLOCK].float().abs()
+        largest = max(largest, float(sums.max()))
+    return largest
 
 
 def _score_spread(patterns: torch.Tensor) -> float:
