@@ -10,6 +10,8 @@ import pytest
 
 from pycircuits_widgets.widgets.core import runner
 
+WAIT = 60  # seconds: a bound on a hang, never a timing assertion
+
 
 class ManualLoop:
     """Records ``add_callback`` calls (from worker threads) without running them."""
@@ -45,3 +47,23 @@ def manual_kernel_loop(monkeypatch):
     loop = ManualLoop()
     monkeypatch.setattr(runner, "_kernel_loop", lambda: loop)
     return loop
+
+
+def giving_way(r: runner.Runner) -> bool:
+    """Block until ``r`` gives way to other runners' requests (True), or ``WAIT`` s."""
+    with runner.GATE:
+        return runner.GATE.wait_for(lambda: r.giving_way, WAIT)
+
+
+class Blocker:
+    """A request held on a runner until released: while it runs, that runner has work."""
+
+    def __init__(self, r: runner.Runner):
+        self.started, self.release = threading.Event(), threading.Event()
+        r.submit("blocker", self._steps)
+        assert self.started.wait(WAIT)
+
+    def _steps(self):
+        self.started.set()
+        assert self.release.wait(WAIT)
+        yield None

@@ -15,6 +15,7 @@ from transformer_lens import TransformerBridge
 from transformer_lens.config import TransformerBridgeConfig
 
 import pycircuits_widgets as pcw
+from tolerance import assert_within, logit_tol, pattern_tol, product_tol, reduction_tol
 from pycircuits_widgets.models.adapters.weight_view import adjacent_pairs_to_halves, expand_kv_heads
 
 WEIGHT_NAMES = ("W_E", "W_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "b_in", "b_out")
@@ -56,6 +57,13 @@ def adapted(request):
     return request.param, bridge, pcw.from_transformer_lens(bridge)
 
 
+def assert_same_logits(model, tokens, reference) -> None:
+    """Our float32 logits and the reference's agree within two float32 forwards' rounding
+    (``tolerance.logit_tol``: reduction lengths of the forward, sizes of the unembedding's sums)."""
+    ours, cache = model.run_with_cache(tokens)
+    assert_within(ours, reference, logit_tol(model, cache, tokens.shape[1]))
+
+
 def test_logits_and_patterns_match_transformer_lens(adapted):
     name, bridge, model = adapted
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -63,8 +71,8 @@ def test_logits_and_patterns_match_transformer_lens(adapted):
         ref_logits, ref_cache = bridge.run_with_cache(tokens)
     ref_patterns = torch.stack([ref_cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(2)], 1)
     out = pcw.run(model, tokens)
-    torch.testing.assert_close(out.logits, ref_logits, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(out.patterns, ref_patterns, atol=1e-5, rtol=1e-4)
+    assert_same_logits(model, tokens, ref_logits)
+    assert_within(out.patterns, ref_patterns, pattern_tol(model.cfg, tokens.shape[1], ref_patterns))
     assert out.patterns.shape == (2, 2, 4, 12, 12)
     assert out.str_tokens[0] == [WORDS[i] for i in tokens[0].tolist()]  # bridge.tokenizer is the default
 
@@ -101,8 +109,9 @@ def test_folded_circuits_equal_dense_math_on_tl_weights():
                 g = h // 2  # GQA: query heads 2g, 2g + 1 read key/value head g
                 qk = torch.diag(w) @ W_Q[layer, h] @ W_K[layer, g].T @ torch.diag(w)
                 ov = torch.diag(w) @ W_V[layer, g] @ W_O[layer, h]
-                torch.testing.assert_close(model.QK[layer, h].AB, qk, atol=1e-5, rtol=1e-5)
-                torch.testing.assert_close(model.OV[layer, h].AB, ov, atol=1e-5, rtol=1e-5)
+                qk_factors = (torch.diag(w), W_Q[layer, h], W_K[layer, g].T, torch.diag(w))
+                assert_within(model.QK[layer, h].AB, qk, product_tol(*qk_factors))
+                assert_within(model.OV[layer, h].AB, ov, product_tol(torch.diag(w), W_V[layer, g], W_O[layer, h]))
 
 
 def test_adjacent_pair_rotation_equals_rotate_half_after_reordering():
@@ -139,7 +148,7 @@ def test_layer_norm_bias_in_front_of_a_gated_mlp_folds_into_both_biases():
     assert model.b_gate is not None
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(pcw.run(model, tokens).logits, bridge(tokens), atol=1e-4, rtol=1e-4)
+        assert_same_logits(model, tokens, bridge(tokens))
 
 
 @pytest.mark.parametrize("options, message", [
@@ -185,7 +194,7 @@ def test_gated_mlp_b_in_sits_where_the_bridge_puts_it():
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = bridge(tokens)
-    torch.testing.assert_close(pcw.run(model, tokens).logits, ref, atol=1e-4, rtol=1e-4)
+    assert_same_logits(model, tokens, ref)
     outside = pcw.models.CircuitModel(dataclasses.replace(model.cfg, b_in_outside_gate=True),
                                       **{name: getattr(model, name) for name in WEIGHT_NAMES})
     assert (outside(tokens) - ref).abs().max() > 0.1
@@ -202,7 +211,10 @@ def test_b_in_outside_gate_is_transformer_lens_2_gated_mlp():
     xn = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + model.cfg.eps)
     post = torch.nn.functional.silu(xn @ model.W_gate[1]) * (xn @ model.W_in[1]) + model.b_in[1]
     expected = post @ model.W_out[1] + (0 if model.b_out is None else model.b_out[1])
-    torch.testing.assert_close(tl2._mlp(1, x)[0], expected, atol=1e-5, rtol=1e-5)
+    # both float32: the norm (d_model terms), then W_in or W_gate (d_model), then W_out (d_mlp)
+    magnitude = torch.nn.functional.silu(xn @ model.W_gate[1]).abs() * ((xn @ model.W_in[1]).abs() + model.b_in[1].abs())
+    tol = reduction_tol(2 * xn.shape[-1] + model.W_out.shape[1], 1.0, computations=2) * (magnitude @ model.W_out[1].abs())
+    assert_within(tl2._mlp(1, x)[0], expected, tol.detach())
 
 
 def test_a_bridge_around_a_hugging_face_model_is_translated_from_that_model_gate_bias_included():
@@ -214,4 +226,4 @@ def test_a_bridge_around_a_hugging_face_model_is_translated_from_that_model_gate
     assert model.b_gate is not None and bool((model.b_gate != 0).any())
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(pcw.run(model, tokens).logits, bridge(tokens), atol=1e-4, rtol=1e-4)
+        assert_same_logits(model, tokens, bridge(tokens))

@@ -15,6 +15,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import pycircuits_widgets as pcw
+from tolerance import assert_within, logit_tol, pattern_tol, product_tol
 from pycircuits_widgets.models.tokenizer import visible_whitespace
 
 D_VOCAB = 320
@@ -150,8 +151,8 @@ def test_llama_folded_circuits_equal_dense_math_on_raw_weights():
         Wo = attn.o_proj.weight[:, h * dh:(h + 1) * dh].T.detach()
         qk = torch.diag(w) @ Wq @ Wk.T @ torch.diag(w)
         ov = torch.diag(w) @ Wv @ Wo
-        torch.testing.assert_close(model.QK[layer, h].AB, qk, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(model.OV[layer, h].AB, ov, atol=1e-5, rtol=1e-5)
+        assert_within(model.QK[layer, h].AB, qk, product_tol(torch.diag(w), Wq, Wk.T, torch.diag(w)))
+        assert_within(model.OV[layer, h].AB, ov, product_tol(torch.diag(w), Wv, Wo))
     # heads 0 and 1 share key/value head 0, heads 2 and 3 share head 1
     torch.testing.assert_close(model.W_K[:, 0], model.W_K[:, 1], atol=0, rtol=0)
     assert not torch.allclose(model.W_K[:, 1], model.W_K[:, 2])
@@ -172,10 +173,12 @@ def test_gpt2_biases_are_exposed_and_folded():
     block = hf.transformer.h[0]
     Wq, bq = block.attn.c_attn.weight[:, :32].detach(), block.attn.c_attn.bias[:32].detach()
     expected = (block.ln_1.bias.detach() @ Wq + bq).reshape(4, 8)
-    torch.testing.assert_close(model.b_Q[0], expected, atol=1e-6, rtol=1e-6)
+    # the bias added as one more term of the reduction: [ln_1.bias, 1] @ [[W_Q], [b_Q]]
+    affine = product_tol(torch.cat([block.ln_1.bias.detach(), torch.ones(1)])[None], torch.cat([Wq, bq[None]]))
+    assert_within(model.b_Q[0], expected, affine.reshape(4, 8))
     # GPT-2's lm_head has no bias; the final norm's bias becomes one: b_U = ln_f.bias @ W_U
-    torch.testing.assert_close(model.b_U, hf.transformer.ln_f.bias.detach() @ hf.lm_head.weight.detach().T,
-                               atol=1e-6, rtol=1e-6)
+    ln_f, W_U = hf.transformer.ln_f.bias.detach(), hf.lm_head.weight.detach().T
+    assert_within(model.b_U, ln_f @ W_U, product_tol(ln_f[None], W_U)[0])
     assert any("biases" in note for note in model.metadata["notes"])
 
 
@@ -187,8 +190,11 @@ def test_run_on_text_matches_hf_loss_and_token_strings(tokenizer):
     with torch.no_grad():
         hf_out = hf(ids, labels=ids, output_attentions=True)
     torch.testing.assert_close(out.tokens, ids)
-    torch.testing.assert_close(out.loss, hf_out.loss, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.patterns, torch.stack(hf_out.attentions, 1), atol=1e-5, rtol=1e-4)
+    # a log-softmax moves by at most twice its inputs' largest change: the loss within 2 x logit_tol
+    _, cache = model.run_with_cache(ids)
+    assert_within(out.loss, hf_out.loss, 2 * logit_tol(model, cache, ids.shape[1]))
+    patterns = torch.stack(hf_out.attentions, 1)
+    assert_within(out.patterns, patterns, pattern_tol(model.cfg, ids.shape[1], patterns))
     assert "".join(out.str_tokens[0]) == visible_whitespace(TEXT)
 
 

@@ -6,7 +6,6 @@ nothing runs. Deterministic: the tests wait on the runner's own signals (``GATE`
 ``giving_way``, ``wait``), never on time."""
 
 import copy
-import threading
 
 import numpy as np
 import pytest
@@ -16,10 +15,9 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import cache
 from pycircuits_widgets.widgets.core import runner
 from random_models import paper_model
-from runner_loop import BareView, ManualLoop, manual_kernel_loop  # noqa: F401 (fixture)
+from runner_loop import WAIT, BareView, Blocker, ManualLoop, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
 
 TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
-WAIT = 60  # seconds: a bound on a hang, never a timing assertion
 
 
 def fresh_model():
@@ -29,25 +27,6 @@ def fresh_model():
 
 def table_keys(model) -> set:
     return {key[1:3] for key in cache.keys(model) if key[0] == "SkipTrigramTable"}
-
-
-def giving_way(r: runner.Runner) -> bool:
-    with runner.GATE:
-        return runner.GATE.wait_for(lambda: r.giving_way, WAIT)
-
-
-class Blocker:
-    """A request held on a runner until released: while it runs, that runner has work."""
-
-    def __init__(self, r: runner.Runner):
-        self.started, self.release = threading.Event(), threading.Event()
-        r.submit("blocker", self._steps)
-        assert self.started.wait(WAIT)
-
-    def _steps(self):
-        self.started.set()
-        assert self.release.wait(WAIT)
-        yield None
 
 
 def test_the_fill_visits_every_head_and_a_revisit_answers_from_the_cache(manual_kernel_loop):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tolerance import assert_within, logit_tol
 
 from pycircuits_widgets.models import (
     CHECKPOINT_DIR,
@@ -71,7 +72,9 @@ def test_shipped_two_layer_model_folds_exactly():
     tokens = folded.to_tokens("import os\nimport sys\n\ndef main(argv):\n    return os.path.join(sys.prefix, argv[0])\n")
     with torch.no_grad():
         expected = raw(tokens[None])
-    torch.testing.assert_close(folded(tokens), expected, rtol=1e-5, atol=1e-5)
+    ours, cache = folded.run_with_cache(tokens[None])
+    # two float32 forwards (the raw module's, the folded view's): tolerance.logit_tol
+    assert_within(ours, expected, logit_tol(folded, cache, tokens.shape[0]))
 
 
 def test_readers_of_the_layer_normed_stream_are_centred_except_where_positions_are_read():

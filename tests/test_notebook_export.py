@@ -26,6 +26,7 @@ from pycircuits_widgets.widgets.sharing.pictures import TOKENS as MAX_TOKENS
 from pycircuits_widgets.widgets.core.bundle import bundle_code, bundle_packed, carrier_esm, stub_esm
 from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
 from pycircuits_widgets.widgets.sharing.standalone import render_html, widget_state
+from pycircuits_widgets.widgets.sharing import standalone
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 XSS = '<img src=x onerror="window.__pwned = 1">'
@@ -319,12 +320,15 @@ def test_export_refuses_to_overwrite_the_notebook_or_any_notebook(executed, tmp_
     assert not (tmp_path / "new.IPYNB").exists()
 
 
-def test_failed_writes_leave_the_existing_file_intact_and_name_it(tmp_path):
+def test_failed_writes_leave_the_existing_file_intact_and_name_it(tmp_path, monkeypatch):
     w = pcw.ColoredTokens(["a", "b"], [1.0, 2.0])
     path = tmp_path / "page.html"
     path.write_text("old page", encoding="utf-8")
-    with pytest.raises(ValueError, match=f"cannot write {re.escape(str(path))}: .*lone surrogate"):
-        w.save_html(path, title="bad \ud800 title")
+    # a page text that cannot be encoded (a title's lone surrogate shows as its escape, so none reaches here)
+    with monkeypatch.context() as m:
+        m.setattr(standalone, "render_html", lambda *args, **kwargs: "bad \ud800 page")
+        with pytest.raises(ValueError, match=f"cannot write {re.escape(str(path))}: .*lone surrogate"):
+            w.save_html(path)
     assert path.read_text(encoding="utf-8") == "old page"
     missing = tmp_path / "no" / "such" / "dir" / "page.html"
     with pytest.raises(OSError, match=f"cannot write {re.escape(str(missing))}"):

@@ -22,6 +22,16 @@ export function visibleWhitespace(token) {
   return String(token).replace(/[ \n\t\r]/g, (c) => VISIBLE[c]).replace(INVISIBLE, escapeCode);
 }
 
+/**
+ * Text from the user or a checkpoint shown as a label (a legend, a model name, a heading): the
+ * same escapes as a token's (`visibleWhitespace`), so a bidi override, a control or a lone
+ * surrogate shows as "\u202e" and reorders nothing; the ordinary space is kept (a label's words
+ * are not a token's whitespace). @param {string} text
+ */
+export function visibleLabel(text) {
+  return String(text ?? "").replace(INVISIBLE, (c) => (c === " " ? c : escapeCode(c)));
+}
+
 /** Runs of at least this many of one whitespace glyph are shown counted ("·×23"): up to
  * four (a code indent) are read at a glance, more would have to be counted by eye. */
 export const RUN_MIN = 5;

@@ -8,33 +8,112 @@ Two checks, in order:
    this compares the attention modules' own attributes and weight shapes with the config.
 2. ``probe``: a short forward (``PROBE_TOKENS`` random ids, fixed seed) through the translated model
    and through the source model's own forward; logits, and the attention patterns where the source
-   returns them, must agree within ``tolerance(dtype)``. A disagreement raises
+   returns them, must agree within ``tolerance`` (a rounding-error bound, below). A disagreement raises
    ``TranslationError`` naming the family, the errors and the likely feature: the features of the
    first layer whose patterns disagree, or those after attention when the patterns agree.
 
-Cost (``benchmarks/bench_verify.py``): one source forward and one weight-view forward of 16 tokens.
+Tolerance: two correct forwards differ only by rounding, and how they round differs between CPUs
+(the order and blocking of each sum: AVX2 against AVX-512/AMX kernels), so the bound is derived,
+not observed. Rounding errors along a chain of ``n`` roundings behave as independent zero-mean
+variables (Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019): their sum stays within
+``LAMBDA sqrt(n) u`` times the size of what was summed, except with probability below
+``2 n exp(-LAMBDA^2 / 2)`` (1e-13 per value at ``LAMBDA = 8``). For each of the two forwards:
+
+* ``n`` (``chain_length``): the terms summed along the longest path (per layer the norm, the
+  query/key/value projections, ``pattern @ v``, the output projection, the MLP; then the final norm
+  and the unembedding); ``u`` float32's unit roundoff (2^-24) for float32 and float64 models,
+  since sources compute parts in float32 whatever their dtype (GPT-Neo's attention, rotary
+  tables). In half precision the products accumulate in float32 and each stored activation is
+  rounded to the half type: ``n`` counts those roundings (``HALF_ROUNDINGS_PER_LAYER`` a layer)
+  at the half type's ``u``.
+* the logits' size: the largest absolute sum the unembedding forms, ``max(|x_norm| @ |W_U|)``
+  (larger than ``max|logit|`` where terms cancel, which is where rounding shows).
+* patterns: the scores' spread ``log(p_max / p_min)`` within a row, and a softmax moves each
+  probability by at most half the largest score error. In half precision this bound exceeds 0.5
+  at any size (rounding flips near-tied attention), so only the logits are compared.
+
+So a bound grows with the model (``sqrt(n)``): GPT-2-small's logits get about 3e-4 of their sums' size
+where a fixed 1e-4 could refuse a correct translation on another CPU.
+
+Cost (``benchmarks/bench_verify.py``): one source forward and one weight-view forward of 16 tokens,
+and one more unembedding-sized product for the bound (``|x_norm| @ |W_U|``, in vocabulary blocks).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 PROBE_TOKENS = 16
-# float64 is held to float32's bounds: sources compute parts in float32 whatever their dtype (GPT-Neo's
-# attention). Half precision compares logits only: two half-precision forwards of the same model
-# differ by a few percent in the logits, and their rounding flips near-tied attention (patterns
-# 0.2 apart on random tiny models), so a pattern bound there would refuse correct translations.
-_LOGIT_RTOL = {torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
-_PATTERN_ATOL = {torch.float64: 1e-3, torch.float32: 1e-3, torch.float16: None, torch.bfloat16: None}
+LAMBDA = 8.0
+"""Standard deviations of the rounding-error bound (module docstring)."""
+HALF_ROUNDINGS_PER_LAYER = 13
+"""Activations a half-precision layer stores (so rounds): the normed input, q, k, v, the pattern,
+z, the attention output, the residual sum; the MLP's normed input, hidden, activation, output and
+residual sum."""
+HALF = (torch.float16, torch.bfloat16)
 
 
 class TranslationError(ValueError):
     """The translated model disagrees with its source (a config/shape contradiction or the probe)."""
 
 
-def tolerance(dtype: torch.dtype) -> tuple[float, float | None]:
-    """(logit error / max|logit|, pattern error or None: not compared) a translation may have in ``dtype``."""
-    return _LOGIT_RTOL[dtype], _PATTERN_ATOL[dtype]
+def chain_length(cfg, n_tokens: int, to: str = "logits") -> int:
+    """Terms summed along the longest path of a forward pass of ``n_tokens`` up to the logits, or
+    up to the last layer's attention scores (``to="scores"``); a mixture of experts counts its
+    chosen experts' MLPs as one wider MLP."""
+    d_mlp = (cfg.d_mlp or 0) * (cfg.experts_per_token or 1)
+    layer = 2 * cfg.d_model + n_tokens + cfg.n_heads * cfg.d_head + (2 * cfg.d_model + d_mlp if d_mlp else 0)
+    if to == "scores":
+        return (cfg.n_layers - 1) * layer + 2 * cfg.d_model + cfg.d_head
+    return cfg.n_layers * layer + 2 * cfg.d_model
+
+
+UNEMBED_BLOCK = 8192
+"""Vocabulary columns of ``|W_U|`` taken at a time (a block's copy, not the whole unembedding's)."""
+
+
+def _unembed_magnitude(model, cache) -> float:
+    """``max(|x_norm| @ |W_U| + |b_U|)`` over the run's positions: the size of the logits' sums
+    (float32 is ample for a size; blocks of ``UNEMBED_BLOCK`` tokens bound the memory)."""
+    resid = cache.resid[:, -1].float()
+    if model.cfg.normalization == "layernorm":
+        resid = resid - resid.mean(-1, keepdim=True)
+    x = (resid / cache.ln_scale[:, -1, :, None].float()).abs()
+    largest = 0.0
+    for start in range(0, model.cfg.d_vocab, UNEMBED_BLOCK):
+        sums = x @ model.W_U[:, start:start + UNEMBED_BLOCK].float().abs()
+        if model.b_U is not None:
+            sums = sums + model.b_U[start:start + UNEMBED_BLOCK].float().abs()
+        largest = max(largest, float(sums.max()))
+    return largest
+
+
+def _score_spread(patterns: torch.Tensor) -> float:
+    """Largest ``log(p_max / p_min)`` of a row over its nonzero entries (an underflowed entry
+    counts at the dtype's smallest normal)."""
+    p = patterns.double()
+    logs = p.clamp_min(torch.finfo(patterns.dtype).tiny).log()
+    visible = p > 0
+    hi = logs.masked_fill(~visible, -math.inf).amax(-1)
+    lo = torch.where(visible.any(-1), logs.masked_fill(~visible, math.inf).amin(-1), hi)
+    return float((hi - lo).max())
+
+
+def tolerance(model, cache, n_tokens: int) -> tuple[float, float | None]:
+    """(max logit error, max pattern error or None: not compared) that two correct forwards of
+    ``model`` on ``n_tokens`` may show, from this run's ``cache`` (module docstring)."""
+    cfg = model.cfg
+    if model.dtype in HALF:
+        u, n = torch.finfo(model.dtype).eps / 2, HALF_ROUNDINGS_PER_LAYER * cfg.n_layers + 2
+    else:
+        u, n = torch.finfo(torch.float32).eps / 2, chain_length(cfg, n_tokens)
+    logit_tol = 2 * LAMBDA * math.sqrt(n) * u * _unembed_magnitude(model, cache)
+    if model.dtype in HALF:
+        return logit_tol, None
+    # two forwards' score errors, each LAMBDA sqrt(n) u spread; a softmax passes on half of it
+    return logit_tol, LAMBDA * math.sqrt(chain_length(cfg, n_tokens, "scores")) * u * _score_spread(cache.patterns)
 
 
 _HEAD_ATTRIBUTES = {"num_heads": "n_heads", "num_attention_heads": "n_heads", "n_head": "n_heads",
@@ -129,7 +208,7 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
     tokens = probe_tokens(model.cfg, model.device)
     with torch.no_grad():
         ours, cache = model.run_with_cache(tokens)
-    logit_tol, pattern_tol = tolerance(model.dtype)
+    logit_tol, pattern_tol = tolerance(model, cache, tokens.shape[1])
     if pattern_tol is None:
         patterns = None
     scale = float(logits.float().abs().max()) or 1.0
@@ -139,13 +218,14 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
         layer_errors = (cache.patterns.float() - patterns.float()).abs().amax((0, 2, 3, 4)).tolist()
     pattern_err = max(layer_errors, default=None)
     report = {"tokens": tokens.shape[1], "max_logit_error": err, "relative_logit_error": err / scale,
-              "max_pattern_error": pattern_err, "patterns_checked": patterns is not None}
+              "logit_tolerance": logit_tol, "max_pattern_error": pattern_err, "pattern_tolerance": pattern_tol,
+              "patterns_checked": patterns is not None}
     bad_layer = next((i for i, e in enumerate(layer_errors) if not e <= pattern_tol), None)
-    if err / scale <= logit_tol and bad_layer is None:
+    if err <= logit_tol and bad_layer is None:
         return report
     if bad_layer is not None:
         where = (f"first disagreeing attention pattern: layer {bad_layer} (max error {layer_errors[bad_layer]:.3g}, "
-                 f"tolerance {pattern_tol:g}); likely feature: {'; '.join(attention_features(model.cfg, bad_layer))}")
+                 f"tolerance {pattern_tol:.3g}); likely feature: {'; '.join(attention_features(model.cfg, bad_layer))}")
     elif patterns is not None:
         where = f"attention patterns agree; likely feature: {'; '.join(output_features(model))}"
     else:
@@ -154,7 +234,7 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
     raise TranslationError(
         f"{source}: the {family} translation disagrees with the source model's own forward on a "
         f"{tokens.shape[1]}-token probe: max logit error {err:.3g} ({err / scale:.2g} x max|logit| {scale:.3g}, "
-        f"tolerance {logit_tol:g}); {where}. The model is refused (pass verify=False to skip this check only "
+        f"tolerance {logit_tol:.3g}); {where}. The model is refused (pass verify=False to skip this check only "
         "if you have checked the translation another way)")
 
 

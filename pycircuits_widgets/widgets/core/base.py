@@ -198,6 +198,29 @@ class CircuitWidget(anywidget.AnyWidget):
             self._offline = offline.last(answers)["_offline"]
             self._offline_fresh = True
 
+    # -- closing ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the view and what it opened: its runner (jobs stop at their next chunk, the
+        worker thread ends: ``self._runner.join()``), its child views (closed the same way) and
+        its ``layout`` widget. A view made by another (an explorer's section) is also dropped by
+        it (``CircuitExplorer`` observes its ``comm``). Safe to call twice, and from ``__del__``
+        of a half-built view."""
+        runner_ = self.__dict__.get("_runner")
+        if runner_ is not None:
+            runner_.close()
+        children = self._child_views()
+        super().close()
+        for view in children:
+            view.close()
+        layout = self._trait_values.get("layout")  # DOMWidget's own Layout widget, one per view
+        if layout is not None:
+            layout.close()
+
+    def _child_views(self) -> list[CircuitWidget]:
+        """The views this one holds in its synced traits (an explorer's sections), in trait order."""
+        return [value for name in self.trait_names(sync=lambda v: v)
+                if isinstance(value := self._trait_values.get(name), CircuitWidget)]
+
     # -- sharing ---------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):
         """The widget view plus a static ``text/html`` fallback, which renderers without

@@ -106,6 +106,9 @@ class Runner:
     At each chunk it also waits while another runner has requests (module docstring);
     ``giving_way`` is True meanwhile. ``cancel(kind)`` stops a kind's jobs.
 
+    ``close()`` (the view's ``close``) stops every kind for good and refuses later submits; the
+    worker thread then ends, and ``join()`` waits for that.
+
     ``loop``: where results are applied. Default: the running kernel's IO loop (a worker
     thread computes, ``loop.add_callback`` applies); None: run synchronously in ``submit``.
     """
@@ -119,7 +122,9 @@ class Runner:
         self._pending: dict[str, _Job] = {}  # kind -> newest job not started
         self._running: _Job | None = None
         self._results: collections.deque = collections.deque()  # (job, update | exception)
-        self._worker: threading.Thread | None = None
+        self._worker: threading.Thread | None = None  # the thread serving requests, None once it ends
+        self._thread: threading.Thread | None = None  # the last worker started (``join`` waits on it)
+        self._closed = False
         self._failed: dict[str, str] = {}  # kind -> message shown in error
         self._applying = False
         self.giving_way = False
@@ -128,14 +133,14 @@ class Runner:
 
     # -- requests (kernel thread) ------------------------------------------------------------
     def submit(self, kind: str, make: Callable[[], Steps], *, background: bool = False) -> bool:
-        if background and self._loop is None:
+        if (background and self._loop is None) or self._closed:
             return False
         with self._lock:
             self._generation[kind] += 1
             self._pending[kind] = _Job(kind, make, self._generation[kind], background)
             if self._loop is not None:
                 if self._worker is None:
-                    self._worker = threading.Thread(target=self._work, name="pcw-runner")
+                    self._worker = self._thread = threading.Thread(target=self._work, name="pcw-runner")
                     self._worker.start()
                 self._changed.notify_all()
         if self._loop is not None:
@@ -157,13 +162,39 @@ class Runner:
         with GATE:
             GATE.notify_all()  # one giving way sees it is stale
 
+    def close(self) -> None:
+        """Stop for good (the view is closed): pending jobs are dropped, the running one stops at
+        its next chunk, results not yet applied are dropped and later submits are refused. Returns
+        at once; the worker thread ends after that chunk (``join``)."""
+        with self._lock:
+            self._closed = True
+            for kind in list(self._generation):
+                self._generation[kind] += 1
+            dropped = list(self._pending.values())
+            self._pending.clear()
+            self._results.clear()
+            self._changed.notify_all()
+        for job in dropped:
+            if job.steps is not None:
+                job.steps.close()  # a parked background job: never resumed
+        self._mark()  # no longer a runner others give way to; one giving way sees it is stale
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the worker thread has ended (True), or ``timeout`` s (False). True at once
+        for a runner that never started one (no kernel, or no request yet)."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def running_kind(self) -> str:
         """The kind of the job computing now ("" for none): what a progress bar names."""
         job = self._running
         return "" if job is None else job.kind
 
     def current(self, job: _Job) -> bool:
-        return job.generation == self._generation[job.kind] and not _shutting_down.is_set()
+        return job.generation == self._generation[job.kind] and not self._closed and not _shutting_down.is_set()
 
     def wait(self, timeout: float | None = None, tick: Callable[[], None] | None = None) -> bool:
         """Block until every request is done and applied (True), or ``timeout`` s (False).

@@ -82,8 +82,14 @@ def _token(s: str) -> str:
     return html.escape(s if len(s) <= _TEXT else s[:_TEXT] + "…")
 
 
+def _label(s: str) -> str:
+    """A label, name or heading (user or checkpoint text) as HTML: invisible and reordering
+    characters as escapes, as in a token (``escape_invisible``), then HTML-escaped."""
+    return html.escape(escape_invisible(s))
+
+
 def _caption(text: str) -> str:
-    return f'<p style="margin:4px 0;font-weight:bold">{html.escape(text)}</p>'
+    return f'<p style="margin:4px 0;font-weight:bold">{_label(text)}</p>'
 
 
 # -- one figure per view ------------------------------------------------------------------
@@ -216,7 +222,7 @@ def _bars(test_id: str, labels: list[str], values: list[float], *, width: int = 
     top = max((abs(v) for v in values if np.isfinite(v)), default=1.0) or 1.0
     label_w, row = 150, 14
     bars = "".join(
-        f'<text x="0" y="{i * row + 10}" font-size="10">{html.escape(label[:_TEXT])}</text>'
+        f'<text x="0" y="{i * row + 10}" font-size="10">{_label(label[:_TEXT])}</text>'
         f'<rect x="{label_w}" y="{i * row + 2}" width="{max(abs(v), 0) / top * width:.1f}" height="{row - 4}" '
         f'fill="{"#1976d2" if v >= 0 else "#d32f2f"}"><title>{v:.4g}</title></rect>'
         f'<text x="{label_w + width + 4}" y="{i * row + 10}" font-size="10">{v:.3g}</text>'

@@ -38,6 +38,7 @@ import tempfile
 import ipywidgets
 from ipywidgets.embed import dependency_state
 
+from ...models.tokenizer import escape_invisible
 from ..core.arrays import ARRAY_TRAITS
 from ..core.bundle import bundle_code, bundle_packed
 from ..core.offline import NONFINITE, tag_nonfinite
@@ -398,7 +399,7 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
 <meta charset="utf-8">
 {content_policy(bool(page.entries))}
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(title)}</title>
+<title>{html.escape(escape_invisible(title))}</title>
 {page.styles()}
 </head>
 <body>

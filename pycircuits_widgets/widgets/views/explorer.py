@@ -251,15 +251,35 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             selection = resolve_selection(current, {"layer": layer, "head": head}, self.token_ids,
                                           self.strongest_writer)
             for view in views:
+                if view.comm is None:  # closed since the fill began
+                    continue
                 for _ in view.fill_steps(selection):
                     yield None
         yield {"progress": {}}
 
     def close(self) -> None:
-        """Close the explorer (its background precompute stops)."""
+        """Close the explorer, its background precompute and every section's view
+        (``CircuitWidget.close``)."""
         if hasattr(self, "_runner"):  # (also called by __del__, maybe of a failed construction)
             self.stop_background()
         super().close()
+
+    def _drop_view(self, change) -> None:
+        """A section's view was closed on its own (``explorer.trigrams.close()``): the explorer lets
+        go of it (no link, no fill, no reference) and the section says so."""
+        if change["new"] is not None:
+            return
+        for name, view in self.views().items():
+            if view is change["owner"]:
+                view.unobserve(self._from_view, list(BY_NAME[name].follows))
+                view.unobserve(self._busy_from_views, ["busy"])
+                view.unobserve(self._drop_view, ["comm"])
+                if name == "attention":
+                    view.unobserve(self._text_from_view, ["text"])
+                if name == "composition":
+                    view.unobserve(self._on_k_scores, ["scores"])
+                setattr(self, name, None)
+                self.notices = {**self.notices, name: f"The {BY_NAME[name].noun} view was closed."}
 
     # -- linking: children -> explorer -> children. Values converge, so no feedback loop: a
     # child set to the explorer's value reports an unchanged value and traitlets stays quiet.
@@ -267,6 +287,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for name, view in self.views().items():
             view.observe(self._from_view, list(BY_NAME[name].follows))
             view.observe(self._busy_from_views, ["busy"])
+            view.observe(self._drop_view, ["comm"])
         if self.attention is not None:
             self.attention.observe(self._text_from_view, ["text"])
         if self.composition is not None:

@@ -1,0 +1,144 @@
+"""Test tolerances from a rounding-error model, never from one machine's observed error.
+
+Every floating-point operation rounds with relative error at most the unit roundoff ``u`` (half
+the machine epsilon): 2^-24 in float32, 2^-53 in float64, 2^-11 in float16, 2^-8 in bfloat16.
+
+**Worst case** (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., section 3.1): a
+sum or dot product of ``n`` terms, computed in *any* order and blocking, with or without fused
+multiply-adds, is within ``gamma(n) * sum |terms|`` of the exact value, ``gamma(n) = n u / (1 - n u)``.
+What differs between CPUs (oneDNN/MKL kernels on AMD AVX2 against Intel AVX-512 or AMX) is exactly
+that order and blocking: float32 products stay float32 on the CPU (torch's default float32 matmul
+precision "highest": no TF32 or bfloat16 down-conversion), so a bound ``gamma(n) * magnitude``
+holds on every CPU. ``reduction_tol`` is that bound, for one computation or the difference of two.
+
+**Long chains** (a whole forward pass: thousands of roundings through norms and softmax): the worst
+case grows as ``n u`` and is far too loose there, and is no proof anyway once nonlinearities sit in
+between. Rounding errors there behave as independent zero-mean variables (Higham and Mary, "A new
+approach to probabilistic rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019): the error
+of ``n`` accumulated roundings is within ``lam * sqrt(n) * u * magnitude`` except with probability at
+most ``2 n exp(-lam^2 / 2)``. ``chain_tol`` takes ``lam = 8``: under ``1e-13`` per compared value
+for any ``n`` here, so no CPU's summation order is a plausible reason to exceed it, while a wrong
+formula (errors of order ``magnitude``) is always caught.
+
+``n`` is the reduction length along the computation (``forward_length``), ``magnitude`` the size of
+what was summed (the absolute-value sum where the test can compute it, else the quantity's scale).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LAMBDA = 8.0
+"""``chain_tol``'s multiple of the standard deviation (see the module docstring)."""
+
+
+def unit_roundoff(dtype: torch.dtype = torch.float32) -> float:
+    """``u``: half of ``torch.finfo(dtype).eps``."""
+    return torch.finfo(dtype).eps / 2
+
+
+def gamma(n: int, dtype: torch.dtype = torch.float32) -> float:
+    """Higham's ``gamma_n = n u / (1 - n u)``: the relative worst-case error of an ``n``-term reduction."""
+    nu = n * unit_roundoff(dtype)
+    if nu >= 1:
+        raise ValueError(f"gamma({n}) in {dtype}: n u = {nu:.3g} >= 1, no bound")
+    return nu / (1 - nu)
+
+
+def reduction_tol(n: int, magnitude: float, dtype: torch.dtype = torch.float32, computations: int = 1) -> float:
+    """Worst-case bound on the error of an ``n``-term reduction of absolute sum ``magnitude`` in
+    ``dtype``, any summation order: ``computations * gamma(n) * magnitude``. ``computations=2``
+    bounds the difference of two such computations (ours and a reference, both in ``dtype``); 1
+    the distance of one from an exact (float64) oracle."""
+    return computations * gamma(n, dtype) * magnitude
+
+
+def chain_tol(n: int, magnitude: float, dtype: torch.dtype = torch.float32, computations: int = 2) -> float:
+    """Probabilistic bound on the error of a chain of ``n`` roundings of size ``magnitude`` in
+    ``dtype``: ``computations * LAMBDA * sqrt(n) * u * magnitude`` (module docstring)."""
+    return computations * LAMBDA * math.sqrt(n) * unit_roundoff(dtype) * magnitude
+
+
+def forward_length(*, n_layers: int, d_model: int, d_head: int, n_heads: int, n_tokens: int, d_mlp: int = 0,
+                   to: str = "logits") -> int:
+    """The number of terms summed along the longest path of a transformer forward pass, up to the
+    last layer's attention scores (``to="scores"``) or the logits: per layer, the norm's statistics
+    (``d_model``), the query/key/value projections (``d_model``), ``pattern @ v`` (``n_tokens``), the
+    output projection (``n_heads * d_head``) and the MLP (norm, in and out: ``2 d_model + d_mlp``);
+    then the last layer's norm, projections and ``q . k`` (``2 d_model + d_head``), or the final
+    norm and the unembedding (``2 d_model``)."""
+    layer = 2 * d_model + n_tokens + n_heads * d_head + (2 * d_model + d_mlp if d_mlp else 0)
+    if to == "scores":
+        return (n_layers - 1) * layer + 2 * d_model + d_head
+    if to == "logits":
+        return n_layers * layer + 2 * d_model
+    raise ValueError(f"forward_length: to must be 'scores' or 'logits', got {to!r}")
+
+
+def model_forward_length(cfg, n_tokens: int, to: str = "logits") -> int:
+    """``forward_length`` of a ``ModelConfig`` (a mixture of experts counts its chosen experts' MLPs
+    as one wider MLP: ``experts_per_token * d_mlp`` terms summed into the stream)."""
+    d_mlp = (cfg.d_mlp or 0) * (getattr(cfg, "experts_per_token", None) or 1)
+    return forward_length(n_layers=cfg.n_layers, d_model=cfg.d_model, d_head=cfg.d_head, n_heads=cfg.n_heads,
+                          n_tokens=n_tokens, d_mlp=d_mlp, to=to)
+
+
+def unembed_magnitude(model, cache) -> float:
+    """The largest absolute sum the unembedding forms: ``max(|x_norm| @ |W_U| + |b_U|)`` over the
+    run's positions and the vocabulary, ``x_norm`` the final residual stream as the unembedding
+    reads it (centred for layernorm, divided by ``ln_scale``). Larger than ``max|logit|`` where the
+    terms cancel, which is where rounding shows."""
+    resid = cache.resid[:, -1].double()
+    if model.cfg.normalization == "layernorm":
+        resid = resid - resid.mean(-1, keepdim=True)
+    x = resid / cache.ln_scale[:, -1, :, None].double()
+    sums = x.abs() @ model.W_U.double().abs()
+    if model.b_U is not None:
+        sums = sums + model.b_U.double().abs()
+    return float(sums.max())
+
+
+def score_spread(patterns: torch.Tensor) -> float:
+    """The scores' largest spread within a row, ``log(p_max / p_min)`` over the nonzero entries
+    of ``patterns [..., dest, src]``: the size of the attention scores a softmax saw (an entry
+    that underflowed to 0 counts at the dtype's smallest normal, a lower bound)."""
+    p = patterns.double()
+    tiny = torch.finfo(patterns.dtype).tiny
+    logs = p.clamp_min(tiny).log()
+    visible = p > 0
+    hi = logs.masked_fill(~visible, -math.inf).amax(-1)
+    lo = torch.where(visible.any(-1), logs.masked_fill(~visible, math.inf).amin(-1), hi)
+    return float((hi - lo).max())
+
+
+def pattern_tol(cfg, n_tokens: int, patterns: torch.Tensor, dtype: torch.dtype = torch.float32) -> float:
+    """Bound on the difference of two ``dtype`` computations of attention patterns: score errors
+    ``chain_tol(forward_length(to="scores"), score spread)`` from each, and a softmax moves
+    ``p_i`` by at most ``2 p_i (1 - p_i) max|ds| <= max|ds| / 2``."""
+    return chain_tol(model_forward_length(cfg, n_tokens, to="scores"), score_spread(patterns), dtype) / 2
+
+
+def logit_tol(model, cache, n_tokens: int, dtype: torch.dtype = torch.float32) -> float:
+    """Bound on the difference of two ``dtype`` forward passes' logits:
+    ``chain_tol(forward_length(to="logits"), unembed_magnitude)`` (a final soft-cap only shrinks it)."""
+    return chain_tol(model_forward_length(model.cfg, n_tokens), unembed_magnitude(model, cache), dtype)
+
+
+def product_tol(*factors: torch.Tensor, computations: int = 2) -> torch.Tensor:
+    """Elementwise worst-case bound on the error of the product ``factors[0] @ factors[1] @ ...``
+    computed in the factors' dtype, in any order: ``gamma(n) * (|F0| @ |F1| @ ...)`` with ``n``
+    the sum of the inner dimensions (Higham section 3.5, ``|fl(AB) - AB| <= gamma_n |A||B|``, chained),
+    times ``computations`` (2: ours and a reference each computed it in that dtype)."""
+    n = sum(f.shape[-1] for f in factors[:-1])
+    magnitude = factors[0].double().abs()
+    for f in factors[1:]:
+        magnitude = magnitude @ f.double().abs()
+    return computations * gamma(n, factors[0].dtype) * magnitude
+
+
+def assert_within(actual: torch.Tensor, expected: torch.Tensor, tol) -> None:
+    """``|actual - expected| <= tol`` elementwise (``tol`` a number or a tensor), naming the worst entry."""
+    excess = (actual.double() - expected.double()).abs() - torch.as_tensor(tol, dtype=torch.float64)
+    assert float(excess.max()) <= 0, f"off by {float(excess.max()):.3g} beyond the tolerance at {int(excess.argmax())}"
