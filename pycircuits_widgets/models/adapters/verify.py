@@ -107,13 +107,15 @@ def check_rotary_modules(model, cfg) -> None:
             prefix = f"{layer_types[layer]}_" if layer_types and hasattr(
                 module, f"{layer_types[layer]}_original_inv_freq") else ""
             built = getattr(module, f"{prefix}original_inv_freq", None)
-            if built is None or not is_rotary_layer(cfg, layer):
-                continue
+            if built is None or built.device.type == "meta" or not is_rotary_layer(cfg, layer):
+                continue  # (a meta model is refused with its weights)
             rule = layer_rope(cfg, layer)
             inv, scaling = rotary_frequencies(cfg, layer)  # the built length: no length-dependent growth
+            # both are float32 base ** (-2i / d), whose rounding ln(base) amplifies; a model cast to half
+            # precision casts the buffer too (one rounding to its dtype, which its forward then uses)
+            rtol = (4 * torch.finfo(torch.float32).eps * (1 + math.log(max(float(rule["rope_theta"]), math.e)))
+                    + torch.finfo(built.dtype).eps)
             built = built.detach().float().cpu()
-            # both are float32 base ** (-2i / d): the power's rounding is relatively amplified by ln(base)
-            rtol = 4 * torch.finfo(torch.float32).eps * (1 + math.log(max(float(rule["rope_theta"]), math.e)))
             where = f"from_hf: {cfg.name!r}: the rotary embedding {name!r} (layer {layer})"
             edited = "; was the config edited after the model was built?"
             if built.shape != inv.shape or not torch.allclose(inv, built, rtol=rtol, atol=0):
