@@ -22,7 +22,7 @@ import dataclasses
 import pytest
 import torch
 from family_configs import CONFIGS, probe_tokens, tiny_model
-from random_models import IdTokenizer
+from random_models import IdTokenizer, custom_model
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import NonlinearFeatureError, path_expansion
@@ -107,6 +107,21 @@ def test_a_head_term_passes_the_post_norm_with_its_division_frozen(name):
     virtual = unembed(head(1, 3, head(0, 1, x)))
     torch.testing.assert_close(pe.term_logits(by_name["L0.H2"]), one, rtol=0, atol=tol)
     torch.testing.assert_close(pe.term_logits(by_name["L0.H1 → L1.H3"]), virtual, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+@pytest.mark.parametrize("mlp", [False, True])
+def test_layer_norm_post_norms_with_biases_are_exact(pre_norm, mlp):
+    """No family has these: layer-norm post-norms (their centering kept as a projection), attention
+    biases passing through them (a source that varies with the position's division), with and
+    without pre-norms and MLPs; random unfolded float64 weights."""
+    extra = dict(attn_only=False, d_mlp=32, act_fn="gelu") if mlp else {}
+    model = custom_model(normalization="layernorm", post_norms=True, pre_norm=pre_norm, positional="learned",
+                         biases=True, **extra)
+    tokens = torch.tensor([[1, 5, 9, 2, 1, 5, 9, 2], [3, 3, 0, 7, 12, 3, 3, 0]])
+    pe = path_expansion(model, tokens)
+    assert {"bias L0", "bias L1"} <= {t.name for t in pe.terms}
+    torch.testing.assert_close(pe.total(), model(tokens), rtol=0, atol=tolerance(model, pe))
 
 
 def test_the_final_soft_cap_applies_to_each_sum_in_the_losses():
