@@ -95,9 +95,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
 REFUSED: dict[str, str] = {}  # every family here is translated exactly
 
 
-def tiny_model(name: str, seed: int = 0, dtype=torch.float32):
+def tiny_model(name: str, seed: int = 0, dtype=torch.float32, **overrides):
+    """``name``'s model (``overrides``: config fields replacing the table's), every parameter random."""
     model_type, kwargs = CONFIGS[name]
-    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    config = transformers.AutoConfig.for_model(model_type, **{**kwargs, **overrides})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
     gen = torch.Generator().manual_seed(seed)

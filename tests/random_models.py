@@ -27,9 +27,10 @@ def paper_model(n_layers=2, n_heads=3, d_model=24, d_head=6, d_vocab=40, n_ctx=1
     return from_attn_only(raw, IdTokenizer()).to(dtype)
 
 
-def custom_model(seed=0, dtype=torch.float64, **cfg_kwargs) -> CircuitModel:
+def custom_model(seed=0, dtype=torch.float64, biases=False, **cfg_kwargs) -> CircuitModel:
     """Any ``ModelConfig`` (default: 2 layers, Shortformer, layer norm) with i.i.d. Gaussian
-    weights, nothing centred or folded."""
+    weights, nothing centred or folded; post-norm scales around 1 when ``cfg.post_norms``, and
+    attention biases ``b_V``, ``b_O`` when ``biases``."""
     cfg = ModelConfig(**{**dict(n_layers=2, n_heads=3, d_model=24, d_head=6, d_vocab=40, n_ctx=16), **cfg_kwargs})
     g = torch.Generator().manual_seed(seed)
     L, H, d, dh, V = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_vocab
@@ -43,4 +44,10 @@ def custom_model(seed=0, dtype=torch.float64, **cfg_kwargs) -> CircuitModel:
         w["W_pos"] = r(cfg.n_ctx, d) * cfg.n_ctx ** 0.5
     if not cfg.attn_only:
         w["W_in"], w["W_out"] = r(L, d, cfg.d_mlp), r(L, cfg.d_mlp, d)
+    if cfg.post_norms:
+        w["w_post_attn"] = 1 + 0.3 * r(L, 1, d)[:, 0]
+        if not cfg.attn_only:
+            w["w_post_mlp"] = 1 + 0.3 * r(L, 1, d)[:, 0]
+    if biases:
+        w["b_V"], w["b_O"] = r(L, H, 1, dh)[:, :, 0], 3 * r(L, 1, d)[:, 0]
     return CircuitModel(cfg, tokenizer=IdTokenizer(), **w)

@@ -313,3 +313,42 @@ def test_alibi_slopes_are_bloom_and_mpt_slopes_for_any_head_count(n_heads):
     torch.testing.assert_close(torch.tensor(families_module.alibi_slopes(n_heads), dtype=torch.float32), bloom)
     torch.testing.assert_close(torch.tensor(families_module.alibi_slopes(n_heads, 8.0, interleave_extra=True),
                                             dtype=torch.float32), mpt)
+
+
+def test_a_dynamic_rope_length_raised_after_building_is_the_sources_rule_past_it():
+    """Built for 20 positions, then told 30: Hugging Face's rotary module keeps its built length, but
+    its dynamic update re-reads the config as it grows, so its forward is the config's rule; exact at
+    every length up to n_ctx, past both the built and the edited length. (The 31-token probe must leave
+    the source's rotary state as it was: else its 21-token forward keeps the 31-token frequencies.)"""
+    hf = tiny_model("llama_dynamic", max_position_embeddings=20)
+    hf.config.max_position_embeddings = 30
+    model = pcw.from_hf(hf)
+    assert model.cfg.rope["max_position_embeddings"] == 30 and model.metadata["verified"]["tokens"] == 31
+    for n in (21, 31, 50):
+        tokens = torch.randint(0, 128, (1, n), generator=torch.Generator().manual_seed(n))
+        logits, _ = reference(hf, tokens)
+        # the families' float32 translation bound (test_logits_and_patterns_match_hugging_face)
+        assert float((model(tokens) - logits).abs().max()) <= 1e-4 * float(logits.abs().max())
+
+
+def test_a_dynamic_rope_length_lowered_after_building_is_refused_by_the_module_check_and_the_long_probe(monkeypatch):
+    """Built for 30 positions, then told 20: the source keeps its built frequencies up to 30 tokens, the
+    config's rule grows them from 21 (0.56 x max|logit| apart at 30 tokens), beyond a 16-token probe."""
+    hf = tiny_model("llama_dynamic", max_position_embeddings=30)
+    hf.config.max_position_embeddings = 20
+    with pytest.raises(TranslationError, match=r"rotary embedding 'model.rotary_emb' \(layer 0\) was built for "
+                                               r"max_position_embeddings=30 .* config's 20"):
+        pcw.from_hf(hf, verify=False)
+    # the second guard alone: the probe one token past the rule's threshold (21 tokens)
+    from pycircuits_widgets.models.adapters import hf as hf_adapter
+    monkeypatch.setattr(hf_adapter, "check_rotary_modules", lambda model, cfg: None)
+    with pytest.raises(TranslationError, match=r"disagrees with the source model's own forward on a 21-token probe"):
+        pcw.from_hf(hf)
+
+
+def test_rope_parameters_edited_after_building_are_refused_naming_the_frequencies():
+    hf = tiny_model("llama_yarn")
+    hf.config.rope_parameters["factor"] = 8.0  # the module was built with 4
+    with pytest.raises(TranslationError, match=r"was built with inverse frequencies \[1, .*\] \(8\), but the config's "
+                                               r"rotary rule \('yarn', base 10000, rotary_dim 16\) gives"):
+        pcw.from_hf(hf, verify=False)

@@ -31,14 +31,14 @@ from .composition import CompositionDetail, composition_detail, composition_scor
 from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
 from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
-from .path_expansion import PathExpansion, PathTerm, path_expansion
+from .path_expansion import NonlinearFeatureError, PathExpansion, PathTerm, path_expansion
 from .neurons import neuron_activations, neuron_out_norms, neuron_terms
 from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "CompositionDetail", "InductionPair", "PairVerdict", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
+    "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
     "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity", "pair_verdicts",
     "positional_scores_by_offset", "top_virtual_heads", "neuron_activations", "neuron_out_norms", "neuron_terms",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",

@@ -13,6 +13,15 @@ where ``D_l = diag(1 / ln_scale)`` of the layer that reads (and a layer norm's c
 kept as a projection on the reading weight, so the sum is exact even for unfolded writers), and each term is a
 ``TensorProductTerm`` (positions ⊗ residual) applied to what its path starts from.
 
+**Features of other families** (``cfg.nonlinear_features``), each made linear or refused (``LINEARISED``):
+post-norms (Gemma 2/3, OLMo 2/3, EXAONE 4) have their divisions frozen from the run like the pre-norms'
+(a head of layer ``l`` writes ``P_l A^h D_l ⊗ W_OV^h C w_post``, ``P_l = diag(1 / post_scale_attn)``);
+QK-norm and the attention soft-cap only shape the patterns, which are frozen; a final soft-cap
+(``cap * tanh(logits / cap)``) is applied after the sum, so the terms sum to the logits *before* it
+(``PathExpansion.logits``) and the losses cap each partial sum; a mixture of experts is inside the
+MLP outputs, which are sources. ``clip_qkv`` clamps the values a head moves: exact where no value
+reaches the clamp on the text, refused with :class:`NonlinearFeatureError` where one does.
+
 **Sources.** A path starts from something written into the residual stream that no head wrote:
 the embeddings ``x0 [batch, pos, d_model]`` (token embeddings, plus positions for models that add
 them to the residual); each MLP layer's output as the forward pass computed it (an MLP is not
@@ -41,6 +50,36 @@ from ..models.circuit_model import next_token_loss
 from .activations import RunResult
 from ..factored import FactoredMatrix
 from .circuits import TensorProductTerm
+
+
+LINEARISED = {
+    "qk_norm": "QK-norm only shapes the attention patterns, which are frozen",
+    "attn_softcap": "the attention soft-cap only shapes the attention patterns, which are frozen",
+    "post_norms": "the post-norms' divisions are frozen from the forward pass like the pre-norms'",
+    "final_softcap": "the terms sum to the logits before the final soft-cap, which is applied to each sum",
+    "moe": "the experts' routing is inside the MLP outputs, which are sources",
+    "clip_qkv": "exact where no value reaches the clamp on the text (refused where one does)",
+}
+"""How ``path_expansion`` keeps each of ``ModelConfig.nonlinear_features`` exact; a feature missing
+here is refused (``NonlinearFeatureError``)."""
+
+
+class NonlinearFeatureError(ValueError):
+    """``path_expansion`` cannot write a model's logits as an exact sum of paths: a step of its forward
+    (``feature``, one of ``ModelConfig.nonlinear_features``) is not linear on this run."""
+
+    def __init__(self, feature: str, message: str):
+        super().__init__(f"path expansion refused: {feature}: {message}")
+        self.feature = feature
+
+
+def check_path_features(cfg) -> None:
+    """Refuse (``NonlinearFeatureError``) a model with a feature ``path_expansion`` cannot make linear
+    whatever the text (``LINEARISED`` lists those it can)."""
+    for feature in cfg.nonlinear_features:
+        if feature not in LINEARISED:
+            raise NonlinearFeatureError(feature, "this step of the forward is not linear in the residual stream, "
+                                                 "and path expansion has no exact way through it")
 
 
 @dataclass(frozen=True)
@@ -80,7 +119,9 @@ def _source_name(source: str) -> str:
 
 @dataclass(frozen=True)
 class PathExpansion:
-    """All path terms of one batch; ``logits`` is the model's own output for comparison.
+    """All path terms of one batch; ``logits [batch, pos, d_vocab]`` is the model's own linear readout
+    for comparison: its logits, or, for a model with a final soft-cap (``final_softcap`` not None),
+    its logits before the cap (``capped(logits)`` is its output).
 
     ``x0 [batch, pos, d_model]`` embeddings; ``sources``: what each term's ``source`` names, as
     ``[batch, pos, d_in]`` (``d_in`` 1 for ``b_U``); ``term_logits(i)`` -> ``[batch, pos, d_vocab]``.
@@ -93,6 +134,13 @@ class PathExpansion:
     terms: list[PathTerm]
     logits: torch.Tensor
     sources: dict
+    final_softcap: float | None = None
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """``cap * tanh(logits / cap)`` for a model with a final soft-cap, else ``logits``: what the
+        model outputs for a sum of terms."""
+        cap = self.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @functools.cached_property
     def stacked_logits(self) -> torch.Tensor:
@@ -108,16 +156,18 @@ class PathExpansion:
         return self.stacked_logits[keep].sum(0)
 
     def total(self) -> torch.Tensor:
-        """Sum of all terms; equals ``logits`` up to rounding."""
+        """Sum of all terms; equals ``logits`` (before any final soft-cap) up to rounding."""
         return self.stacked_logits.sum(0)
 
     def loss_by_order(self) -> torch.Tensor:
         """Mean next-token loss using only terms of order ``<= n``, for ``n = 0..max order`` ``[n + 1]``.
 
-        The paper's marginal effect of the ``n``-th order terms is ``loss[n - 1] - loss[n]``.
+        The paper's marginal effect of the ``n``-th order terms is ``loss[n - 1] - loss[n]``. A final
+        soft-cap is applied to each partial sum, as the model applies it to its logits.
         """
         top = max(t.order for t in self.terms)
-        return torch.stack([next_token_loss(self.logits_up_to_order(n), self.tokens).mean() for n in range(top + 1)])
+        return torch.stack([next_token_loss(self.capped(self.logits_up_to_order(n)), self.tokens).mean()
+                            for n in range(top + 1)])
 
     def next_token_contributions(self) -> torch.Tensor:
         """Each term's centred logit for the token that actually came next: ``[n_terms, batch, pos - 1]``.
@@ -125,17 +175,20 @@ class PathExpansion:
         Entry ``[i, b, p]`` is ``T_i[b, p, t] - mean_v T_i[b, p, v]`` with ``t = tokens[b, p + 1]`` and
         ``T_i = term_logits(i)``: how much term ``i`` raises the next token's logit above the average
         token's (the softmax ignores a shift shared by every token, so the raw logit would mislead).
+        With a final soft-cap these are contributions to the logits before the cap.
         """
         logits = self.stacked_logits[:, :, :-1]
         nxt = self.tokens[None, :, 1:, None].expand(len(self.terms), -1, -1, 1)
         return logits.gather(-1, nxt)[..., 0] - logits.mean(-1)
 
     def term_importance(self) -> torch.Tensor:
-        """Loss increase when one term is removed from the full sum: ``[n_terms]`` (ablation)."""
+        """Loss increase when one term is removed from the full sum: ``[n_terms]`` (ablation; a final
+        soft-cap applied to each sum)."""
         full = self.total()
-        base = next_token_loss(full, self.tokens).mean()
+        base = next_token_loss(self.capped(full), self.tokens).mean()
         return torch.stack([
-            next_token_loss(full - self.term_logits(i), self.tokens).mean() - base for i in range(len(self.terms))
+            next_token_loss(self.capped(full - self.term_logits(i)), self.tokens).mean() - base
+            for i in range(len(self.terms))
         ])
 
 
@@ -171,14 +224,21 @@ def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathE
     forward pass (logits and activation cache) is then reused instead of run again.
     ``max_order``: the most heads on a path (default: ``n_layers``, the full expansion); a path
     with that many heads reads the whole stream at its first head, so the terms always sum to the
-    logits. Terms of sources a model lacks (biases, MLPs) are left out.
+    logits (before a final soft-cap). Terms of sources a model lacks (biases, MLPs) are left out.
+    Raises ``NonlinearFeatureError`` naming a feature of the model that is not linear on this run
+    (``LINEARISED``).
     """
     cfg = model.cfg
+    check_path_features(cfg)
     if isinstance(text_or_tokens, RunResult):
         logits, cache = text_or_tokens.logits, text_or_tokens.cache
     else:
         with torch.no_grad():
             logits, cache = model.run_with_cache(text_or_tokens)
+    if cfg.clip_qkv is not None:
+        _check_values_unclamped(model, cache)
+    if cfg.final_softcap is not None:  # the linear readout the cap was applied to
+        logits = model.read(cache.resid[:, -1])[0] @ model.W_U + (model.b_U if model.b_U is not None else 0)
     tokens = cache.tokens
     dtype = logits.dtype
     inv = 1.0 / ln_scales(model, cache)  # [batch, L + 1, pos]
@@ -188,27 +248,39 @@ def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathE
     # (the identity when, as after folding, every writer is already mean-zero)
     d = cfg.d_model
     C = torch.eye(d, dtype=dtype, device=logits.device) - 1.0 / d if cfg.normalization == "layernorm" else None
-    read = (lambda W: W) if C is None else (lambda W: C @ W)
+    center = (lambda W: W) if C is None else (lambda W: C @ W)
+    read_layer = center if cfg.pre_norm else (lambda W: W)  # without pre-norms layers read the stream as is
+
+    def post_norm(layer: int, W: torch.Tensor) -> torch.Tensor:
+        """``W [.., d_model]`` as layer ``layer``'s post-attention norm passes it on (its division,
+        per position, is in the positions factor): centred (layernorm), times ``w_post_attn``."""
+        return W if not cfg.post_norms else (W if C is None else W @ C) * model.w_post_attn[layer]
+
+    inv_post = 1.0 / cache.post_scale_attn if cfg.post_norms else None  # [batch, L, pos]
     sources = {"embed": cache.resid[:, 0]}
     for layer in range(cfg.n_layers):
         sources[f"stream{layer}"] = cache.resid[:, layer]
         bias = _attention_bias(model, layer)
         if bias is not None:
-            sources[f"bias{layer}"] = bias.to(dtype).expand(b, pos, d)
+            bias = post_norm(layer, bias.to(dtype)).expand(b, pos, d)
+            sources[f"bias{layer}"] = bias * inv_post[:, layer, :, None] if cfg.post_norms else bias
         if cache.mlp_out is not None:
             sources[f"mlp{layer}"] = cache.mlp_out[:, layer]
     if model.b_U is not None:
         sources["b_U"] = torch.ones(b, pos, 1, dtype=dtype)
-    W_U = read(model.W_U)
-    ov = {}  # (layer, head) -> W_OV as its layer reads it
+    W_U = center(model.W_U)
+    ov = {}  # (layer, head) -> W_OV as its layer reads it and passes it on
 
     def head_term(path):
         A, W = eye[None], None
         for layer, h in path:
-            # the head reads the stream divided by this layer's norm: A^h D_layer A
+            # the head reads the stream divided by this layer's norm: A^h D_layer A (then divided
+            # by the post-norm's, per destination: P_layer A^h D_layer A)
             A = (cache.patterns[:, layer, h] * inv[:, layer, None, :]) @ A
+            if cfg.post_norms:
+                A = inv_post[:, layer, :, None] * A
             if (layer, h) not in ov:
-                ov[layer, h] = read(model.W_V[layer, h]) @ model.W_O[layer, h]
+                ov[layer, h] = post_norm(layer, read_layer(model.W_V[layer, h]) @ model.W_O[layer, h])
             W = ov[layer, h] if W is None else W @ ov[layer, h]
         return A, W
 
@@ -222,7 +294,28 @@ def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathE
         A, W = head_term(path)
         terms.append(PathTerm(path, TensorProductTerm(inv[:, -1, :, None] * A, W_U if W is None else FactoredMatrix(W, W_U)),
                               source))
-    return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits, sources=sources)
+    return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits, sources=sources,
+                         final_softcap=cfg.final_softcap)
+
+
+def _check_values_unclamped(model, cache) -> None:
+    """``clip_qkv``: refuse (``NonlinearFeatureError``) a run where a head's value reached the clamp
+    (what the head moves is then not linear in what it reads); below it the clamp is the identity.
+    The values are recomputed from the cached stream as the forward computes them."""
+    cfg = model.cfg
+    for layer in range(cfg.n_layers):
+        x = cache.resid[:, layer]
+        xn = model.read(x)[0] if cfg.pre_norm else x
+        v = xn[:, None] @ model.W_V[layer]
+        if model.b_V is not None:
+            v = v + model.b_V[layer][:, None]
+        clamped = v.abs() > cfg.clip_qkv
+        if bool(clamped.any()):
+            heads = sorted(set(clamped.any(-1).any(-1).nonzero()[:, 1].tolist()))
+            raise NonlinearFeatureError(
+                "clip_qkv", f"on this text {int(clamped.sum())} values of layer {layer} (heads {heads}) reach the "
+                f"clamp at ±{cfg.clip_qkv:g}, so what those heads move is not linear in what they read and no "
+                "sum of paths equals the logits; a text whose values stay inside the clamp is expanded exactly")
 
 
 def _attention_bias(model, layer: int) -> torch.Tensor | None:

@@ -164,6 +164,10 @@ class ActivationCache:
     * ``ln_scale_mlp [b, L, pos]`` or None (attention-only): the MLP of layer ``l`` reads
       ``(resid[:, l] + attention output of layer l) / ln_scale_mlp[:, l, :, None]``, or
       ``resid[:, l] / ln_scale_mlp[:, l, :, None]`` when ``cfg.parallel_attn_mlp`` (GPT-NeoX).
+    * ``post_scale_attn [b, L, pos]`` or None (without ``cfg.post_norms``): the division of layer
+      ``l``'s post-attention norm, which adds ``norm(attn_out) * w_post_attn[l]`` to the stream with
+      ``norm(y) = (y - mean(y)) / post_scale_attn[:, l, :, None]`` (no centering for rmsnorm) and
+      ``attn_out = head_out[:, l].sum(1) (+ b_O[l])``. (``mlp_out`` is already post-normed.)
 
     Identity (exact up to float rounding), without post-norms (``cfg.post_norms`` False):
     ``resid[:, L] = embed + head_out.sum((1, 2)) (+ b_O.sum(0)) (+ mlp_out.sum(1))``; with them,
@@ -181,6 +185,7 @@ class ActivationCache:
     ln_scale: torch.Tensor
     ln_scale_mlp: torch.Tensor | None
     W_O: torch.Tensor = field(repr=False)  # the model's, to compute head_out from z
+    post_scale_attn: torch.Tensor | None = None
 
     def __post_init__(self):
         self._W_O_version = self.W_O._version
@@ -472,9 +477,11 @@ class CircuitModel:
         weights = torch.zeros_like(probs).scatter(-1, chosen, top / top.sum(-1, keepdim=True))
         return weights.repeat_interleave(c.d_mlp // c.n_experts, dim=-1)
 
-    def _post_norm(self, out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """A post-norm (``cfg.post_norms``): ``norm(out) * w`` before ``out`` joins the stream."""
-        return self.read(out)[0] * w
+    def _post_norm(self, out: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A post-norm (``cfg.post_norms``): (``norm(out) * w`` before ``out`` joins the stream, the
+        norm's division ``[b, pos]``)."""
+        normed, scale = self.read(out)
+        return normed * w, scale
 
     def run_with_cache(self, tokens) -> tuple[torch.Tensor, ActivationCache]:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids) -> (``logits [batch, pos, d_vocab]``,
@@ -491,6 +498,7 @@ class CircuitModel:
         embed = x
         resid, patterns, zs, mlp_outs = [], [], [], []
         scales: dict[str, list[torch.Tensor]] = {"attn": [], "mlp": []}
+        post_scales: list[torch.Tensor] = []
         for layer in range(self.cfg.n_layers):
             resid.append(x)
             pattern, z, attn_out, scale = self._attention(layer, x)
@@ -498,12 +506,15 @@ class CircuitModel:
             zs.append(z)
             scales["attn"].append(scale)
             attn_out = attn_out + (self.b_O[layer] if self.b_O is not None else 0)
-            x = x + (self._post_norm(attn_out, self.w_post_attn[layer]) if self.cfg.post_norms else attn_out)
+            if self.cfg.post_norms:
+                attn_out, post_scale = self._post_norm(attn_out, self.w_post_attn[layer])
+                post_scales.append(post_scale)
+            x = x + attn_out
             if not self.cfg.attn_only:
                 # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
                 mlp_out, scale = self._mlp(layer, resid[-1] if self.cfg.parallel_attn_mlp else x)
                 if self.cfg.post_norms:
-                    mlp_out = self._post_norm(mlp_out, self.w_post_mlp[layer])
+                    mlp_out = self._post_norm(mlp_out, self.w_post_mlp[layer])[0]
                 mlp_outs.append(mlp_out)
                 scales["mlp"].append(scale)
                 x = x + mlp_out
@@ -529,6 +540,8 @@ class CircuitModel:
             ln_scale=ln_scale,
             ln_scale_mlp=ln_scale_mlp,
             W_O=self.W_O,
+            post_scale_attn=(torch.stack(post_scales, 1) if post_scales else x.new_zeros(b, 0, pos))
+            if self.cfg.post_norms else None,
         )
         return logits, cache
 

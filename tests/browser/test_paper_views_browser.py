@@ -148,3 +148,17 @@ def test_bigram_search_select_and_follow_the_chain_without_kernel(page, tmp_path
     _, ids2 = bigram_top(m0, 5, [ids[0, 0].item()])
     shown = page.get_by_test_id("next-tokens").locator(".pcw-tok").evaluate_all("ts => ts.map(t => Number(t.dataset.tokenId))")
     assert shown == ids2[0].tolist()
+
+
+def test_a_refused_path_expansion_shows_why_instead_of_terms(show):
+    """A tiny MPT (``clip_qkv`` 2) whose values reach the clamp on the text: the view shows the refusal
+    as a notice, and no ladder or terms."""
+    from family_configs import tiny_model
+    from random_models import IdTokenizer
+    model = pcw.from_hf(tiny_model("mpt"), verify=False)
+    model.tokenizer = IdTokenizer()
+    w = pcw.PathExpansion(model, "t3 t17 t5 t3 t17 t5 t40 t2 t9 t63 t1 t2")
+    assert w.wait(60) and w.refusal.startswith("path expansion refused: clip_qkv:")
+    page = show(w).page
+    assert page.get_by_test_id("paths-refusal").inner_text() == w.refusal
+    assert page.get_by_test_id("ladder").count() == 0 and page.locator("tr.term").count() == 0

@@ -19,7 +19,7 @@ from ..circuit_model import CircuitModel
 from ..config import ModelConfig
 from .families import FAMILIES, Family, get
 from .hf_tokenizer import as_tokenizer, folder_tokenizer
-from .verify import check_module_heads, probe_hf
+from .verify import check_module_heads, check_rotary_modules, probe_hf
 from .weight_view import act_fn, adjacent_pairs_to_halves, build, expand_kv_heads
 
 FOLDED = ("embed_scale", "residual_scale", "logit_scale")
@@ -368,6 +368,7 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
         bar.note("reading the weights")
         cfg, folds = read_config(model.config, family, mlp_width(model, family))
         check_module_heads(model, family, cfg)
+        check_rotary_modules(model, cfg)
         raw = read_weights(model, family, cfg, folds)
         if getattr(model, "hf_device_map", None):  # placed by accelerate: gather the weights on one device
             raw = {k: None if v is None else v.to(_main_device(model.hf_device_map)) for k, v in raw.items()}

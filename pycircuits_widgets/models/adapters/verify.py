@@ -6,9 +6,15 @@ Two checks, in order:
    counts, ``d_head``, projection sizes). A config edited after the model was built (``n_head`` 8
    on modules built with 4) reshapes the same weights into other heads without any shape error, so
    this compares the attention modules' own attributes and weight shapes with the config.
+   ``check_rotary_modules`` likewise compares the rotary rule the translation read from the config
+   with the source's built rotary embedding modules (their frequencies, attention scaling and, for
+   dynamic NTK, the length they were built for): the source's forward keeps those, whatever the
+   config says later.
 2. ``probe``: a short forward (``PROBE_TOKENS`` random ids, fixed seed) through the translated model
    and through the source model's own forward; logits, and the attention patterns where the source
-   returns them, must agree within ``tolerance`` (a rounding-error bound, below). A disagreement raises
+   returns them, must agree within ``tolerance`` (a rounding-error bound, below). A rotary rule that
+   depends on the length (dynamic NTK, LongRoPE) acts only past a threshold, so a second probe runs one
+   token past it (where that is at most ``LONG_PROBE_MAX`` tokens). A disagreement raises
    ``TranslationError`` naming the family, the errors and the likely feature: the features of the
    first layer whose patterns disagree, or those after attention when the patterns agree.
 
@@ -36,16 +42,21 @@ So a bound grows with the model (``sqrt(n)``): GPT-2-small's logits get about 3e
 where a fixed 1e-4 could refuse a correct translation on another CPU.
 
 Cost (``benchmarks/bench_verify.py``): one source forward and one weight-view forward of 16 tokens,
-and one more unembedding-sized product for the bound (``|x_norm| @ |W_U|``, in vocabulary blocks).
+and one more unembedding-sized product for the bound (``|x_norm| @ |W_U|``, in vocabulary blocks);
+the same again at the long probe's length, for a length-dependent rotary rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
 PROBE_TOKENS = 16
+LONG_PROBE_MAX = 256
+"""Longest second probe (a length-dependent rotary rule's threshold + 1); past it the rotary module
+check alone guards the rule (the weight view's forward keeps every pattern: L x H x n^2 floats)."""
 LAMBDA = 8.0
 """Standard deviations of the rounding-error bound (module docstring)."""
 HALF_ROUNDINGS_PER_LAYER = 13
@@ -153,9 +164,79 @@ def check_module_heads(model, family, cfg) -> None:
                                    f"n_kv_heads={n_kv}, d_head={cfg.d_head}, d_model={cfg.d_model})")
 
 
-def probe_tokens(cfg, device) -> torch.Tensor:
-    """``[1, min(PROBE_TOKENS, n_ctx)]`` random token ids (fixed seed)."""
-    n = min(PROBE_TOKENS, cfg.n_ctx)
+def check_rotary_modules(model, cfg) -> None:
+    """Refuse a rotary rule (read from ``model.config``) that the source's built rotary embedding
+    modules (Hugging Face ``*RotaryEmbedding``: ``original_inv_freq``, ``attention_scaling``,
+    ``original_max_seq_len``; per layer type where the config has ``layer_types``) do not hold.
+
+    Those values are what the source's forward rotates by: a config edited after the model was built
+    (``rope_theta``, the rope parameters, ``max_position_embeddings``) changes the translation but not
+    them. Dynamic NTK re-reads the config when it grows past the built length, so a length raised
+    after building is the source's rule too (it equals the config's rule at every length); a length
+    lowered after building is not (the module keeps the built frequencies up to the built length,
+    then grows by the new one), and is refused."""
+    from ..rotary import is_rotary_layer, layer_rope, rotary_frequencies
+    layer_types = getattr(model.config, "layer_types", None)
+    for name, module in model.named_modules():
+        if not hasattr(module, "original_max_seq_len"):
+            continue
+        for layer in range(cfg.n_layers):
+            prefix = f"{layer_types[layer]}_" if layer_types and hasattr(
+                module, f"{layer_types[layer]}_original_inv_freq") else ""
+            built = getattr(module, f"{prefix}original_inv_freq", None)
+            if built is None or built.device.type == "meta" or not is_rotary_layer(cfg, layer):
+                continue  # (a meta model is refused with its weights)
+            rule = layer_rope(cfg, layer)
+            inv, scaling = rotary_frequencies(cfg, layer)  # the built length: no length-dependent growth
+            # both are float32 base ** (-2i / d), whose rounding ln(base) amplifies; a model cast to half
+            # precision casts the buffer too (one rounding to its dtype, which its forward then uses)
+            rtol = (4 * torch.finfo(torch.float32).eps * (1 + math.log(max(float(rule["rope_theta"]), math.e)))
+                    + torch.finfo(built.dtype).eps)
+            built = built.detach().float().cpu()
+            where = f"from_hf: {cfg.name!r}: the rotary embedding {name!r} (layer {layer})"
+            edited = "; was the config edited after the model was built?"
+            if built.shape != inv.shape or not torch.allclose(inv, built, rtol=rtol, atol=0):
+                raise TranslationError(
+                    f"{where} was built with inverse frequencies {_few(built)}, but the config's rotary rule "
+                    f"({rule['rope_type']!r}, base {rule['rope_theta']:g}, rotary_dim {cfg.rotary_dim}) gives "
+                    f"{_few(inv)}{edited}")
+            built_scaling = float(getattr(module, f"{prefix}attention_scaling", 1.0))
+            if not math.isclose(built_scaling, scaling, rel_tol=rtol):
+                raise TranslationError(f"{where} was built with attention scaling {built_scaling:g}, but the config's "
+                                       f"rotary rule gives {scaling:g}{edited}")
+            trained = rule.get("max_position_embeddings", cfg.n_ctx)
+            if rule["rope_type"] == "dynamic" and module.original_max_seq_len > trained:
+                raise TranslationError(
+                    f"{where} was built for max_position_embeddings={module.original_max_seq_len} and keeps its "
+                    f"frequencies up to that length, then grows them by the config's {trained}: its forward follows "
+                    f"the dynamic NTK rule of neither length{edited}")
+
+
+def _few(t: torch.Tensor) -> str:
+    values = ", ".join(f"{v:.6g}" for v in t[:4].tolist())
+    return f"[{values}{', ...' if t.numel() > 4 else ''}] ({t.numel()})"
+
+
+def probe_lengths(cfg) -> list[int]:
+    """``PROBE_TOKENS``, then one token past the threshold of a length-dependent rotary rule (dynamic
+    NTK's trained length, LongRoPE's original length) where that is within ``n_ctx`` and
+    ``LONG_PROBE_MAX``: the length where the rule first acts. Capped at ``n_ctx``."""
+    from ..rotary import is_rotary_layer, layer_rope
+    lengths = [min(PROBE_TOKENS, cfg.n_ctx)]
+    for layer in range(cfg.n_layers):
+        if not is_rotary_layer(cfg, layer):
+            continue
+        rule = layer_rope(cfg, layer)
+        threshold = {"dynamic": rule.get("max_position_embeddings", cfg.n_ctx),
+                     "longrope": rule.get("original_max_position_embeddings")}.get(rule["rope_type"])
+        if threshold is not None and lengths[0] < threshold + 1 <= min(cfg.n_ctx, LONG_PROBE_MAX):
+            lengths.append(threshold + 1)
+    return sorted(set(lengths))
+
+
+def probe_tokens(cfg, device, n: int | None = None) -> torch.Tensor:
+    """``[1, n]`` random token ids (fixed seed); ``n`` default ``min(PROBE_TOKENS, n_ctx)``."""
+    n = min(PROBE_TOKENS, cfg.n_ctx) if n is None else n
     return torch.randint(0, cfg.d_vocab, (1, n), generator=torch.Generator().manual_seed(0)).to(device)
 
 
@@ -202,10 +283,10 @@ def output_features(model) -> list[str]:
 
 
 def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: str, source: str) -> dict:
-    """Compare ``model`` on ``probe_tokens`` with the source's ``logits [1, n, d_vocab]`` and
-    ``patterns [1, L, H, n, n]`` (or None); raise ``TranslationError`` on a disagreement, else
-    return the errors."""
-    tokens = probe_tokens(model.cfg, model.device)
+    """Compare ``model`` on ``probe_tokens`` (as many as ``logits`` has) with the source's ``logits
+    [1, n, d_vocab]`` and ``patterns [1, L, H, n, n]`` (or None); raise ``TranslationError`` on a
+    disagreement, else return the errors."""
+    tokens = probe_tokens(model.cfg, model.device, logits.shape[1])
     with torch.no_grad():
         ours, cache = model.run_with_cache(tokens)
     logit_tol, pattern_tol = tolerance(model, cache, tokens.shape[1])
@@ -239,11 +320,40 @@ def compare(model, logits: torch.Tensor, patterns: torch.Tensor | None, family: 
 
 
 def probe_hf(source, model, family: str) -> dict:
-    """``compare`` against a Hugging Face model's own forward, in eval mode (no dropout). Patterns need
-    eager attention: a model loaded with another implementation (``sdpa``, the default) is switched
-    to eager for the probe and back, where transformers allows it; otherwise only the logits are
-    compared. The model's training mode is restored."""
-    tokens = probe_tokens(model.cfg, model.device)
+    """``compare`` against a Hugging Face model's own forward at each of ``probe_lengths``, in eval mode
+    (no dropout); the errors of the longest probe are returned. Patterns need eager attention: a model
+    loaded with another implementation (``sdpa``, the default) is switched to eager for the probe and
+    back, where transformers allows it; otherwise only the logits are compared. The model's training
+    mode is restored, and so is the state of its rotary modules (``rotary_state_kept``)."""
+    reports = [_probe_hf(source, model, family, n) for n in probe_lengths(model.cfg)]
+    return reports[-1]
+
+
+@contextlib.contextmanager
+def rotary_state_kept(source):
+    """Run a forward of ``source`` and put its rotary embedding modules back as they were: Hugging
+    Face's dynamic NTK keeps the frequencies of the longest sequence it has seen (until one shorter
+    than the built length resets them) and LongRoPE switches its frequencies in place, so a probe
+    would otherwise change what the source computes next."""
+    saved = []
+    for module in source.modules():
+        if hasattr(module, "original_max_seq_len"):
+            buffers = {k: b.clone() for k, b in module._buffers.items() if b is not None}
+            plain = {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"
+                     and isinstance(v, (int, float, torch.Tensor))}
+            saved.append((module, buffers, plain))
+    try:
+        yield
+    finally:
+        for module, buffers, plain in saved:
+            module._buffers.update(buffers)
+            for key in [k for k in vars(module) if "inv_freq" in k and k not in plain and k not in buffers]:
+                delattr(module, key)  # computed during the probe (LongRoPE's long frequencies)
+            vars(module).update(plain)
+
+
+def _probe_hf(source, model, family: str, n: int) -> dict:
+    tokens = probe_tokens(model.cfg, model.device, n)
     loaded = getattr(source.config, "_attn_implementation", "eager")
     switch = loaded != "eager" and hasattr(source, "set_attn_implementation")
     training = source.training  # a model built with from_config is in training mode: dropout on
@@ -251,7 +361,7 @@ def probe_hf(source, model, family: str) -> dict:
         source.eval()
         if switch:
             source.set_attn_implementation("eager")
-        with torch.no_grad():
+        with torch.no_grad(), rotary_state_kept(source):
             out = source(tokens.to(source.device), output_attentions=True)
     finally:
         if switch:

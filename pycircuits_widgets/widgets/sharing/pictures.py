@@ -233,7 +233,10 @@ def _bars(test_id: str, labels: list[str], values: list[float], *, width: int = 
 
 
 def path_expansion(w) -> str:
-    """The loss ladder by path order and the most important terms (loss increase when removed)."""
+    """The loss ladder by path order and the most important terms (loss increase when removed), or
+    why the text's logits are not a sum of paths (``refusal``)."""
+    if w.refusal:
+        return _caption(w.refusal)
     if w.importance is None:
         return _pending("Path expansion")
     importance = w.importance.astype(np.float64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ...analysis.path_expansion import path_expansion, path_specs
+from ...analysis.path_expansion import LINEARISED, NonlinearFeatureError, check_path_features, path_expansion, path_specs
 from ..core.arrays import Array
 from ..core.base import CircuitWidget, check_range
 from ..core.payload import JSON_BUFFER
@@ -31,7 +31,9 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
     selects the head (``layer``/``head``); a virtual term selects the pair (``selected_pair``).
     Hovering (or clicking) a text position shows which terms raise the logit of the token that
     actually came next there. Everything is computed per text, so every interaction works without
-    a kernel.
+    a kernel. A model whose forward has a step no sum of paths passes exactly is refused:
+    at construction when no text can be expanded (``NonlinearFeatureError``, a ``ValueError``: the
+    explorer shows its notice instead of the view), or per text (``refusal`` says why, no terms).
 
     The terms are computed on the widget's runner (``on_demand``): at once in a script, in the
     background under a kernel (``wait()`` blocks until they are in), and only once ``active``.
@@ -62,6 +64,9 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
     """float32 [n_terms] (None before the first text): loss increase (nats) when the term is removed from the full sum."""
     expansion_note = traitlets.Unicode("").tag(sync=True)
     """str (read-only): what the terms are for this model (depth, MLPs and biases as sources)."""
+    refusal = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): why this text's logits are not a sum of paths (e.g. values reaching the model's
+    ``clip_qkv`` clamp), shown instead of the terms; "" when they are."""
     contributions = Array("float16", ndim=2, compress=True).tag(sync=True)
     """float16 [n_terms, pos - 1] (the view's largest array, saved with the page: shown to 3
     significant digits, deflated on the wire): each term's centred logit for the token at p + 1, from position p."""
@@ -76,6 +81,7 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
     def __init__(self, model, text, forward=None, one_token: bool = False, **kwargs):
         check_model(model, "PathExpansion")
         cfg = model.cfg
+        check_path_features(cfg)
         self._max_order = deepest_order(cfg)
         self._first_position = kwargs.pop("position", -1)  # validated against the text, once it is set
         super().__init__(model, text, forward, one_token, expansion_note=expansion_note(cfg, self._max_order),
@@ -97,14 +103,20 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
 
     def _text_steps(self, text: str):
         out = self._forward(self.model, text)
+        cleared = {"tokens": list(out.str_tokens[0]), "terms": [], "ladder": [], "importance": None,
+                   "contributions": None, "refusal": ""}
         if out.tokens.shape[-1] < 2:  # nothing to predict
-            yield {"tokens": list(out.str_tokens[0]), "terms": [], "ladder": [], "importance": None, "contributions": None}
+            yield cleared
             return
-        with torch.no_grad():
-            pe = path_expansion(self.model, out, self._max_order)
-            by_order = pe.loss_by_order().tolist()
-            importance = pe.term_importance()
-            contributions = pe.next_token_contributions()[:, 0]
+        try:
+            with torch.no_grad():
+                pe = path_expansion(self.model, out, self._max_order)
+                by_order = pe.loss_by_order().tolist()
+                importance = pe.term_importance()
+                contributions = pe.next_token_contributions()[:, 0]
+        except NonlinearFeatureError as exc:  # this text, not the view: no terms rather than wrong ones
+            yield {**cleared, "refusal": str(exc)}
+            return
         plain = {t.source for t in pe.terms} == {"embed"}  # the paper's attention-only, bias-free expansion
         labels = list(LADDER[:len(by_order)]) if plain and len(by_order) <= 3 else [
             f"terms of order ≤ {n}" for n in range(len(by_order))]
@@ -115,6 +127,7 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
             + [{"label": LADDER[-1], "loss": float(out.loss)}],
             "importance": importance,
             "contributions": contributions,
+            "refusal": "",
         }
 
     def _n_positions(self) -> int:
@@ -137,7 +150,7 @@ def deepest_order(cfg) -> int:
 
 
 def expansion_note(cfg, max_order: int) -> str:
-    """One sentence for the view: what its terms are for a model of config ``cfg``."""
+    """One sentence for the view: what its terms are for a model of config ``cfg``, and what they sum to."""
     parts = []
     if not cfg.attn_only:
         parts.append("each MLP layer's output (as the forward pass computed it) is a source, read by the "
@@ -145,7 +158,12 @@ def expansion_note(cfg, max_order: int) -> str:
     if max_order < cfg.n_layers:
         parts.append(f"paths go through at most {max_order} head{'s' if max_order > 1 else ''}, and a path at "
                      "that depth reads the whole residual stream at its first head")
-    if not parts:
+    parts += [LINEARISED[f] for f in cfg.nonlinear_features if f not in ("final_softcap", "clip_qkv")]
+    if not parts and cfg.final_softcap is None:
         return ""
-    return "Attention and the norms' divisions frozen from the forward pass; " + "; ".join(parts) + \
-        ". The terms sum exactly to the model's logits."
+    frozen = "Attention and the norms' divisions frozen from the forward pass"
+    total = ("The terms sum exactly to the model's logits before its final soft-cap "
+             f"({cfg.final_softcap:g} · tanh(logits / {cfg.final_softcap:g})), which the loss ladder and the "
+             "importances apply to each sum." if cfg.final_softcap is not None
+             else "The terms sum exactly to the model's logits.")
+    return f"{frozen}; {'; '.join(parts)}. {total}" if parts else f"{frozen}. {total}"
