@@ -138,6 +138,27 @@ def product_tol(*factors: torch.Tensor, computations: int = 2) -> torch.Tensor:
     return computations * gamma(n, factors[0].dtype) * magnitude
 
 
+LAPACK_THRESHOLD = 35.0
+"""The test ratio LAPACK's own test suite accepts from its SVD routines (``TESTING/svd.in``)."""
+
+
+def factorization_tol(n: int, magnitude: float, dtype: torch.dtype = torch.float32, computations: int = 1) -> float:
+    """Bound on the error of a Householder-based factorization (QR, SVD; eigenvalues through the
+    Hessenberg QR algorithm) of a matrix with at most ``n`` rows or columns and norm ``magnitude``:
+    ``computations * LAPACK_THRESHOLD * n * eps * magnitude``.
+
+    These routines are backward stable with a constant that has no closed form (Higham, chapters 19
+    and 20: ``gamma~_{mn}``, "a small integer constant" times ``mn u``): the computed factors are the
+    exact ones of a matrix within ``c n eps magnitude`` of the input, and are orthonormal within
+    ``c n eps``. LAPACK's test suite accepts an implementation whose residual
+    ``||A - U S V^T|| / (n ||A|| eps)`` and orthogonality ``||I - U^T U|| / (n eps)`` stay under
+    ``LAPACK_THRESHOLD``; this is that acceptance bound, for the residual (``magnitude`` the input's
+    norm) and the orthogonality (``magnitude`` 1). By Weyl's inequality it bounds each singular
+    value's error too. ``computations`` adds the bounds of several such steps (a chain of
+    factorizations, or ours and a reference's)."""
+    return computations * LAPACK_THRESHOLD * n * torch.finfo(dtype).eps * magnitude
+
+
 def assert_within(actual: torch.Tensor, expected: torch.Tensor, tol) -> None:
     """``|actual - expected| <= tol`` elementwise (``tol`` a number or a tensor), naming the worst entry."""
     excess = (actual.double() - expected.double()).abs() - torch.as_tensor(tol, dtype=torch.float64)
