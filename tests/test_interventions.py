@@ -334,16 +334,16 @@ def test_every_family_ablates_through_its_own_forward(name):
 def test_a_forward_resumed_from_the_clean_run_is_the_whole_forward_bit_for_bit(name):
     model = family_model(name)
     tokens = probe_tokens()
-    clean = model.run_with_cache(tokens)[1]
+    clean = model.run_with_cache(tokens, mlp_post=True)[1]
     mlp = not model.cfg.attn_only
     for edits in (Interventions(heads={(1, 2): None}),  # resumed at layer 1: layer 0 not run again
                   Interventions(heads={(0, 1): clean.head_out[:, 0, 1].mean((0, 1))},
                                 neurons={(1, 3): None} if mlp else {}),
                   Interventions(head_inputs={(1, 0, "K"): clean.resid[:, 0]})):  # layer 0 removed from one key
-        resumed, resumed_cache = model.run_with_cache(tokens, interventions=edits, resume=clean)
-        whole, whole_cache = model.run_with_cache(tokens, interventions=edits)
+        resumed, resumed_cache = model.run_with_cache(tokens, interventions=edits, resume=clean, mlp_post=True)
+        whole, whole_cache = model.run_with_cache(tokens, interventions=edits, mlp_post=True)
         assert torch.equal(resumed, whole)
-        for field in ("resid", "patterns", "z", "ln_scale", "mlp_out", "post_scale_attn"):
+        for field in ("resid", "patterns", "z", "ln_scale", "mlp_out", "post_scale_attn", "mlp_post"):
             a, b = getattr(resumed_cache, field), getattr(whole_cache, field)
             assert (a is None and b is None) or torch.equal(a, b), field
         assert not torch.equal(resumed, model(tokens))

@@ -157,6 +157,9 @@ class ActivationCache:
       sizes it is the largest tensor here (GPT-2-medium, 100 tokens: 157 MB) and most
       analyses never read it
     * ``mlp_out [b, L, pos, d_model]`` or None (attention-only), ``b_out`` included
+    * ``mlp_post [b, L, pos, d_mlp]`` or None: every neuron's post-activation, what ``W_out`` reads;
+      recorded only when asked (``run_with_cache(tokens, mlp_post=True)``, MLP models), since it is
+      ``d_mlp / d_model`` times the size of ``mlp_out``
     * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read (ones for
       the layers of a model without pre-norms, ``cfg.pre_norm`` False),
       aligned with ``resid``: layer ``l``'s attention reads ``resid[:, l] / ln_scale[:, l, :, None]``
@@ -189,6 +192,7 @@ class ActivationCache:
     ln_scale_mlp: torch.Tensor | None
     W_O: torch.Tensor = field(repr=False)  # the model's, to compute head_out from z
     post_scale_attn: torch.Tensor | None = None
+    mlp_post: torch.Tensor | None = None
     interventions: Interventions | None = None
 
     def __post_init__(self):
@@ -517,7 +521,10 @@ class CircuitModel:
                 out = out + torch.as_tensor(replacement, dtype=out.dtype, device=out.device)
         return pattern, z, out, scale
 
-    def _mlp(self, layer: int, x: torch.Tensor, edits: LayerEdits | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mlp(self, layer: int, x: torch.Tensor,
+             edits: LayerEdits | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s MLP reading ``x [b, pos, d_model]``: (output ``[b, pos, d_model]`` with ``b_out``,
+        scale ``[b, pos]``, post-activation ``[b, pos, d_mlp]``: what ``W_out`` reads, after ``edits``)."""
         xn, scale = self.layer_read(x)
         b_in = self.b_in[layer] if self.b_in is not None else 0
         act = _ACTIVATIONS[self.cfg.act_fn]
@@ -537,7 +544,7 @@ class CircuitModel:
                                       device=hidden.device).expand(hidden.shape[:-1]) for n in neurons]
             hidden = hidden.index_copy(-1, torch.tensor(neurons, device=hidden.device), torch.stack(values, -1))
         out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
-        return out, scale
+        return out, scale, hidden
 
     def _expert_weights(self, layer: int, xn: torch.Tensor) -> torch.Tensor:
         """Mixture of experts: each neuron's routing weight ``[..., d_mlp]`` for the normalised input
@@ -555,11 +562,12 @@ class CircuitModel:
         normed, scale = self.read(out)
         return normed * w, scale
 
-    def _resume_layer(self, resume: ActivationCache, tokens: torch.Tensor,
-                      interventions: Interventions | None) -> int | None:
+    def _resume_layer(self, resume: ActivationCache, tokens: torch.Tensor, interventions: Interventions | None,
+                      mlp_post: bool) -> int | None:
         """The layer a forward with ``interventions`` starts at when ``resume`` (a clean run of this
         model on ``tokens``) gives it the layers before: the first intervened one; None (no resuming)
-        for a half-precision model, whose cache holds the stream rounded to its dtype."""
+        for a half-precision model, whose cache holds the stream rounded to its dtype, or when
+        ``mlp_post`` is asked of a run that did not record it."""
         if not isinstance(resume, ActivationCache):
             raise TypeError(f"run_with_cache: resume must be the ActivationCache of a clean run, got "
                             f"{type(resume).__name__}")
@@ -572,14 +580,18 @@ class CircuitModel:
         if resume.tokens.shape != tokens.shape or not torch.equal(resume.tokens, tokens):
             raise ValueError(f"run_with_cache: resume is a run of other tokens (shape {list(resume.tokens.shape)}) "
                              f"than these ({list(tokens.shape)}); pass the clean run of these tokens")
-        if self.dtype in HALF:
+        if self.dtype in HALF or (mlp_post and resume.mlp_post is None and not self.cfg.attn_only):
             return None
         return interventions.first_layer(self.cfg.n_layers) if interventions else self.cfg.n_layers
 
     def run_with_cache(self, tokens, interventions: Interventions | None = None,
-                       resume: ActivationCache | None = None) -> tuple[torch.Tensor, ActivationCache]:
+                       resume: ActivationCache | None = None, *, mlp_post: bool = False,
+                       logits: bool = True) -> tuple[torch.Tensor | None, ActivationCache]:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids) -> (``logits [batch, pos, d_vocab]``,
         ``ActivationCache``; see its docstring for shapes and the sum identity).
+
+        ``mlp_post``: also record every neuron's post-activation (``cache.mlp_post``). ``logits=False``:
+        skip the unembedding and return None for the logits (a corpus sweep reads only the cache).
 
         ``interventions`` (``models.interventions.Interventions``): heads' outputs, neurons'
         activations or heads' inputs changed in this forward; the cache records the changed run.
@@ -598,7 +610,7 @@ class CircuitModel:
                 raise TypeError(f"run_with_cache: interventions must be an Interventions, got "
                                 f"{type(interventions).__name__}")
             interventions.check(cfg, b, pos)
-        start = None if resume is None else self._resume_layer(resume, tokens, interventions)
+        start = None if resume is None else self._resume_layer(resume, tokens, interventions, mlp_post)
         if start is not None:
             embed, x = resume.embed, resume.resid[:, start]
         else:
@@ -615,7 +627,7 @@ class CircuitModel:
             return [] if kept is None else list(kept[:, :start].unbind(1))
 
         resid, patterns, zs, mlp_outs = before("resid"), before("patterns"), before("z"), before("mlp_out")
-        post_scales = before("post_scale_attn")
+        post_scales, posts = before("post_scale_attn"), before("mlp_post") if mlp_post else []
         scales = {"attn": before("ln_scale"), "mlp": before("ln_scale_mlp")}
         for layer in range(start or 0, cfg.n_layers):
             resid.append(x)
@@ -633,7 +645,9 @@ class CircuitModel:
             x = x + attn_out
             if not cfg.attn_only:
                 # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
-                mlp_out, scale = self._mlp(layer, resid[-1] if cfg.parallel_attn_mlp else x, edits)
+                mlp_out, scale, post = self._mlp(layer, resid[-1] if cfg.parallel_attn_mlp else x, edits)
+                if mlp_post:
+                    posts.append(post)
                 if cfg.post_norms:
                     mlp_out = self._post_norm(mlp_out, self.w_post_mlp[layer])[0]
                 mlp_outs.append(mlp_out)
@@ -641,9 +655,11 @@ class CircuitModel:
                 x = x + mlp_out
         resid.append(x)
         xn, final_scale = self.read(x)
-        logits = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
-        if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        out = None
+        if logits:
+            out = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
+            if cfg.final_softcap is not None:
+                out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
 
         d = cfg.d_model
         x, embed, resid = x.to(self.dtype), embed.to(self.dtype), [r.to(self.dtype) for r in resid]
@@ -663,9 +679,11 @@ class CircuitModel:
             W_O=self.W_O,
             post_scale_attn=(torch.stack(post_scales, 1) if post_scales else x.new_zeros(b, 0, pos))
             if cfg.post_norms else None,
+            mlp_post=(torch.stack(posts, 1) if posts else x.new_zeros(b, 0, pos, cfg.d_mlp))
+            if mlp_post and not cfg.attn_only else None,
             interventions=interventions or None,
         )
-        return logits, cache
+        return out, cache
 
     def forward(self, tokens) -> torch.Tensor:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]``) -> ``logits [batch, pos, d_vocab]``."""
