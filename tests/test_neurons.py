@@ -104,6 +104,18 @@ def test_activations_are_hugging_faces_and_rebuild_the_mlp_output(adapted):
         assert torch.allclose(rebuilt, cache.mlp_out[0, layer], atol=1e-10, rtol=0)
 
 
+def test_recorded_post_activations_are_hugging_faces_and_the_rest_of_the_cache_unchanged(adapted):
+    kind, hf, model = adapted
+    plain_logits, plain = model.run_with_cache(torch.tensor(IDS))
+    logits, cache = model.run_with_cache(torch.tensor(IDS), mlp_post=True, logits=False)
+    assert logits is None and plain.mlp_post is None
+    assert cache.mlp_post.shape == (1, 2, len(IDS), D_MLP)
+    for layer, expected in enumerate(hf_activations(kind, hf)):
+        assert torch.allclose(cache.mlp_post[0, layer], expected, atol=1e-5 if kind == "llama" else 1e-10, rtol=0)
+    for name in ("resid", "patterns", "z", "mlp_out", "ln_scale", "ln_scale_mlp"):  # the same computation
+        assert torch.equal(getattr(cache, name), getattr(plain, name)), name
+
+
 @pytest.mark.parametrize("layer, head, neuron", [(0, 1, 7), (1, 3, 22)])
 def test_the_three_terms_top_tokens_are_the_dense_float64_ones(adapted, layer, head, neuron):
     kind, hf, model = adapted

@@ -138,6 +138,67 @@ def product_tol(*factors: torch.Tensor, computations: int = 2) -> torch.Tensor:
     return computations * gamma(n, factors[0].dtype) * magnitude
 
 
+def centred_product_tol(*factors: torch.Tensor, dtype: torch.dtype = torch.float32, first_error=None,
+                        centre: bool = True) -> torch.Tensor:
+    """Elementwise worst-case bound on ``P = F0 @ F1 @ ...`` computed in ``dtype`` from the factors
+    (rounded to ``dtype`` first) and then centred along its last dim, ``P - mean_j P`` (or, the same
+    sum in another order, with the last factor's columns centred first), against the exact result.
+
+    Roundings along an entry's longest path: one per factor (its cast), the inner dimensions (Higham
+    3.5), and the centring's mean (``n_cols`` terms) and subtraction: ``n`` in all. Entry ``(i, j)``
+    then sums terms of size ``M_ij + mean_j M_ij``, ``M = |F0| @ |F1| @ ...``: the bound is
+    ``gamma(n) (M + mean_j M)``. ``first_error``: an elementwise bound on ``F0``'s own error (a
+    normalised embedding's, ``normalization_tol``), carried through as ``first_error @ |F1| @ ...``
+    (centred likewise). ``centre=False``: the product alone (its casts and inner dimensions)."""
+    n = len(factors) + sum(f.shape[-1] for f in factors[:-1]) + (factors[-1].shape[-1] + 1 if centre else 0)
+    magnitude = factors[0].double().abs()
+    carried = None if first_error is None else torch.as_tensor(first_error, dtype=torch.float64)
+    for f in factors[1:]:
+        magnitude = magnitude @ f.double().abs()
+        carried = None if carried is None else carried @ f.double().abs()
+    bound = gamma(n, dtype) * magnitude + (0 if carried is None else carried)
+    return bound + bound.mean(-1, keepdim=True) if centre else bound
+
+
+def normalization_tol(x: torch.Tensor, eps: float, centred: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Elementwise worst-case bound on a norm's output ``y = (x - mu) / sqrt(mean((x - mu)^2) + eps)``
+    (layer norm; ``centred=False``: RMSNorm, ``mu = 0``) computed in ``dtype``, against the exact ``y``
+    of the same rows ``x [..., d]``: ``gamma(d + 10) (|y| + mean|x| / sigma)``.
+
+    The mean is off by at most ``gamma(d + 1) mean|x|`` (``d`` terms and the division), which the
+    centred entry carries, divided by ``sigma``; the variance's ``d + 2`` roundings (squares, sum,
+    division) and the entries' own make ``sigma^2`` relatively off by ``gamma(d + 6)`` (the mean's
+    error enters only at second order: the centred entries sum to zero), ``sigma`` by half that plus
+    the square root's rounding, and the division adds one: under ``gamma(d + 10)`` of ``|y|``."""
+    x = x.double()
+    d = x.shape[-1]
+    c = x - x.mean(-1, keepdim=True) if centred else x
+    sigma = (c.square().mean(-1, keepdim=True) + eps).sqrt()
+    spread = x.abs().mean(-1, keepdim=True) / sigma if centred else 0
+    return gamma(d + 10, dtype) * ((c / sigma).abs() + spread)
+
+
+LAPACK_THRESHOLD = 35.0
+"""The test ratio LAPACK's own test suite accepts from its SVD routines (``TESTING/svd.in``)."""
+
+
+def factorization_tol(n: int, magnitude: float, dtype: torch.dtype = torch.float32, computations: int = 1) -> float:
+    """Bound on the error of a Householder-based factorization (QR, SVD; eigenvalues through the
+    Hessenberg QR algorithm) of a matrix with at most ``n`` rows or columns and norm ``magnitude``:
+    ``computations * LAPACK_THRESHOLD * n * eps * magnitude``.
+
+    These routines are backward stable with a constant that has no closed form (Higham, chapters 19
+    and 20: ``gamma~_{mn}``, "a small integer constant" times ``mn u``): the computed factors are the
+    exact ones of a matrix within ``c n eps magnitude`` of the input, and are orthonormal within
+    ``c n eps``. LAPACK's test suite accepts an implementation whose residual
+    ``||A - U S V^T|| / (n ||A|| eps)`` and orthogonality ``||I - U^T U|| / (n eps)`` stay under
+    ``LAPACK_THRESHOLD``; this is that acceptance bound, for the residual (``magnitude`` the input's
+    norm) and the orthogonality (``magnitude`` 1). By Weyl's inequality it bounds each singular
+    value's error too. ``computations`` adds the bounds of several such steps (a chain of
+    factorizations, or ours and a reference's)."""
+    return computations * LAPACK_THRESHOLD * n * torch.finfo(dtype).eps * magnitude
+
+
 def assert_within(actual: torch.Tensor, expected: torch.Tensor, tol) -> None:
     """``|actual - expected| <= tol`` elementwise (``tol`` a number or a tensor), naming the worst entry."""
     excess = (actual.double() - expected.double()).abs() - torch.as_tensor(tol, dtype=torch.float64)

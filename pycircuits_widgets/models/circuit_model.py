@@ -156,6 +156,9 @@ class ActivationCache:
       sizes it is the largest tensor here (GPT-2-medium, 100 tokens: 157 MB) and most
       analyses never read it
     * ``mlp_out [b, L, pos, d_model]`` or None (attention-only), ``b_out`` included
+    * ``mlp_post [b, L, pos, d_mlp]`` or None: every neuron's post-activation, what ``W_out`` reads;
+      recorded only when asked (``run_with_cache(tokens, mlp_post=True)``, MLP models), since it is
+      ``d_mlp / d_model`` times the size of ``mlp_out``
     * ``ln_scale [b, L + 1, pos]``: the norm the stream is divided by where it is read (ones for
       the layers of a model without pre-norms, ``cfg.pre_norm`` False),
       aligned with ``resid``: layer ``l``'s attention reads ``resid[:, l] / ln_scale[:, l, :, None]``
@@ -186,6 +189,7 @@ class ActivationCache:
     ln_scale_mlp: torch.Tensor | None
     W_O: torch.Tensor = field(repr=False)  # the model's, to compute head_out from z
     post_scale_attn: torch.Tensor | None = None
+    mlp_post: torch.Tensor | None = None
 
     def __post_init__(self):
         self._W_O_version = self.W_O._version
@@ -450,7 +454,9 @@ class CircuitModel:
         out = z.transpose(1, 2).reshape(b, pos, H * dh) @ self.W_O[layer].reshape(H * dh, -1)
         return pattern, z, out, scale
 
-    def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s MLP reading ``x [b, pos, d_model]``: (output ``[b, pos, d_model]`` with ``b_out``,
+        scale ``[b, pos]``, post-activation ``[b, pos, d_mlp]``: what ``W_out`` reads)."""
         xn, scale = self.read(x) if self.cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
         b_in = self.b_in[layer] if self.b_in is not None else 0
         act = _ACTIVATIONS[self.cfg.act_fn]
@@ -465,7 +471,7 @@ class CircuitModel:
         if self.cfg.n_experts:
             hidden = hidden * self._expert_weights(layer, xn).to(hidden.dtype)
         out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
-        return out, scale
+        return out, scale, hidden
 
     def _expert_weights(self, layer: int, xn: torch.Tensor) -> torch.Tensor:
         """Mixture of experts: each neuron's routing weight ``[..., d_mlp]`` for the normalised input
@@ -483,9 +489,13 @@ class CircuitModel:
         normed, scale = self.read(out)
         return normed * w, scale
 
-    def run_with_cache(self, tokens) -> tuple[torch.Tensor, ActivationCache]:
+    def run_with_cache(self, tokens, *, mlp_post: bool = False,
+                       logits: bool = True) -> tuple[torch.Tensor | None, ActivationCache]:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids) -> (``logits [batch, pos, d_vocab]``,
-        ``ActivationCache``; see its docstring for shapes and the sum identity)."""
+        ``ActivationCache``; see its docstring for shapes and the sum identity).
+
+        ``mlp_post``: also record every neuron's post-activation (``cache.mlp_post``). ``logits=False``:
+        skip the unembedding and return None for the logits (a corpus sweep reads only the cache)."""
         tokens = self._as_tokens(tokens)
         if tokens.ndim == 1:
             tokens = tokens[None]
@@ -496,7 +506,7 @@ class CircuitModel:
         if self.cfg.positional == "learned":
             x = x + self.W_pos[:pos]
         embed = x
-        resid, patterns, zs, mlp_outs = [], [], [], []
+        resid, patterns, zs, mlp_outs, posts = [], [], [], [], []
         scales: dict[str, list[torch.Tensor]] = {"attn": [], "mlp": []}
         post_scales: list[torch.Tensor] = []
         for layer in range(self.cfg.n_layers):
@@ -512,7 +522,9 @@ class CircuitModel:
             x = x + attn_out
             if not self.cfg.attn_only:
                 # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
-                mlp_out, scale = self._mlp(layer, resid[-1] if self.cfg.parallel_attn_mlp else x)
+                mlp_out, scale, post = self._mlp(layer, resid[-1] if self.cfg.parallel_attn_mlp else x)
+                if mlp_post:
+                    posts.append(post)
                 if self.cfg.post_norms:
                     mlp_out = self._post_norm(mlp_out, self.w_post_mlp[layer])[0]
                 mlp_outs.append(mlp_out)
@@ -520,9 +532,11 @@ class CircuitModel:
                 x = x + mlp_out
         resid.append(x)
         xn, final_scale = self.read(x)
-        logits = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
-        if self.cfg.final_softcap is not None:
-            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
+        out = None
+        if logits:
+            out = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
+            if self.cfg.final_softcap is not None:
+                out = torch.tanh(out / self.cfg.final_softcap) * self.cfg.final_softcap
 
         b, d = tokens.shape[0], self.cfg.d_model
         x, embed, resid = x.to(self.dtype), embed.to(self.dtype), [r.to(self.dtype) for r in resid]
@@ -542,8 +556,10 @@ class CircuitModel:
             W_O=self.W_O,
             post_scale_attn=(torch.stack(post_scales, 1) if post_scales else x.new_zeros(b, 0, pos))
             if self.cfg.post_norms else None,
+            mlp_post=(torch.stack(posts, 1) if posts else x.new_zeros(b, 0, pos, self.cfg.d_mlp))
+            if mlp_post and not self.cfg.attn_only else None,
         )
-        return logits, cache
+        return out, cache
 
     def forward(self, tokens) -> torch.Tensor:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]``) -> ``logits [batch, pos, d_vocab]``."""

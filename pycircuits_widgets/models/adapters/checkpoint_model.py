@@ -244,7 +244,7 @@ class CheckpointModel(CircuitModel):
         return from_safetensors(self.files.folder, self.tokenizer, device=like.device, dtype=like.dtype)
 
     # --- no forward -----------------------------------------------------------------------------
-    def run_with_cache(self, tokens):
+    def run_with_cache(self, tokens, **options):
         raise NeedsModel(f"a forward pass (pcw.run, attention patterns, path expansion, head scores) needs the model: "
                          f"{self.files.folder} was opened with from_safetensors, which reads weights only. Load it "
                          f"with pcw.from_hf({str(self.files.folder)!r}) (holds the whole model)")
