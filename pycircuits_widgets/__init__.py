@@ -23,6 +23,8 @@ _EXPORTS = {
     "skip_trigrams": "pycircuits_widgets.analysis",
     "head_scores": "pycircuits_widgets.analysis",
     "ablate": "pycircuits_widgets.analysis",
+    "path_patch": "pycircuits_widgets.analysis",
+    "measured_composition": "pycircuits_widgets.analysis",
     "ColoredTokens": "pycircuits_widgets.widgets",
     "AttentionPatterns": "pycircuits_widgets.widgets",
     "SkipTrigramTable": "pycircuits_widgets.widgets",

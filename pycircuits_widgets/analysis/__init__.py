@@ -5,7 +5,8 @@ terms), ``eigen`` (eigenvalue positivity), ``composition`` (Q/K/V composition sc
 ``skip_trigrams``, ``activations`` (``run``), ``path_expansion``, ``head_scores``, ``induction`` (one
 pair's induction mechanism), ``positional`` (attention by relative offset), ``virtual_heads``
 (V-composition), ``bigrams`` (the direct path's top next tokens), ``neurons`` (MLP neuron activations and token circuits),
-``ablation`` (heads and neurons removed from a forward, the loss change).
+``ablation`` (heads and neurons removed from a forward, the loss change), ``path_patching`` (one head's
+output removed from one later head's query, key or value; measured composition).
 """
 
 from .ablation import AblationResult, ablate
@@ -34,19 +35,21 @@ from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
 from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
 from .path_expansion import NonlinearFeatureError, PathExpansion, PathTerm, path_expansion
+from .path_patching import PathPatchResult, measured_composition, path_patch
 from .neurons import neuron_activations, neuron_out_norms, neuron_terms
 from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
+    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion", "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
     "ablate", "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity", "pair_verdicts",
     "positional_scores_by_offset", "top_virtual_heads", "neuron_activations", "neuron_out_norms", "neuron_terms",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
     "eigenvalues", "embedding", "embedding_note", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit",
     "head_mlp_circuit", "head_scores",
-    "k_composition_circuit", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
+    "k_composition_circuit", "measured_composition", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
+    "path_patch",
     "positional_qk_circuit", "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams", "strongest_writers",
     "virtual_head_ov",
 ]
