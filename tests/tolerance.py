@@ -178,6 +178,17 @@ def normalization_tol(x: torch.Tensor, eps: float, centred: bool, dtype: torch.d
     return gamma(d + 10, dtype) * ((c / sigma).abs() + spread)
 
 
+def rotary_table_tol(position: int) -> float:
+    """Largest error of an entry of a float32 rotary table at ``position`` (the forward's, and Hugging
+    Face's rotary modules': ``cos`` and ``sin`` of ``position * inv_freq`` with ``inv_freq <= 1``) against
+    the exact rotation by the same frequencies: the angle's product rounds by ``position u``, cos/sin
+    are within 1 ulp (at most 2u: SLEEF's and glibc's float32 functions) and the attention scaling's
+    product rounds once: ``(position + 3) u``, float32's ``u``. A 2 x 2 rotation block whose entries are
+    each off by ``e`` moves a vector by at most ``2 e`` its norm, so a score ``q_t . k_s`` of two
+    vectors rotated by such tables is within ``2 (e_t + e_s) ||q|| ||k||`` of the exact one."""
+    return (position + 3) * unit_roundoff(torch.float32)
+
+
 LAPACK_THRESHOLD = 35.0
 """The test ratio LAPACK's own test suite accepts from its SVD routines (``TESTING/svd.in``)."""
 
