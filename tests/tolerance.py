@@ -189,6 +189,13 @@ def rotary_table_tol(position: int) -> float:
     return (position + 3) * unit_roundoff(torch.float32)
 
 
+POSITIVITY_TOL = unit_roundoff(torch.float32) + 1e-9
+"""Eigenvalue positivities ``sum Re(l) / sum |l|`` (in ``[-1, 1]``) of a float64 model, computed in float64
+and returned in float32 (the analysis's output dtype), against a float64 oracle's: the float32 copy
+rounds by at most ``u``; the two float64 spectra (backward errors ~1e-13 of the circuits' norms,
+``factorization_tol``) agree far below the float64 margin 1e-9."""
+
+
 LAPACK_THRESHOLD = 35.0
 """The test ratio LAPACK's own test suite accepts from its SVD routines (``TESTING/svd.in``)."""
 
