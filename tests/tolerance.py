@@ -196,6 +196,16 @@ rounds by at most ``u``; the two float64 spectra (backward errors ~1e-13 of the 
 ``factorization_tol``) agree far below the float64 margin 1e-9."""
 
 
+def centred_mean_tol(x: torch.Tensor, dim: int = -1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Bound on the mean along ``dim`` of ``x`` centred along ``dim`` in ``dtype``, ``x - mean(x)``, which
+    is exactly zero: the computed mean is off by ``gamma(n + 1) mean|x|`` (``n`` terms and the
+    division), each centred entry rounds by ``u`` of its size (``|x_i| + |mean x| ``, at most
+    ``2 mean|x|`` on average), and the test's own mean of the centred entries adds ``gamma(n + 1)`` of
+    their mean size: ``3 gamma(n + 2) mean|x|`` in all, with ``x`` the weights *before* centring."""
+    n = x.shape[dim]
+    return 3 * gamma(n + 2, dtype) * x.double().abs().mean(dim)
+
+
 LAPACK_THRESHOLD = 35.0
 """The test ratio LAPACK's own test suite accepts from its SVD routines (``TESTING/svd.in``)."""
 
