@@ -38,11 +38,15 @@ def mlp_input(model, cache, layer: int) -> torch.Tensor:
     return (x / cache.ln_scale_mlp[:, layer, :, None].to(x.dtype)).to(model.dtype)
 
 
-def neuron_activations(model, cache, layer: int) -> torch.Tensor:
+@torch.no_grad()
+def neuron_activations(model, cache, layer: int | None = None) -> torch.Tensor:
     """Every neuron's activation in layer ``layer``'s MLP on the cached text, ``[b, pos, d_mlp]``: what
     ``W_out`` reads, ``act(x W_in + b_in)``, or ``act(x W_gate + b_gate) * (x W_in + b_in)`` for a
     gated MLP (``x``: ``mlp_input``), times the routing weight of a mixture of experts. So
-    ``activations @ W_out[l] + b_out[l]`` is ``cache.mlp_out[:, l]`` (before a post-norm)."""
+    ``activations @ W_out[l] + b_out[l]`` is ``cache.mlp_out[:, l]`` (before a post-norm).
+    ``layer=None``: every layer's, ``[b, n_layers, pos, d_mlp]``."""
+    if layer is None:
+        return torch.stack([neuron_activations(model, cache, l) for l in range(model.cfg.n_layers)], 1)
     xn = mlp_input(model, cache, layer)
     cfg, act = model.cfg, _ACTIVATIONS[model.cfg.act_fn]
     b_in = model.b_in[layer] if model.b_in is not None else 0
@@ -58,6 +62,7 @@ def neuron_activations(model, cache, layer: int) -> torch.Tensor:
     return hidden
 
 
+@torch.no_grad()
 def neuron_terms(model, layer: int, neuron: int, head: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """The token circuits of neuron ``neuron`` of layer ``layer``'s MLP, each ``[d_vocab]`` (in
     ``linalg_dtype`` of the weights): ``"in"`` (``W_E W_in[:, n]``: column ``n`` of ``mlp_in_circuit``),
@@ -89,6 +94,7 @@ def top_tokens(term: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.
     return top.values, top.indices
 
 
+@torch.no_grad()
 def neuron_out_norms(model, layer: int | None = None) -> torch.Tensor:
     """``||W_out[n] W_U||`` for every neuron of layer ``layer``, ``[d_mlp]`` (``None``: of every layer,
     ``[n_layers, d_mlp]``): how strongly a unit of its activation moves the logits, from the Gram

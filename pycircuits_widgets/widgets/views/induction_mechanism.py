@@ -168,11 +168,10 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
 
     def _table(self, pair) -> tuple[dict, dict]:
         """One pair's ranked table entry and the display strings of its tokens."""
-        with torch.no_grad():
-            h1, h2 = tuple(pair[:2]), tuple(pair[2:])
-            offset = self._pairs.get(pair_key(pair), {}).get("offset")
-            values, dest, src = k_composition_top(self.model, h1, h2, self._k, offset)
-            diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2, offset=offset)
+        h1, h2 = tuple(pair[:2]), tuple(pair[2:])
+        offset = self._pairs.get(pair_key(pair), {}).get("offset")
+        values, dest, src = k_composition_top(self.model, h1, h2, self._k, offset)
+        diagonal_rank = k_composition_diagonal_rank(self.model, h1, h2, offset=offset)
         tokens = torch.stack([dest, src]).numpy().astype(id_dtype(self.model.cfg.d_vocab))
         table = {"values": values.float(), "tokens": tokens, "diagonal_rank": diagonal_rank}
         strings = self.model.token_strings

@@ -137,9 +137,7 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     # -- results (on the runner) ---------------------------------------------------------
     def _text_steps(self, text: str):
         out = self._forward(self.model, text)
-        with torch.no_grad():
-            self._acts = torch.stack([neuron_activations(self.model, out.cache, l)[0]
-                                      for l in range(self.model.cfg.n_layers)]).float()
+        self._acts = neuron_activations(self.model, out.cache)[0].float()  # [L, pos, d_mlp] of the one text
         position = self.position if self.position < out.tokens.shape[-1] else -1
         yield self._list(*self._ranked(self.layer, position))
 
@@ -150,15 +148,14 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
             scores, ranking = self._acts[layer, position], "activation"
         else:
             if self._norms is None:
-                with torch.no_grad():
-                    self._norms = neuron_out_norms(self.model).float()
+                self._norms = neuron_out_norms(self.model).float()
             scores, ranking = self._norms[layer], "norm"
         ids, values = ranked_neurons(scores, self._n_neurons)
         return [layer, position], ids.tolist(), values, ranking
 
     @staticmethod
     def _list(listed_for: list[int], ids: list[int], values: torch.Tensor, ranking: str) -> dict:
-        return {"listed_for": listed_for, "neurons": torch.tensor(ids),
+        return {"listed_for": listed_for, "neurons": ids,
                 "neuron_scores": values.float(), "ranking": ranking}
 
     def _tables(self, layer: int, head: int, neuron: int) -> dict:
@@ -167,8 +164,7 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
         direct, through = {"layer": layer, "neuron": neuron}, {"layer": layer, "head": head, "neuron": neuron}
         if neuron < 0:
             return {"direct": {**direct, "tables": []}, "through_head": {**through, "tables": []}, "strings": {}}
-        with torch.no_grad():
-            terms = neuron_terms(self.model, layer, neuron, (layer, head))
+        terms = neuron_terms(self.model, layer, neuron, (layer, head))
         tops = {name: top_tokens(v, self._k) for name, v in terms.items()}
         tops["out_bottom"] = top_tokens(terms["out"], self._k, largest=False)
         tables = {name: {"term": name, "ids": ids, "values": values.float()} for name, (values, ids) in tops.items()}

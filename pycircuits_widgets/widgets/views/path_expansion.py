@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 import traitlets
 
 from ...analysis.path_expansion import LINEARISED, NonlinearFeatureError, check_path_features, path_expansion, path_specs
@@ -109,11 +108,10 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
             yield cleared
             return
         try:
-            with torch.no_grad():
-                pe = path_expansion(self.model, out, self._max_order)
-                by_order = pe.loss_by_order().tolist()
-                importance = pe.term_importance()
-                contributions = pe.next_token_contributions()[:, 0]
+            pe = path_expansion(self.model, out, self._max_order)
+            by_order = pe.loss_by_order().tolist()
+            importance = pe.term_importance()
+            contributions = pe.next_token_contributions()[:, 0]
         except NonlinearFeatureError as exc:  # this text, not the view: no terms rather than wrong ones
             yield {**cleared, "refusal": str(exc)}
             return
