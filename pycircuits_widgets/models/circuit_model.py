@@ -57,13 +57,14 @@ from .tokenizer import escape_invisible
 _WEIGHTS = ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate",
             "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U", "b_gate",
             "w_qnorm", "b_qnorm", "w_knorm", "b_knorm", "w_post_attn", "w_post_mlp", "W_router")
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
     "relu2": lambda x: F.relu(x).square(),
 }
+"""``cfg.act_fn`` -> the MLP activation the forward applies (``analysis.neurons`` applies the same)."""
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -459,7 +460,7 @@ class CircuitModel:
         scale ``[b, pos]``, post-activation ``[b, pos, d_mlp]``: what ``W_out`` reads)."""
         xn, scale = self.read(x) if self.cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
         b_in = self.b_in[layer] if self.b_in is not None else 0
-        act = _ACTIVATIONS[self.cfg.act_fn]
+        act = ACTIVATIONS[self.cfg.act_fn]
         if not self.cfg.gated_mlp:
             hidden = act(xn @ self.W_in[layer] + b_in)
         else:
