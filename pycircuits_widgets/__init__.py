@@ -22,6 +22,7 @@ _EXPORTS = {
     "eigenvalue_positivity": "pycircuits_widgets.analysis",
     "skip_trigrams": "pycircuits_widgets.analysis",
     "head_scores": "pycircuits_widgets.analysis",
+    "ablate": "pycircuits_widgets.analysis",
     "ColoredTokens": "pycircuits_widgets.widgets",
     "AttentionPatterns": "pycircuits_widgets.widgets",
     "SkipTrigramTable": "pycircuits_widgets.widgets",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ...analysis.circuits import _require_mlp
+from ...analysis.circuits import require_mlp
 from ...analysis.neurons import neuron_activations, neuron_out_norms, neuron_terms, ranked_neurons, top_tokens
 from ..core import offline
 from ..core.arrays import Array, ArrayDict
@@ -91,7 +91,7 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     def __init__(self, model, text: str, k: int = 10, n_neurons: int = 10, forward=None, one_token: bool = False,
                  **kwargs):
         check_model(model, "NeuronView")
-        _require_mlp(model, 0)
+        require_mlp(model, 0)
         self._k = check_range("k", k, 1, min(100, model.cfg.d_vocab))
         self._n_neurons = check_range("n_neurons", n_neurons, 1, model.cfg.d_mlp)
         self._acts: torch.Tensor | None = None  # [L, pos, d_mlp] of the current text
