@@ -22,6 +22,7 @@ _EXPORTS = {
     "eigenvalue_positivity": "pycircuits_widgets.analysis",
     "skip_trigrams": "pycircuits_widgets.analysis",
     "head_scores": "pycircuits_widgets.corpus",  # analysis.head_scores, or over a Corpus a scores-only sweep
+    "ablate": "pycircuits_widgets.analysis",
     "Corpus": "pycircuits_widgets.corpus",
     "CorpusError": "pycircuits_widgets.corpus",
     "StoreMismatch": "pycircuits_widgets.corpus",

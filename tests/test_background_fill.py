@@ -13,6 +13,7 @@ import torch
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.analysis.skip_trigrams import kept_head_table
 from pycircuits_widgets.widgets.core import runner
 from random_models import paper_model
 from runner_loop import WAIT, BareView, Blocker, ManualLoop, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
@@ -26,7 +27,7 @@ def fresh_model():
 
 
 def table_keys(model) -> set:
-    return {key[1:3] for key in cache.keys(model) if key[0] == "SkipTrigramTable"}
+    return {key[1:3] for key in cache.keys(model) if key[0] == "skip_trigram_table"}
 
 
 def test_the_fill_visits_every_head_and_a_revisit_answers_from_the_cache(manual_kernel_loop):
@@ -42,7 +43,8 @@ def test_the_fill_visits_every_head_and_a_revisit_answers_from_the_cache(manual_
     for layer, head in [(0, 2), (1, 1)]:
         view = pcw.SkipTrigramTable(twin, layer=layer, head=head)
         assert view.wait(WAIT)
-        kept = cache.stored(model, ("SkipTrigramTable", layer, head, ex.trigrams.k, ()))
+        table = kept_head_table(model, layer, head, ex.trigrams.k)
+        kept = {"src": table.source, "dest": table.destination, "out": table.out, "score": table.score}
         for name in ("src", "dest", "out", "score"):
             assert np.array_equal(np.asarray(kept[name]), view.trigrams[name]), name
     before = cache.stats(model)

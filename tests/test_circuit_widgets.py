@@ -77,7 +77,7 @@ def test_table_equals_skip_trigrams_and_head_change_recomputes(m1):
 def test_large_vocabulary_sends_a_partial_table_first_then_the_exact_one(m1):
     w = pcw.SkipTrigramTable(m1, head=2, k=12)
     w.partial_above, w.partial_sources = 100, 40  # as if 256 tokens were a large vocabulary
-    cache.discard(m1, lambda key: key[0] == "SkipTrigramTable")  # forget the table the constructor computed
+    cache.discard(m1, lambda key: key[0] == "skip_trigram_table")  # forget the table the constructor computed
     raw = list(w._table_steps(0, 2, 12))
     assert raw[1] is GIVE_WAY  # the exact search lets the click's other views go first
     steps = [raw[0], raw[2]]

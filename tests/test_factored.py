@@ -1,4 +1,10 @@
-"""FactoredMatrix against dense torch computations and TransformerLens's FactoredMatrix."""
+"""FactoredMatrix against dense torch computations and TransformerLens's FactoredMatrix.
+
+Tolerances (``tests/tolerance.py``): two evaluations of the same product of factors, in their dtype
+and in any order or kernel, agree within ``product_tol`` (``gamma`` of the inner dimensions times
+``|A| |B|``, entry by entry); results of SVDs and QRs within ``factorization_tol`` (LAPACK's own
+acceptance bound, ``n eps`` times the input's norm). Eigenvalue comparisons run in float64.
+"""
 
 import math
 
@@ -7,6 +13,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tolerance import assert_within, factorization_tol, gamma, product_tol, reduction_tol
 
 from pycircuits_widgets import factored
 from pycircuits_widgets.factored import (
@@ -20,8 +28,15 @@ LEADS = [(), (3,), (2, 3)]
 FAST = settings(max_examples=25, deadline=None)
 
 
-def tol(dtype):
-    return dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
+def norms(A, B):
+    """``||A||_F ||B||_F [..., 1, 1]`` in float64: the size of ``A @ B`` a factorization's error scales with."""
+    return (torch.linalg.matrix_norm(A.double()) * torch.linalg.matrix_norm(B.double()))[..., None, None]
+
+
+def svd_tol(A, B, computations):
+    """``factorization_tol`` of the SVD route (``FactoredMatrix._svd``: SVDs of ``A``, of ``B`` and of
+    their ``[k, k]`` core, joined by products) on matrices of at most ``max(m, k, n)`` rows or columns."""
+    return factorization_tol(max(A.shape[-2:] + B.shape[-1:]), norms(A, B), A.dtype, computations)
 
 
 @st.composite
@@ -54,11 +69,15 @@ def test_dense_shape_transpose_and_norm_match_dense(pair):
     fm, M = FactoredMatrix(A, B), A @ B
     assert fm.shape == M.shape and fm.ldim == A.shape[-2] and fm.rdim == B.shape[-1]
     assert fm.mdim == fm.rank == A.shape[-1]
-    torch.testing.assert_close(fm.dense(), M)
-    torch.testing.assert_close(fm.AB, M)
-    torch.testing.assert_close(fm.T.AB, M.mT)
-    torch.testing.assert_close(fm.norm(), torch.linalg.matrix_norm(M), **tol(A.dtype))
-    torch.testing.assert_close((fm * 2.5).AB, 2.5 * M)
+    # A @ B twice (broadcast leading dims may take another kernel): product_tol
+    assert_within(fm.dense(), M, product_tol(A, B))
+    assert_within(fm.AB, M, product_tol(A, B))
+    assert_within(fm.T.AB, M.mT, product_tol(A, B).mT)
+    # the Gram or QR route against the dense product's norm: a factorization's bound on each side
+    assert_within(fm.norm(), torch.linalg.matrix_norm(M), svd_tol(A, B, 2)[..., 0, 0])
+    # (2.5 A) B against 2.5 (A B): one more rounding on each side, k + 1 in all
+    assert_within((fm * 2.5).AB, 2.5 * M,
+                  reduction_tol(A.shape[-1] + 1, 2.5 * (A.double().abs() @ B.double().abs()), A.dtype, 2))
 
 
 @FAST
@@ -76,6 +95,8 @@ def test_trace_ba_and_eigenvalues_match_dense(pair):
     assert torch.equal(ours[..., r:], torch.zeros_like(ours[..., r:]))
     dense = torch.linalg.eigvals(M)
     top = dense.gather(-1, dense.abs().argsort(-1, descending=True)[..., :r])
+    # float64: backward errors ~1e-14 ||M||; the nonzero eigenvalues of a rank-deficient non-normal
+    # matrix can be ill-conditioned, and 1e-6 leaves them a condition number of 1e7
     close_sets(ours[..., :r], top, atol=1e-6)
 
 
@@ -87,13 +108,17 @@ def test_svd_reconstructs_and_matches_dense_singular_values(pair):
     U, S, V = fm.svd()  # TransformerLens's convention: M = U diag(S) V^T
     r = min(fm.ldim, fm.mdim, fm.rdim)
     assert U.shape[-2:] == (fm.ldim, r) and S.shape[-1] == r and V.shape[-2:] == (fm.rdim, r)
-    torch.testing.assert_close(U @ (S[..., :, None] * V.mT), M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
-    torch.testing.assert_close(S, torch.linalg.svdvals(M)[..., :r], **tol(A.dtype))
+    # ours: three SVDs and the products joining them (4 bounds); the reference: one product (and,
+    # for the singular values, its SVD: 5); orthogonality: two factors' and their product's (3)
+    dense = M.broadcast_to(U.shape[:-2] + M.shape[-2:])
+    assert_within(U @ (S[..., :, None] * V.mT), dense, svd_tol(A, B, 4))
+    assert_within(S, torch.linalg.svdvals(M)[..., :r], svd_tol(A, B, 5)[..., 0])
     eye = torch.eye(r, dtype=A.dtype).broadcast_to(S.shape + (r,))
-    torch.testing.assert_close(U.mT @ U, eye, **tol(A.dtype))
-    torch.testing.assert_close(V.mT @ V, eye, **tol(A.dtype))
-    torch.testing.assert_close(U @ fm.collapse_l(), M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
-    torch.testing.assert_close(fm.collapse_r() @ V.mT, M.broadcast_to(U.shape[:-2] + M.shape[-2:]), **tol(A.dtype))
+    orthogonal = factorization_tol(max(A.shape[-2:] + B.shape[-1:]), 1.0, A.dtype, 3)
+    assert_within(U.mT @ U, eye, orthogonal)
+    assert_within(V.mT @ V, eye, orthogonal)
+    assert_within(U @ fm.collapse_l(), dense, svd_tol(A, B, 4))
+    assert_within(fm.collapse_r() @ V.mT, dense, svd_tol(A, B, 4))
 
 
 @FAST
@@ -103,22 +128,24 @@ def test_rows_cols_entries_and_leading_indexing_match_dense(pair, data):
     fm, M = FactoredMatrix(A, B), A @ B
     i = data.draw(st.integers(-fm.ldim, fm.ldim - 1))
     j = data.draw(st.integers(-fm.rdim, fm.rdim - 1))
-    torch.testing.assert_close(fm.row(i), M[..., i, :])
-    torch.testing.assert_close(fm.col(j), M[..., :, j])
-    torch.testing.assert_close(fm.entry(i, j), M[..., i, j])
-    torch.testing.assert_close(fm.rows([i, 0]).AB, M[..., [i, 0], :])
-    torch.testing.assert_close(fm.cols(slice(0, j + 1 if j >= 0 else None)).AB, M[..., :, : j + 1 if j >= 0 else None])
+    bound = product_tol(A, B)  # each entry of A @ B, evaluated twice (a row at a time against the whole)
+    assert_within(fm.row(i), M[..., i, :], bound[..., i, :])
+    assert_within(fm.col(j), M[..., :, j], bound[..., :, j])
+    assert_within(fm.entry(i, j), M[..., i, j], bound[..., i, j])
+    assert_within(fm.rows([i, 0]).AB, M[..., [i, 0], :], bound[..., [i, 0], :])
+    cols = slice(0, j + 1 if j >= 0 else None)
+    assert_within(fm.cols(cols).AB, M[..., :, cols], bound[..., :, cols])
     if fm.ndim > 2:
-        torch.testing.assert_close(fm[-1].AB, M[-1])
-        torch.testing.assert_close(fm[..., 0, :, :].AB, M[..., 0, :, :])
-        torch.testing.assert_close(fm[:1].AB, M[:1])
+        assert_within(fm[-1].AB, M[-1], bound[-1])
+        assert_within(fm[..., 0, :, :].AB, M[..., 0, :, :], bound[..., 0, :, :])
+        assert_within(fm[:1].AB, M[:1], bound[:1])
 
 
 def test_indexing_keeps_shared_factor_unexpanded():
     W_V, W_O = torch.randn(2, 3, 8, 4), torch.randn(4, 8)
     head = FactoredMatrix(W_V, W_O)[1, 2]
     assert head.shape == (8, 8) and head.B.shape == (4, 8)
-    torch.testing.assert_close(head.AB, W_V[1, 2] @ W_O)
+    assert_within(head.AB, W_V[1, 2] @ W_O, product_tol(W_V[1, 2], W_O))
     layer = FactoredMatrix(W_V, W_O)[1]
     # B reads back broadcast over the 3 heads, as a view of the one stored W_O (stride 0)
     assert layer.B.shape == (3, 4, 8) and layer.B.stride(0) == 0 and layer.B.data_ptr() == W_O.data_ptr()
@@ -132,18 +159,19 @@ def test_matmul_keeps_factored_form_split_at_smallest_inner_dim(pair, p, q):
     fm, M = FactoredMatrix(A, B), A @ B
     right = torch.randn(fm.rdim, p, dtype=A.dtype)
     left = torch.randn(q, fm.ldim, dtype=A.dtype)
+    # each side a chain of the same factors multiplied in another order: product_tol of the chain
     out = fm @ right
     assert isinstance(out, FactoredMatrix) and out.mdim == min(fm.mdim, fm.rdim)
-    torch.testing.assert_close(out.AB, M @ right, **tol(A.dtype))
+    assert_within(out.AB, M @ right, product_tol(A, B, right))
     out = left @ fm
     assert isinstance(out, FactoredMatrix) and out.mdim == min(fm.ldim, fm.mdim)
-    torch.testing.assert_close(out.AB, left @ M, **tol(A.dtype))
+    assert_within(out.AB, left @ M, product_tol(left, A, B))
     other = FactoredMatrix(torch.randn(fm.rdim, p, dtype=A.dtype), torch.randn(p, q, dtype=A.dtype))
     out = fm @ other
     assert out.mdim == min(fm.mdim, fm.rdim, p)
-    torch.testing.assert_close(out.AB, M @ other.AB, **tol(A.dtype))
-    torch.testing.assert_close(fm @ right[:, 0], M @ right[:, 0], **tol(A.dtype))
-    torch.testing.assert_close(left[0] @ fm, left[0] @ M, **tol(A.dtype))
+    assert_within(out.AB, M @ other.AB, product_tol(A, B, other.A, other.B))
+    assert_within(fm @ right[:, 0], M @ right[:, 0], product_tol(A, B, right[:, :1])[..., 0])
+    assert_within(left[0] @ fm, left[0] @ M, product_tol(left[:1], A, B)[..., 0, :])
 
 
 def test_bottleneck_split_of_two_factored_matrices():
@@ -151,14 +179,14 @@ def test_bottleneck_split_of_two_factored_matrices():
     A, B, C, D = torch.randn(10, 6), torch.randn(6, 20), torch.randn(20, 2), torch.randn(2, 11)
     out = FactoredMatrix(A, B) @ FactoredMatrix(C, D)
     assert out.A.shape == (10, 2) and out.B.shape == (2, 11)
-    torch.testing.assert_close(out.AB, A @ B @ C @ D)
+    assert_within(out.AB, A @ B @ C @ D, product_tol(A, B, C, D))
 
 
 def test_chain_matmul_multiplies_shared_factors_once_and_matches_dense():
     W_E, W_U = torch.randn(50, 16), torch.randn(16, 50)
     W_V, W_O = torch.randn(2, 3, 16, 4), torch.randn(2, 3, 4, 16)
     dense = W_O @ W_U @ W_E @ W_V
-    torch.testing.assert_close(chain_matmul(W_O, W_U, W_E, W_V), dense, rtol=1e-4, atol=1e-3)
+    assert_within(chain_matmul(W_O, W_U, W_E, W_V), dense, product_tol(W_O, W_U, W_E, W_V))
 
 
 # ------------------------------------------------------------------ norms and spectra
@@ -208,7 +236,7 @@ def test_eigenvalues_of_full_circuit_chain_match_dense():
     assert ours.shape == (2, 3)
     dense = torch.linalg.eigvals(W_E @ W_V @ W_O @ W_U)
     top = dense.gather(-1, dense.abs().argsort(-1, descending=True)[..., :3])
-    close_sets(ours, top, atol=1e-6)
+    close_sets(ours, top, atol=1e-6)  # float64 (see test_trace_ba_and_eigenvalues_match_dense)
 
 
 # ------------------------------------------------------------------ top-k
@@ -217,11 +245,13 @@ def test_topk_matches_dense_on_3000_square_product(dtype):
     gen = torch.Generator().manual_seed(1)
     A, B = torch.randn(3000, 16, generator=gen, dtype=dtype), torch.randn(16, 3000, generator=gen, dtype=dtype)
     fm, M = FactoredMatrix(A, B), A @ B
+    # every entry evaluated twice within product_tol: the k-th largest moves by at most the largest bound
+    bound = product_tol(A, B)
     for largest in (True, False):
         values, rows, cols = fm.topk(100, largest=largest, block_bytes=4 << 20)  # many blocks
         dense = torch.topk(M.flatten(), 100, largest=largest).values
-        torch.testing.assert_close(values, dense, **tol(dtype))
-        torch.testing.assert_close(M[rows, cols], values, **tol(dtype))
+        assert_within(values, dense, bound.max())
+        assert_within(M[rows, cols], values, bound[rows, cols])
         assert len(set(zip(rows.tolist(), cols.tolist()))) == 100
 
 
@@ -275,8 +305,10 @@ def test_bottom_k_of_a_positive_matrix_with_rows_of_very_different_norms():
     B = torch.rand(1, 200, generator=g) + 10  # (every product of a row within 10%: all its int8 outputs saturate)
     M = A.double() @ B.double()
     values, rows, cols = FactoredMatrix(A, B).topk(7, largest=False, block_bytes=64)
-    torch.testing.assert_close(values.double(), torch.topk(M.flatten(), 7, largest=False).values, rtol=1e-6, atol=0)
-    torch.testing.assert_close(M[rows, cols], values.double(), rtol=1e-6, atol=0)
+    # inner dimension 1: each float32 entry is one rounded product, within u relative of float64's
+    rel = gamma(1)
+    torch.testing.assert_close(values.double(), torch.topk(M.flatten(), 7, largest=False).values, rtol=rel, atol=0)
+    torch.testing.assert_close(M[rows, cols], values.double(), rtol=rel, atol=0)
 
 
 @FAST
@@ -284,18 +316,23 @@ def test_bottom_k_of_a_positive_matrix_with_rows_of_very_different_norms():
 def test_topk_variants_match_dense_with_leading_dims(pair, k, largest):
     A, B = pair
     fm, M = FactoredMatrix(A, B), A @ B
+    # as in test_topk_matches_dense_on_3000_square_product: a k-th value moves by at most the largest
+    # product_tol among the entries it is chosen from; a chosen entry by its own
+    bound = product_tol(A, B)
     k_all = min(k, fm.ldim * fm.rdim)
     values, rows, cols = fm.topk(k_all, largest=largest, block_bytes=64)
-    torch.testing.assert_close(values, torch.topk(M.flatten(-2), k_all, largest=largest).values)
-    torch.testing.assert_close(M.flatten(-2).gather(-1, rows * fm.rdim + cols), values)
+    flat = bound.flatten(-2)
+    assert_within(values, torch.topk(M.flatten(-2), k_all, largest=largest).values, flat.amax(-1, keepdim=True))
+    at = rows * fm.rdim + cols
+    assert_within(M.flatten(-2).gather(-1, at), values, flat.broadcast_to(at.shape[:-1] + flat.shape[-1:]).gather(-1, at))
     k_row = min(k, fm.rdim)
     row_values, row_cols = fm.topk_per_row(k_row, largest=largest, block_bytes=64)
-    torch.testing.assert_close(row_values, torch.topk(M, k_row, dim=-1, largest=largest).values)
-    torch.testing.assert_close(M.gather(-1, row_cols), row_values)
+    assert_within(row_values, torch.topk(M, k_row, dim=-1, largest=largest).values, bound.amax(-1, keepdim=True))
+    assert_within(M.gather(-1, row_cols), row_values, bound.broadcast_to(M.shape).gather(-1, row_cols))
     k_col = min(k, fm.ldim)
     col_values, col_rows = fm.topk_per_col(k_col, largest=largest)
-    torch.testing.assert_close(col_values, torch.topk(M.mT, k_col, dim=-1, largest=largest).values)
-    torch.testing.assert_close(M.mT.gather(-1, col_rows), col_values)
+    assert_within(col_values, torch.topk(M.mT, k_col, dim=-1, largest=largest).values, bound.mT.amax(-1, keepdim=True))
+    assert_within(M.mT.gather(-1, col_rows), col_values, bound.broadcast_to(M.shape).mT.gather(-1, col_rows))
 
 
 # ------------------------------------------------------------------ TransformerLens oracle
@@ -306,6 +343,8 @@ def test_agrees_with_transformer_lens_factored_matrix():
     W_V = torch.randn(2, 3, 32, 8, generator=gen, dtype=torch.float64)
     W_O = torch.randn(2, 3, 8, 32, generator=gen, dtype=torch.float64)
     ours, theirs = FactoredMatrix(W_V, W_O), TLFactoredMatrix(W_V, W_O)
+    # float64 throughout: assert_close's float64 defaults (1e-7) and 1e-8 on the eigenvalues are far
+    # above factorization_tol(32, ||W_V|| ||W_O||, float64) ~ 1e-11 of these 32 x 32 products
     torch.testing.assert_close(ours.norm(), theirs.norm())
     close_sets(ours.eigenvalues, theirs.eigenvalues, atol=1e-8)
     U, S, V = ours.svd()
@@ -363,10 +402,18 @@ def test_norm_of_a_nearly_cancelling_product_falls_back_from_the_gram_route():
     gram = ((A32.mT @ A32) * (B32 @ B32.mT)).sum((-2, -1)).clamp_min(0).sqrt().double()
     assert ((gram - truth).abs() / truth).max() > 1e-2  # the plain Gram route is off here
     ours = FactoredMatrix(A32, B32).norm().double()
-    torch.testing.assert_close(ours, truth, rtol=1e-3, atol=0)
+    # no norm-wise bound reaches below the result here (a backward error ~ u ||A|| ||B|| is 10^4 times
+    # ||AB|| u): the QR route is held to what frobenius_norm_of_product promises, GRAM_REL_TOL
+    torch.testing.assert_close(ours, truth, rtol=factored.GRAM_REL_TOL, atol=0)
     well = torch.randn(3, 300, 8, generator=g), torch.randn(3, 8, 200, generator=g)
-    torch.testing.assert_close(FactoredMatrix(*well).norm().double(),
-                               torch.linalg.matrix_norm(well[0].double() @ well[1].double()), rtol=1e-5, atol=0)
+    A, B = (w.double() for w in well)
+    truth = torch.linalg.matrix_norm(A @ B)
+    # the Gram route's worst case: A^T A and B B^T (m and n terms), their product and its k^2-term sum
+    # are within gamma(m + n + 1 + k^2) of sum((|A|^T |A|) * (|B| |B|^T)) = || |A| |B| ||_F^2, and the
+    # square root halves the relative error of ||AB||_F^2
+    m, k, n = A.shape[-2], A.shape[-1], B.shape[-1]
+    squares = (A.abs() @ B.abs()).square().sum((-2, -1))
+    assert_within(FactoredMatrix(*well).norm(), truth, gamma(m + n + 1 + k * k) * squares / (2 * truth) + gamma(1) * truth)
 
 
 # ------------------------------------------------------------------ leading dims through products

@@ -156,7 +156,7 @@ def test_the_probe_refuses_a_dropped_feature_naming_the_layer_and_its_features(m
 
 
 def test_the_probe_names_qk_norm_when_the_forward_loses_it(monkeypatch):
-    monkeypatch.setattr(CircuitModel, "_qk_norm", lambda self, layer, x, which: x)
+    monkeypatch.setattr(CircuitModel, "_qk_norm", lambda self, layer, x, which, heads=None: x)
     with pytest.raises(TranslationError, match=r"qwen3 translation disagrees.*layer 0.*QK-norm \(rmsnorm, per head\)"):
         pcw.from_hf(tiny_model("qwen3"))
 
@@ -245,7 +245,7 @@ def test_transformer_lens_bridges_the_issue_found_wrong_are_exact(name):
 
 
 def test_transformer_lens_route_refuses_a_disagreement(monkeypatch):
-    monkeypatch.setattr(CircuitModel, "_qk_norm", lambda self, layer, x, which: x)
+    monkeypatch.setattr(CircuitModel, "_qk_norm", lambda self, layer, x, which, heads=None: x)
     with pytest.raises(TranslationError, match=r"from_transformer_lens: the qwen3 translation disagrees.*QK-norm"):
         pcw.from_transformer_lens(_bridge(tiny_model("qwen3")))
 

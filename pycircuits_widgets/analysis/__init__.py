@@ -4,9 +4,11 @@ Modules: ``circuits`` (OV/QK/full circuits, composition terms, MLP paths, tensor
 terms), ``eigen`` (eigenvalue positivity), ``composition`` (Q/K/V composition scores),
 ``skip_trigrams``, ``activations`` (``run``), ``path_expansion``, ``head_scores``, ``induction`` (one
 pair's induction mechanism), ``positional`` (attention by relative offset), ``virtual_heads``
-(V-composition), ``bigrams`` (the direct path's top next tokens), ``neurons`` (MLP neuron activations and token circuits).
+(V-composition), ``bigrams`` (the direct path's top next tokens), ``neurons`` (MLP neuron activations and token circuits),
+``ablation`` (heads and neurons removed from a forward, the loss change).
 """
 
+from .ablation import AblationResult, ablate
 from .activations import RunResult, run
 from .bigrams import bigram_top
 from .circuits import (
@@ -38,8 +40,8 @@ from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
-    "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity", "pair_verdicts",
+    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
+    "ablate", "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity", "pair_verdicts",
     "positional_scores_by_offset", "top_virtual_heads", "neuron_activations", "neuron_out_norms", "neuron_terms",
     "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
     "eigenvalues", "embedding", "embedding_note", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit",

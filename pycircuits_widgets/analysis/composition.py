@@ -65,7 +65,8 @@ from .cache import MODEL, cached
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 from .finite import NonFiniteError, naming_non_finite, require_finite
-from .rotary import matmul_rotation, offset_window, rotation, rotation_matmul, rotation_parts, rotations, span
+from .rotary import (check_reduce, matmul_rotation, offset_window, reduce_offsets, rotation, rotation_matmul,
+                     rotation_parts, rotations, span)
 
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 """The weights composition scores read (named when a score is not finite)."""
@@ -594,8 +595,9 @@ def composition_baseline(model, norm: str = "correct") -> float:
     return random_baseline(d, model.cfg.d_head, norm)
 
 
+@torch.no_grad()
 def composition_scores(model, kind: str, baseline: bool = True, norm: str = "correct",
-                       offsets=None) -> torch.Tensor:
+                       offsets=None, reduce: str | None = None) -> torch.Tensor:
     """Every head pair's ``kind``-composition score: ``[L, H, L, H]`` indexed ``[l1, h1, l2, h2]``.
 
     Q: ``||W_OV^{h1} W_QK^{h2}||_F``, K: ``||W_OV^{h1} W_QK^{h2 T}||_F``, V: ``||W_OV^{h1} W_OV^{h2}||_F``
@@ -613,14 +615,21 @@ def composition_scores(model, kind: str, baseline: bool = True, norm: str = "cor
     refused, never silently taken at offset 0 (``"erratum_left"`` is the same at every offset: the
     rotation ends both of its products, so it is computed once and read-only; ``"erratum_right"`` does
     its offset-free work once per pair where that costs fewer operations: from 3 offsets at the
-    LLaMA-135M shape). Entries with ``l1 >= l2`` are NaN. Computed in the weights' dtype (16-bit
-    weights: in float32, returned as float32); float32 precision of the correct score: see
-    ``_correct_scores``. The table without baseline is computed once per model (``cache``).
+    LLaMA-135M shape). ``reduce`` ("max" or "mean", optional) reduces a window per pair to
+    ``[L, H, L, H]`` (``rotary.reduce_offsets``: "max" is each pair's largest score over ``offsets``);
+    scores without an offset dimension are returned as they are. Entries with ``l1 >= l2`` are NaN.
+    Computed in the weights' dtype (16-bit weights: in float32, returned as float32); float32 precision
+    of the correct score: see ``_correct_scores``. The table without baseline is computed once per model
+    (``cache``).
     """
     _check(kind, norm)
+    if reduce is not None:
+        check_reduce(reduce)
     offsets = _check_offsets(model, kind, offsets)
     key = ("composition_scores", kind, norm, None if offsets is None else tuple(offsets))
     scores = cached(model, key, lambda: _composition_scores(model, kind, norm, offsets), tier=MODEL)
+    if reduce is not None and offsets is not None:
+        scores = reduce_offsets(scores, offsets, reduce)[0]
     if baseline:
         scores = scores - composition_baseline(model, norm)
     return scores
@@ -701,6 +710,7 @@ def _pair_factors(model, kind: str, l1: int, i1: int, l2: int, i2: int, offset: 
     return A1, B1, C2, D2
 
 
+@torch.no_grad()
 def composition_detail(model, kind: str, h1: Head, h2: Head, offset=None) -> CompositionDetail:
     """Score, erratum scores, singular values and token-circuit positivity of one pair ``h1 -> h2``.
 

@@ -31,6 +31,8 @@ offset. QK spectra and positivity are read at a stated offset or over a window (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..factored import gram
@@ -55,6 +57,7 @@ def _compute_dtype(model) -> torch.dtype:
     return torch.float64 if model.dtype == torch.float64 else torch.float32
 
 
+@torch.no_grad()
 def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The shared vocab-sized middle of the full circuit, ``[d_model, d_model]`` in ``dtype``.
 
@@ -80,6 +83,7 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     return cached(model, ("token_gram", kind, layer), compute, tier=MODEL).to(dtype)
 
 
+@torch.no_grad()
 def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
     """Nonzero spectrum of every head's full circuit: complex128 ``[L, H, d_head]``.
 
@@ -170,3 +174,41 @@ def eigenvalue_positivity_offsets(model, kind: str = "OV", offset=None, reduce: 
         return values, None
     offsets = offset_window(model, offset, "the QK spectrum")
     return reduce_offsets(values, offsets, reduce)
+
+
+@dataclass(frozen=True)
+class HeadSpectra:
+    """Every head's OV and QK spectrum, the QK side of a rotary model at each head's most positive offset
+    (``best_offset_spectra``). Kept in the analysis cache: do not modify the tensors in place."""
+
+    ov: torch.Tensor
+    """complex128 [L, H, d_head]: nonzero spectrum of each head's full OV circuit."""
+    qk: torch.Tensor
+    """complex128 [L, H, d_head]: of each head's full QK circuit (rotary: at ``qk_offset``)."""
+    ov_positivity: torch.Tensor
+    """[L, H] in [-1, 1]: ``positivity`` of ``ov`` (float64)."""
+    qk_positivity: torch.Tensor
+    """[L, H]: ``positivity`` of ``qk`` (rotary: the largest over the window)."""
+    qk_offset: torch.Tensor | None
+    """int64 [L, H]: rotary models: the query - key offset each head's QK spectrum is read at, the one of
+    the window where its positivity is largest; None otherwise."""
+
+
+def best_offset_spectra(model, offset=None) -> HeadSpectra:
+    """Every head's OV and QK spectrum and positivity (``HeadSpectra``); a rotary model's QK side over the
+    window ``offset`` (default ``rotary.DEFAULT_OFFSETS``; an int: that offset), each head at the offset
+    where its QK positivity is largest (``eigenvalue_positivity_offsets`` with "max"), its spectrum there.
+    Computed once per model and window (``cache``)."""
+    offsets = offset_window(model, offset, "the QK spectrum")
+    key = ("best_offset_spectra", None if offsets is None else tuple(offsets))
+    return cached(model, key, lambda: _best_offset_spectra(model, offsets), tier=MODEL)
+
+
+def _best_offset_spectra(model, offsets: list[int] | None) -> HeadSpectra:
+    """``best_offset_spectra`` over the validated window (None: not rotary)."""
+    ov, qk, at = eigenvalues(model, "OV"), eigenvalues(model, "QK", offsets), None
+    if offsets is not None:  # [n_offsets, L, H, d_head]: each head at its best offset
+        _, at = reduce_offsets(positivity(qk), offsets, "max")
+        index = torch.as_tensor([offsets.index(int(o)) for o in at.flatten()]).view(at.shape)
+        qk = qk.gather(0, index[None, ..., None].expand(1, *qk.shape[1:]))[0]
+    return HeadSpectra(ov=ov, qk=qk, ov_positivity=positivity(ov), qk_positivity=positivity(qk), qk_offset=at)

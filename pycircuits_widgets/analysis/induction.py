@@ -99,6 +99,7 @@ class InductionPair:
     """Rotary models: the query - key offset every number above is read at (None otherwise)."""
 
 
+@torch.no_grad()
 def k_composition_top(model, h1: Head, h2: Head, k: int = 20, offset=None):
     """Top ``k`` entries of the row-centred K-composition token circuit ``[dest token, src token]``.
 
@@ -118,6 +119,7 @@ def k_composition_top(model, h1: Head, h2: Head, k: int = 20, offset=None):
     return values, dest, src
 
 
+@torch.no_grad()
 def k_composition_diagonal_rank(model, h1: Head, h2: Head, block_rows: int = 4096, offset=None) -> float:
     """Mean over destination tokens ``t`` of the fraction of source tokens ``s`` with ``M[t, s] < M[t, t]``
     in the K-composition token circuit ``M`` (``k_composition_circuit``): how far up its own row the

@@ -143,6 +143,7 @@ class PathExpansion:
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @functools.cached_property
+    @torch.no_grad()
     def stacked_logits(self) -> torch.Tensor:
         """Every term's logits at once, ``[n_terms, batch, pos, d_vocab]`` (computed once, then reused)."""
         return torch.stack([t.term(self.sources[t.source]) for t in self.terms])
@@ -217,6 +218,7 @@ def path_specs(cfg, max_order: int | None = None) -> list[tuple[str, tuple[tuple
     return specs + [("b_U", ())]
 
 
+@torch.no_grad()
 def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathExpansion:
     """Exact path expansion of ``model``'s logits on ``text_or_tokens`` (module docstring).
 
@@ -233,8 +235,7 @@ def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathE
     if isinstance(text_or_tokens, RunResult):
         logits, cache = text_or_tokens.logits, text_or_tokens.cache
     else:
-        with torch.no_grad():
-            logits, cache = model.run_with_cache(text_or_tokens)
+        logits, cache = model.run_with_cache(text_or_tokens)
     if cfg.clip_qkv is not None:
         _check_values_unclamped(model, cache)
     if cfg.final_softcap is not None:  # the linear readout the cap was applied to

@@ -52,7 +52,7 @@ import torch
 from ..linalg import spectral_norm
 from ..progress import steps
 from ..screen import ProductScreen
-from .cache import FACTORS, cached
+from .cache import FACTORS, RESULT, cached, stored
 from .circuits import check_head, check_index, embedding, model_name
 from .finite import NonFiniteError, naming_non_finite, non_finite_error
 from .rotary import check_reduce, offset_window, rotations
@@ -86,8 +86,43 @@ class SkipTrigram:
     ``reduce="mean"`` over a window)."""
 
 
-def _check_exact(model, layer: int, head: int, approximate: bool) -> None:
-    check_head(model, (layer, head))
+@dataclass(frozen=True)
+class HeadTable:
+    """One head's top skip-trigrams as columns, best first (``head_table``): each column ``[n]``, ``n <= k``
+    (fewer when fewer triples have both factors positive). Kept in the analysis cache: do not modify
+    the tensors in place."""
+
+    layer: int
+    head: int
+    source: torch.Tensor
+    """int64 [n]: token id of each triple's source (the attended-to token)."""
+    destination: torch.Tensor
+    """int64 [n]: token id of the destination (the attending token)."""
+    out: torch.Tensor
+    """int64 [n]: token id of the out token whose logit attending raises."""
+    qk: torch.Tensor
+    """float32 [n]: the centred QK entry ``QKc[dest, src]`` (rotary: at ``offset``, or window-averaged)."""
+    ov: torch.Tensor
+    """float32 [n]: the centred OV entry ``OVc[src, out]``."""
+    score: torch.Tensor
+    """float32 [n]: ``qk * ov``, descending."""
+    offset: torch.Tensor | None
+    """int64 [n]: rotary models read over a window with ``reduce="max"``: the query - key offset of each
+    triple's ``qk``; None otherwise."""
+    offsets: tuple[int, ...] | None
+    """The window the QK circuit was read over (None: not rotary)."""
+    progress: float
+    """Fraction of the sources searched: 1.0 for the exact table; less for a partial one (``sources``)."""
+
+    @property
+    def exact(self) -> bool:
+        """Whether this is the exact top-k (every source searched)."""
+        return self.progress >= 1.0
+
+
+def _check_exact(model, layer: int, head: int, approximate: bool) -> tuple[int, int]:
+    """The checked ``(layer, head)``; refused where the table is not exact unless ``approximate``."""
+    layer, head = check_head(model, (layer, head))
     cfg = model.cfg
     exact = cfg.n_layers == 1 and cfg.attn_only
     if not exact and not approximate:
@@ -96,6 +131,7 @@ def _check_exact(model, layer: int, head: int, approximate: bool) -> None:
             f"{cfg.n_layers} layers{'' if cfg.attn_only else ' and MLPs'}. Pass approximate=True "
             "to read this head's direct-path circuits (W_E ... W_U), which ignore composition"
         )
+    return layer, head
 
 
 def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = None):
@@ -354,31 +390,79 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     destination and out to tokens that occur in real text: a trained model's never-seen
     tokens keep near-initial embeddings whose circuits are noise. Memory: the
     ``[d_vocab, d_head]`` factors plus one row block of ``block_bytes``. Returns a list
-    sorted by score, best first.
+    sorted by score, best first: the rows of ``head_table`` with their token strings.
+    """
+    table = head_table(model, layer, head, k, offset=offset, reduce=reduce, approximate=approximate, vocab=vocab,
+                       block_bytes=block_bytes)
+    strings = model.token_strings
+    offsets = [None] * len(table.score) if table.offset is None else table.offset.tolist()
+    return [SkipTrigram(source=S, destination=D, out=O, source_str=strings[S], destination_str=strings[D],
+                        out_str=strings[O], qk=qk, ov=ov, score=score, offset=at)
+            for S, D, O, qk, ov, score, at in zip(table.source.tolist(), table.destination.tolist(),
+                                                  table.out.tolist(), table.qk.tolist(), table.ov.tolist(),
+                                                  table.score.tolist(), offsets)]
+
+
+def head_table(model, layer: int, head: int, k: int = 20, *, offset=None, reduce: str = "max",
+               approximate: bool = False, vocab=None, block_bytes: int = BLOCK_BYTES,
+               sources: int | None = None) -> HeadTable:
+    """Head ``(layer, head)``'s top-``k`` skip-trigrams as columns (``HeadTable``: source, destination,
+    out ``[n]`` token ids; qk, ov, score ``[n]``; rotary: offset ``[n]``), best first.
+
+    The one search behind ``skip_trigrams`` and the skip-trigram view; arguments as ``skip_trigrams``.
+    The whole vocabulary's exact table is computed once per model, head, ``k`` and window
+    (``cache``). ``sources``: instead, a quick partial table: the exact top-``k`` among the ``sources``
+    sources with the largest factor norms (``partial_skip_trigrams``; ``progress`` says what fraction
+    of the sources that is), not kept.
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    _check_exact(model, layer, head, approximate)
+    layer, head = _check_exact(model, layer, head, approximate)
     offsets = offset_window(model, offset, "a skip-trigram table")
     check_reduce(reduce)
-    ids = torch.arange(model.cfg.d_vocab) if vocab is None else _check_vocab(model, vocab)
+    ids = None if vocab is None else _check_vocab(model, vocab)
+    if ids is not None or sources is not None:
+        return _head_table(model, layer, head, k, offsets, reduce, ids, block_bytes, sources)
+    return cached(model, _table_key(layer, head, k, offsets, reduce, block_bytes),
+                  lambda: _head_table(model, layer, head, k, offsets, reduce, None, block_bytes, None), tier=RESULT)
+
+
+def kept_head_table(model, layer: int, head: int, k: int = 20, *, offset=None, reduce: str = "max",
+                    block_bytes: int = BLOCK_BYTES) -> HeadTable | None:
+    """The exact ``head_table`` of the whole vocabulary if the cache holds it now, else None (for a
+    caller that shows a partial table first while the exact one is computed)."""
+    layer, head = check_head(model, (layer, head))
+    offsets = offset_window(model, offset, "a skip-trigram table")
+    return stored(model, _table_key(layer, head, k, offsets, check_reduce(reduce), block_bytes))
+
+
+def _table_key(layer: int, head: int, k: int, offsets: list[int] | None, reduce: str, block_bytes: int) -> tuple:
+    """The cache key of a head's exact table (``key[1:3]`` is the head, as for every per-head entry)."""
+    return ("skip_trigram_table", layer, head, k, tuple(offsets or ()), reduce, block_bytes)
+
+
+def _head_table(model, layer: int, head: int, k: int, offsets: list[int] | None, reduce: str,
+                ids: torch.Tensor | None, block_bytes: int, sources: int | None) -> HeadTable:
+    """``head_table`` of the checked arguments (``ids``: the sub-vocabulary, or None for all of it)."""
     with torch.no_grad():
-        q, kk, v, u = centred_factors(model, layer, head, None if vocab is None else ids)
+        q, kk, v, u = centred_factors(model, layer, head, ids)
         R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
+
+        def search(qr, Rr):  # the exact search, or the partial one over the strongest sources
+            if sources is None:
+                return top_skip_trigrams(qr, kk, v, u, k, block_bytes, Rr)
+            return partial_skip_trigrams(qr, kk, v, u, k, sources, Rr, block_bytes)
+
         with naming_non_finite(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype):
-            score, idx, at = top_over_offsets(lambda qr, Rr: top_skip_trigrams(qr, kk, v, u, k, block_bytes, Rr),
-                                              q, R, reduce)
-        qk = qk_entries(q, kk, idx, R, at)
-        strings = model.token_strings
-        out = []
-        for j, (sc, (s, d, o)) in enumerate(zip(score.tolist(), idx.tolist())):
-            S, D, O = (int(ids[x]) for x in (s, d, o))
-            out.append(SkipTrigram(
-                source=S, destination=D, out=O, source_str=strings[S], destination_str=strings[D],
-                out_str=strings[O], qk=float(qk[j]), ov=float(v[s] @ u[:, o]), score=sc,
-                offset=None if at is None else offsets[int(at[j])],
-            ))
-    return out
+            score, idx, at = top_over_offsets(search, q, R, reduce)
+        qk, ov = triple_entries(q, kk, v, u, idx, R, at)
+        tokens = idx if ids is None else ids[idx]
+    return HeadTable(
+        layer=layer, head=head, source=tokens[:, 0], destination=tokens[:, 1], out=tokens[:, 2],
+        qk=qk, ov=ov, score=score, offset=None if at is None else torch.as_tensor(offsets, device=at.device)[at],
+        offsets=None if offsets is None else tuple(offsets),
+        progress=1.0 if sources is None else min(1.0, sources / kk.shape[0]),
+    )
 
 
 def top_over_offsets(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max"):

@@ -17,6 +17,7 @@ from .checkpoints import CheckpointError, load_json, load_tensors
 from .circuit_model import ActivationCache, CircuitModel
 from .config import ModelConfig
 from .folding import fold_attn_only
+from .interventions import Interventions
 from .rotary import rotary_frequencies
 from .tokenizer import Tokenizer
 
@@ -24,7 +25,7 @@ CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 PRETRAINED = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
 
 __all__ = ["ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CheckpointModel", "CircuitModel",
-           "ModelConfig", "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "from_hf",
+           "Interventions", "ModelConfig", "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "from_hf",
            "from_safetensors", "from_transformer_lens", "load_attn_only", "load_pretrained", "rotary_frequencies",
            "weight_view_hint"]
 

@@ -51,19 +51,21 @@ import torch.nn.functional as F
 
 from ..factored import FactoredMatrix
 from .config import ModelConfig
+from .interventions import VIAS, Interventions, LayerEdits
 from .rotary import is_rotary_layer, rotary_frequencies
 from .tokenizer import escape_invisible
 
 _WEIGHTS = ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate",
             "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U", "b_gate",
             "w_qnorm", "b_qnorm", "w_knorm", "b_knorm", "w_post_attn", "w_post_mlp", "W_router")
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
     "relu2": lambda x: F.relu(x).square(),
 }
+"""``cfg.act_fn`` -> the MLP activation the forward applies (``analysis.neurons`` applies the same)."""
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -171,6 +173,8 @@ class ActivationCache:
       ``l``'s post-attention norm, which adds ``norm(attn_out) * w_post_attn[l]`` to the stream with
       ``norm(y) = (y - mean(y)) / post_scale_attn[:, l, :, None]`` (no centering for rmsnorm) and
       ``attn_out = head_out[:, l].sum(1) (+ b_O[l])``. (``mlp_out`` is already post-normed.)
+    * ``interventions``: the ``Interventions`` the run made (None: a clean run). An ablated head's
+      ``z`` is zero and its ``head_out`` is its replacement (zero, or the mean output it was given).
 
     Identity (exact up to float rounding), without post-norms (``cfg.post_norms`` False):
     ``resid[:, L] = embed + head_out.sum((1, 2)) (+ b_O.sum(0)) (+ mlp_out.sum(1))``; with them,
@@ -190,6 +194,7 @@ class ActivationCache:
     W_O: torch.Tensor = field(repr=False)  # the model's, to compute head_out from z
     post_scale_attn: torch.Tensor | None = None
     mlp_post: torch.Tensor | None = None
+    interventions: Interventions | None = None
 
     def __post_init__(self):
         self._W_O_version = self.W_O._version
@@ -199,7 +204,11 @@ class ActivationCache:
         if self.W_O._version != self._W_O_version:  # head_out must be what this run's heads wrote
             raise RuntimeError("ActivationCache.head_out: the model's W_O was modified in place after this run; "
                                "run the model again to get head outputs for the new weights")
-        return torch.einsum("blhpe,lhed->blhpd", self.z, self.W_O)
+        out = torch.einsum("blhpe,lhed->blhpd", self.z, self.W_O)
+        for (layer, head), replacement in (self.interventions.heads if self.interventions else {}).items():
+            if replacement is not None:  # a mean-ablated head wrote its mean (its z is zero)
+                out[:, layer, head] = torch.as_tensor(replacement, dtype=out.dtype, device=out.device)
+        return out
 
 
 class CircuitModel:
@@ -401,65 +410,125 @@ class CircuitModel:
         half = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
         return torch.cat([(rot * cos + half * sin).to(x.dtype), rest], -1)
 
-    def _qk_norm(self, layer: int, x: torch.Tensor, which: str) -> torch.Tensor:
-        """Query/key norm (``cfg.qk_norm``) of ``x [b, H, pos, d_head]`` with weights ``w_{which}norm``."""
-        w, b = getattr(self, f"w_{which}norm")[layer], getattr(self, f"b_{which}norm")
+    def _qk_norm(self, layer: int, x: torch.Tensor, which: str, heads: list[int] | None = None) -> torch.Tensor:
+        """Query/key norm (``cfg.qk_norm``) of ``x [b, H, pos, d_head]`` with weights ``w_{which}norm``;
+        ``heads``: the heads ``x`` holds (default all; a norm over all heads needs all)."""
+        some = slice(None) if heads is None else heads
+        w, b = getattr(self, f"w_{which}norm")[layer][some], getattr(self, f"b_{which}norm")
         if self.cfg.qk_norm_heads:
             xn = _normalize(x, self.cfg.qk_norm, self.cfg.eps)[0]
         else:  # one norm over every head of a position (OLMo 2)
             flat = x.transpose(1, 2).flatten(2)
             xn = _normalize(flat, self.cfg.qk_norm, self.cfg.eps)[0].reshape(x.transpose(1, 2).shape).transpose(1, 2)
         xn = xn * w[:, None]
-        return xn + b[layer][:, None] if b is not None else xn
+        return xn + b[layer][some][:, None] if b is not None else xn
 
-    def _attention(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One attention layer reading ``x [b, pos, d_model]``: (pattern ``[b, H, dest, src]``,
-        z ``[b, H, pos, d_head]``, the heads' summed output ``[b, pos, d_model]`` without ``b_O``,
-        scale ``[b, pos]``)."""
+    def layer_read(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a layer's attention or MLP reads from the residual stream ``x [..., d_model]``:
+        ``read(x)`` with pre-norms, ``x`` itself (scale ones) without them (``cfg.pre_norm`` False)."""
+        return self.read(x) if self.cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
+
+    def project(self, layer: int, xn: torch.Tensor, via: str, heads: list[int] | None = None) -> torch.Tensor:
+        """Queries (``via="Q"``), keys (``"K"``) or values (``"V"``) of layer ``layer``'s heads from
+        ``xn [b, pos, d_model]`` as ``layer_read`` returns it: ``[b, H, pos, d_head]``, after every
+        step the forward takes before the scores (Shortformer positions, biases, ``clip_qkv``,
+        QK-norm and rotary for Q and K). ``heads`` (head indices) keeps only those heads; a QK-norm
+        over all heads of a position (``qk_norm_heads`` False) is taken over all of them first."""
         cfg = self.cfg
-        pos = x.shape[1]
-        xn, scale = self.read(x) if cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
-        qk_in = xn + self.W_pos[:pos] if cfg.positional == "shortformer" else xn
+        qk = via != "V"
+        if qk and cfg.positional == "shortformer":
+            xn = xn + self.W_pos[: xn.shape[-2]]
+        weight, bias = {"Q": (self.W_Q, self.b_Q), "K": (self.W_K, self.b_K), "V": (self.W_V, self.b_V)}[via]
+        joint = qk and cfg.qk_norm is not None and not cfg.qk_norm_heads
+        some = slice(None) if heads is None or joint else heads
         # [b, 1, pos, d] @ [H, d, d_head]: a batched product reading each head's weight in place
         # (an einsum here copies every weight into a [d, H * d_head] layout on each call)
-        q = qk_in[:, None] @ self.W_Q[layer]
-        k = qk_in[:, None] @ self.W_K[layer]
-        v = xn[:, None] @ self.W_V[layer]
-        if self.b_Q is not None:
-            q = q + self.b_Q[layer][:, None]
-        if self.b_K is not None:
-            k = k + self.b_K[layer][:, None]
-        if self.b_V is not None:
-            v = v + self.b_V[layer][:, None]
+        out = xn[:, None] @ weight[layer][some]
+        if bias is not None:
+            out = out + bias[layer][some][:, None]
         if cfg.clip_qkv is not None:
-            q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
-        if cfg.qk_norm is not None:
-            q, k = self._qk_norm(layer, q, "q"), self._qk_norm(layer, k, "k")
-        q, k = self._rotate(q, layer), self._rotate(k, layer)
-        # scores and softmax in float32 for half-precision models (Hugging Face's softmax is float32)
+            out = out.clamp(-cfg.clip_qkv, cfg.clip_qkv)
+        if qk:
+            if cfg.qk_norm is not None:
+                out = self._qk_norm(layer, out, via.lower(), None if joint else heads)
+                if joint and heads is not None:
+                    out = out[:, heads]
+            out = self._rotate(out, layer)
+        return out
+
+    def attention_pattern(self, layer: int, q: torch.Tensor, k: torch.Tensor,
+                          heads: list[int] | None = None) -> torch.Tensor:
+        """Attention probabilities ``[..., H, dest, src]`` of layer ``layer``'s heads (``heads``: which,
+        default all) from ``project``'s queries ``q [..., H, pos, d_head]`` and keys ``k`` (leading
+        dims broadcast): scores (in float32 for half-precision models, as Hugging Face's softmax),
+        soft-cap, ALiBi, the causal and sliding-window mask, softmax; in the model's dtype."""
+        cfg = self.cfg
+        pos = q.shape[-2]
         scores = widened(q) @ widened(k).transpose(-1, -2) / cfg.attn_scale
         if cfg.attn_softcap is not None:
             scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
-        offset = torch.arange(pos, device=x.device)[None, :] - torch.arange(pos, device=x.device)[:, None]  # j - i
+        offset = torch.arange(pos, device=q.device)[None, :] - torch.arange(pos, device=q.device)[:, None]  # j - i
         if cfg.alibi_slopes is not None:
-            slopes = torch.tensor(cfg.alibi_slopes, dtype=torch.float32, device=x.device)
-            scores = scores + slopes[:, None, None] * offset
+            slopes = torch.tensor(cfg.alibi_slopes, dtype=torch.float32, device=q.device)
+            scores = scores + slopes[slice(None) if heads is None else heads][:, None, None] * offset
         visible = offset <= 0
         if cfg.window is not None and cfg.window[layer] is not None:
             visible = visible & (offset > -cfg.window[layer])
-        pattern = scores.masked_fill(~visible, float("-inf")).softmax(-1).to(v.dtype)
-        z = pattern @ v
-        b, H, _, dh = z.shape
+        return scores.masked_fill(~visible, float("-inf")).softmax(-1).to(self.dtype)
+
+    def attention_output(self, layer: int, z: torch.Tensor) -> torch.Tensor:
+        """The heads' summed output ``[b, pos, d_model]`` (without ``b_O``) of layer ``layer``'s
+        ``z [b, H, pos, d_head]``."""
+        b, H, pos, dh = z.shape
         # one product over all heads (not per head, then summed): what HF's output projection costs
-        out = z.transpose(1, 2).reshape(b, pos, H * dh) @ self.W_O[layer].reshape(H * dh, -1)
+        return z.transpose(1, 2).reshape(b, pos, H * dh) @ self.W_O[layer].reshape(H * dh, -1)
+
+    def attention_write(self, layer: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What layer ``layer``'s attention adds to the residual stream given its heads' summed output
+        ``out [..., d_model]`` (``attention_output``): ``out + b_O``, normalised and scaled by the
+        post-attention norm with ``cfg.post_norms``; and that norm's division ``[...]`` (None without)."""
+        out = out + (self.b_O[layer] if self.b_O is not None else 0)
+        if not self.cfg.post_norms:
+            return out, None
+        return self._post_norm(out, self.w_post_attn[layer])
+
+    def _attention(self, layer: int, x: torch.Tensor, edits: LayerEdits | None = None,
+                   clean: tuple | None = None) -> tuple[torch.Tensor, ...]:
+        """One attention layer reading ``x [b, pos, d_model]``: (pattern ``[b, H, dest, src]``,
+        z ``[b, H, pos, d_head]``, the heads' summed output ``[b, pos, d_model]`` without ``b_O``,
+        scale ``[b, pos]``). ``edits``: this layer's interventions (``Interventions.at``); ``clean``:
+        (pattern, z, scale) of a clean run on the same ``x``, taken instead of recomputed."""
+        if clean is None:
+            xn, scale = self.layer_read(x)
+            pattern = self.attention_pattern(layer, self.project(layer, xn, "Q"), self.project(layer, xn, "K"))
+            z = pattern @ self.project(layer, xn, "V")
+        else:
+            (pattern, z, scale), xn = clean, None
+        if edits is None:
+            return pattern, z, self.attention_output(layer, z), scale
+        if edits.inputs:  # a head reading a patched stream by one of its inputs: that head again
+            pattern, z = pattern.clone(), z.clone()
+            xn = self.layer_read(x)[0] if xn is None else xn
+            for head, streams in edits.inputs.items():
+                reads = {via: self.layer_read(streams[via])[0] if via in streams else xn for via in VIAS}
+                q, k, v = (self.project(layer, reads[via], via, [head]) for via in VIAS)
+                p = self.attention_pattern(layer, q, k, [head])
+                pattern[:, head], z[:, head] = p[:, 0], (p @ v)[:, 0]
+        if edits.heads:  # an ablated head writes nothing through W_O: the same as its W_O set to zero
+            z = z.index_fill(1, torch.tensor(sorted(edits.heads), device=z.device), 0)
+        out = self.attention_output(layer, z)
+        for replacement in edits.heads.values():
+            if replacement is not None:
+                out = out + torch.as_tensor(replacement, dtype=out.dtype, device=out.device)
         return pattern, z, out, scale
 
-    def _mlp(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _mlp(self, layer: int, x: torch.Tensor,
+             edits: LayerEdits | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s MLP reading ``x [b, pos, d_model]``: (output ``[b, pos, d_model]`` with ``b_out``,
-        scale ``[b, pos]``, post-activation ``[b, pos, d_mlp]``: what ``W_out`` reads)."""
-        xn, scale = self.read(x) if self.cfg.pre_norm else _normalize(x, None, 0.0, self.dtype)
+        scale ``[b, pos]``, post-activation ``[b, pos, d_mlp]``: what ``W_out`` reads, after ``edits``)."""
+        xn, scale = self.layer_read(x)
         b_in = self.b_in[layer] if self.b_in is not None else 0
-        act = _ACTIVATIONS[self.cfg.act_fn]
+        act = ACTIVATIONS[self.cfg.act_fn]
         if not self.cfg.gated_mlp:
             hidden = act(xn @ self.W_in[layer] + b_in)
         else:
@@ -470,6 +539,11 @@ class CircuitModel:
                 hidden = gate * (xn @ self.W_in[layer] + b_in)
         if self.cfg.n_experts:
             hidden = hidden * self._expert_weights(layer, xn).to(hidden.dtype)
+        if edits is not None and edits.neurons:
+            neurons = sorted(edits.neurons)
+            values = [torch.as_tensor(0 if edits.neurons[n] is None else edits.neurons[n], dtype=hidden.dtype,
+                                      device=hidden.device).expand(hidden.shape[:-1]) for n in neurons]
+            hidden = hidden.index_copy(-1, torch.tensor(neurons, device=hidden.device), torch.stack(values, -1))
         out = hidden @ self.W_out[layer] + (self.b_out[layer] if self.b_out is not None else 0)
         return out, scale, hidden
 
@@ -489,43 +563,93 @@ class CircuitModel:
         normed, scale = self.read(out)
         return normed * w, scale
 
-    def run_with_cache(self, tokens, *, mlp_post: bool = False,
+    def _resume_layer(self, resume: ActivationCache, tokens: torch.Tensor, interventions: Interventions | None,
+                      mlp_post: bool) -> int | None:
+        """The layer a forward with ``interventions`` starts at when ``resume`` (a clean run of this
+        model on ``tokens``) gives it the layers before: the first intervened one; None (no resuming)
+        for a half-precision model, whose cache holds the stream rounded to its dtype, or when
+        ``mlp_post`` is asked of a run that did not record it."""
+        if not isinstance(resume, ActivationCache):
+            raise TypeError(f"run_with_cache: resume must be the ActivationCache of a clean run, got "
+                            f"{type(resume).__name__}")
+        if resume.interventions:
+            raise ValueError("run_with_cache: resume must be a clean run (run_with_cache without interventions); "
+                             "this cache is of a run with interventions")
+        if resume.W_O is not self.W_O or resume.W_O._version != resume._W_O_version:
+            raise ValueError("run_with_cache: resume is the cache of another model, or of weights modified since; "
+                             "pass this model's clean run of these tokens")
+        if resume.tokens.shape != tokens.shape or not torch.equal(resume.tokens, tokens):
+            raise ValueError(f"run_with_cache: resume is a run of other tokens (shape {list(resume.tokens.shape)}) "
+                             f"than these ({list(tokens.shape)}); pass the clean run of these tokens")
+        if self.dtype in HALF or (mlp_post and resume.mlp_post is None and not self.cfg.attn_only):
+            return None
+        return interventions.first_layer(self.cfg.n_layers) if interventions else self.cfg.n_layers
+
+    def run_with_cache(self, tokens, interventions: Interventions | None = None,
+                       resume: ActivationCache | None = None, *, mlp_post: bool = False,
                        logits: bool = True) -> tuple[torch.Tensor | None, ActivationCache]:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids) -> (``logits [batch, pos, d_vocab]``,
         ``ActivationCache``; see its docstring for shapes and the sum identity).
 
         ``mlp_post``: also record every neuron's post-activation (``cache.mlp_post``). ``logits=False``:
-        skip the unembedding and return None for the logits (a corpus sweep reads only the cache)."""
+        skip the unembedding and return None for the logits (a corpus sweep reads only the cache).
+
+        ``interventions`` (``models.interventions.Interventions``): heads' outputs, neurons'
+        activations or heads' inputs changed in this forward; the cache records the changed run.
+        ``resume``: the cache of this model's clean run on the same tokens; the forward then starts
+        at the first intervened layer, from ``resume``'s residual stream there (the exact input of
+        that layer), and reuses that layer's clean attention where the interventions leave it: the
+        same result as the whole forward, bit for bit, for a fraction of it. (A half-precision
+        model runs the whole forward: its cache holds the stream rounded to its dtype.)"""
         tokens = self._as_tokens(tokens)
         if tokens.ndim == 1:
             tokens = tokens[None]
-        pos = tokens.shape[1]
-        # a half-precision model's residual stream is summed in float32 (each layer reads it in the
-        # model's dtype): more accurate than the source's half-precision sums, never less
-        x = self.W_E[tokens].to(torch.float32 if self.dtype in HALF else self.dtype)
-        if self.cfg.positional == "learned":
-            x = x + self.W_pos[:pos]
-        embed = x
-        resid, patterns, zs, mlp_outs, posts = [], [], [], [], []
-        scales: dict[str, list[torch.Tensor]] = {"attn": [], "mlp": []}
-        post_scales: list[torch.Tensor] = []
-        for layer in range(self.cfg.n_layers):
+        b, pos = tokens.shape
+        cfg = self.cfg
+        if interventions is not None:
+            if not isinstance(interventions, Interventions):
+                raise TypeError(f"run_with_cache: interventions must be an Interventions, got "
+                                f"{type(interventions).__name__}")
+            interventions.check(cfg, b, pos)
+        start = None if resume is None else self._resume_layer(resume, tokens, interventions, mlp_post)
+        if start is not None:
+            embed, x = resume.embed, resume.resid[:, start]
+        else:
+            # a half-precision model's residual stream is summed in float32 (each layer reads it in the
+            # model's dtype): more accurate than the source's half-precision sums, never less
+            x = self.W_E[tokens].to(torch.float32 if self.dtype in HALF else self.dtype)
+            if cfg.positional == "learned":
+                x = x + self.W_pos[:pos]
+            embed = x
+
+        def before(name: str) -> list[torch.Tensor]:
+            """The clean run's entries ``resume.<name>`` of the layers before ``start``."""
+            kept = None if start is None else getattr(resume, name)
+            return [] if kept is None else list(kept[:, :start].unbind(1))
+
+        resid, patterns, zs, mlp_outs = before("resid"), before("patterns"), before("z"), before("mlp_out")
+        post_scales, posts = before("post_scale_attn"), before("mlp_post") if mlp_post else []
+        scales = {"attn": before("ln_scale"), "mlp": before("ln_scale_mlp")}
+        for layer in range(start or 0, cfg.n_layers):
             resid.append(x)
-            pattern, z, attn_out, scale = self._attention(layer, x)
+            edits = interventions.at(layer) if interventions else None
+            clean = None
+            if layer == start:  # the first intervened layer reads the clean input: its clean attention
+                clean = (resume.patterns[:, layer], resume.z[:, layer], resume.ln_scale[:, layer])
+            pattern, z, attn_out, scale = self._attention(layer, x, edits, clean)
             patterns.append(pattern)
             zs.append(z)
             scales["attn"].append(scale)
-            attn_out = attn_out + (self.b_O[layer] if self.b_O is not None else 0)
-            if self.cfg.post_norms:
-                attn_out, post_scale = self._post_norm(attn_out, self.w_post_attn[layer])
+            attn_out, post_scale = self.attention_write(layer, attn_out)
+            if post_scale is not None:
                 post_scales.append(post_scale)
             x = x + attn_out
-            if not self.cfg.attn_only:
+            if not cfg.attn_only:
                 # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
-                mlp_out, scale, post = self._mlp(layer, resid[-1] if self.cfg.parallel_attn_mlp else x)
+                mlp_out, scale, post = self._mlp(layer, resid[-1] if cfg.parallel_attn_mlp else x, edits)
                 if mlp_post:
                     posts.append(post)
-                if self.cfg.post_norms:
+                if cfg.post_norms:
                     mlp_out = self._post_norm(mlp_out, self.w_post_mlp[layer])[0]
                 mlp_outs.append(mlp_out)
                 scales["mlp"].append(scale)
@@ -535,29 +659,30 @@ class CircuitModel:
         out = None
         if logits:
             out = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
-            if self.cfg.final_softcap is not None:
-                out = torch.tanh(out / self.cfg.final_softcap) * self.cfg.final_softcap
+            if cfg.final_softcap is not None:
+                out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
 
-        b, d = tokens.shape[0], self.cfg.d_model
+        d = cfg.d_model
         x, embed, resid = x.to(self.dtype), embed.to(self.dtype), [r.to(self.dtype) for r in resid]
         ln_scale = torch.stack(scales["attn"] + [final_scale], 1)
         ln_scale_mlp = None
-        if not self.cfg.attn_only:
+        if not cfg.attn_only:
             ln_scale_mlp = torch.stack(scales["mlp"], 1) if scales["mlp"] else x.new_zeros(b, 0, pos)
         cache = ActivationCache(
             tokens=tokens,
             embed=embed,
             resid=torch.stack(resid, 1),
-            patterns=torch.stack(patterns, 1) if patterns else x.new_zeros(b, 0, self.cfg.n_heads, pos, pos),
-            z=torch.stack(zs, 1) if zs else x.new_zeros(b, 0, self.cfg.n_heads, pos, self.cfg.d_head),
-            mlp_out=None if self.cfg.attn_only else (torch.stack(mlp_outs, 1) if mlp_outs else x.new_zeros(b, 0, pos, d)),
+            patterns=torch.stack(patterns, 1) if patterns else x.new_zeros(b, 0, cfg.n_heads, pos, pos),
+            z=torch.stack(zs, 1) if zs else x.new_zeros(b, 0, cfg.n_heads, pos, cfg.d_head),
+            mlp_out=None if cfg.attn_only else (torch.stack(mlp_outs, 1) if mlp_outs else x.new_zeros(b, 0, pos, d)),
             ln_scale=ln_scale,
             ln_scale_mlp=ln_scale_mlp,
             W_O=self.W_O,
             post_scale_attn=(torch.stack(post_scales, 1) if post_scales else x.new_zeros(b, 0, pos))
-            if self.cfg.post_norms else None,
-            mlp_post=(torch.stack(posts, 1) if posts else x.new_zeros(b, 0, pos, self.cfg.d_mlp))
-            if mlp_post and not self.cfg.attn_only else None,
+            if cfg.post_norms else None,
+            mlp_post=(torch.stack(posts, 1) if posts else x.new_zeros(b, 0, pos, cfg.d_mlp))
+            if mlp_post and not cfg.attn_only else None,
+            interventions=interventions or None,
         )
         return out, cache
 

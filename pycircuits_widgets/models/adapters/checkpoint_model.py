@@ -41,8 +41,8 @@ from ..checkpoints import CheckpointError
 from .checkpoint_config import read_checked_config
 from .checkpoint_files import CheckpointFiles, ModuleTree
 from .families import FAMILIES
-from .hf import (ATTENTION_KEYS, LAYER_KEYS, _module, apply_folds, layer_weights, read_config, token_embedding,
-                 unembedding)
+from .hf_weights import (ATTENTION_KEYS, LAYER_KEYS, apply_folds, layer_weights, read_config, submodule,
+                         token_embedding, unembedding)
 from .hf_tokenizer import as_tokenizer, folder_tokenizer
 from .weight_view import BIASES, circuit_notes, fold_norms
 
@@ -108,7 +108,7 @@ class CheckpointModel(CircuitModel):
 
     def __init__(self, files: CheckpointFiles, tree: ModuleTree, family_name: str, config, tokenizer=None):
         self.files, self._tree, self._family = files, tree, FAMILIES[family_name]
-        layers = _module(_module(tree, self._family.body), self._family.layers)
+        layers = submodule(submodule(tree, self._family.body), self._family.layers)
         d_mlp = self._mlp_width(layers)
         try:
             self.cfg, self._folds = read_config(config, self._family, d_mlp)

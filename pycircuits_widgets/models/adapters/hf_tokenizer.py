@@ -8,7 +8,7 @@ import json
 import re
 import warnings
 
-from ..tokenizer import _unicode_to_byte, display_bytes, escape_invisible, visible_whitespace
+from ..tokenizer import display_bytes, escape_invisible, unicode_to_byte, visible_whitespace
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback, e.g. <0x0A>
 _SENTENCEPIECE_SPACE = "\u2581"  # "▁"
@@ -50,7 +50,7 @@ class HFTokenizer:
             return f"<id {token_id}>"  # ids past the tokenizer's vocabulary (padded embedding rows)
         if token_id in self._special:
             return piece
-        table = _unicode_to_byte()
+        table = unicode_to_byte()
         if self._byte_level and all(ch in table for ch in piece):
             return display_bytes(bytes(table[ch] for ch in piece))
         if (match := _BYTE_PIECE.fullmatch(piece)) is not None:

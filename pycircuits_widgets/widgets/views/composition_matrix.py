@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 import traitlets
 
 from ...analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
-from ...analysis.rotary import reduce_offsets
 from ..core import offline
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
@@ -115,14 +113,12 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
         is never lost). Rotary Q/K: each pair's largest score over the offsets (a table of a window
         changed meanwhile is not kept)."""
         window = self._offsets
-        with torch.no_grad():
-            for kind, panel in wanted:
-                offsets = window if kind in "QK" else None
-                table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel], offsets=offsets)
-                if offsets is not None:
-                    table = reduce_offsets(table, offsets, "max")[0]
-                if offsets is None or window == self._offsets:
-                    self._computed[(kind, panel)] = table
+        for kind, panel in wanted:
+            offsets = window if kind in "QK" else None
+            table = composition_scores(self.model, kind, baseline=False, norm=NORMS[panel], offsets=offsets,
+                                       reduce="max")
+            if offsets is None or window == self._offsets:
+                self._computed[(kind, panel)] = table
         scores, baselines = {}, {}
         for (kind, panel), table in self._computed.items():
             scores.setdefault(kind, {})[panel] = table
@@ -194,9 +190,8 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
         if not pair:
             yield {"detail": {}}
             return
-        with torch.no_grad():
-            d = composition_detail(self.model, kind, tuple(pair[:2]), tuple(pair[2:]),
-                                   self._offsets if kind in "QK" else None)
+        window = self._offsets if kind in "QK" else None
+        d = composition_detail(self.model, kind, tuple(pair[:2]), tuple(pair[2:]), window)
         yield {"detail": {
             "offset": d.offset, "offset_note": d.offset_note,
             "kind": d.kind, "h1": list(d.h1), "h2": list(d.h2), "score": d.score,

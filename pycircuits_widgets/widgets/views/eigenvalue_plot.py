@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 
-import torch
 import traitlets
 
 from ...analysis.circuits import embedding_note
-from ...analysis.eigen import eigenvalues, positivity
-from ...analysis.head_scores import head_scores, target_masks
-from ...analysis.rotary import reduce_offsets
+from ...analysis.eigen import best_offset_spectra
+from ...analysis.head_scores import SCORE_NAMES, head_scores
 from ...analysis.skip_trigrams import copied_tokens
 from ..core import offline
 from ..core.arrays import Array, ArrayDict
-from ..core.base import CircuitWidget, check_range, rolls_back
+from ..core.base import CircuitWidget, rolls_back
 from ..core.offset_window import OffsetWindow
 from ..core.payload import to_numpy
-from ..core.selection import HeadSelection, check_model
+from ..core.selection import Bounded, HeadSelection, check_model
 from .notes import direct_path_ignores
 
 
@@ -74,8 +71,8 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     """str, default "layer": "layer" or a key of ``scores``."""
     log_scale = traitlets.Bool(False).tag(sync=True)
     """bool, default False: draw eigenvalues at log(1 + |lambda|) with their phase."""
-    n_copies = traitlets.Int(12).tag(sync=True)
-    """int, default 12: number of most-copied tokens in the detail."""
+    n_copies = Bounded(12, min=1, max=lambda model: min(200, model.cfg.d_vocab)).tag(sync=True)
+    """int, default 12: number of most-copied tokens in the detail, in ``1..min(200, d_vocab)``."""
 
     def __init__(self, model, scores=None, offsets=None, **kwargs):
         check_model(model, "EigenvaluePlot")
@@ -84,14 +81,11 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
                             f"or None, got {type(scores).__name__}")
         self._strings = model.token_strings
         L, H = model.cfg.n_layers, model.cfg.n_heads
-        self._eigs = None  # (offsets, {"OV", "QK": [L, H, d_head] complex}, QK offset [L, H]), once computed (_spectra)
-        self._eigs_lock = threading.Lock()
         self._lazy = lazy = L * H > self.EAGER_HEADS  # two vocab-sized products: several forwards' worth at GPT-2 shapes
-        with torch.no_grad():
-            if scores is None and not lazy:
-                scores = head_scores(model)
+        if scores is None and not lazy:
+            scores = head_scores(model)
         if scores is None:  # names now, numbers on first use
-            scores = dict.fromkeys(target_masks(torch.zeros(1, 1, dtype=torch.long)), {})
+            scores = {name: {} for name in SCORE_NAMES}
         else:
             scores = {name: _check_score(name, value, L, H) for name, value in scores.items()}
         super().__init__(model, offsets, scores=scores, ignores=direct_path_ignores(model.cfg),
@@ -111,27 +105,10 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
             self.recompute()
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
 
-    def _spectra(self) -> tuple[dict, torch.Tensor | None]:
-        """Every head's OV and QK spectrum ``[L, H, d_head]`` (computed once) and, for a rotary model,
-        the offset ``[L, H]`` each head's QK spectrum is at (its most positive in the window)."""
-        with self._eigs_lock, torch.no_grad():
-            offsets = self._offsets
-            if self._eigs is None or self._eigs[0] != offsets:  # (a new window: the QK side again)
-                eigs, at = {"OV": self._eigs[1]["OV"] if self._eigs else eigenvalues(self.model, "OV")}, None
-                qk = eigenvalues(self.model, "QK", offsets)
-                if offsets is not None:  # [n_offsets, L, H, d_head]: each head at its best offset
-                    _, at = reduce_offsets(positivity(qk), offsets, "max")
-                    index = torch.as_tensor([offsets.index(int(o)) for o in at.flatten()]).view(at.shape)
-                    qk = qk.gather(0, index[None, ..., None].expand(1, *qk.shape[1:]))[0]
-                eigs["QK"] = qk
-                self._eigs = (offsets, eigs, at)
-            return self._eigs[1], self._eigs[2]
-
     def _positivities(self) -> dict:
-        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity``."""
-        eigs, _ = self._spectra()
-        return {name: positivity(eigs[kind])
-                for name, kind in (("ov_positivity", "OV"), ("qk_positivity", "QK"))}
+        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity`` (``analysis.eigen.best_offset_spectra``)."""
+        spectra = best_offset_spectra(self.model, self._offsets)
+        return {"ov_positivity": spectra.ov_positivity, "qk_positivity": spectra.qk_positivity}
 
     @traitlets.validate("color_by")
     def _valid_color_by(self, proposal):
@@ -140,10 +117,6 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         if name not in options:
             raise traitlets.TraitError(f"color_by must be one of {options}, got {name!r}")
         return name
-
-    @traitlets.validate("n_copies")
-    def _valid_n_copies(self, proposal):
-        return check_range("n_copies", proposal["value"], 1, min(200, self.model.cfg.d_vocab))
 
     def recompute(self) -> dict:
         """Compute ``detail`` for the current ``layer``/``head`` (synchronously)."""
@@ -178,16 +151,15 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
             yield None
 
     def _score_steps(self):
-        with torch.no_grad():
-            computed = head_scores(self.model)
-        yield {"scores": dict(computed)}
+        yield {"scores": dict(head_scores(self.model))}
 
     def _detail_steps(self, layer, head, n):
-        spectra, at = self._spectra()
+        spectra = best_offset_spectra(self.model, self._offsets)
+        at = spectra.qk_offset
         detail = {"layer": layer, "head": head, **({} if at is None else {"qk_offset": int(at[layer, head])})}
-        for kind, eigs in spectra.items():
-            detail[f"{kind.lower()}_re"] = eigs[layer, head].real
-            detail[f"{kind.lower()}_im"] = eigs[layer, head].imag
+        for kind, eigs in (("ov", spectra.ov), ("qk", spectra.qk)):
+            detail[f"{kind}_re"] = eigs[layer, head].real
+            detail[f"{kind}_im"] = eigs[layer, head].imag
         yield {"detail": detail}  # the spectrum is cached: it shows at once
         ids, values = copied_tokens(self.model, layer, head, n)
         yield {"detail": {**detail, "copies": [

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import torch
 import traitlets
 
 from ...analysis.path_expansion import LINEARISED, NonlinearFeatureError, check_path_features, path_expansion, path_specs
 from ..core.arrays import Array
-from ..core.base import CircuitWidget, check_range
+from ..core.base import CircuitWidget
 from ..core.payload import JSON_BUFFER
-from ..core.selection import HeadSelection, PairSelection, PositionSelection, check_model
+from ..core.selection import Bounded, HeadSelection, PairSelection, PositionSelection, check_model
 from ..core.text_data import TextData
 
 LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
@@ -75,7 +74,7 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
     # selected_pair from the mixins --
 
     # -- display --
-    top_n = traitlets.Int(16).tag(sync=True)
+    top_n = Bounded(16, min=1, max=200).tag(sync=True)
     """int, default 16: how many terms the importance chart shows, most important first."""
 
     def __init__(self, model, text, forward=None, one_token: bool = False, **kwargs):
@@ -109,11 +108,10 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
             yield cleared
             return
         try:
-            with torch.no_grad():
-                pe = path_expansion(self.model, out, self._max_order)
-                by_order = pe.loss_by_order().tolist()
-                importance = pe.term_importance()
-                contributions = pe.next_token_contributions()[:, 0]
+            pe = path_expansion(self.model, out, self._max_order)
+            by_order = pe.loss_by_order().tolist()
+            importance = pe.term_importance()
+            contributions = pe.next_token_contributions()[:, 0]
         except NonlinearFeatureError as exc:  # this text, not the view: no terms rather than wrong ones
             yield {**cleared, "refusal": str(exc)}
             return
@@ -132,10 +130,6 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
 
     def _n_positions(self) -> int:
         return self._n_tokens
-
-    @traitlets.validate("top_n")
-    def _valid_top_n(self, proposal):
-        return check_range("top_n", proposal["value"], 1, 200)
 
 
 def deepest_order(cfg) -> int:

@@ -3,7 +3,6 @@ its measured attention by offset on a text."""
 
 from __future__ import annotations
 
-import torch
 import traitlets
 
 from ...analysis.circuits import model_name
@@ -77,9 +76,8 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
             yield {"positional": None, "measured": None, "n_tokens": n}
             return
         k = min(self._max_offset, n - 1)
-        with torch.no_grad():
-            positional = positional_scores_by_offset(self.model, n, k, cache=out.cache)
-            measured = attention_by_offset(out.patterns[0], k)
+        positional = positional_scores_by_offset(self.model, n, k, cache=out.cache)
+        measured = attention_by_offset(out.patterns[0], k)
         yield {
             "positional": positional, "measured": measured,
             "rule": RULES["rotary" if self.model.cfg.positional == "rotary" else "table"], "n_tokens": n,

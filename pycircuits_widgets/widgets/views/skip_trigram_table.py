@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import torch
 import traitlets
 
-from ...analysis.cache import RESULT, cached, stored
 from ...analysis.circuits import embedding_note
-from ...analysis.rotary import rotations
-from ...analysis.skip_trigrams import (MODES, centred_factors, circuit_query, partial_skip_trigrams, top_over_offsets,
-                                       top_skip_trigrams, triple_entries)
+from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_table, kept_head_table
 from ...models.tokenizer import visible_whitespace
 from ..core import offline
 from ..core.arrays import ArrayDict
-from ..core.base import CircuitWidget, check_range, check_text, rolls_back
+from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.offset_window import OffsetWindow
 from ..core.runner import GIVE_WAY
-from ..core.selection import HeadSelection, TokenSelection, check_model
+from ..core.selection import Bounded, HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
 
 MAX_MATCHES = 20
@@ -70,18 +66,19 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     # -- input --
     query = traitlets.Unicode("").tag(sync=True)
     """str: token search text (typed as text; "·" or a space both mean a space)."""
-    k = traitlets.Int(100).tag(sync=True)
-    """int, default 100: number of skip-trigrams in the table."""
-    n_related = traitlets.Int(10).tag(sync=True)
-    """int, default 10: rows per list of a token query."""
+    k = Bounded(100, min=1, max=MAX_K).tag(sync=True)
+    """int, default 100: number of skip-trigrams in the table, in ``1..MAX_K``."""
+    n_related = Bounded(10, min=1, max=lambda model: min(1000, model.cfg.d_vocab)).tag(sync=True)
+    """int, default 10: rows per list of a token query, in ``1..min(1000, d_vocab)``."""
 
     # -- display --
     sort_by = traitlets.Enum(["score", "qk", "ov"], default_value="score").tag(sync=True)
     """str, default "score": table order (descending)."""
-    page = traitlets.Int(0).tag(sync=True)
+    # (the browser writes page, page_size and query: checked like any Python write)
+    page = Bounded(0, min=0, max=MAX_K - 1).tag(sync=True)
     """int, default 0: table page shown (``page_size`` rows each)."""
-    page_size = traitlets.Int(20).tag(sync=True)
-    """int, default 20: rows per page."""
+    page_size = Bounded(20, min=1, max=MAX_K).tag(sync=True)
+    """int, default 20: rows per page, in ``1..MAX_K``."""
 
     _offline_inputs = ("k",)  # the saved tables are k rows long
 
@@ -121,26 +118,9 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self._snapshot_window()
         self._on_head({"name": "offsets"})
 
-    @traitlets.validate("k")
-    def _valid_k(self, proposal):
-        return check_range("k", proposal["value"], 1, MAX_K)
-
-    # The browser may write page, page_size and query: checked like any Python write.
-    @traitlets.validate("page")
-    def _valid_page(self, proposal):
-        return check_range("page", proposal["value"], 0, MAX_K - 1)
-
-    @traitlets.validate("page_size")
-    def _valid_page_size(self, proposal):
-        return check_range("page_size", proposal["value"], 1, MAX_K)
-
     @traitlets.validate("query")
     def _valid_query(self, proposal):
         return check_text(proposal["value"], name="query", empty=True)
-
-    @traitlets.validate("n_related")
-    def _valid_n_related(self, proposal):
-        return check_range("n_related", proposal["value"], 1, min(1000, self.model.cfg.d_vocab))
 
     # -- recomputes (synchronous; the observers run them in the worker) -------------------
     def recompute(self) -> dict:
@@ -212,59 +192,35 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self._runner.submit("token", lambda: self._related_steps(token, layer, head, n))
 
     # -- the work ------------------------------------------------------------------------
-    def _centred(self, layer: int, head: int):
-        """The head's centred circuit factors (kept per model and head: ``analysis.cache``)."""
-        with torch.no_grad():
-            return centred_factors(self.model, layer, head)
-
     def _table_steps(self, layer, head, k):
-        """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k."""
-        cache_key, window = self._keyed_window(layer, head, k)
-        table = stored(self.model, cache_key)
-        if table is not None:  # a revisited (or precomputed) head answers at once
-            yield {"trigrams": table}
-            return
-        if self.model.cfg.d_vocab > self.partial_above:
-            q, kk, v, u = self._centred(layer, head)
-            with torch.no_grad():
-                found = top_over_offsets(lambda qr, R: partial_skip_trigrams(qr, kk, v, u, k, self.partial_sources, R),
-                                         q, window[1])
-            yield {"trigrams": self._table_of(layer, head, window, *found, self.partial_sources / kk.shape[0])}
+        """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k
+        (``analysis.skip_trigrams.head_table``, kept per model: a revisited head answers at once)."""
+        window = self._window
+        table = kept_head_table(self.model, layer, head, k, offset=window)
+        if table is None and self.model.cfg.d_vocab > self.partial_above:
+            partial = head_table(self.model, layer, head, k, offset=window, approximate=True,
+                                 sources=self.partial_sources)
+            yield {"trigrams": self._payload(partial)}
             yield GIVE_WAY  # the exact search takes seconds: the click's other views first
-        yield {"trigrams": cached(self.model, cache_key, lambda: self._exact_table(layer, head, k, window), tier=RESULT)}
-
-    def _exact_table(self, layer, head, k, window) -> dict:
-        """The exact top-k table of one head (kept per model: ``analysis.cache``)."""
-        q, kk, v, u = self._centred(layer, head)
-        with torch.no_grad():
-            found = top_over_offsets(lambda qr, R: top_skip_trigrams(qr, kk, v, u, k, R=R), q, window[1])
-        return self._table_of(layer, head, window, *found, 1.0)
+        if table is None:
+            table = head_table(self.model, layer, head, k, offset=window, approximate=True)
+        yield {"trigrams": self._payload(table)}
 
     def fill_steps(self, selection):
         """The exact table of ``selection``'s head into the per-model cache (no partial first)."""
-        layer, head, k = selection["layer"], selection["head"], self.k
-        cache_key, window = self._keyed_window(layer, head, k)
-        cached(self.model, cache_key, lambda: self._exact_table(layer, head, k, window), tier=RESULT)
+        head_table(self.model, selection["layer"], selection["head"], self.k, offset=self._window, approximate=True)
         yield None
 
-    def _keyed_window(self, layer, head, k):
-        """The cache key of a head's exact table and the window ``(offsets, rotations)`` it is read
-        over (None, None when not rotary)."""
-        offsets = self._window
-        R = None if offsets is None else rotations(self.model.cfg, offsets, torch.float32, self.model.device,
-                                                   layer=layer)
-        return ("SkipTrigramTable", layer, head, k, tuple(offsets or ())), (offsets, R)
-
-    def _table_of(self, layer, head, window, score, idx, at, progress):
-        src, dest, out = idx[:, 0], idx[:, 1], idx[:, 2]
-        qk, ov = triple_entries(*self._centred(layer, head), idx, window[1], at)
-        ids = sorted(set(idx.reshape(-1).tolist()))
-        offsets = {} if at is None else {"offset": torch.tensor(window[0], dtype=torch.int32)[at]}
+    def _payload(self, table: HeadTable) -> dict:
+        """The ``trigrams`` trait value of ``table``: its columns (ids sent as int32: ``ArrayDict``) and the
+        strings of its tokens."""
+        ids = sorted({*table.source.tolist(), *table.destination.tolist(), *table.out.tolist()})
+        offsets = {} if table.offset is None else {"offset": table.offset}
         return {**offsets,
-            "layer": layer, "head": head, "src": src.int(), "dest": dest.int(), "out": out.int(),
-            "qk": qk.float(), "ov": ov.float(), "score": score.float(),
+            "layer": table.layer, "head": table.head, "src": table.source, "dest": table.destination,
+            "out": table.out, "qk": table.qk, "ov": table.ov, "score": table.score,
             "strings": {str(i): self._strings[i] for i in ids},
-            "exact": progress >= 1.0, "progress": float(progress),
+            "exact": table.exact, "progress": float(table.progress),
         }
 
     def _search_steps(self, text):
@@ -277,12 +233,11 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     def _related_steps(self, token, layer, head, n):
         """The three whole-vocabulary queries of one token (``pcw.analysis.circuit_query``)."""
-        factors, offsets = self._centred(layer, head), self._offsets
+        offsets = self._offsets
         result = {"token": token, "str": self._strings[token], "layer": layer, "head": head}
         for mode in MODES:
             yield None  # a chunk boundary: a newer token stops this one here
-            rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, factors=factors,
-                                 offset=offsets)
+            rows = circuit_query(self.model, layer, head, token, mode, k=n, approximate=True, offset=offsets)
             result[mode] = [{"id": i, "str": s, "score": v} for i, s, v in rows]
         yield {"related": result}
 

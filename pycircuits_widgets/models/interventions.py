@@ -1,0 +1,115 @@
+"""Interventions: what ``CircuitModel.run_with_cache(tokens, interventions=...)`` changes in its forward.
+
+The one mechanism every causal check runs through (``analysis.ablation``, ``analysis.path_patching``):
+the model's own forward, with these changes at the layers they name (0-based layers, heads, neurons):
+
+* ``heads``: ``{(layer, head): replacement}``. The head's output ``head_out`` (``z @ W_O``, what it
+  writes before ``b_O``) is replaced: ``None`` by zero, which is the forward with that head's ``W_O``
+  set to zero (its ``z`` is zeroed before the output projection); a tensor broadcastable to
+  ``[batch, pos, d_model]`` (a mean output ``[d_model]``) by that tensor. A post-norm
+  (``cfg.post_norms``) divides the layer's changed output, as it would with the head's ``W_O`` changed.
+* ``neurons``: ``{(layer, neuron): replacement}``. The neuron's activation, what ``W_out`` reads
+  (after the nonlinearity, the gate and a mixture's expert weight), is replaced: ``None`` by zero, a
+  number or a tensor broadcastable to ``[batch, pos]`` by that.
+* ``head_inputs``: ``{(layer, head, via): stream [batch, pos, d_model]}``, ``via`` one of ``"Q"``,
+  ``"K"``, ``"V"``. That head's query, key or value reads ``stream`` instead of the layer's input,
+  through the layer's own norm recomputed on ``stream`` (TransformerLens's ``use_split_qkv_input``
+  with ``hook_q_input`` / ``hook_k_input`` / ``hook_v_input``); the head's other inputs and every
+  other head read the layer's input.
+
+Everything after the first layer named is recomputed from the changed stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+VIAS = ("Q", "K", "V")
+"""The inputs of a head a path can enter by: its query, key or value."""
+
+
+class LayerEdits(NamedTuple):
+    """One layer's share of an ``Interventions``: ``heads {head: replacement}``, ``neurons {neuron:
+    replacement}``, ``inputs {head: {via: stream}}``."""
+
+    heads: dict
+    neurons: dict
+    inputs: dict
+
+
+@dataclass(frozen=True)
+class Interventions:
+    """Changes to a forward pass (module docstring). Empty: the clean forward."""
+
+    heads: dict = field(default_factory=dict)
+    neurons: dict = field(default_factory=dict)
+    head_inputs: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.heads or self.neurons or self.head_inputs)
+
+    def first_layer(self, n_layers: int) -> int:
+        """The first layer an intervention changes (``n_layers`` when none does): the layers before it
+        run as in the clean forward."""
+        layers = [key[0] for part in (self.heads, self.neurons, self.head_inputs) for key in part]
+        return min(layers, default=n_layers)
+
+    def at(self, layer: int) -> LayerEdits | None:
+        """``layer``'s edits, or None where it has none."""
+        heads = {h: r for (l, h), r in self.heads.items() if l == layer}
+        neurons = {n: r for (l, n), r in self.neurons.items() if l == layer}
+        inputs: dict = {}
+        for (l, h, via), stream in self.head_inputs.items():
+            if l == layer:
+                inputs.setdefault(h, {})[via] = stream
+        return LayerEdits(heads, neurons, inputs) if heads or neurons or inputs else None
+
+    def check(self, cfg, batch: int, pos: int) -> None:
+        """Refuse what the model ``cfg`` has no place for, naming it and the valid range: a layer,
+        head or neuron out of range, an unknown ``via``, a replacement or stream of the wrong shape."""
+        L, H = cfg.n_layers, cfg.n_heads
+        for (layer, head), value in self.heads.items():
+            _check_index("heads", (layer, head), (L, H), ("layer", "head"))
+            _check_tensor(f"heads[{layer, head}]", value, (batch, pos, cfg.d_model))
+        for (layer, neuron), value in self.neurons.items():
+            if cfg.attn_only:
+                raise ValueError(f"Interventions.neurons: {cfg.name!r} is attention-only (no MLP neurons)")
+            _check_index("neurons", (layer, neuron), (L, cfg.d_mlp), ("layer", "neuron"))
+            _check_tensor(f"neurons[{layer, neuron}]", value, (batch, pos))
+        for key, stream in self.head_inputs.items():
+            if len(key) != 3 or key[2] not in VIAS:
+                raise ValueError(f"Interventions.head_inputs: key {key!r} must be (layer, head, via) with via one "
+                                 f"of {VIAS}")
+            _check_index("head_inputs", key[:2], (L, H), ("layer", "head"))
+            if not isinstance(stream, torch.Tensor) or tuple(stream.shape) != (batch, pos, cfg.d_model):
+                shape = tuple(stream.shape) if isinstance(stream, torch.Tensor) else type(stream).__name__
+                raise ValueError(f"Interventions.head_inputs[{key!r}]: the stream must be a tensor [batch, pos, "
+                                 f"d_model] = {[batch, pos, cfg.d_model]}, got {shape}")
+
+
+def _check_index(where: str, key, sizes: tuple[int, int], names: tuple[str, str]) -> None:
+    if not (isinstance(key, tuple) and len(key) == 2):
+        raise ValueError(f"Interventions.{where}: key {key!r} must be a ({names[0]}, {names[1]}) pair")
+    for value, size, name in zip(key, sizes, names):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+            raise ValueError(f"Interventions.{where}: {key!r} has {name} {value!r}; the model's {name}s are "
+                             f"0..{size - 1}")
+
+
+def _check_tensor(where: str, value, shape: tuple[int, ...]) -> None:
+    """``value``: None, a number, or a tensor broadcastable to ``shape``."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"Interventions.{where}: a replacement is None, a number or a tensor, got "
+                        f"{type(value).__name__}")
+    try:
+        ok = torch.broadcast_shapes(value.shape, shape) == shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"Interventions.{where}: a replacement of shape {tuple(value.shape)} does not broadcast "
+                         f"to {list(shape)}")

@@ -1,0 +1,391 @@
+"""Causal checks (``pcw.ablate``) and the one intervention mechanism under them
+(``run_with_cache(interventions=..., resume=...)``).
+
+Oracles, each written independently of the intervention code:
+
+* ``oracle``: a float64 forward written here over the weight view's tensors (layer norm, learned or
+  Shortformer positions, a gelu_new MLP, biases: GPT-2 and the paper's models), each head computed on
+  its own, with explicit hooks on each head's query/key/value input stream, its ``z``, its output, and
+  each MLP neuron's activation;
+* TransformerLens 4.x ``run_with_hooks`` on a ``TransformerBridge`` around a tiny random GPT-2 built
+  from a config (no download), read into ours with ``pcw.from_transformer_lens``: ``hook_z`` zeroed;
+* every family of the families table (``family_configs``): ablation equals the same model with the
+  head's ``W_O`` (the neuron's ``W_out`` row) set to zero, through the model's own forward.
+
+Tolerances come from ``tolerance``'s rounding-error model: ``logit_tol`` for logits (losses: twice
+that, a log-softmax adds at most one logit's error per side), ``pattern_tol`` for attention
+probabilities, so a total-variation distance (half a sum of ``pos`` differences) moves by at most
+``pos * pattern_tol`` between two computations of both its patterns; a head output's norm by at most
+``sqrt(N)`` times the per-entry ``chain_tol`` of the forward. A resumed forward (the clean prefix
+reused) is compared bit for bit with the whole forward: it runs the same operations on the same
+inputs.
+"""
+
+import copy
+import functools
+import math
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from family_configs import CONFIGS, probe_tokens, tiny_model
+from tokenizers import Tokenizer, models, pre_tokenizers
+from tolerance import assert_within, chain_tol, logit_tol, model_forward_length, pattern_tol
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis.neurons import neuron_activations
+from pycircuits_widgets.demo import SAMPLE_TEXT
+from pycircuits_widgets.models.corpus import corpus_documents
+from pycircuits_widgets.models.interventions import Interventions
+
+# --- the float64 oracle ----------------------------------------------------------------------
+
+def oracle(model, tokens, *, inputs=None, z=None, head_out=None, neurons=None) -> dict:
+    """A float64 forward of ``model``'s folded tensors, each head on its own. Hooks, each
+    ``(layer, tensor) -> tensor``: ``inputs(layer, via, x [b, H, pos, d_model])`` each head's query,
+    key or value input stream (before its norm), ``z(layer, z [b, H, pos, d_head])``,
+    ``head_out(layer, out [b, H, pos, d_model])``, ``neurons(layer, act [b, pos, d_mlp])``.
+    Returns logits, patterns ``[b, L, H, pos, pos]``, z ``[b, L, H, pos, d_head]`` and the
+    heads' outputs ``[b, L, H, pos, d_model]``."""
+    c = model.cfg
+    assert c.normalization == "layernorm" and c.positional in ("learned", "shortformer") and c.pre_norm
+    assert not (c.post_norms or c.qk_norm or c.parallel_attn_mlp or c.gated_mlp or c.rotary_dim)
+
+    def w(name):
+        value = getattr(model, name)
+        return None if value is None else value.double()
+
+    def bias(name, layer=None, per_head=False):
+        value = w(name)
+        if value is None:
+            return 0
+        value = value if layer is None else value[layer]
+        return value[:, None] if per_head else value
+
+    def norm(x):
+        x = x - x.mean(-1, keepdim=True)
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.eps)
+
+    def gelu_new(x):
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+    b, n = tokens.shape
+    W_pos = w("W_pos")
+    x = w("W_E")[tokens] + (W_pos[:n] if c.positional == "learned" else 0)
+    qk_pos = W_pos[:n] if c.positional == "shortformer" else 0
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    patterns, zs, outs = [], [], []
+    for layer in range(c.n_layers):
+        per_head = x[:, None].expand(b, c.n_heads, n, c.d_model)
+        streams = {via: inputs(layer, via, per_head) if inputs else per_head for via in "QKV"}
+        q, k, v = (torch.einsum("bhpd,hde->bhpe", norm(streams[via]) + (qk_pos if via != "V" else 0),
+                                w(f"W_{via}")[layer]) + bias(f"b_{via}", layer, per_head=True) for via in "QKV")
+        scores = (q @ k.transpose(-1, -2) / c.attn_scale).masked_fill(~causal, -math.inf)
+        pattern = scores.softmax(-1)
+        zl = pattern @ v
+        zl = z(layer, zl) if z else zl
+        out = torch.einsum("bhpe,hed->bhpd", zl, w("W_O")[layer])
+        out = head_out(layer, out) if head_out else out
+        patterns.append(pattern), zs.append(zl), outs.append(out)
+        x = x + out.sum(1) + bias("b_O", layer)
+        if not c.attn_only:
+            act = gelu_new(norm(x) @ w("W_in")[layer] + bias("b_in", layer))
+            act = neurons(layer, act) if neurons else act
+            x = x + act @ w("W_out")[layer] + bias("b_out", layer)
+    logits = norm(x) @ w("W_U") + bias("b_U")
+    return {"logits": logits, "patterns": torch.stack(patterns, 1), "z": torch.stack(zs, 1),
+            "head_out": torch.stack(outs, 1)}
+
+
+def token_loss(logits, tokens):
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2).double(), tokens[:, 1:], reduction="none")
+
+
+def set_heads(layer_heads: dict, values=None):
+    """An oracle hook setting heads ``{layer: [head, ...]}`` to zero (or ``values[layer, head]``)."""
+    def hook(layer, t):
+        t = t.clone()
+        for h in layer_heads.get(layer, ()):
+            t[:, h] = 0 if values is None else values[layer, h]
+        return t
+    return hook
+
+
+def set_neurons(layer_neurons: dict, values=None):
+    def hook(layer, act):
+        act = act.clone()
+        for n in layer_neurons.get(layer, ()):
+            act[..., n] = 0 if values is None else values[layer, n]
+        return act
+    return hook
+
+
+def total_variation(patched, clean) -> float:
+    """Mean over sequences and destinations of ``0.5 * sum_src |patched - clean|``, ``[b, dest, src]``."""
+    return float(0.5 * (patched.double() - clean.double()).abs().sum(-1).mean())
+
+
+def output_norm_tol(model, cache, out, n_tokens, dtype=torch.float32) -> float:
+    """Bound on the difference of two computations of ``||out||`` (``out [..., d_model]`` a head's output):
+    ``sqrt(N)`` entries each within the forward's chain bound of the largest entry."""
+    entry = chain_tol(model_forward_length(model.cfg, n_tokens), float(out.abs().max()), dtype)
+    return math.sqrt(out.numel()) * entry
+
+
+# --- models ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpt2_64():
+    """A tiny random GPT-2 (MLPs, learned positions, every bias) as a float64 weight view."""
+    return pcw.from_hf(tiny_model("gpt2", dtype=torch.float64), verify=False)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return pcw.load_pretrained("attn-only-2l")
+
+
+@pytest.fixture(scope="module")
+def corpus_windows(shipped):
+    """``[8, 32]`` token windows of the stdlib corpus (the shipped model's training text)."""
+    ids = torch.tensor(shipped.tokenizer.encode("".join(corpus_documents("pydoc")[:3])))
+    return ids[: 8 * 32].reshape(8, 32)
+
+
+def means_over(model, windows) -> dict:
+    """Each head's mean output and each neuron's mean activation over ``windows``, from our forward."""
+    _, cache = model.run_with_cache(windows)
+    means = {"heads": cache.head_out.mean((0, 3))}
+    if not model.cfg.attn_only:
+        means["neurons"] = torch.stack([neuron_activations(model, cache, l).mean((0, 1))
+                                        for l in range(model.cfg.n_layers)])
+    return means
+
+
+class SweepLike:
+    """What ``ablate`` reads of a ``pcw.Sweep``: ``head_means()`` and ``neuron_means()``."""
+
+    def __init__(self, means):
+        self.means = means
+
+    def head_means(self):
+        return self.means["heads"]
+
+    def neuron_means(self):
+        return self.means.get("neurons")
+
+
+# --- ablation ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["gpt2_64", "shipped_64"])
+def test_zero_ablation_equals_the_oracle_with_those_heads_z_zeroed(which, gpt2_64, shipped):
+    model = gpt2_64 if which == "gpt2_64" else shipped.to(torch.float64)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 16), generator=torch.Generator().manual_seed(3))
+    heads = {0: [1], 1: [0, 2]}
+    neurons = {} if model.cfg.attn_only else {0: [3, 17], 1: [5]}
+    result = pcw.ablate(model, tokens, heads=[(l, h) for l, hs in heads.items() for h in hs],
+                        neurons=[(l, n) for l, ns in neurons.items() for n in ns])
+    clean = oracle(model, tokens)
+    ref = oracle(model, tokens, z=set_heads(heads), neurons=set_neurons(neurons))
+    tol = logit_tol(model, result.cache, tokens.shape[1], torch.float64)
+    assert_within(result.logits, ref["logits"], tol)
+    assert_within(result.loss, token_loss(ref["logits"], tokens), 2 * tol)
+    assert_within(result.clean_loss, token_loss(clean["logits"], tokens), 2 * tol)
+    assert_within(result.cache.z, ref["z"], tol)
+    assert result.loss.shape == (2, 15)
+    assert result.loss_change == pytest.approx(float((result.loss - result.clean_loss).mean()))
+    assert float(result.cache.head_out[:, 1, 2].abs().max()) == 0  # an ablated head wrote nothing
+
+
+def test_mean_ablation_equals_the_oracle_with_those_heads_outputs_replaced(gpt2_64):
+    windows = torch.randint(0, 128, (6, 24), generator=torch.Generator().manual_seed(5))
+    means = means_over(gpt2_64, windows)
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(6))
+    result = pcw.ablate(gpt2_64, tokens, heads=[(0, 3), (1, 1)], neurons=[(0, 7)], kind="mean",
+                        means=SweepLike(means))
+    ref = oracle(gpt2_64, tokens, head_out=set_heads({0: [3], 1: [1]}, means["heads"]),
+                 neurons=set_neurons({0: [7]}, means["neurons"]))
+    tol = logit_tol(gpt2_64, result.cache, 16, torch.float64)
+    assert_within(result.logits, ref["logits"], tol)
+    # the cache's head outputs are what the run's heads wrote: the means for the ablated heads
+    assert_within(result.cache.head_out, ref["head_out"], tol)
+    # the same means as a dict, and as the heads' tensor alone
+    by_dict = pcw.ablate(gpt2_64, tokens, heads=[(0, 3), (1, 1)], neurons=[(0, 7)], kind="mean", means=means)
+    by_tensor = pcw.ablate(gpt2_64, tokens, heads=[(0, 3), (1, 1)], kind="mean", means=means["heads"])
+    assert torch.equal(by_dict.logits, result.logits)
+    heads_only = oracle(gpt2_64, tokens, head_out=set_heads({0: [3], 1: [1]}, means["heads"]))
+    assert_within(by_tensor.logits, heads_only["logits"], tol)
+
+
+def test_mean_ablation_of_the_shipped_model_with_corpus_means(shipped, corpus_windows):
+    """Means over stdlib-corpus windows (what a sweep gives): ablating a head with its mean moves the
+    loss less than removing it, and equals the oracle with its output replaced."""
+    means = means_over(shipped, corpus_windows)
+    tokens = shipped.to_tokens(SAMPLE_TEXT)[None]
+    model64 = shipped.to(torch.float64)
+    mean = pcw.ablate(model64, tokens, heads=[(1, 3)], kind="mean", means={"heads": means["heads"]})
+    ref = oracle(model64, tokens, head_out=set_heads({1: [3]}, means["heads"].double()))
+    assert_within(mean.logits, ref["logits"], logit_tol(model64, mean.cache, tokens.shape[1], torch.float64))
+
+
+def test_ablation_equals_the_model_with_w_o_zeroed(shipped):
+    tokens = shipped.to_tokens(SAMPLE_TEXT)
+    result = pcw.ablate(shipped, tokens, heads=[(0, 4), (1, 6)])
+    zeroed = copy.copy(shipped)
+    zeroed.W_O = shipped.W_O.clone()
+    zeroed.W_O[0, 4] = zeroed.W_O[1, 6] = 0
+    logits, cache = zeroed.run_with_cache(tokens)
+    assert_within(result.logits, logits, logit_tol(zeroed, cache, len(tokens)))
+
+
+# --- TransformerLens -------------------------------------------------------------------------
+
+TL_VOCAB = 50
+
+
+@pytest.fixture(scope="module")
+def tl_gpt2():
+    """A TransformerBridge (split Q/K/V inputs on) around a 3-layer random GPT-2, and ours from it."""
+    from transformer_lens import TransformerBridge
+
+    words = ["<unk>"] + [f"w{i}" for i in range(TL_VOCAB - 1)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    config = transformers.GPT2Config(vocab_size=TL_VOCAB, n_positions=32, n_embd=32, n_layer=3, n_head=4)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            is_scale = ".ln" in name and name.endswith("weight")
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.2 if is_scale else 0.3) + (1.0 if is_scale else 0.0))
+    bridge = TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=tokenizer)
+    bridge.set_use_split_qkv_input(True)
+    return bridge, pcw.from_transformer_lens(bridge)
+
+
+def tl_run(bridge, tokens, hooks, saved=()):
+    """TransformerLens logits with ``hooks`` and the activations named in ``saved``."""
+    out = {}
+
+    def saver(name):
+        def save(x, hook):
+            out[name] = x.detach().clone()
+        return save
+
+    with torch.no_grad():
+        logits = bridge.run_with_hooks(tokens, fwd_hooks=list(hooks) + [(name, saver(name)) for name in saved])
+    return logits, out
+
+
+def test_ablation_equals_transformer_lens_with_hook_z_zeroed(tl_gpt2):
+    bridge, model = tl_gpt2
+    tokens = torch.randint(0, TL_VOCAB, (2, 14), generator=torch.Generator().manual_seed(1))
+
+    def zero(heads):
+        def hook(z, hook):  # [b, pos, H, d_head]
+            z = z.clone()
+            z[:, :, heads] = 0
+            return z
+        return hook
+
+    tl_logits, _ = tl_run(bridge, tokens, [("blocks.0.attn.hook_z", zero([2])), ("blocks.2.attn.hook_z", zero([0, 3]))])
+    result = pcw.ablate(model, tokens, heads=[(0, 2), (2, 0), (2, 3)])
+    assert_within(result.logits, tl_logits, logit_tol(model, result.cache, 14))
+    assert_within(result.loss, token_loss(tl_logits, tokens), 2 * logit_tol(model, result.cache, 14))
+
+
+# --- every family ---------------------------------------------------------------------------------
+
+@functools.cache
+def family_model(name):
+    """``name``'s tiny model as a weight view (the translation is verified in test_families); built once."""
+    return pcw.from_hf(tiny_model(name), verify=False)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_family_ablates_through_its_own_forward(name):
+    model = family_model(name)
+    tokens = probe_tokens()
+    mlp = not model.cfg.attn_only
+    clean = pcw.run(model, tokens)
+    result = pcw.ablate(model, tokens, heads=[(0, 1), (1, 2)], neurons=[(0, 5), (1, 9)] if mlp else (), clean=clean)
+    zeroed = copy.copy(model)
+    zeroed.W_O = model.W_O.clone()
+    zeroed.W_O[0, 1] = zeroed.W_O[1, 2] = 0
+    if mlp:
+        zeroed.W_out = model.W_out.clone()
+        zeroed.W_out[0, 5] = zeroed.W_out[1, 9] = 0
+    logits, cache = zeroed.run_with_cache(tokens)
+    tol = logit_tol(zeroed, cache, tokens.shape[1])
+    assert_within(result.logits, logits, tol)
+    assert_within(result.cache.patterns, cache.patterns, pattern_tol(model.cfg, tokens.shape[1], cache.patterns))
+    if model.cfg.post_norms:  # the post-norm divides the changed output
+        assert not torch.equal(result.cache.post_scale_attn[:, 0], clean.cache.post_scale_attn[:, 0])
+        assert_within(result.cache.post_scale_attn, cache.post_scale_attn, tol)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_forward_resumed_from_the_clean_run_is_the_whole_forward_bit_for_bit(name):
+    model = family_model(name)
+    tokens = probe_tokens()
+    clean = model.run_with_cache(tokens, mlp_post=True)[1]
+    mlp = not model.cfg.attn_only
+    for edits in (Interventions(heads={(1, 2): None}),  # resumed at layer 1: layer 0 not run again
+                  Interventions(heads={(0, 1): clean.head_out[:, 0, 1].mean((0, 1))},
+                                neurons={(1, 3): None} if mlp else {}),
+                  Interventions(head_inputs={(1, 0, "K"): clean.resid[:, 0]})):  # layer 0 removed from one key
+        resumed, resumed_cache = model.run_with_cache(tokens, interventions=edits, resume=clean, mlp_post=True)
+        whole, whole_cache = model.run_with_cache(tokens, interventions=edits, mlp_post=True)
+        assert torch.equal(resumed, whole)
+        for field in ("resid", "patterns", "z", "ln_scale", "mlp_out", "post_scale_attn", "mlp_post"):
+            a, b = getattr(resumed_cache, field), getattr(whole_cache, field)
+            assert (a is None and b is None) or torch.equal(a, b), field
+        assert not torch.equal(resumed, model(tokens))
+
+
+def test_without_interventions_a_resumed_forward_is_the_clean_one(shipped):
+    tokens = shipped.to_tokens(SAMPLE_TEXT)
+    logits, clean = shipped.run_with_cache(tokens)
+    again, cache = shipped.run_with_cache(tokens, resume=clean)
+    assert torch.equal(again, logits) and torch.equal(cache.resid, clean.resid) and cache.interventions is None
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m, t: pcw.ablate(m, t, heads=[(2, 0)]), ValueError, r"layer 2.*layers are 0\.\.1"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 8)]), ValueError, r"head 8.*heads are 0\.\.7"),
+    (lambda m, t: pcw.ablate(m, t, heads=(0, 4)), ValueError, r"list of \(layer, head\) pairs"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1.0)]), ValueError, r"head 1\.0"),
+    (lambda m, t: pcw.ablate(m, t), ValueError, "nothing to ablate"),
+    (lambda m, t: pcw.ablate(m, t, neurons=[(0, 1)]), ValueError, "attention-only"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], kind="resample"), ValueError,
+     r"kind must be one of \('zero', 'mean'\)"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], kind="mean"), ValueError, r"means=pcw\.sweep\("),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], means=torch.zeros(2, 8, 128)), ValueError, "kind='mean' only"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], kind="mean", means=torch.zeros(2, 8, 64)), ValueError,
+     r"shape \(2, 8, 64\), expected \[2, 8, 128\]"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], kind="mean", means={"head": 0}), ValueError, "unknown keys"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], kind="mean", means=SweepLike({"heads": None})), ValueError,
+     "no heads means"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], kind="mean", means=3), TypeError, "Sweep"),
+    (lambda m, t: pcw.ablate(m, t[:1], heads=[(0, 1)]), ValueError, "at least 2 tokens"),
+    (lambda m, t: pcw.ablate(m, [5000, 1], heads=[(0, 1)]), ValueError, r"token id 5000 out of range"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], clean=pcw.run(m, t[:-1])), ValueError, "other tokens"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], clean=m.run_with_cache(t)), TypeError, "RunResult"),
+    (lambda m, t: m.run_with_cache(t, interventions={(0, 1): None}), TypeError, "Interventions"),
+    (lambda m, t: m.run_with_cache(t, interventions=Interventions(heads={(0, 9): None})), ValueError, "heads are 0..7"),
+    (lambda m, t: m.run_with_cache(t, interventions=Interventions(head_inputs={(1, 0, "Q"): torch.zeros(3)})),
+     ValueError, r"stream must be a tensor \[batch, pos, d_model\]"),
+    (lambda m, t: m.run_with_cache(t, resume=pcw.ablate(m, t, heads=[(0, 1)]).cache), ValueError, "clean run"),
+])
+def test_bad_input_is_refused_by_name(shipped, call, error, match):
+    tokens = shipped.to_tokens("def f(x):\n    return x")
+    with pytest.raises(error, match=match):
+        call(shipped, tokens)
