@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tolerance import gamma_tilde
 
 from pycircuits_widgets.models import CheckpointError, load_attn_only
 from pycircuits_widgets.models.checkpoints import load_tensors
@@ -27,9 +28,10 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         assert torch.equal(a[name], b[name]), name
     assert not torch.equal(partial["W_E"], b["W_E"])  # the resumed run did train
     assert full["step"] == resumed["step"] == 6
-    # the same float32 evaluation of the bit-identical weights checked above: equal but for a reordering of
-    # its sums, which approx's 1e-6 relative bounds for this 16-wide model's short reductions (not derived)
-    assert full["val_loss"] == pytest.approx(resumed["val_loss"])
+    # the same float32 evaluation of the bit-identical weights checked above: equal, but for a reordering of
+    # its sums (a log-sum-exp over the 1024-token vocabulary, a mean over the validation tokens; terms up to
+    # about twice the loss), on each side
+    assert full["val_loss"] == pytest.approx(resumed["val_loss"], rel=4 * gamma_tilde(2048))
     a_opt = load_tensors(tmp_path / "full" / "optimizer.safetensors")
     b_opt = load_tensors(tmp_path / "split" / "optimizer.safetensors")
     assert all(torch.equal(a_opt[k], b_opt[k]) for k in a_opt)
