@@ -174,7 +174,8 @@ class CheckpointFiles:
         return prefix in self._prefixes
 
     def read(self, key: str, rows: slice | None = None) -> torch.Tensor:
-        """Tensor ``key`` (``rows``: only those rows of its first dim) in ``self.dtype`` on ``self.device``:
+        """Tensor ``key`` in its stored shape (``rows``: only those rows of its first dim, ``[n_rows, ...]``) in
+        ``self.dtype`` on ``self.device``:
         the shard is mapped only while it is copied. Refuses integer (quantized) and non-finite
         tensors, naming the stored key."""
         from safetensors import SafetensorError, safe_open

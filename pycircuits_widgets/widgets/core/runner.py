@@ -342,7 +342,7 @@ class Runner:
                 yield update or None
         except GeneratorExit:  # closed (stale, or a parked job dropped): nothing to report
             raise
-        except BaseException as exc:  # shown in the view by _apply
+        except BaseException as exc:  # noqa: BLE001 - shown in the view by _apply
             if self.current(job):
                 yield exc
         finally:
@@ -382,7 +382,7 @@ class Runner:
                     last = self._shown()
                 if last:
                     self._set_busy(False)
-        except Exception as exc:  # an observer of the update failed: say so, keep going
+        except Exception as exc:  # noqa: BLE001 - an observer of the update failed: say so, keep going
             self._failed[job.kind] = widget.error = f"{job.kind}: {type(exc).__name__}: {exc}"
             return
         shown = self._failed.pop(job.kind, None)
