@@ -1,7 +1,8 @@
 """The widgets layer's imports point one way: ``views`` -> ``core``, ``sharing`` -> ``core``; ``core``
 imports neither at module import (the base reaches the export stack only inside the methods that
-write a page or a picture), and nothing in ``analysis`` or ``models`` imports the widgets. No module
-of the package imports another module's underscore names: what one module offers another is public."""
+write a page or a picture), nothing in ``analysis`` or ``models`` imports the widgets, and ``corpus`` sits
+between them. No module of the package imports another module's underscore names: what one module
+offers another is public."""
 
 import ast
 import pathlib
@@ -50,6 +51,20 @@ def test_the_analysis_core_never_imports_the_widgets():
     for path in [*(PACKAGE / "analysis").glob("*.py"), *(PACKAGE / "models").rglob("*.py"), PACKAGE / "factored.py"]:
         bad = [m for m in imported_modules(path, top_level_only=False) if m.startswith("pycircuits_widgets.widgets")
                or m.split(".")[0] in ("anywidget", "ipywidgets", "IPython")]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_corpus_work_sits_between_the_widgets_and_the_analysis():
+    """``corpus/`` imports the analysis and the models, never the widgets; the analysis and the models never
+    import ``corpus/`` (views read a sweep, the core never runs one)."""
+    files = sorted((PACKAGE / "corpus").glob("*.py"))
+    assert len(files) >= 5
+    for path in files:
+        bad = [m for m in imported_modules(path, top_level_only=False) if m.startswith("pycircuits_widgets.widgets")
+               or m.split(".")[0] in ("anywidget", "ipywidgets", "IPython")]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+    for path in [*(PACKAGE / "analysis").glob("*.py"), *(PACKAGE / "models").rglob("*.py")]:
+        bad = [m for m in imported_modules(path, top_level_only=False) if m.startswith("pycircuits_widgets.corpus")]
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
 
 
