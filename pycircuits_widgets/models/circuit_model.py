@@ -292,7 +292,7 @@ class CircuitModel:
     def dtype(self) -> torch.dtype:
         return self.W_E.dtype
 
-    def to(self, *args, **kwargs) -> "CircuitModel":
+    def to(self, *args, **kwargs) -> CircuitModel:
         """A copy with every weight moved/cast like ``Tensor.to``."""
         moved = {n: getattr(self, n).to(*args, **kwargs) for n in _WEIGHTS if getattr(self, n) is not None}
         model = CircuitModel(self.cfg, tokenizer=self.tokenizer, **moved)

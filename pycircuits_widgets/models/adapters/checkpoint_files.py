@@ -225,7 +225,7 @@ class ModuleTree:
             return ModuleTree(self.files, key, self.conv1d, self.output, self.rows)
         raise AttributeError(f"{self.files.folder} has no tensor or module {key!r}")
 
-    def __getitem__(self, index: int) -> "ModuleTree":
+    def __getitem__(self, index: int) -> ModuleTree:
         return getattr(self, str(index))
 
     def __len__(self) -> int:
@@ -237,5 +237,5 @@ class ModuleTree:
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
-    def get_output_embeddings(self) -> "ModuleTree":
+    def get_output_embeddings(self) -> ModuleTree:
         return ModuleTree(self.files, self.output, self.conv1d, self.output, self.rows)

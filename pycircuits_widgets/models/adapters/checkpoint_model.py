@@ -61,7 +61,7 @@ class LayerStack:
     and ``device`` work as on the tensor. ``stack.stack()`` is the whole tensor (holds every layer).
     Anything else a tensor does is refused: an analysis that reads a checkpoint view reads it by layer."""
 
-    def __init__(self, model: "CheckpointModel", name: str, shape: tuple[int, ...]):
+    def __init__(self, model: CheckpointModel, name: str, shape: tuple[int, ...]):
         self._model, self.name, self.shape = model, name, torch.Size(shape)
 
     dtype = property(lambda self: self._model.dtype)
@@ -238,7 +238,7 @@ class CheckpointModel(CircuitModel):
         """``W_Q @ W_K^T`` of every head (reads and holds both stacks)."""
         return FactoredMatrix(self.W_Q.stack(), self.W_K.stack().mT)
 
-    def to(self, *args, **kwargs) -> "CheckpointModel":
+    def to(self, *args, **kwargs) -> CheckpointModel:
         """The same checkpoint read onto another device or float dtype (arguments as ``Tensor.to``)."""
         like = torch.empty(0, dtype=self.dtype, device=self.device).to(*args, **kwargs)
         return from_safetensors(self.files.folder, self.tokenizer, device=like.device, dtype=like.dtype)

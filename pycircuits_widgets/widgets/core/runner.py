@@ -20,7 +20,7 @@ import collections
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ... import progress as bars
 
@@ -57,7 +57,7 @@ def _kernel_loop():
 
 
 class _Job:
-    __slots__ = ("kind", "make", "generation", "background", "steps")
+    __slots__ = ("background", "generation", "kind", "make", "steps")
 
     def __init__(self, kind: str, make: Callable[[], Steps], generation: int, background: bool = False):
         self.kind, self.make, self.generation, self.background = kind, make, generation, background

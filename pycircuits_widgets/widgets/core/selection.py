@@ -16,7 +16,7 @@ with the trait, checked and refused the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import traitlets
 
