@@ -102,8 +102,11 @@ def test_full_qk_equals_the_attention_logit_gap_on_two_token_contexts(one_layer6
     # float64 throughout: each side sums score terms of size at most (|x_d| + |P_1|) |W_QK| (|x_s| + |P_0|)
     # (x the normalised embedding) along at most a forward's length to the scores, three evaluations
     # (the forward, the circuit, the positional terms) of two scores each; the log and softmax add a few
-    size = lambda x, y: ((x.abs() @ WQK.abs()) * y.abs()).sum(-1)  # noqa: E731
-    terms = size(E[d] + P[1].abs(), E[s].abs() + P[0].abs()) + size(E[d] + P[1].abs(), E[d].abs() + P[1].abs())
+    def size(x, y):  # rowwise |x| |WQK| |y|^T
+        return ((x.abs() @ WQK.abs()) * y.abs()).sum(-1)
+
+    query = E[d].abs() + P[1].abs()
+    terms = size(query, E[s].abs() + P[0].abs()) + size(query, E[d].abs() + P[1].abs())
     n = model_forward_length(m.cfg, 2, to="scores") + 2 * m.cfg.d_model + 8
     assert_within(gap, expected, reduction_tol(n, terms, torch.float64, computations=3))
 

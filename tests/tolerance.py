@@ -216,6 +216,20 @@ def centred_mean_tol(x: torch.Tensor, dim: int = -1, dtype: torch.dtype = torch.
     return 3 * gamma(n + 2, dtype) * x.double().abs().mean(dim)
 
 
+def path_expansion_tol(model, pe) -> float:
+    """Bound on the rounding of a float64 path expansion's sum against the model's float64 logits: a
+    term's logits are products through at most ``n_layers`` attention contractions (length ``pos``)
+    and ``d_model``-long residual contractions, each entry off by at most about
+    ``eps (pos + d_model) n_layers`` of its magnitude; summing ``n_terms`` of them adds ``eps n_terms``
+    of the largest partial sum; the forward rounds the same way. So the sum may differ from the logits
+    by ``eps64 (n_terms + n_layers (pos + d_model)) sum_i max|term_i|`` (terms can cancel: their
+    magnitudes, not the logits', bound the rounding). A final soft-cap ``c tanh(x / c)`` has slope
+    <= 1, so the same bound holds after it."""
+    c = model.cfg
+    n = len(pe.terms) + c.n_layers * (pe.tokens.shape[1] + c.d_model)
+    return torch.finfo(torch.float64).eps * n * float(pe.stacked_logits.abs().amax((1, 2, 3)).sum())
+
+
 LAPACK_THRESHOLD = 35.0
 """The test ratio LAPACK's own test suite accepts from its SVD routines (``TESTING/svd.in``)."""
 
