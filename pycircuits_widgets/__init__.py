@@ -45,7 +45,7 @@ _EXPORTS = {
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import
 _SUBMODULES = ("analysis", "corpus", "factored", "models", "widgets")
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the lazy exports' one list: _EXPORTS)
 
 
 def __getattr__(name):

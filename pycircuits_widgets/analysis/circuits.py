@@ -362,7 +362,7 @@ class TensorProductTerm:
         # multiply the cheaper side first; both orders are the same map
         return self.A @ (x @ W) if W.shape[1] <= W.shape[0] else (self.A @ x) @ W
 
-    def then(self, other: "TensorProductTerm") -> "TensorProductTerm":
+    def then(self, other: TensorProductTerm) -> TensorProductTerm:
         """``other ∘ self = (A_o A_s) ⊗ (W_s W_o)``: the path that goes through self, then other."""
         return TensorProductTerm(other.A @ self.A, self.W @ other.W)
 

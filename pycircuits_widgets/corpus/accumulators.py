@@ -62,7 +62,7 @@ class TopK:
     @classmethod
     def empty(cls, rows: int, k: int, extras: dict[str, torch.dtype] | None = None, dtype=torch.float32,
               device=None) -> TopK:
-        full = dict(size=(rows, k), device=device)
+        full = {"size": (rows, k), "device": device}
         return cls(torch.full(**full, fill_value=float("-inf"), dtype=dtype),
                    torch.full(**full, fill_value=EMPTY, dtype=torch.long), torch.zeros(**full, dtype=torch.long),
                    {name: torch.zeros(**full, dtype=dtype) for name, dtype in (extras or {}).items()})

@@ -230,7 +230,7 @@ def _lock(path: Path):
         import fcntl
     except ImportError:  # Windows: no advisory locks here
         return None
-    handle = open(path / ".lock", "a")
+    handle = open(path / ".lock", "a")  # noqa: SIM115 - held open: the lock lasts as long as the handle
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -97,8 +97,8 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def widened(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in float32 if it is half precision, else unchanged: the steps Hugging Face runs in float32
-    (norm statistics, scores, softmax, rotary) keep float64 models in float64."""
+    """``x [...]`` in float32 if it is half precision, else unchanged (same shape): the steps Hugging Face
+    runs in float32 (norm statistics, scores, softmax, rotary) keep float64 models in float64."""
     return x.float() if x.dtype in HALF else x
 
 
@@ -201,6 +201,8 @@ class ActivationCache:
 
     @cached_property
     def head_out(self) -> torch.Tensor:
+        """What each head wrote to the residual stream, ``z @ W_O``: ``[batch, n_layers, n_heads, pos, d_model]``
+        (a mean-ablated head: its mean output). Computed on first use, from this run's ``W_O``."""
         if self.W_O._version != self._W_O_version:  # head_out must be what this run's heads wrote
             raise RuntimeError("ActivationCache.head_out: the model's W_O was modified in place after this run; "
                                "run the model again to get head outputs for the new weights")
@@ -278,7 +280,8 @@ class CircuitModel:
         return [slice(None)]
 
     def token_rows(self, name: str, rows: slice) -> torch.Tensor:
-        """``W_E[rows]`` (``name == "W_E"``) or ``W_U[:, rows]`` (``"W_U"``): one block of the vocabulary."""
+        """``W_E[rows] [n, d_model]`` (``name == "W_E"``) or ``W_U[:, rows] [d_model, n]`` (``"W_U"``): one block
+        of ``n`` tokens of the vocabulary."""
         return self.W_E[rows] if name == "W_E" else self.W_U[:, rows]
 
     @property
@@ -289,7 +292,7 @@ class CircuitModel:
     def dtype(self) -> torch.dtype:
         return self.W_E.dtype
 
-    def to(self, *args, **kwargs) -> "CircuitModel":
+    def to(self, *args, **kwargs) -> CircuitModel:
         """A copy with every weight moved/cast like ``Tensor.to``."""
         moved = {n: getattr(self, n).to(*args, **kwargs) for n in _WEIGHTS if getattr(self, n) is not None}
         model = CircuitModel(self.cfg, tokenizer=self.tokenizer, **moved)
@@ -693,7 +696,8 @@ class CircuitModel:
     __call__ = forward
 
     def loss(self, tokens) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) of ``tokens``, a scalar (``next_token_loss``)."""
+        """Mean next-token cross-entropy (nats) of ``tokens`` (text, ``[pos]`` or ``[batch, pos]``), a scalar
+        ``[]`` (``next_token_loss``)."""
         logits, cache = self.run_with_cache(tokens)
         if cache.tokens.shape[1] < 2:
             raise ValueError("loss needs at least 2 tokens")

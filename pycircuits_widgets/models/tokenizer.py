@@ -31,8 +31,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -98,7 +98,7 @@ class Tokenizer:
 
     # --- construction -------------------------------------------------------------------
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int = 2048) -> "Tokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int = 2048) -> Tokenizer:
         """Train byte-level BPE on ``texts``; id 0 is ``<|endoftext|>``."""
         tok = _HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -113,7 +113,7 @@ class Tokenizer:
         return cls(tok)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Tokenizer":
+    def load(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         try:
             return cls(_HFTokenizer.from_file(str(path)))

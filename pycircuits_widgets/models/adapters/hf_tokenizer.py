@@ -78,7 +78,7 @@ def folder_tokenizer(folder):
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except Exception as err:  # tokenizer loaders raise any type (KeyError, ValueError, ...) on a bad file
+    except Exception as err:  # noqa: BLE001 - loaders raise any type (KeyError, ValueError, ...) on a bad file
         warnings.warn(f"{' / '.join(map(str, saved))}: the tokenizer cannot be loaded ({type(err).__name__}: {err}); "
                       "the model is read without one (token ids only)", stacklevel=3)
         return None

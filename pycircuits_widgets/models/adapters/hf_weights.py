@@ -45,9 +45,9 @@ def _first(root, names):
 
 
 def module_tensor(module, name: str = "weight") -> torch.Tensor | None:
-    """``module.<name>`` (None if absent) wherever accelerate placed it: a parameter offloaded to CPU or
-    disk (``device_map`` with offload) is a meta tensor on the module, its values in the module's
-    ``_hf_hook.weights_map``, read from there."""
+    """``module.<name>`` in its stored shape (``nn.Linear``: ``[out, in]``; a norm: ``[d]``), None if absent,
+    wherever accelerate placed it: a parameter offloaded to CPU or disk (``device_map`` with offload) is a
+    meta tensor on the module, its values in the module's ``_hf_hook.weights_map``, read from there."""
     value = getattr(module, name, None)
     if value is not None and value.device.type == "meta":
         weights = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
@@ -72,6 +72,8 @@ def _heads(W: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 
 def norm_weights(module, offset: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(w [d], b [d] or None)`` of a norm module (StableLM's per-head norms: ``w [H, d_head]``), ``(None,
+    None)`` for no module; ``offset``: the family stores ``w - 1`` (Gemma), so ``w + 1`` is returned."""
     if module is None:
         return None, None
     if hasattr(module, "norms"):  # StableLM's per-head layer norms
@@ -197,9 +199,9 @@ def mlp_weights(mlp, family: Family) -> dict:
     mods = [submodule(mlp, name) for name in family.mlp_names]
     if family.mlp_layout == "moe":
         router, experts = mods
-        n, two_d, d = experts.gate_up_proj.shape
+        _, two_d, d = experts.gate_up_proj.shape
         gate, up = experts.gate_up_proj.split(two_d // 2, dim=1)
-        side_by_side = lambda W: W.permute(2, 0, 1).reshape(d, -1)  # noqa: E731  [E, d_e, d] -> [d, E d_e]
+        side_by_side = lambda W: W.permute(2, 0, 1).reshape(d, -1)  # [E, d_e, d] -> [d, E d_e]
         return {"W_gate": side_by_side(gate), "W_in": side_by_side(up), "b_gate": None, "b_in": None,
                 "W_out": experts.down_proj.transpose(1, 2).reshape(-1, d), "b_out": None,
                 "W_router": router.weight.T}

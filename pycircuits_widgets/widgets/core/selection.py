@@ -16,7 +16,7 @@ with the trait, checked and refused the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import traitlets
 
@@ -193,11 +193,11 @@ def resolve_selection(current: dict, change: dict, token_ids, writer_of=None) ->
     pair = out.get("selected_pair") or []
     if "selected_pair" in change and len(pair) == 4:
         out["layer"], out["head"] = pair[2], pair[3]
-    elif ("layer" in change or "head" in change) and out["layer"] >= 1 and writer_of is not None:
-        if list(pair[2:]) != [out["layer"], out["head"]]:
-            writer = writer_of(out["layer"], out["head"])
-            if writer is not None:
-                out["selected_pair"] = [*writer, out["layer"], out["head"]]
+    elif (("layer" in change or "head" in change) and out["layer"] >= 1 and writer_of is not None
+          and list(pair[2:]) != [out["layer"], out["head"]]):
+        writer = writer_of(out["layer"], out["head"])
+        if writer is not None:
+            out["selected_pair"] = [*writer, out["layer"], out["head"]]
     if "position" in change and out["position"] >= 0:
         out["token"] = token_ids[out["position"]] if out["position"] < len(token_ids) else out["token"]
     elif "token" in change:

@@ -220,7 +220,11 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 bar.n = 0
                 for name, view in views.items():
                     bar.note(name)
-                    if not view._runner.wait(timeout, tick=lambda: bar.note(f"{name}: {view._runner.running_kind()}")):
+
+                    def tick(name=name, runner=view._runner):  # what this view's runner is computing
+                        bar.note(f"{name}: {runner.running_kind()}")
+
+                    if not view._runner.wait(timeout, tick=tick):
                         return False
                     bar.update()
                 if not busy_before and not any(v.busy for v in views.values()):

@@ -9,8 +9,9 @@ title, hint, followed selection keys, layout), so ``js/src/views/CircuitExplorer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .attention import AttentionPatterns
 from .bigram_table import BigramTable
@@ -64,7 +65,7 @@ class ViewSpec:
     title: str
     hint: str
     follows: tuple[str, ...]
-    build: Callable[["CircuitExplorer"], "CircuitWidget"] = field(repr=False)
+    build: Callable[[CircuitExplorer], CircuitWidget] = field(repr=False)
     doc: str = ""
     on_demand: bool = False
     wide: bool = False
