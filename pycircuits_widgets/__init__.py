@@ -21,10 +21,15 @@ _EXPORTS = {
     "composition_scores": "pycircuits_widgets.analysis",
     "eigenvalue_positivity": "pycircuits_widgets.analysis",
     "skip_trigrams": "pycircuits_widgets.analysis",
-    "head_scores": "pycircuits_widgets.analysis",
+    "head_scores": "pycircuits_widgets.corpus",  # analysis.head_scores, or over a Corpus a scores-only sweep
     "ablate": "pycircuits_widgets.analysis",
     "path_patch": "pycircuits_widgets.analysis",
     "measured_composition": "pycircuits_widgets.analysis",
+    "Corpus": "pycircuits_widgets.corpus",
+    "CorpusError": "pycircuits_widgets.corpus",
+    "StoreMismatch": "pycircuits_widgets.corpus",
+    "sweep": "pycircuits_widgets.corpus",
+    "Sweep": "pycircuits_widgets.corpus",
     "ColoredTokens": "pycircuits_widgets.widgets",
     "AttentionPatterns": "pycircuits_widgets.widgets",
     "SkipTrigramTable": "pycircuits_widgets.widgets",
@@ -40,9 +45,9 @@ _EXPORTS = {
 }
 
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import
-_SUBMODULES = ("analysis", "factored", "models", "widgets")
+_SUBMODULES = ("analysis", "corpus", "factored", "models", "widgets")
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the lazy exports' one list: _EXPORTS)
 
 
 def __getattr__(name):

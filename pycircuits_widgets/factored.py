@@ -25,6 +25,7 @@ import functools
 import math
 import operator
 import warnings
+from itertools import pairwise
 from itertools import product as _index_product
 
 import numpy as np
@@ -64,7 +65,7 @@ def _check_chain(factors) -> None:
                 f"all factors must share dtype and device; factor 0 is {factors[0].dtype} on "
                 f"{factors[0].device}, factor {i} is {f.dtype} on {f.device}"
             )
-    for i, (x, y) in enumerate(zip(factors, factors[1:])):
+    for i, (x, y) in enumerate(pairwise(factors)):
         if x.shape[-1] != y.shape[-2]:
             raise ValueError(
                 f"cannot multiply factor {i} of shape {tuple(x.shape)} by factor {i + 1} of "
@@ -172,7 +173,7 @@ def gram(X: torch.Tensor, blocks: int = GRAM_BLOCKS) -> torch.Tensor:
     n = X.shape[-1]
     edges = [round(i * n / blocks) for i in range(blocks + 1)]
     G = X.new_empty((*X.shape[:-2], n, n))
-    for lo, hi in zip(edges, edges[1:]):
+    for lo, hi in pairwise(edges):
         if hi > lo:
             row = X[..., lo:hi].mT @ X[..., lo:]
             G[..., lo:hi, lo:] = row

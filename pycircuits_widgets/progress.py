@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from typing import Self
 
 DELAY = 1.0
 """Seconds a wait lasts before its bar is shown."""
@@ -108,7 +109,7 @@ class Progress:
         if bar is not None:
             bar.close()
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

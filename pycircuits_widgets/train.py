@@ -28,7 +28,6 @@ from tqdm import tqdm
 
 from .models.attn_only import AttnOnlyTransformer, attn_only_config
 from .models.checkpoints import CheckpointError, load_json, load_tensors, save_json, save_tensors
-from .models.config import ModelConfig
 from .models.corpus import corpus_documents, corpus_sha256
 from .models.tokenizer import Tokenizer
 

@@ -65,3 +65,27 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"FAILED: {len(_skipped)} test(s) were skipped; every test must run: {_skipped[:5]}", red=True
         )
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster (GCS, raylet and 2 single-CPU worker processes), started once per session;
+    this checkout's package is shipped to its workers (``runtime_env`` ``py_modules``), as a user with a
+    development checkout would. The raylet gives its dashboard agent a fixed 15 s to report its ports
+    (ray-project/ray#65983), which a busy 2-core machine can miss: the start is tried three times."""
+    import pathlib
+
+    import ray
+
+    package = str(pathlib.Path(__file__).resolve().parent.parent / "pycircuits_widgets")
+    for attempt in range(3):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, logging_level="warning",
+                     runtime_env={"py_modules": [package]})
+            break
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
+    yield ray
+    ray.shutdown()

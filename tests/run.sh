@@ -20,6 +20,9 @@ echo "== Python environment (.venv)"
 echo "== JS unit tests (vitest)"
 (cd js && npm ci --no-audit --no-fund --loglevel=error && npx vitest run)
 
+echo "== lint (ruff, configured in pyproject.toml)"
+.venv/bin/ruff check pycircuits_widgets
+
 echo "== Python, browser and end-to-end tests (pytest)"
 .venv/bin/python -m pytest "$@"
 

@@ -11,7 +11,7 @@ order ``factorization_tol(d_model, 1, float64)`` (~1e-13 here), far below the fi
 (1e-10 and assert_close's float64 defaults, 1e-7). Float32 scores are held to the relative error
 ``composition_scores`` states and guards, ``FALLBACK_RELATIVE_ERROR`` (its probabilistic estimate of the
 Gram route's error recomputes any pair that could exceed it); TransformerLens's float32 SVD norms to
-``factorization_tol``; the forward's float32 rotary tables to ``_rotary_table_tol``.
+``factorization_tol``; the forward's float32 rotary tables to ``rotary_table_tol``.
 """
 
 import itertools
@@ -20,7 +20,7 @@ import pytest
 import torch
 from random_models import custom_model, paper_model
 from test_adapters import SHAPE, native_bridge
-from tolerance import assert_within, factorization_tol, product_tol, unit_roundoff
+from tolerance import assert_within, factorization_tol, product_tol, rotary_table_tol
 from transformer_lens.FactoredMatrix import FactoredMatrix as TLFactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores as tl_composition_scores
 
@@ -282,14 +282,6 @@ def test_near_zero_compositions_fall_back_to_the_exact_route():
         assert relative.max() < composition_module.FALLBACK_RELATIVE_ERROR, (kind, relative.max())
 
 
-def _rotary_table_tol(position: int) -> float:
-    """Largest error of an entry of the forward's float32 rotary tables at ``position`` (``cos`` and ``sin`` of
-    ``position * inv_freq``, ``inv_freq <= 1``): the angle's product rounds by ``position u``, cos/sin
-    are within 1 ulp (2u at most, SLEEF's and glibc's float32 functions) and the attention scaling's
-    product rounds once: ``(position + 3) u``, float32's u."""
-    return (position + 3) * unit_roundoff(torch.float32)
-
-
 def _rotary_model(**kw):
     return custom_model(n_layers=2, n_heads=2, d_model=16, d_head=8, positional="rotary", rotary_dim=6, **kw)
 
@@ -309,9 +301,8 @@ def test_rotation_is_the_map_between_rotated_queries_and_keys_in_the_forward(kw,
     scores = model._rotate(q, layer)[0, 0] @ model._rotate(k, layer)[0, 0].T  # what the forward computes
     for t, s in [(5, 5), (7, 2), (11, 0)]:
         expected = q[0, 0, t] @ rotation(model.cfg, t - s, layer=layer) @ k[0, 0, s]
-        # the forward's tables are float32: a 2 x 2 rotation block whose entries are each off by e moves
-        # a vector by at most 2 e its norm, so the score by 2 (e_t + e_s) ||q|| ||k||; float64 elsewhere
-        tol = 2 * (_rotary_table_tol(t) + _rotary_table_tol(s)) * float(q[0, 0, t].norm() * k[0, 0, s].norm())
+        # the forward's tables are float32 (rotary_table_tol); the rest float64
+        tol = 2 * (rotary_table_tol(t) + rotary_table_tol(s)) * float(q[0, 0, t].norm() * k[0, 0, s].norm())
         assert abs(float(scores[t, s] - expected)) <= tol
     if kw.get("rotary_layers") and layer == 1:
         torch.testing.assert_close(rotation(model.cfg, 7, layer=layer), torch.eye(8, dtype=torch.float64))

@@ -3,6 +3,10 @@ of the eigenvalue plot under rotary positions, the explorer's notices and header
 
 Oracles: the analysis functions (``composition_scores``, ``eigenvalue_positivity``,
 ``head_scores``) called directly on the same weights; the refusal of ``eigenvalues(m, "QK")``.
+
+Tolerance (``COPY``): a view shows the analysis's own results (the same functions on the same weights,
+kept per model) as float32 arrays: at most one rounding of a copy on each side, never a recomputation
+by another route (which would differ by more and fail here).
 """
 
 import numpy as np
@@ -17,7 +21,11 @@ from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.analysis.circuits import short_name
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 from random_models import custom_model, paper_model
+from tolerance import gamma
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
+
+COPY = dict(rtol=gamma(2), atol=0)
+"""A number and the view's float32 copy of it, each at most one rounding from the analysis's value."""
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,7 @@ def test_lazy_composition_computes_only_the_shown_table_then_each_toggle_on_firs
     assert {k: set(v) for k, v in w.scores.items()} == {"K": {"correct"}}
     assert set(w.baselines) == {"correct"}
     np.testing.assert_allclose(w.scores["K"]["correct"],
-                               composition_scores(m2, "K", baseline=False).numpy(), rtol=1e-5, equal_nan=True)
+                               composition_scores(m2, "K", baseline=False).numpy(), equal_nan=True, **COPY)
     w.kind = "Q"
     assert w.wait(30)
     assert {k: set(v) for k, v in w.scores.items()} == {"K": {"correct"}, "Q": {"correct"}}
@@ -47,7 +55,7 @@ def test_lazy_composition_computes_only_the_shown_table_then_each_toggle_on_firs
     assert set(w.scores["Q"]) == {"correct", "erratum"} and "erratum" not in w.scores["K"]
     np.testing.assert_allclose(w.scores["Q"]["erratum"],
                                composition_scores(m2, "Q", baseline=False, norm="erratum_left").numpy(),
-                               rtol=1e-5, equal_nan=True)
+                               equal_nan=True, **COPY)
     assert w.baselines == {"correct": random_baseline(31, 8), "erratum": random_baseline(31, 8, "erratum_left")}  # layer norm: 31 dims
     w.compute_all()
     assert all(set(w.scores[k]) == {"correct", "erratum"} for k in "QKV")
@@ -61,15 +69,15 @@ def test_lazy_composition_with_a_selected_pair_gets_table_and_detail(m2):
 
 def test_rotary_eigenvalue_plot_reads_qk_at_each_heads_strongest_offset(rotary):
     w = pcw.EigenvaluePlot(rotary, layer=1, head=2, offsets=range(0, 6))
-    np.testing.assert_allclose(w.ov_positivity, eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-5)
+    np.testing.assert_allclose(w.ov_positivity, eigenvalue_positivity(rotary, "OV").numpy(), **COPY)
     by_offset = torch.stack([eigenvalue_positivity(rotary, "QK", offset=o) for o in range(6)])
-    np.testing.assert_allclose(w.qk_positivity, by_offset.amax(0).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(w.qk_positivity, by_offset.amax(0).numpy(), **COPY)
     assert "at the strongest of query - key offsets 0..5" in w.offset_note
     d = w.detail
     best = int(by_offset[:, 1, 2].argmax())
     assert (d["layer"], d["head"]) == (1, 2) and d["qk_offset"] == best and len(d["copies"]) == 12
     spectrum = eigenvalues(rotary, "QK", offset=best)[1, 2]
-    np.testing.assert_allclose(np.sort(d["qk_re"]), np.sort(spectrum.real.numpy()), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.sort(d["qk_re"]), np.sort(spectrum.real.numpy()), **COPY)
 
 
 def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monkeypatch):
@@ -80,7 +88,7 @@ def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monke
     w.color_by = "induction"
     assert w.wait(30) and not w.error
     for name, value in ref.items():
-        np.testing.assert_allclose(w.scores[name], value.numpy(), rtol=1e-5, equal_nan=True)
+        np.testing.assert_allclose(w.scores[name], value.numpy(), equal_nan=True, **COPY)
 
 
 def test_explorer_on_a_rotary_mlp_model_shows_every_section(rotary):
@@ -147,9 +155,9 @@ def test_many_heads_eigenvalues_fill_in_from_the_runner_and_equal_the_analysis(m
         assert w.ov_positivity is None and w.qk_positivity is None and w.busy
     assert w.wait(30) and not w.error and not w.busy
     for kind, trait in (("OV", w.ov_positivity), ("QK", w.qk_positivity)):
-        np.testing.assert_allclose(trait, eigenvalue_positivity(model, kind).numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(trait, eigenvalue_positivity(model, kind).numpy(), **COPY)
     assert (w.detail["layer"], w.detail["head"]) == (1, 2) and w.detail["copies"]
     rotary = custom_model(n_layers=2, n_heads=3, positional="rotary", rotary_dim=6, dtype=torch.float32)
     r = pcw.EigenvaluePlot(rotary)
     assert r.wait(30) and r.qk_positivity is not None and "query - key offsets" in r.offset_note
-    np.testing.assert_allclose(r.ov_positivity, eigenvalue_positivity(rotary, "OV").numpy(), rtol=1e-6)
+    np.testing.assert_allclose(r.ov_positivity, eigenvalue_positivity(rotary, "OV").numpy(), **COPY)

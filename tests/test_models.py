@@ -1,4 +1,10 @@
-"""CircuitModel weight view: shapes, cache consistency, circuits, bad input, pretrained models."""
+"""CircuitModel weight view: shapes, cache consistency, circuits, bad input, pretrained models.
+
+Tolerances (``tests/tolerance.py``): the shipped models are float32; sums of the residual stream within
+``stream_tol`` (the sums' lengths times the size of what was summed), products within ``product_tol``,
+recomputed patterns and logits within ``pattern_tol``/``logit_tol``, rotary scores within
+``rotary_table_tol``.
+"""
 
 import numpy as np
 import pytest
@@ -8,6 +14,7 @@ import torch.nn.functional as F
 import pycircuits_widgets as pcw
 from pycircuits_widgets.models import PRETRAINED, CircuitModel, ModelConfig, load_pretrained
 from pycircuits_widgets.models.circuit_model import weight_shapes
+from tolerance import assert_within, gamma, logit_tol, pattern_tol, product_tol, reduction_tol, rotary_table_tol
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +23,23 @@ def model():
 
 
 TEXT = "def add(a, b):\n\treturn a + b  # sum\n\nprint(add(1, 2))\n"
+
+
+def written(model, cache, layers) -> torch.Tensor:
+    """``sum |z| |W_O|`` over the heads of ``layers`` ``[b, pos, d_model]`` (float64): the size of what they wrote."""
+    z, W_O = cache.z[:, layers].double().abs(), model.W_O[layers].double().abs()
+    return torch.einsum("blhpe,lhed->bpd", z, W_O)
+
+
+def stream_tol(model, cache, layers, *parts) -> torch.Tensor:
+    """Bound on the stream's sum over ``layers`` two ways, the forward's (each layer's heads in one
+    ``H d_head``-term product, then up to three additions to the stream) and a sum of the cache's parts
+    (``head_out`` over layers and heads, ``b_O``, ``mlp_out``): ``reduction_tol`` of the longer,
+    ``H d_head + L H + 3 L + 1`` terms, times the size of everything summed (``parts``: the other
+    terms' absolute values), for each side."""
+    L, H = len(range(model.cfg.n_layers)[layers]), model.cfg.n_heads
+    magnitude = written(model, cache, layers) + sum(p.double().abs() for p in parts)
+    return reduction_tol(H * model.cfg.d_head + L * H + 3 * L + 1, magnitude, computations=2)
 
 
 @pytest.mark.parametrize("name", PRETRAINED)
@@ -44,32 +68,40 @@ def test_head_outputs_and_embedding_sum_to_the_residual_stream(model):
     _, cache = model.run_with_cache(TEXT)
     L = model.cfg.n_layers
     for layer in range(L):
-        torch.testing.assert_close(cache.resid[:, layer + 1] - cache.resid[:, layer],
-                                   cache.head_out[:, layer].sum(1), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache.resid[:, 0], cache.embed)
-    torch.testing.assert_close(cache.resid[:, L], cache.embed + cache.head_out.sum((1, 2)), atol=1e-5, rtol=1e-5)
+        # (the stream after the layer was rounded once, and the difference once more)
+        assert_within(cache.resid[:, layer + 1] - cache.resid[:, layer], cache.head_out[:, layer].sum(1),
+                      stream_tol(model, cache, slice(layer, layer + 1), cache.resid[:, layer + 1]))
+    assert torch.equal(cache.resid[:, 0], cache.embed)  # the same values, no arithmetic between
+    assert_within(cache.resid[:, L], cache.embed + cache.head_out.sum((1, 2)),
+                  stream_tol(model, cache, slice(None), cache.embed))
 
 
 def test_cache_matches_a_dense_recomputation_from_the_weights(model):
     """Patterns, head outputs and logits recomputed from (resid, ln_scale) and the weights."""
     logits, cache = model.run_with_cache(TEXT)
-    pos = cache.tokens.shape[1]
+    pos, d, dh = cache.tokens.shape[1], model.cfg.d_model, model.cfg.d_head
     causal = torch.ones(pos, pos, dtype=torch.bool).tril()
     for layer in range(model.cfg.n_layers):
         x = cache.resid[0, layer]
         scale = (x - x.mean(-1, keepdim=True)).pow(2).mean(-1).add(model.cfg.eps).sqrt()
-        torch.testing.assert_close(cache.ln_scale[0, layer], scale)
+        # each side's sigma within half of gamma(d + 6) (the variance's roundings) plus its square root's
+        torch.testing.assert_close(cache.ln_scale[0, layer], scale, rtol=gamma(d + 8), atol=0)
         xn = (x - x.mean(-1, keepdim=True)) / cache.ln_scale[0, layer, :, None]
         for h in range(model.cfg.n_heads):
             q = (xn + model.W_pos[:pos]) @ model.W_Q[layer, h]
             k = (xn + model.W_pos[:pos]) @ model.W_K[layer, h]
-            scores = (q @ k.T / model.cfg.d_head ** 0.5).masked_fill(~causal, float("-inf"))
-            torch.testing.assert_close(cache.patterns[0, layer, h], scores.softmax(-1), atol=1e-5, rtol=1e-4)
-            head = cache.patterns[0, layer, h] @ xn @ model.OV.AB[layer, h]
-            torch.testing.assert_close(cache.head_out[0, layer, h], head, atol=1e-5, rtol=1e-4)
+            scores = (q @ k.T / dh ** 0.5).masked_fill(~causal, float("-inf"))
+            # a part of the forward's chain recomputed: within the whole chain's bound (pattern_tol)
+            assert_within(cache.patterns[0, layer, h], scores.softmax(-1), pattern_tol(model.cfg, pos, cache.patterns))
+            p = cache.patterns[0, layer, h]
+            head = p @ xn @ model.OV.AB[layer, h]
+            # the chain p xn W_V W_O (pos + d_model + d_head terms) and the normalised stream's two roundings
+            magnitude = (p.double() @ xn.double().abs() @ model.W_V[layer, h].double().abs()
+                         @ model.W_O[layer, h].double().abs())
+            assert_within(cache.head_out[0, layer, h], head, reduction_tol(pos + d + dh + 2, magnitude, computations=2))
     # logits are linear in the stream's components once ln_scale is frozen (writers are centered)
     final = (cache.embed + cache.head_out.sum((1, 2))) / cache.ln_scale[:, -1, :, None]
-    torch.testing.assert_close(logits, final @ model.W_U, atol=1e-4, rtol=1e-4)
+    assert_within(logits, final @ model.W_U, logit_tol(model, cache, pos))
 
 
 def test_head_out_refuses_weights_changed_after_the_run():
@@ -81,7 +113,7 @@ def test_head_out_refuses_weights_changed_after_the_run():
     with pytest.raises(RuntimeError, match="W_O was modified in place after this run; run the model again"):
         cache.head_out
     _, fresh = m.run_with_cache(TEXT)
-    torch.testing.assert_close(fresh.head_out[0, 0, 0], fresh.z[0, 0, 0] @ m.W_O[0, 0])
+    assert_within(fresh.head_out[0, 0, 0], fresh.z[0, 0, 0] @ m.W_O[0, 0], product_tol(fresh.z[0, 0, 0], m.W_O[0, 0]))
 
 
 def test_residual_stream_carries_token_identity_alone(model):
@@ -89,26 +121,34 @@ def test_residual_stream_carries_token_identity_alone(model):
     holding the same token (before the first layer) and the embedding is W_E's row."""
     tokens = torch.tensor([7, 300, 7, 300, 7])
     _, cache = model.run_with_cache(tokens)
-    torch.testing.assert_close(cache.resid[0, 0], model.W_E[tokens])
-    torch.testing.assert_close(cache.resid[0, 0, 0], cache.resid[0, 0, 4])
+    assert torch.equal(cache.resid[0, 0], model.W_E[tokens])  # copied rows, no arithmetic
+    assert torch.equal(cache.resid[0, 0, 0], cache.resid[0, 0, 4])
 
 
 def test_ov_and_qk_are_the_factored_products(model):
-    torch.testing.assert_close(model.OV.AB, model.W_V @ model.W_O)
-    torch.testing.assert_close(model.QK.AB, model.W_Q @ model.W_K.transpose(-1, -2))
+    assert_within(model.OV.AB, model.W_V @ model.W_O, product_tol(model.W_V, model.W_O))
+    W_K_T = model.W_K.transpose(-1, -2)
+    assert_within(model.QK.AB, model.W_Q @ W_K_T, product_tol(model.W_Q, W_K_T))
     assert model.OV.AB.shape == (2, model.cfg.n_heads, model.cfg.d_model, model.cfg.d_model)
 
 
 def test_batched_and_unbatched_forward_agree(model):
     tokens = model.to_tokens(["import os", "import re"])
     assert tokens.shape[0] == 2
-    torch.testing.assert_close(model(tokens)[1], model(tokens[1])[0])
+    one, cache = model.run_with_cache(tokens[1])
+    # a batch may take other kernels: two float32 forwards
+    assert_within(model(tokens)[1], one[0], logit_tol(model, cache, tokens.shape[1]))
 
 
 def test_loss_matches_cross_entropy(model):
     tokens = model.to_tokens(TEXT)
     logits = model(tokens)[0]
-    torch.testing.assert_close(model.loss(tokens), F.cross_entropy(logits[:-1], tokens[1:]))
+    # two float32 cross-entropies of the same logits: each a log-sum-exp over d_vocab terms (exp's and
+    # log's roundings) less the target's logit, then a mean over positions; terms up to max|logit|
+    V, n = model.cfg.d_vocab, tokens.shape[0]
+    magnitude = 2 * float(logits.abs().max()) + np.log(V) + 1
+    torch.testing.assert_close(model.loss(tokens), F.cross_entropy(logits[:-1], tokens[1:]), rtol=0,
+                               atol=reduction_tol(V + n + 4, magnitude, computations=2))
 
 
 def test_str_tokens_show_whitespace(model):
@@ -150,10 +190,12 @@ def test_general_configs_keep_the_residual_sum_identity(changes):
     m = _random_model(**changes)
     logits, cache = m.run_with_cache(torch.arange(10) % 23)
     total = cache.embed + cache.head_out.sum((1, 2)) + m.b_O.sum(0)
+    parts = [cache.embed, m.b_O.abs().sum(0)]
     if cache.mlp_out is not None:
         total = total + cache.mlp_out.sum(1)
+        parts.append(cache.mlp_out.abs().sum(1))
         assert cache.ln_scale_mlp.shape == (1, 2, 10)
-    torch.testing.assert_close(cache.resid[:, -1], total, atol=1e-5, rtol=1e-5)
+    assert_within(cache.resid[:, -1], total, stream_tol(m, cache, slice(None), *parts))
     assert logits.shape == (1, 10, 23) and cache.ln_scale.shape == (1, 3, 10)
 
 
@@ -162,8 +204,13 @@ def test_rotary_scores_depend_only_on_relative_position():
     q, k = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
     same_q, same_k = q[..., :1, :].expand_as(q), k[..., :1, :].expand_as(k)
     scores = m._rotate(same_q) @ m._rotate(same_k).transpose(-1, -2)
-    torch.testing.assert_close(scores[0, 0, 3, 1], scores[0, 0, 4, 2])
-    torch.testing.assert_close(scores[0, 0, 5, 5], scores[0, 0, 0, 0])
+    # float32 tables at each position: two scores, each within its rotary_table_tol of the exact one, and
+    # each score's own arithmetic (2 roundings per rotated entry, a 4-term dot product: gamma(6) of
+    # sum |R q| |R k| <= 4 ||q|| ||k||)
+    qk = float(q[0, 0, 0].norm() * k[0, 0, 0].norm())
+    for (t, s), (t2, s2) in [((3, 1), (4, 2)), ((5, 5), (0, 0))]:
+        tol = 2 * (rotary_table_tol(t) + rotary_table_tol(s) + rotary_table_tol(t2) + rotary_table_tol(s2)) * qk
+        assert abs(float(scores[0, 0, t, s] - scores[0, 0, t2, s2])) <= tol + 2 * gamma(6) * 4 * qk
 
 
 def test_wrong_weight_shapes_are_rejected():

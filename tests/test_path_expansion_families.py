@@ -8,13 +8,8 @@ Hugging Face forward in ``test_families.py``), dense float64 products written he
 activations, and the clamp-free forward (a ``clip_qkv`` model refused only where the clamp changes
 its logits).
 
-Tolerance (float64, every comparison): a term's logits are products through at most ``n_layers``
-attention contractions (length ``pos``) and ``d_model``-long residual contractions, each entry off by at
-most about ``eps * (pos + d_model) * n_layers`` of its magnitude; summing ``n_terms`` of them adds
-``eps * n_terms`` of the largest partial sum; the forward rounds the same way. So the sum may differ
-from the logits by ``eps64 * (n_terms + n_layers * (pos + d_model)) * sum_i max|term_i|`` (terms can
-cancel: their magnitudes, not the logits', bound the rounding). A final soft-cap ``c tanh(x / c)``
-has slope <= 1, so the same bound holds after it.
+Tolerance (float64, every comparison): ``tolerance.path_expansion_tol``, the rounding of the terms'
+products and of their sum, from the sizes of the terms (they can cancel).
 """
 
 import dataclasses
@@ -23,25 +18,17 @@ import pytest
 import torch
 from family_configs import CONFIGS, probe_tokens, tiny_model
 from random_models import IdTokenizer, custom_model
+from tolerance import path_expansion_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import NonlinearFeatureError, path_expansion
 from pycircuits_widgets.models.circuit_model import CircuitModel
 from pycircuits_widgets.widgets.sharing import pictures
 
-EPS64 = torch.finfo(torch.float64).eps
-
 
 def weight_view(name: str, dtype=torch.float64) -> CircuitModel:
     """``name``'s tiny model as a weight view in ``dtype`` (the translation is verified in test_families)."""
     return pcw.from_hf(tiny_model(name), verify=False).to(dtype)
-
-
-def tolerance(model, pe) -> float:
-    """The error model of the module docstring."""
-    c = model.cfg
-    n = len(pe.terms) + c.n_layers * (pe.tokens.shape[1] + c.d_model)
-    return EPS64 * n * float(pe.stacked_logits.abs().amax((1, 2, 3)).sum())
 
 
 def without_clamp(model) -> CircuitModel:
@@ -62,7 +49,7 @@ def test_terms_sum_to_the_logits_or_the_feature_is_refused(name):
         assert err.feature == "clip_qkv" and "clip_qkv" in str(err) and model.cfg.clip_qkv is not None
         assert float((without_clamp(model)(tokens) - logits).abs().max()) > 1e-3 * float(logits.abs().max())
         return
-    tol = tolerance(model, pe)
+    tol = path_expansion_tol(model, pe)
     assert float((pe.capped(pe.total()) - logits).abs().max()) <= tol  # the model's own output
     assert float((pe.total() - pe.logits).abs().max()) <= tol
     if model.cfg.final_softcap is None:
@@ -102,7 +89,7 @@ def test_a_head_term_passes_the_post_norm_with_its_division_frozen(name):
         return y / cache.ln_scale[:, -1, :, None] @ model.W_U
 
     by_name = {t.name: i for i, t in enumerate(pe.terms)}
-    tol = tolerance(model, pe)
+    tol = path_expansion_tol(model, pe)
     one = unembed(head(0, 2, x))
     virtual = unembed(head(1, 3, head(0, 1, x)))
     torch.testing.assert_close(pe.term_logits(by_name["L0.H2"]), one, rtol=0, atol=tol)
@@ -121,7 +108,7 @@ def test_layer_norm_post_norms_with_biases_are_exact(pre_norm, mlp):
     tokens = torch.tensor([[1, 5, 9, 2, 1, 5, 9, 2], [3, 3, 0, 7, 12, 3, 3, 0]])
     pe = path_expansion(model, tokens)
     assert {"bias L0", "bias L1"} <= {t.name for t in pe.terms}
-    torch.testing.assert_close(pe.total(), model(tokens), rtol=0, atol=tolerance(model, pe))
+    torch.testing.assert_close(pe.total(), model(tokens), rtol=0, atol=path_expansion_tol(model, pe))
 
 
 def test_the_final_soft_cap_applies_to_each_sum_in_the_losses():

@@ -1,15 +1,27 @@
 """Positional attention by offset: the positional QK term and the rotary rule against loops over
-positions, the measured curve against the patterns, and the shipped previous-token head."""
+positions, the measured curve against the patterns, and the shipped previous-token head.
+
+Tolerances: the analyses take float64 products (the random models are float64), then average and divide
+in float32: ``gamma`` of those few roundings, of the averaged terms' size; the rotary rule's oracle
+rotates by float64 frequencies where ours are the forward's float32 ones (``frequency_error``)."""
 
 import math
 
 import pytest
 import torch
 from random_models import custom_model, paper_model
+from tolerance import gamma, unit_roundoff
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import head_scores, run
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
+
+
+def frequency_error(base: float) -> float:
+    """Relative error of a float32 rotary frequency ``1 / base^(2j / r)`` against the exact one: the
+    exponent's rounding (``u``, amplified by ``ln(base)`` through the power), the power's (1 ulp, 2u)
+    and the reciprocal's (u)."""
+    return (math.log(base) + 3) * unit_roundoff(torch.float32)
 
 
 def test_table_rule_is_the_mean_subdiagonal_of_w_pos_qk_w_pos():
@@ -20,7 +32,9 @@ def test_table_rule_is_the_mean_subdiagonal_of_w_pos_qk_w_pos():
         P = m.W_pos[:12] @ m.W_Q[layer, head] @ m.W_K[layer, head].T @ m.W_pos[:12].T / m.cfg.attn_scale
         for k in range(6):
             ref = sum(float(P[i, i - k]) for i in range(k, 12)) / (12 - k)
-            assert got[layer, head, k] == pytest.approx(ref, rel=1e-5, abs=1e-6)
+            size = sum(abs(float(P[i, i - k])) for i in range(k, 12)) / (12 - k)
+            # float32: each entry's copy, the mean's 12 - k terms and division, the scale's division
+            assert abs(float(got[layer, head, k]) - ref) <= gamma(12 - k + 3) * size
 
 
 def rotate_pairs(x, k, cfg):
@@ -45,9 +59,13 @@ def test_rotary_rule_rotates_the_mean_query_against_the_mean_key():
         x = cache.resid[0, layer]
         x = (x - x.mean(-1, keepdim=True)) / cache.ln_scale[0, layer, :, None]
         q, kk = (x @ m.W_Q[layer, head]).mean(0), (x @ m.W_K[layer, head]).mean(0)
+        size = float(q.norm() * kk.norm()) / m.cfg.attn_scale
         for k in range(5):
             ref = float(rotate_pairs(q, k, m.cfg) @ kk) / m.cfg.attn_scale
-            assert got[layer, head, k] == pytest.approx(ref, rel=1e-4, abs=1e-6)
+            # angles k theta off by k frequency_error at most (theta <= 1): two rotations that far apart
+            # differ by at most that in norm; then float32's copy and division
+            tol = (k * frequency_error(m.cfg.rotary_base) + gamma(16, torch.float64)) * size + gamma(2) * abs(ref)
+            assert abs(float(got[layer, head, k]) - ref) <= tol
     with pytest.raises(ValueError, match="activation cache"):
         positional_scores_by_offset(m, 10, 4)
 
@@ -67,7 +85,9 @@ def test_measured_curve_is_the_mean_subdiagonal_of_each_pattern():
     got = attention_by_offset(out.patterns[0], 3)
     A = out.patterns[0, 1, 2]
     for k in range(4):
-        assert got[1, 2, k] == pytest.approx(float(sum(A[i, i - k] for i in range(k, 12)) / (12 - k)), rel=1e-5)
+        # float32 copies of nonnegative float64 entries, averaged: gamma of the copy, 12 - k terms, division
+        ref = float(sum(A[i, i - k] for i in range(k, 12)) / (12 - k))
+        assert got[1, 2, k] == pytest.approx(ref, rel=gamma(12 - k + 2))
 
 
 def test_shipped_previous_token_head_peaks_at_offset_one_in_weights_and_behaviour():

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tolerance import assert_within, centred_product_tol, gamma, product_tol, unit_roundoff
+from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol, gamma, product_tol
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import pycircuits_widgets as pcw
@@ -34,10 +34,6 @@ from pycircuits_widgets.models.rotary import rotary_frequencies
 from test_adapters_hf import randomize
 
 V, H, KV, DH = 48, 4, 2, 8
-POSITIVITY_TOL = unit_roundoff() + 1e-9
-"""Eigenvalue positivities, computed in float64 and returned in float32, against float64 eigenvalues of
-the dense circuit: the float32 copy rounds a value in [-1, 1] by at most ``u``; the two float64 spectra
-(backward errors ~1e-13 of these 48 x 48 circuits' norms) agree far below 1e-9."""
 OFFSETS = (1, 5)
 CONFIGS = {
     "llama_gqa": dict(),

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from tolerance import gamma_tilde
 
 from pycircuits_widgets.models import CheckpointError, load_attn_only
 from pycircuits_widgets.models.checkpoints import load_tensors
@@ -27,7 +28,10 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         assert torch.equal(a[name], b[name]), name
     assert not torch.equal(partial["W_E"], b["W_E"])  # the resumed run did train
     assert full["step"] == resumed["step"] == 6
-    assert full["val_loss"] == pytest.approx(resumed["val_loss"])
+    # the same float32 evaluation of the bit-identical weights checked above: equal, but for a reordering of
+    # its sums (a log-sum-exp over the 1024-token vocabulary, a mean over the validation tokens; terms up to
+    # about twice the loss), on each side
+    assert full["val_loss"] == pytest.approx(resumed["val_loss"], rel=4 * gamma_tilde(2048))
     a_opt = load_tensors(tmp_path / "full" / "optimizer.safetensors")
     b_opt = load_tensors(tmp_path / "split" / "optimizer.safetensors")
     assert all(torch.equal(a_opt[k], b_opt[k]) for k in a_opt)
@@ -59,6 +63,6 @@ def test_batches_are_a_pure_function_of_seed_and_step():
 
 
 def test_learning_rate_warms_up_then_decays():
-    lrs = [lr_at(s, 1e-3, 10, 100) for s in range(100)]
+    lrs = [lr_at(s, 1e-3, 10, 100) for s in range(100)]  # Python floats (float64): approx's 1e-6 is a wide margin
     assert lrs[0] < lrs[9] == pytest.approx(1e-3)
     assert lrs[99] < lrs[50] < lrs[10] and lrs[99] >= 1e-4 - 1e-12

@@ -26,6 +26,7 @@ what was summed (the absolute-value sum where the test can compute it, else the 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -45,6 +46,14 @@ def gamma(n: int, dtype: torch.dtype = torch.float32) -> float:
     if nu >= 1:
         raise ValueError(f"gamma({n}) in {dtype}: n u = {nu:.3g} >= 1, no bound")
     return nu / (1 - nu)
+
+
+def gamma_tilde(n: int, dtype: torch.dtype = torch.float32) -> float:
+    """The relative error of an ``n``-term reduction: the smaller of ``gamma(n)`` (worst case) and Higham
+    and Mary's probabilistic ``LAMBDA sqrt(n) u`` (exceeded with probability at most
+    ``2 n exp(-LAMBDA^2 / 2) ~ 2.5e-14 n`` per computed value: module docstring). The second is the
+    smaller from ``n = 64`` on: long reductions (a mean over a vocabulary)."""
+    return min(gamma(n, dtype), LAMBDA * math.sqrt(n) * unit_roundoff(dtype))
 
 
 def reduction_tol(n: int, magnitude: float, dtype: torch.dtype = torch.float32, computations: int = 1) -> float:
@@ -138,25 +147,26 @@ def product_tol(*factors: torch.Tensor, computations: int = 2) -> torch.Tensor:
     return computations * gamma(n, factors[0].dtype) * magnitude
 
 
-def centred_product_tol(*factors: torch.Tensor, dtype: torch.dtype = torch.float32, first_error=None,
+def centred_product_tol(*factors: torch.Tensor, dtype: torch.dtype = torch.float32, errors=None,
                         centre: bool = True) -> torch.Tensor:
-    """Elementwise worst-case bound on ``P = F0 @ F1 @ ...`` computed in ``dtype`` from the factors
+    """Elementwise bound on ``P = F0 @ F1 @ ...`` computed in ``dtype`` from the factors
     (rounded to ``dtype`` first) and then centred along its last dim, ``P - mean_j P`` (or, the same
     sum in another order, with the last factor's columns centred first), against the exact result.
 
     Roundings along an entry's longest path: one per factor (its cast), the inner dimensions (Higham
     3.5), and the centring's mean (``n_cols`` terms) and subtraction: ``n`` in all. Entry ``(i, j)``
     then sums terms of size ``M_ij + mean_j M_ij``, ``M = |F0| @ |F1| @ ...``: the bound is
-    ``gamma(n) (M + mean_j M)``. ``first_error``: an elementwise bound on ``F0``'s own error (a
-    normalised embedding's, ``normalization_tol``), carried through as ``first_error @ |F1| @ ...``
-    (centred likewise). ``centre=False``: the product alone (its casts and inner dimensions)."""
+    ``gamma_tilde(n) (M + mean_j M)`` (worst case up to 64 roundings, probabilistic beyond).
+    ``errors``: per factor, None or an elementwise bound on that factor's own error (a normalised
+    embedding's, ``normalization_tol``), carried through the product with the other factors'
+    absolute values (and centred likewise). ``centre=False``: the product alone."""
     n = len(factors) + sum(f.shape[-1] for f in factors[:-1]) + (factors[-1].shape[-1] + 1 if centre else 0)
-    magnitude = factors[0].double().abs()
-    carried = None if first_error is None else torch.as_tensor(first_error, dtype=torch.float64)
-    for f in factors[1:]:
-        magnitude = magnitude @ f.double().abs()
-        carried = None if carried is None else carried @ f.double().abs()
-    bound = gamma(n, dtype) * magnitude + (0 if carried is None else carried)
+    sizes = [f.double().abs() for f in factors]
+    bound = gamma_tilde(n, dtype) * functools.reduce(torch.matmul, sizes)
+    for i, error in enumerate(errors or ()):
+        if error is not None:
+            carried = [*sizes[:i], torch.as_tensor(error).double(), *sizes[i + 1:]]
+            bound = bound + functools.reduce(torch.matmul, carried)
     return bound + bound.mean(-1, keepdim=True) if centre else bound
 
 
@@ -176,6 +186,48 @@ def normalization_tol(x: torch.Tensor, eps: float, centred: bool, dtype: torch.d
     sigma = (c.square().mean(-1, keepdim=True) + eps).sqrt()
     spread = x.abs().mean(-1, keepdim=True) / sigma if centred else 0
     return gamma(d + 10, dtype) * ((c / sigma).abs() + spread)
+
+
+def rotary_table_tol(position: int) -> float:
+    """Largest error of an entry of a float32 rotary table at ``position`` (the forward's, and Hugging
+    Face's rotary modules': ``cos`` and ``sin`` of ``position * inv_freq`` with ``inv_freq <= 1``) against
+    the exact rotation by the same frequencies: the angle's product rounds by ``position u``, cos/sin
+    are within 1 ulp (at most 2u: SLEEF's and glibc's float32 functions) and the attention scaling's
+    product rounds once: ``(position + 3) u``, float32's ``u``. A 2 x 2 rotation block whose entries are
+    each off by ``e`` moves a vector by at most ``2 e`` its norm, so a score ``q_t . k_s`` of two
+    vectors rotated by such tables is within ``2 (e_t + e_s) ||q|| ||k||`` of the exact one."""
+    return (position + 3) * unit_roundoff(torch.float32)
+
+
+POSITIVITY_TOL = unit_roundoff(torch.float32) + 1e-9
+"""Eigenvalue positivities ``sum Re(l) / sum |l|`` (in ``[-1, 1]``) of a float64 model, computed in float64
+and returned in float32 (the analysis's output dtype), against a float64 oracle's: the float32 copy
+rounds by at most ``u``; the two float64 spectra (backward errors ~1e-13 of the circuits' norms,
+``factorization_tol``) agree far below the float64 margin 1e-9."""
+
+
+def centred_mean_tol(x: torch.Tensor, dim: int = -1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Bound on the mean along ``dim`` of ``x`` centred along ``dim`` in ``dtype``, ``x - mean(x)``, which
+    is exactly zero: the computed mean is off by ``gamma(n + 1) mean|x|`` (``n`` terms and the
+    division), each centred entry rounds by ``u`` of its size (``|x_i| + |mean x| ``, at most
+    ``2 mean|x|`` on average), and the test's own mean of the centred entries adds ``gamma(n + 1)`` of
+    their mean size: ``3 gamma(n + 2) mean|x|`` in all, with ``x`` the weights *before* centring."""
+    n = x.shape[dim]
+    return 3 * gamma(n + 2, dtype) * x.double().abs().mean(dim)
+
+
+def path_expansion_tol(model, pe) -> float:
+    """Bound on the rounding of a float64 path expansion's sum against the model's float64 logits: a
+    term's logits are products through at most ``n_layers`` attention contractions (length ``pos``)
+    and ``d_model``-long residual contractions, each entry off by at most about
+    ``eps (pos + d_model) n_layers`` of its magnitude; summing ``n_terms`` of them adds ``eps n_terms``
+    of the largest partial sum; the forward rounds the same way. So the sum may differ from the logits
+    by ``eps64 (n_terms + n_layers (pos + d_model)) sum_i max|term_i|`` (terms can cancel: their
+    magnitudes, not the logits', bound the rounding). A final soft-cap ``c tanh(x / c)`` has slope
+    <= 1, so the same bound holds after it."""
+    c = model.cfg
+    n = len(pe.terms) + c.n_layers * (pe.tokens.shape[1] + c.d_model)
+    return torch.finfo(torch.float64).eps * n * float(pe.stacked_logits.abs().amax((1, 2, 3)).sum())
 
 
 LAPACK_THRESHOLD = 35.0

@@ -42,14 +42,13 @@ from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion", "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead",
-    "ablate", "attention_by_offset", "bigram_top", "classify_pair", "induction_pair", "k_composition_positivity", "pair_verdicts",
-    "positional_scores_by_offset", "top_virtual_heads", "neuron_activations", "neuron_out_norms", "neuron_terms",
-    "circuit_query", "composition_detail", "composition_scores", "direct_path", "eigenvalue_positivity",
-    "eigenvalues", "embedding", "embedding_note", "full_ov_circuit", "full_qk_circuit", "full_virtual_ov_circuit",
-    "head_mlp_circuit", "head_scores",
-    "k_composition_circuit", "measured_composition", "mlp_in_circuit", "mlp_out_circuit", "ov", "path_expansion",
-    "path_patch",
-    "positional_qk_circuit", "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams", "strongest_writers",
-    "virtual_head_ov",
+    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion",
+    "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead", "ablate",
+    "attention_by_offset", "bigram_top", "circuit_query", "classify_pair", "composition_detail", "composition_scores",
+    "direct_path", "eigenvalue_positivity", "eigenvalues", "embedding", "embedding_note", "full_ov_circuit",
+    "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores", "induction_pair",
+    "k_composition_circuit", "k_composition_positivity", "measured_composition", "mlp_in_circuit", "mlp_out_circuit",
+    "neuron_activations", "neuron_out_norms", "neuron_terms", "ov", "pair_verdicts", "path_expansion", "path_patch",
+    "positional_qk_circuit", "positional_scores_by_offset", "q_composition_circuit", "qk", "random_baseline", "run",
+    "skip_trigrams", "strongest_writers", "top_virtual_heads", "virtual_head_ov"
 ]

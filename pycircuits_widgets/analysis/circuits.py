@@ -279,14 +279,15 @@ def full_virtual_ov_circuit(model, h1: Head, h2: Head) -> FactoredMatrix:
     return FactoredMatrix(left, right)
 
 
-def _require_mlp(model, layer: int) -> None:
+def require_mlp(model, layer: int) -> None:
+    """Refuse an attention-only model (it has no MLP paths) or a layer outside ``0..n_layers-1``."""
     cfg = model.cfg
     if cfg.attn_only or getattr(model, "W_in", None) is None:
         raise ValueError(f"model {model_name(model)!r} is attention-only: it has no MLP paths")
     check_index(layer, "mlp layer", cfg.n_layers)
 
 
-def _mlp_reader(model, layer: int, gate: bool) -> torch.Tensor:
+def mlp_reader(model, layer: int, gate: bool) -> torch.Tensor:
     """``W_in[layer]`` or, with ``gate``, ``W_gate[layer]`` ``[d_model, d_mlp]`` (gated MLPs read the
     stream twice: ``act(x W_gate) * (x W_in)``)."""
     if not gate:
@@ -299,23 +300,23 @@ def _mlp_reader(model, layer: int, gate: bool) -> torch.Tensor:
 def mlp_in_circuit(model, layer: int, gate: bool = False) -> FactoredMatrix:
     """Token -> neuron pre-activation ``W_E W_in`` ``[token, neuron]`` (paper appendix; ``gate``: the
     gate's ``W_E W_gate`` of a gated MLP)."""
-    _require_mlp(model, layer)
-    return FactoredMatrix(model.W_E, _mlp_reader(model, layer, gate))
+    require_mlp(model, layer)
+    return FactoredMatrix(model.W_E, mlp_reader(model, layer, gate))
 
 
 def head_mlp_circuit(model, head: Head, mlp_layer: int, gate: bool = False) -> FactoredMatrix:
     """Token -> neuron through a head's OV: ``W_E W_V W_O W_in`` ``[src token, neuron]`` (``gate``: into
     ``W_gate``)."""
     layer, h = check_head(model, head)
-    _require_mlp(model, mlp_layer)
+    require_mlp(model, mlp_layer)
     if mlp_layer < layer:
         raise ValueError(f"MLP layer {mlp_layer} reads before head {head} writes; need mlp_layer >= {layer}")
-    return FactoredMatrix(model.W_E @ model.W_V[layer, h], model.W_O[layer, h] @ _mlp_reader(model, mlp_layer, gate))
+    return FactoredMatrix(model.W_E @ model.W_V[layer, h], model.W_O[layer, h] @ mlp_reader(model, mlp_layer, gate))
 
 
 def mlp_out_circuit(model, layer: int) -> FactoredMatrix:
     """Neuron -> logits ``W_out W_U`` ``[neuron, out token]`` (paper appendix)."""
-    _require_mlp(model, layer)
+    require_mlp(model, layer)
     return FactoredMatrix(model.W_out[layer], model.W_U)
 
 
@@ -361,7 +362,7 @@ class TensorProductTerm:
         # multiply the cheaper side first; both orders are the same map
         return self.A @ (x @ W) if W.shape[1] <= W.shape[0] else (self.A @ x) @ W
 
-    def then(self, other: "TensorProductTerm") -> "TensorProductTerm":
+    def then(self, other: TensorProductTerm) -> TensorProductTerm:
         """``other ∘ self = (A_o A_s) ⊗ (W_s W_o)``: the path that goes through self, then other."""
         return TensorProductTerm(other.A @ self.A, self.W @ other.W)
 

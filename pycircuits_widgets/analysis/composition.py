@@ -52,6 +52,7 @@ cannot mistake "undefined" for "no composition").
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,7 +209,7 @@ def _thin_factors(model, kind: str, offset: int | None, readers: bool = True):
 def _tiles(d: int) -> list[slice]:
     n = -(-d // TILE)
     edges = [round(i * d / n) for i in range(n + 1)]
-    return [slice(a, b) for a, b in zip(edges, edges[1:])]
+    return [slice(a, b) for a, b in itertools.pairwise(edges)]
 
 
 def _row_chunks(L: int, H: int) -> list[tuple[int, int]]:
@@ -216,7 +217,7 @@ def _row_chunks(L: int, H: int) -> list[tuple[int, int]]:
     At most ``ROW_CHUNKS``, each of at least ``MIN_CHUNK_ROWS`` heads (a thinner GEMM runs slowly)."""
     n = max(1, min(ROW_CHUNKS, L - 1, (L - 1) * H // MIN_CHUNK_ROWS))
     edges = [round(i * (L - 1) / n) for i in range(n + 1)]
-    return list(zip(edges, edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
 def _tile_pairs(d: int) -> list[tuple[slice, slice, int]]:

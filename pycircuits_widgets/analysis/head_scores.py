@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from ..progress import steps
+from ..progress import progress
+
+BATCH_TOKENS = 2048
+"""Tokens per forward when ``head_scores`` runs a batch of sequences."""
 
 SCORE_NAMES = ("previous_token", "duplicate_token", "induction")
 
@@ -51,15 +54,22 @@ def target_masks(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"previous_token": previous, "duplicate_token": duplicate, "induction": induction}
 
 
+def target_mass(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The parts of each score's mean, summable over batches: ``{name: (mass [L, H], n)}``, ``mass`` the
+    attention on targets summed over every (sequence, position) (float64; a position without a target
+    adds 0), ``n`` how many positions have a target (int64 scalar). ``patterns [batch, L, H, dest, src]``,
+    ``tokens [batch, pos]``."""
+    masks = target_masks(tokens)
+    stacked = torch.stack(list(masks.values()), 1).to(patterns.dtype)  # [batch, score, dest, src]
+    # one pass over the patterns for all three scores; each sequence's sum in the patterns' dtype, the
+    # sequences' in float64
+    mass = torch.einsum("blhij,bsij->sblh", patterns, stacked).sum(1, dtype=torch.float64)
+    return {name: (mass[s], mask.any(-1).sum()) for s, (name, mask) in enumerate(masks.items())}
+
+
 def scores_from_patterns(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """``patterns [batch, L, H, dest, src]``, ``tokens [batch, pos]`` -> ``{name: [L, H]}``."""
-    out = {}
-    for name, mask in target_masks(tokens).items():
-        mask = mask.to(patterns.dtype)
-        mass = torch.einsum("blhij,bij->lhbi", patterns, mask)  # attention on targets, per dest
-        has_target = mask.sum(-1) > 0  # [batch, dest]
-        out[name] = mass[..., has_target].sum(-1) / has_target.sum()
-    return out
+    return {name: (mass / n).to(patterns.dtype) for name, (mass, n) in target_mass(patterns, tokens).items()}
 
 
 @torch.no_grad()
@@ -70,12 +80,21 @@ def head_scores(model, tokens=None, *, seq_len: int | None = None, n_repeats: in
     ``tokens``: text, ``[pos]`` or ``[batch, pos]`` ids; default ``repeated_random_tokens(model,
     seq_len, n_repeats, batch, seed)``. Returns ``{"previous_token", "duplicate_token",
     "induction"}``, each ``[n_layers, n_heads]`` in [0, 1] (NaN: no position had a target).
-    A batch runs one sequence at a time, counted on a progress bar past a second.
-    """
+    A batch runs ``BATCH_TOKENS // pos`` sequences at a time, each forward's patterns summed
+    (``target_mass``) and dropped, counted on a progress bar past a second. Over a corpus:
+    ``pcw.head_scores(model, corpus)`` (a sweep)."""
     if tokens is None:
         tokens = repeated_random_tokens(model, seq_len, n_repeats, batch, seed)
     if not (isinstance(tokens, torch.Tensor) and tokens.ndim == 2 and len(tokens) > 1):
         _, cache = model.run_with_cache(tokens)
         return scores_from_patterns(cache.patterns, cache.tokens)
-    caches = [model.run_with_cache(row[None])[1] for row in steps(tokens, "head_scores", unit="sequence")]
-    return scores_from_patterns(torch.cat([c.patterns for c in caches]), torch.cat([c.tokens for c in caches]))
+    totals, dtype = {}, None
+    with progress("head_scores", total=len(tokens), unit="sequence") as bar:
+        for rows in tokens.split(max(1, BATCH_TOKENS // tokens.shape[1])):
+            _, cache = model.run_with_cache(rows, logits=False)
+            dtype = cache.patterns.dtype
+            for name, (mass, n) in target_mass(cache.patterns, cache.tokens).items():
+                before = totals.get(name, (0, 0))
+                totals[name] = (before[0] + mass, before[1] + n)
+            bar.update(len(rows))
+    return {name: (mass / n).to(dtype) for name, (mass, n) in totals.items()}

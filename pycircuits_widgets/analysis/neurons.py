@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from ..factored import linalg_dtype
-from ..models.circuit_model import _ACTIVATIONS
-from .circuits import _mlp_reader, _require_mlp, check_head, check_index
+from ..models.circuit_model import ACTIVATIONS
+from .circuits import check_head, check_index, mlp_reader, require_mlp
 
 
 def mlp_input(model, cache, layer: int) -> torch.Tensor:
@@ -30,7 +30,7 @@ def mlp_input(model, cache, layer: int) -> torch.Tensor:
     The stream it reads is ``resid[:, l + 1] - mlp_out[:, l]`` (the stream after the layer's
     attention; ``resid[:, l]`` for parallel blocks), centred for layer norm and divided by the
     forward's own ``cache.ln_scale_mlp[:, l]`` (ones for a model without pre-norms)."""
-    _require_mlp(model, layer)
+    require_mlp(model, layer)
     x = cache.resid[:, layer] if model.cfg.parallel_attn_mlp else cache.resid[:, layer + 1] - cache.mlp_out[:, layer]
     x = x.to(linalg_dtype(x.dtype))
     if model.cfg.pre_norm and model.cfg.normalization == "layernorm":
@@ -48,7 +48,7 @@ def neuron_activations(model, cache, layer: int | None = None) -> torch.Tensor:
     if layer is None:
         return torch.stack([neuron_activations(model, cache, l) for l in range(model.cfg.n_layers)], 1)
     xn = mlp_input(model, cache, layer)
-    cfg, act = model.cfg, _ACTIVATIONS[model.cfg.act_fn]
+    cfg, act = model.cfg, ACTIVATIONS[model.cfg.act_fn]
     b_in = model.b_in[layer] if model.b_in is not None else 0
     if not cfg.gated_mlp:
         hidden = act(xn @ model.W_in[layer] + b_in)
@@ -70,11 +70,11 @@ def neuron_terms(model, layer: int, neuron: int, head: tuple[int, int] | None = 
     through ``head`` = ``(layer', h)``, ``layer' <= layer``, if given: of ``head_mlp_circuit``) and
     ``"out"`` (``W_out[n] W_U``: row ``n`` of ``mlp_out_circuit``). Each is a chain of matrix-vector
     products from the neuron's side (never a ``[d_vocab, d_head]`` factor: milliseconds at GPT-2 size)."""
-    _require_mlp(model, layer)
+    require_mlp(model, layer)
     neuron = check_index(neuron, "neuron", model.cfg.d_mlp)
     work = linalg_dtype(model.W_E.dtype)
     W_E = model.W_E.to(work)
-    readers = {name: _mlp_reader(model, layer, name == "gate")[:, neuron].to(work)
+    readers = {name: mlp_reader(model, layer, name == "gate")[:, neuron].to(work)
                for name in (("in", "gate") if model.cfg.gated_mlp else ("in",))}
     terms = {name: W_E @ r for name, r in readers.items()}
     if head is not None:
@@ -99,7 +99,7 @@ def neuron_out_norms(model, layer: int | None = None) -> torch.Tensor:
     """``||W_out[n] W_U||`` for every neuron of layer ``layer``, ``[d_mlp]`` (``None``: of every layer,
     ``[n_layers, d_mlp]``): how strongly a unit of its activation moves the logits, from the Gram
     matrix ``W_U W_U^T`` (never the dense ``[d_mlp, d_vocab]`` product)."""
-    _require_mlp(model, 0 if layer is None else layer)
+    require_mlp(model, 0 if layer is None else layer)
     work = linalg_dtype(model.W_U.dtype)
     W_out, W_U = (model.W_out if layer is None else model.W_out[layer]).to(work), model.W_U.to(work)
     return ((W_out @ (W_U @ W_U.T)) * W_out).sum(-1).clamp_min(0).sqrt()

@@ -24,8 +24,8 @@ from .tokenizer import Tokenizer
 CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 PRETRAINED = ("attn-only-0l", "attn-only-1l", "attn-only-2l")
 
-__all__ = ["ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CheckpointModel", "CircuitModel",
-           "Interventions", "ModelConfig", "PRETRAINED", "Tokenizer", "attn_only_config", "from_attn_only", "from_hf",
+__all__ = ["PRETRAINED", "ActivationCache", "AttnOnlyTransformer", "CheckpointError", "CheckpointModel", "CircuitModel",
+           "Interventions", "ModelConfig", "Tokenizer", "attn_only_config", "from_attn_only", "from_hf",
            "from_safetensors", "from_transformer_lens", "load_attn_only", "load_pretrained", "rotary_frequencies",
            "weight_view_hint"]
 

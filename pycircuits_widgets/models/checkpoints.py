@@ -21,7 +21,8 @@ class CheckpointError(ValueError):
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> None:
-    """Write ``tensors`` (optionally cast to ``dtype``) to a safetensors file."""
+    """Write ``tensors`` (``{name: tensor}``, each kept in its shape; optionally cast to ``dtype``) to a
+    safetensors file."""
     tensors = {k: (v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach())
                .contiguous() for k, v in tensors.items()}
     save_file(tensors, str(path))
@@ -117,7 +118,7 @@ def check_header(path: str | Path, expected_shapes: dict[str, tuple[int, ...]]) 
 
 def load_tensors(path: str | Path, expected_shapes: dict[str, tuple[int, ...]] | None = None,
                  dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Read a safetensors file; floating tensors are cast to ``dtype``.
+    """Read a safetensors file: ``{name: tensor}`` in the stored shapes; floating tensors are cast to ``dtype``.
 
     With ``expected_shapes``, the file must hold exactly those names with exactly those shapes,
     as real floating tensors with finite values (``check_header`` runs before any tensor is read).

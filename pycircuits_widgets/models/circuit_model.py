@@ -58,13 +58,14 @@ from .tokenizer import escape_invisible
 _WEIGHTS = ("W_E", "W_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_gate",
             "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U", "b_gate",
             "w_qnorm", "b_qnorm", "w_knorm", "b_knorm", "w_post_attn", "w_post_mlp", "W_router")
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "silu": F.silu,
     "relu2": lambda x: F.relu(x).square(),
 }
+"""``cfg.act_fn`` -> the MLP activation the forward applies (``analysis.neurons`` applies the same)."""
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -96,8 +97,8 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def widened(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in float32 if it is half precision, else unchanged: the steps Hugging Face runs in float32
-    (norm statistics, scores, softmax, rotary) keep float64 models in float64."""
+    """``x [...]`` in float32 if it is half precision, else unchanged (same shape): the steps Hugging Face
+    runs in float32 (norm statistics, scores, softmax, rotary) keep float64 models in float64."""
     return x.float() if x.dtype in HALF else x
 
 
@@ -200,6 +201,8 @@ class ActivationCache:
 
     @cached_property
     def head_out(self) -> torch.Tensor:
+        """What each head wrote to the residual stream, ``z @ W_O``: ``[batch, n_layers, n_heads, pos, d_model]``
+        (a mean-ablated head: its mean output). Computed on first use, from this run's ``W_O``."""
         if self.W_O._version != self._W_O_version:  # head_out must be what this run's heads wrote
             raise RuntimeError("ActivationCache.head_out: the model's W_O was modified in place after this run; "
                                "run the model again to get head outputs for the new weights")
@@ -277,7 +280,8 @@ class CircuitModel:
         return [slice(None)]
 
     def token_rows(self, name: str, rows: slice) -> torch.Tensor:
-        """``W_E[rows]`` (``name == "W_E"``) or ``W_U[:, rows]`` (``"W_U"``): one block of the vocabulary."""
+        """``W_E[rows] [n, d_model]`` (``name == "W_E"``) or ``W_U[:, rows] [d_model, n]`` (``"W_U"``): one block
+        of ``n`` tokens of the vocabulary."""
         return self.W_E[rows] if name == "W_E" else self.W_U[:, rows]
 
     @property
@@ -288,7 +292,7 @@ class CircuitModel:
     def dtype(self) -> torch.dtype:
         return self.W_E.dtype
 
-    def to(self, *args, **kwargs) -> "CircuitModel":
+    def to(self, *args, **kwargs) -> CircuitModel:
         """A copy with every weight moved/cast like ``Tensor.to``."""
         moved = {n: getattr(self, n).to(*args, **kwargs) for n in _WEIGHTS if getattr(self, n) is not None}
         model = CircuitModel(self.cfg, tokenizer=self.tokenizer, **moved)
@@ -531,7 +535,7 @@ class CircuitModel:
         scale ``[b, pos]``, post-activation ``[b, pos, d_mlp]``: what ``W_out`` reads, after ``edits``)."""
         xn, scale = self.layer_read(x)
         b_in = self.b_in[layer] if self.b_in is not None else 0
-        act = _ACTIVATIONS[self.cfg.act_fn]
+        act = ACTIVATIONS[self.cfg.act_fn]
         if not self.cfg.gated_mlp:
             hidden = act(xn @ self.W_in[layer] + b_in)
         else:
@@ -696,7 +700,8 @@ class CircuitModel:
     __call__ = forward
 
     def loss(self, tokens) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) of ``tokens``, a scalar (``next_token_loss``)."""
+        """Mean next-token cross-entropy (nats) of ``tokens`` (text, ``[pos]`` or ``[batch, pos]``), a scalar
+        ``[]`` (``next_token_loss``)."""
         logits, cache = self.run_with_cache(tokens)
         if cache.tokens.shape[1] < 2:
             raise ValueError("loss needs at least 2 tokens")

@@ -123,7 +123,7 @@ class ModelConfig:
         for field in ("attn_only", "gated_mlp", "parallel_attn_mlp", "b_in_outside_gate", "qk_norm_heads",
                       "post_norms", "pre_norm"):
             if not isinstance(getattr(self, field), bool):
-                raise ValueError(f"ModelConfig.{field} must be a bool, got {getattr(self, field)!r}")
+                raise ValueError(f"ModelConfig.{field} must be a bool, got {getattr(self, field)!r}")  # noqa: TRY004
         _positive_finite("eps", self.eps, allow_zero=True)
         _positive_finite("pos_scale", self.pos_scale)
         _positive_finite("rotary_base", self.rotary_base)
@@ -221,7 +221,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         """Build from a dict (e.g. a checkpoint's JSON); unknown keys are an error."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -239,7 +239,7 @@ def _positive_finite(field: str, value, allow_zero: bool = False) -> None:
 
 def _check_rope(rope: dict) -> None:
     if not isinstance(rope, dict):
-        raise ValueError(f"ModelConfig rope parameters must be a dict, got {rope!r}")
+        raise ValueError(f"ModelConfig rope parameters must be a dict, got {rope!r}")  # noqa: TRY004
     rope_type = rope.get("rope_type", "default")
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"ModelConfig: rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")

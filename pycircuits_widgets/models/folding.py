@@ -64,7 +64,9 @@ def fold_bias_into_reader(bias: torch.Tensor, W: torch.Tensor, reader_bias: torc
 
 
 def fold_attn_only(params: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Raw ``AttnOnlyTransformer`` parameters -> the folded weights ``CircuitModel`` takes.
+    """Raw ``AttnOnlyTransformer`` parameters -> the folded weights ``CircuitModel`` takes: ``W_E [d_vocab,
+    d_model]``, ``W_pos [n_ctx, d_model]``, ``W_Q/W_K/W_V [L, H, d_model, d_head]``, ``W_O [L, H, d_head,
+    d_model]``, ``W_U [d_model, d_vocab]``.
 
     ``W_E``, ``W_O`` centered (they write the residual stream); ``ln_final_w`` folded into
     ``W_U``; no scale to fold into ``W_Q, W_K, W_V`` (the attention layer norms have none);

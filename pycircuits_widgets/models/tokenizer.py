@@ -1,4 +1,6 @@
-"""Byte-level BPE tokenizer (Hugging Face ``tokenizers``) and visible-whitespace display strings.
+"""Byte-level BPE tokenizer (Hugging Face ``tokenizers``), visible-whitespace display strings, and
+what a model's tokenizer must be for the views to read its text (``check_tokenizer``) or ids
+(``reading_ids``).
 
 Display strings (``display_token``) are how every view shows a token. This is the one place
 the whitespace mapping is defined:
@@ -26,10 +28,11 @@ title). ``tests/token_display_cases.json`` holds the cases both sides are tested
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -74,7 +77,7 @@ def display_bytes(raw: bytes) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
+def unicode_to_byte() -> dict[str, int]:
     """Inverse of the byte-level BPE alphabet: printable bytes map to themselves, the other
     bytes to code points 256, 257, ... in byte order (the GPT-2 convention ``tokenizers`` uses)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -95,7 +98,7 @@ class Tokenizer:
 
     # --- construction -------------------------------------------------------------------
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int = 2048) -> "Tokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int = 2048) -> Tokenizer:
         """Train byte-level BPE on ``texts``; id 0 is ``<|endoftext|>``."""
         tok = _HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -110,7 +113,7 @@ class Tokenizer:
         return cls(tok)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Tokenizer":
+    def load(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         try:
             return cls(_HFTokenizer.from_file(str(path)))
@@ -145,7 +148,7 @@ class Tokenizer:
         piece = self._tok.id_to_token(token_id)
         if piece is None:
             raise ValueError(f"token id {token_id} out of range [0, {self.vocab_size})")
-        table = _unicode_to_byte()
+        table = unicode_to_byte()
         if piece == END_OF_TEXT or any(ch not in table for ch in piece):
             return piece.encode("utf-8")
         return bytes(table[ch] for ch in piece)
@@ -158,12 +161,76 @@ class Tokenizer:
         """Display string of every id, ``[d_vocab]``."""
         return [self.display_token(i) for i in range(self.vocab_size)]
 
-    def to_json(self) -> str:
-        return self._tok.to_str()
-
     def fingerprint(self) -> str:
         """Short content hash, stored in checkpoints to catch a tokenizer/model mismatch."""
         import hashlib
 
         vocab = json.dumps(sorted(self._tok.get_vocab().items(), key=lambda kv: kv[1]))
         return hashlib.sha256(vocab.encode()).hexdigest()[:16]
+
+
+# -- a model's tokenizer as the explorer reads it ---------------------------------------------
+class IdsText:
+    """Token ids written as text, ``"464 3290 318"``: the tokenizer of an explorer given ids, so its
+    text views read (and a reader edits) ids; each id displays as ``tokenizer``'s token, or
+    ``<id N>`` without one."""
+
+    def __init__(self, tokenizer=None):
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        pieces = text.split()
+        bad = [p for p in pieces if not p.isdigit()]
+        if bad or not pieces:
+            raise ValueError(f"this explorer reads token ids separated by spaces (e.g. '464 3290 318'); "
+                             f"{bad[0]!r} is not an id" if bad else "no token ids given")
+        return [int(p) for p in pieces]
+
+    def display_token(self, token_id: int) -> str:
+        return f"<id {token_id}>" if self._tokenizer is None else self._tokenizer.display_token(token_id)
+
+
+def reading_ids(model, ids):
+    """``(model, text)`` for an explorer given token ids: a shallow copy of ``model`` (same weight
+    tensors) whose tokenizer is ``IdsText``, and the ids as its text. Refuses ids that are not one
+    sequence of valid ids (``[pos]`` or ``[1, pos]``)."""
+    tokens = model._as_tokens(ids)
+    if tokens.ndim == 2:
+        if tokens.shape[0] != 1:
+            raise ValueError(f"CircuitExplorer reads one sequence: token ids of shape {tuple(tokens.shape)} given; "
+                             "pass [pos] or [1, pos]")
+        tokens = tokens[0]
+    strings = model.token_strings
+    view = copy.copy(model)
+    view.tokenizer = IdsText(model.tokenizer)
+    view._token_strings = strings  # the same display strings: not computed again
+    return view, " ".join(str(i) for i in tokens.tolist())
+
+
+PADDED_MULTIPLE = 64
+"""Models pad their embedding to a multiple of this (Pythia, Qwen, Phi): such a vocabulary may be
+larger than the tokenizer's."""
+
+
+def tokenizer_size(tokenizer) -> int | None:
+    """How many ids ``tokenizer`` knows (None when it does not say)."""
+    if tokenizer is None:
+        return None
+    hf = getattr(tokenizer, "hf_tokenizer", None)
+    if hf is not None:
+        return len(hf)
+    size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def check_tokenizer(model) -> None:
+    """Refuse a tokenizer whose vocabulary does not fit ``model``'s, naming both sizes: more ids than
+    the model has rows, or fewer without the model's vocabulary being padded (a multiple of
+    ``PADDED_MULTIPLE``), which means another model's tokenizer."""
+    size, d_vocab = tokenizer_size(getattr(model, "tokenizer", None)), model.cfg.d_vocab
+    if size is None or size == d_vocab or (size < d_vocab and d_vocab % PADDED_MULTIPLE == 0):
+        return
+    raise ValueError(f"the tokenizer has {size} tokens but the model's vocabulary has {d_vocab} (d_vocab): "
+                     "it is not this model's tokenizer" + (
+                         "; its ids past the model's would not exist" if size > d_vocab else
+                         f" (a larger model vocabulary is accepted only when padded to a multiple of {PADDED_MULTIPLE})"))

@@ -174,7 +174,8 @@ class CheckpointFiles:
         return prefix in self._prefixes
 
     def read(self, key: str, rows: slice | None = None) -> torch.Tensor:
-        """Tensor ``key`` (``rows``: only those rows of its first dim) in ``self.dtype`` on ``self.device``:
+        """Tensor ``key`` in its stored shape (``rows``: only those rows of its first dim, ``[n_rows, ...]``) in
+        ``self.dtype`` on ``self.device``:
         the shard is mapped only while it is copied. Refuses integer (quantized) and non-finite
         tensors, naming the stored key."""
         from safetensors import SafetensorError, safe_open
@@ -224,7 +225,7 @@ class ModuleTree:
             return ModuleTree(self.files, key, self.conv1d, self.output, self.rows)
         raise AttributeError(f"{self.files.folder} has no tensor or module {key!r}")
 
-    def __getitem__(self, index: int) -> "ModuleTree":
+    def __getitem__(self, index: int) -> ModuleTree:
         return getattr(self, str(index))
 
     def __len__(self) -> int:
@@ -236,5 +237,5 @@ class ModuleTree:
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
-    def get_output_embeddings(self) -> "ModuleTree":
+    def get_output_embeddings(self) -> ModuleTree:
         return ModuleTree(self.files, self.output, self.conv1d, self.output, self.rows)

@@ -41,8 +41,8 @@ from ..checkpoints import CheckpointError
 from .checkpoint_config import read_checked_config
 from .checkpoint_files import CheckpointFiles, ModuleTree
 from .families import FAMILIES
-from .hf import (ATTENTION_KEYS, LAYER_KEYS, _module, apply_folds, layer_weights, read_config, token_embedding,
-                 unembedding)
+from .hf_weights import (ATTENTION_KEYS, LAYER_KEYS, apply_folds, layer_weights, read_config, submodule,
+                         token_embedding, unembedding)
 from .hf_tokenizer import as_tokenizer, folder_tokenizer
 from .weight_view import BIASES, circuit_notes, fold_norms
 
@@ -61,7 +61,7 @@ class LayerStack:
     and ``device`` work as on the tensor. ``stack.stack()`` is the whole tensor (holds every layer).
     Anything else a tensor does is refused: an analysis that reads a checkpoint view reads it by layer."""
 
-    def __init__(self, model: "CheckpointModel", name: str, shape: tuple[int, ...]):
+    def __init__(self, model: CheckpointModel, name: str, shape: tuple[int, ...]):
         self._model, self.name, self.shape = model, name, torch.Size(shape)
 
     dtype = property(lambda self: self._model.dtype)
@@ -89,7 +89,8 @@ class LayerStack:
         return (self[layer] for layer in range(len(self)))
 
     def stack(self) -> torch.Tensor:
-        """Every layer as one tensor ``self.shape`` (memory: the whole weight in the view's dtype)."""
+        """Every layer as one tensor ``self.shape``, ``[n_layers, ...]`` (memory: the whole weight in the
+        view's dtype)."""
         return torch.stack(list(self))
 
     def __getattr__(self, name):
@@ -108,7 +109,7 @@ class CheckpointModel(CircuitModel):
 
     def __init__(self, files: CheckpointFiles, tree: ModuleTree, family_name: str, config, tokenizer=None):
         self.files, self._tree, self._family = files, tree, FAMILIES[family_name]
-        layers = _module(_module(tree, self._family.body), self._family.layers)
+        layers = submodule(submodule(tree, self._family.body), self._family.layers)
         d_mlp = self._mlp_width(layers)
         try:
             self.cfg, self._folds = read_config(config, self._family, d_mlp)
@@ -204,10 +205,9 @@ class CheckpointModel(CircuitModel):
                 tree = self._with_rows({f"{out}.weight": rows, f"{out}.bias": rows} if rows is not None else {})
                 raw = unembedding(tree, family)
             value = fold_norms(apply_folds(raw, family, self.cfg, self._folds), self.cfg).get(name)
-            if value is not None:
-                if rows is None:
-                    self._check({name: value}, "")
-                    self._recent[name] = weakref.ref(value)
+            if value is not None and rows is None:
+                self._check({name: value}, "")
+                self._recent[name] = weakref.ref(value)
             return value
 
     def _with_rows(self, rows: dict[str, slice]) -> ModuleTree:
@@ -225,7 +225,7 @@ class CheckpointModel(CircuitModel):
         return [slice(start, min(start + VOCAB_BLOCK, V)) for start in range(0, V, VOCAB_BLOCK)]
 
     def token_rows(self, name: str, rows: slice) -> torch.Tensor:
-        """``W_E[rows]`` or ``W_U[:, rows]``, read from the shards (only those rows)."""
+        """``W_E[rows] [n, d_model]`` or ``W_U[:, rows] [d_model, n]``, read from the shards (only those rows)."""
         return self._whole(name, rows)
 
     @property
@@ -238,7 +238,7 @@ class CheckpointModel(CircuitModel):
         """``W_Q @ W_K^T`` of every head (reads and holds both stacks)."""
         return FactoredMatrix(self.W_Q.stack(), self.W_K.stack().mT)
 
-    def to(self, *args, **kwargs) -> "CheckpointModel":
+    def to(self, *args, **kwargs) -> CheckpointModel:
         """The same checkpoint read onto another device or float dtype (arguments as ``Tensor.to``)."""
         like = torch.empty(0, dtype=self.dtype, device=self.device).to(*args, **kwargs)
         return from_safetensors(self.files.folder, self.tokenizer, device=like.device, dtype=like.dtype)

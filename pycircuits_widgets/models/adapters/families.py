@@ -14,8 +14,8 @@ The reference for every entry is the family's forward in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # how the query/key/value projections are stored (``hf._qkv`` reads each):
 #   "separate": three nn.Linear (``qkv`` names them); "concat": one nn.Linear with output blocks

@@ -8,7 +8,7 @@ import json
 import re
 import warnings
 
-from ..tokenizer import _unicode_to_byte, display_bytes, escape_invisible, visible_whitespace
+from ..tokenizer import display_bytes, escape_invisible, unicode_to_byte, visible_whitespace
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback, e.g. <0x0A>
 _SENTENCEPIECE_SPACE = "\u2581"  # "▁"
@@ -50,7 +50,7 @@ class HFTokenizer:
             return f"<id {token_id}>"  # ids past the tokenizer's vocabulary (padded embedding rows)
         if token_id in self._special:
             return piece
-        table = _unicode_to_byte()
+        table = unicode_to_byte()
         if self._byte_level and all(ch in table for ch in piece):
             return display_bytes(bytes(table[ch] for ch in piece))
         if (match := _BYTE_PIECE.fullmatch(piece)) is not None:
@@ -78,7 +78,7 @@ def folder_tokenizer(folder):
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except Exception as err:  # tokenizer loaders raise any type (KeyError, ValueError, ...) on a bad file
+    except Exception as err:  # noqa: BLE001 - loaders raise any type (KeyError, ValueError, ...) on a bad file
         warnings.warn(f"{' / '.join(map(str, saved))}: the tokenizer cannot be loaded ({type(err).__name__}: {err}); "
                       "the model is read without one (token ids only)", stacklevel=3)
         return None

@@ -53,6 +53,8 @@ import math
 
 import torch
 
+from .hf_weights import qkv_weights, submodule
+
 PROBE_TOKENS = 16
 LONG_PROBE_MAX = 256
 """Longest second probe (a length-dependent rotary rule's threshold + 1); past it the rotary module
@@ -135,14 +137,13 @@ _HEAD_ATTRIBUTES = {"num_heads": "n_heads", "num_attention_heads": "n_heads", "n
 def check_module_heads(model, family, cfg) -> None:
     """Refuse a config whose head counts or ``d_head`` contradict the attention modules (their own
     attributes) or the projection shapes, naming both numbers."""
-    from .hf import _module, _qkv  # the translation's own reading of the weights
-    body = _module(model, family.body)
+    body = submodule(model, family.body)
     n_kv = cfg.n_kv_heads or cfg.n_heads
     heads_field = getattr(model.config, "attribute_map", {}).get("num_attention_heads", "num_attention_heads")
     source = {"n_heads": f"config.{heads_field}", "d_head": "config.head_dim (or hidden size / heads)",
               "n_kv_heads": "config.num_key_value_heads (or the family's multi-query flag)"}
-    for index, layer in enumerate(_module(body, family.layers)):
-        attn = _module(layer, family.attn)
+    for index, layer in enumerate(submodule(body, family.layers)):
+        attn = submodule(layer, family.attn)
         for attr, ours in _HEAD_ATTRIBUTES.items():
             value = attn.__dict__.get(attr)
             expected = n_kv if ours == "n_kv_heads" else getattr(cfg, ours)
@@ -152,7 +153,7 @@ def check_module_heads(model, family, cfg) -> None:
                     f"module has {attr}={value}; the config contradicts the weights it describes (was it edited "
                     "after the model was built?)")
         try:
-            shapes = [tuple(W.shape) for W, _ in _qkv(attn, family, cfg)]
+            shapes = [tuple(W.shape) for W, _ in qkv_weights(attn, family, cfg)]
         except RuntimeError as err:
             raise TranslationError(f"from_hf: {cfg.name!r}: layer {index}'s query/key/value weights do not fit "
                                    f"n_heads={cfg.n_heads}, n_kv_heads={n_kv}, d_head={cfg.d_head}: {err}") from err

@@ -60,7 +60,8 @@ def expand_kv_heads(W: torch.Tensor | None, n_heads: int) -> torch.Tensor | None
 
 
 def adjacent_pairs_to_halves(W: torch.Tensor | None, rotary_dim: int) -> torch.Tensor | None:
-    """Reorder the ``d_head`` axis (last) of a query/key weight or bias so that rotary embedding
+    """``W [..., d_head]`` -> ``[..., d_head]``: the ``d_head`` axis (last) of a query/key weight or bias
+    reordered so that rotary embedding
     in the GPT-J layout (dims ``2i, 2i+1`` rotate together) becomes the GPT-NeoX ``rotate_half``
     layout (dims ``i, i + rotary_dim/2``) ``CircuitModel`` uses.
 
@@ -74,7 +75,8 @@ def adjacent_pairs_to_halves(W: torch.Tensor | None, rotary_dim: int) -> torch.T
 
 
 def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Unfolded weights (table above) -> the folded weights ``CircuitModel`` takes.
+    """Unfolded weights (the module docstring's table: ``W_Q [L, H, d, d_head]``, ``ln1_w [L, d]``, ...) ->
+    the folded weights ``CircuitModel`` takes, in the same shapes (the norms' entries gone).
 
     Readers: ``ln1`` -> ``W_Q, W_K, W_V`` (+ biases), ``ln2`` -> ``W_in, W_gate, W_router`` (+ ``b_in``),
     ``lnf`` -> ``W_U`` (+ ``b_U``). Writers centered (layer norm only): ``W_E``, ``W_pos``,
@@ -116,7 +118,8 @@ def fold_norms(raw: dict[str, torch.Tensor | None], cfg: ModelConfig) -> dict[st
 
 
 def build(cfg: ModelConfig, raw: dict[str, torch.Tensor | None], tokenizer, source: str) -> CircuitModel:
-    """Fold ``raw`` and wrap it as a ``CircuitModel``; ``metadata`` says where it came from and
+    """Fold ``raw`` (unfolded weights in the module docstring's shapes) and wrap it as a ``CircuitModel``
+    (``W_E [d_vocab, d]``, ``W_Q [L, H, d, d_head]``, ...); ``metadata`` says where it came from and
     what the circuit matrices leave out. Every source tensor must be finite floating point
     (checked here, before folding, so the error names the source's tensor, e.g. ``ln1_w``)."""
     for name, value in raw.items():

@@ -146,7 +146,7 @@ class CircuitWidget(anywidget.AnyWidget):
             old = {k: getattr(self, k) for k in allowed}
             try:
                 super().set_state(allowed)
-            except Exception as exc:  # validation or an observer failed: keep the last good state
+            except Exception as exc:  # noqa: BLE001 - validation or an observer failed: keep the last good state
                 self._roll_back(old)
                 message = message or _message(exc)
         if message:
@@ -161,7 +161,7 @@ class CircuitWidget(anywidget.AnyWidget):
             with self.hold_trait_notifications():
                 for name, value in old.items():
                     setattr(self, name, value)
-        except Exception as exc:  # the old value should always be good; never hide it if not
+        except Exception as exc:  # noqa: BLE001 - the old value should always be good; never hide it if not
             self.error = f"could not restore {', '.join(old)}: {_message(exc)}"
 
     def wait(self, timeout: float | None = 30.0) -> bool:

@@ -20,7 +20,7 @@ import collections
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ... import progress as bars
 
@@ -57,7 +57,7 @@ def _kernel_loop():
 
 
 class _Job:
-    __slots__ = ("kind", "make", "generation", "background", "steps")
+    __slots__ = ("background", "generation", "kind", "make", "steps")
 
     def __init__(self, kind: str, make: Callable[[], Steps], generation: int, background: bool = False):
         self.kind, self.make, self.generation, self.background = kind, make, generation, background
@@ -342,7 +342,7 @@ class Runner:
                 yield update or None
         except GeneratorExit:  # closed (stale, or a parked job dropped): nothing to report
             raise
-        except BaseException as exc:  # shown in the view by _apply
+        except BaseException as exc:  # noqa: BLE001 - shown in the view by _apply
             if self.current(job):
                 yield exc
         finally:
@@ -382,7 +382,7 @@ class Runner:
                     last = self._shown()
                 if last:
                     self._set_busy(False)
-        except Exception as exc:  # an observer of the update failed: say so, keep going
+        except Exception as exc:  # noqa: BLE001 - an observer of the update failed: say so, keep going
             self._failed[job.kind] = widget.error = f"{job.kind}: {type(exc).__name__}: {exc}"
             return
         shown = self._failed.pop(job.kind, None)

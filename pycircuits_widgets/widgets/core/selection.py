@@ -10,9 +10,13 @@ Selection vocabulary (same names and meaning in every view and the explorer):
 Each index is a :class:`Index` trait: an ``int`` (``True`` is not one), range-checked by
 :func:`check_range` against the bounds a view gives in ``_index_bounds``. Views link by name,
 so ``ipywidgets.link((table, "head"), (plot, "head"))`` works, and the explorer drives them all.
+A view's other counts (rows, pages, tokens per list) are :class:`Bounded` traits: bounds declared
+with the trait, checked and refused the same way.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import traitlets
 
@@ -39,6 +43,37 @@ class Index(traitlets.Int):
     def validate(self, obj, value):
         lo, hi, none = obj._index_bounds(self.name)
         return int(check_range(self.name, value, lo, hi, none=none))
+
+
+class Bounded(traitlets.Int):
+    """An int trait with declared bounds (as lonboard's traits declare ``min=``/``max=``): a Python
+    ``int`` (``bool`` refused) in ``min..max`` (``none``: or -1, meaning none), else a ``TraitError``
+    naming the trait, the valid range and the bad value (:func:`check_range`). A bound is an int or a
+    function of the view's model, for one the model sets: ``max=lambda model: min(200, model.cfg.d_vocab)``.
+
+    A constructor argument that is no trait declares its bounds the same way, as a module constant
+    checked with :meth:`check` (``K.check(k, model, "k")``)."""
+
+    info_text = "an int"
+
+    def __init__(self, default_value: int = 0, *, min: int | Callable, max: int | Callable, none: bool = False,
+                 **kwargs):
+        super().__init__(default_value, **kwargs)
+        self.bounds, self.none = (min, max), none
+
+    def range(self, model=None) -> tuple[int, int]:
+        """``(min, max)`` for a view of ``model`` (a bound given as a function is called with it)."""
+        lo, hi = (bound(model) if callable(bound) else bound for bound in self.bounds)
+        return lo, hi
+
+    def check(self, value, model=None, name: str | None = None) -> int:
+        """``value`` if it is within the bounds for ``model``, else the ``TraitError`` naming ``name``
+        (default: the trait's name)."""
+        return int(check_range(name or self.name, value, *self.range(model), none=self.none))
+
+    def validate(self, obj, value):
+        # a value that is no int at all gets traitlets' own message, as a plain ``Int`` trait gives it
+        return self.check(super().validate(obj, value), getattr(obj, "model", None))
 
 
 class Selection(traitlets.HasTraits):
@@ -158,11 +193,11 @@ def resolve_selection(current: dict, change: dict, token_ids, writer_of=None) ->
     pair = out.get("selected_pair") or []
     if "selected_pair" in change and len(pair) == 4:
         out["layer"], out["head"] = pair[2], pair[3]
-    elif ("layer" in change or "head" in change) and out["layer"] >= 1 and writer_of is not None:
-        if list(pair[2:]) != [out["layer"], out["head"]]:
-            writer = writer_of(out["layer"], out["head"])
-            if writer is not None:
-                out["selected_pair"] = [*writer, out["layer"], out["head"]]
+    elif (("layer" in change or "head" in change) and out["layer"] >= 1 and writer_of is not None
+          and list(pair[2:]) != [out["layer"], out["head"]]):
+        writer = writer_of(out["layer"], out["head"])
+        if writer is not None:
+            out["selected_pair"] = [*writer, out["layer"], out["head"]]
     if "position" in change and out["position"] >= 0:
         out["token"] = token_ids[out["position"]] if out["position"] < len(token_ids) else out["token"]
     elif "token" in change:

@@ -96,7 +96,7 @@ def _caption(text: str) -> str:
 def attention(w) -> str:
     """Every head's pattern as a thumbnail grid (layers x heads), then the selected head."""
     overview = w.overview["weights"].astype(np.float32) / 255  # [L, H, m, m], held as round(255 a)
-    L, H, m, _ = overview.shape
+    L, H, _, _ = overview.shape
     thumbs = pool_to(overview, THUMB)
     t = thumbs.shape[-1]
     grid = np.full((L * (t + 1) - 1, H * (t + 1) - 1), np.nan, np.float32)

@@ -41,7 +41,7 @@ from ipywidgets.embed import dependency_state
 from ...models.tokenizer import escape_invisible
 from ..core.arrays import ARRAY_TRAITS
 from ..core.bundle import bundle_code, bundle_packed
-from ..core.offline import NONFINITE, tag_nonfinite
+from ..core.offline import tag_nonfinite
 from ..core.payload import JSON_BUFFER
 
 OURS = "pycircuits_widgets."

@@ -7,14 +7,16 @@ import traitlets
 
 from ...analysis.bigrams import bigram_top
 from ..core.arrays import Array, id_dtype
-from ..core.base import CircuitWidget, check_range
+from ..core.base import CircuitWidget
 from ..core.on_demand import OnDemand
 from ..core.payload import JSON_BUFFER
-from ..core.selection import TokenSelection
+from ..core.selection import Bounded, TokenSelection
 
 EMBED_ALL_MAX_VOCAB = 8192
 """Up to this vocabulary size every row's top next tokens are embedded (kernel-less search);
 beyond it (GPT-2: 50257, a 2-minute table) rows are computed in the kernel as tokens are selected."""
+K = Bounded(min=1, max=lambda model: min(100, model.cfg.d_vocab))
+"""Bounds of the constructor's ``k`` (next tokens per row)."""
 
 
 class BigramTable(OnDemand, TokenSelection, CircuitWidget):
@@ -57,7 +59,7 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
         if missing:
             raise TypeError(f"BigramTable needs a weight view (e.g. pcw.load_pretrained('attn-only-0l')); "
                             f"got {type(model).__name__} without {', '.join(missing)}")
-        self._k = check_range("k", k, 1, min(100, model.cfg.d_vocab))
+        self._k = K.check(k, model, "k")
         self._computed: tuple[list[int], torch.Tensor, torch.Tensor] = (
             [], torch.zeros(0, self._k), torch.zeros(0, self._k, dtype=torch.int32))  # rows, values, ids
         super().__init__(model, vocab=model.token_strings, complete=model.cfg.d_vocab <= EMBED_ALL_MAX_VOCAB,

@@ -12,10 +12,10 @@ from ...analysis.head_scores import SCORE_NAMES, head_scores
 from ...analysis.skip_trigrams import copied_tokens
 from ..core import offline
 from ..core.arrays import Array, ArrayDict
-from ..core.base import CircuitWidget, check_range, rolls_back
+from ..core.base import CircuitWidget, rolls_back
 from ..core.offset_window import OffsetWindow
 from ..core.payload import to_numpy
-from ..core.selection import HeadSelection, check_model
+from ..core.selection import Bounded, HeadSelection, check_model
 from .notes import direct_path_ignores
 
 
@@ -71,8 +71,8 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     """str, default "layer": "layer" or a key of ``scores``."""
     log_scale = traitlets.Bool(False).tag(sync=True)
     """bool, default False: draw eigenvalues at log(1 + |lambda|) with their phase."""
-    n_copies = traitlets.Int(12).tag(sync=True)
-    """int, default 12: number of most-copied tokens in the detail."""
+    n_copies = Bounded(12, min=1, max=lambda model: min(200, model.cfg.d_vocab)).tag(sync=True)
+    """int, default 12: number of most-copied tokens in the detail, in ``1..min(200, d_vocab)``."""
 
     def __init__(self, model, scores=None, offsets=None, **kwargs):
         check_model(model, "EigenvaluePlot")
@@ -117,10 +117,6 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         if name not in options:
             raise traitlets.TraitError(f"color_by must be one of {options}, got {name!r}")
         return name
-
-    @traitlets.validate("n_copies")
-    def _valid_n_copies(self, proposal):
-        return check_range("n_copies", proposal["value"], 1, min(200, self.model.cfg.d_vocab))
 
     def recompute(self) -> dict:
         """Compute ``detail`` for the current ``layer``/``head`` (synchronously)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import types
 
 import ipywidgets
@@ -15,6 +14,7 @@ from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
 from ..core.base import CircuitWidget, check_text, rolls_back
+from ...models.tokenizer import check_tokenizer, reading_ids
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
@@ -164,8 +164,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 notices[spec.name] = f"No {spec.noun} for this model: {exc}"
         self.notices = notices
 
-    def _forward(self, model, text: str):
-        """``pcw.run(model, text)``, once per text (the views built here share it)."""
+    def forward(self, model, text: str):
+        """``pcw.run(model, text)``, once per text: the ``forward`` the text views built here share
+        (``registry.VIEWS``), so the model reads each text once."""
         ran = self._ran  # read once: the paper views' runners call this from their threads
         if ran is None or ran[0] != text:
             ran = self._ran = (text, run(model, text))
@@ -173,7 +174,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
 
     def _show_run(self) -> None:
         """Tokens and the loss view of the current text (positions of an old text are cleared)."""
-        out = self._forward(self.model, self.text)
+        out = self.forward(self.model, self.text)
         ids = out.tokens[0].tolist()
         with self.hold_sync():
             self.position = -1
@@ -219,7 +220,11 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 bar.n = 0
                 for name, view in views.items():
                     bar.note(name)
-                    if not view._runner.wait(timeout, tick=lambda: bar.note(f"{name}: {view._runner.running_kind()}")):
+
+                    def tick(name=name, runner=view._runner):  # what this view's runner is computing
+                        bar.note(f"{name}: {runner.running_kind()}")
+
+                    if not view._runner.wait(timeout, tick=tick):
                         return False
                     bar.update()
                 if not busy_before and not any(v.busy for v in views.values()):
@@ -359,7 +364,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         """The model reads the text here, so a text it cannot read is refused before it is set."""
         text = check_text(proposal["value"])
         try:
-            self._forward(self.model, text)
+            self.forward(self.model, text)
         except (TypeError, ValueError) as exc:
             raise traitlets.TraitError(f"text: {exc}") from exc
         return text
@@ -384,69 +389,3 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         before, now = spec.window(self, n_before), spec.window(self)
         if before and list(view.offsets) == list(before["offsets"]) != list(now["offsets"]):
             view.offsets = list(now["offsets"])
-
-
-class IdsText:
-    """Token ids written as text, ``"464 3290 318"``: the tokenizer of an explorer given ids, so its
-    text views read (and a reader edits) ids; each id displays as ``tokenizer``'s token, or
-    ``<id N>`` without one."""
-
-    def __init__(self, tokenizer=None):
-        self._tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        pieces = text.split()
-        bad = [p for p in pieces if not p.isdigit()]
-        if bad or not pieces:
-            raise ValueError(f"this explorer reads token ids separated by spaces (e.g. '464 3290 318'); "
-                             f"{bad[0]!r} is not an id" if bad else "no token ids given")
-        return [int(p) for p in pieces]
-
-    def display_token(self, token_id: int) -> str:
-        return f"<id {token_id}>" if self._tokenizer is None else self._tokenizer.display_token(token_id)
-
-
-def reading_ids(model, ids):
-    """``(model, text)`` for an explorer given token ids: a shallow copy of ``model`` (same weight
-    tensors) whose tokenizer is ``IdsText``, and the ids as its text. Refuses ids that are not one
-    sequence of valid ids (``[pos]`` or ``[1, pos]``)."""
-    tokens = model._as_tokens(ids)
-    if tokens.ndim == 2:
-        if tokens.shape[0] != 1:
-            raise ValueError(f"CircuitExplorer reads one sequence: token ids of shape {tuple(tokens.shape)} given; "
-                             "pass [pos] or [1, pos]")
-        tokens = tokens[0]
-    strings = model.token_strings
-    view = copy.copy(model)
-    view.tokenizer = IdsText(model.tokenizer)
-    view._token_strings = strings
-    return view, " ".join(str(i) for i in tokens.tolist())
-
-
-PADDED_MULTIPLE = 64
-"""Models pad their embedding to a multiple of this (Pythia, Qwen, Phi): such a vocabulary may be
-larger than the tokenizer's."""
-
-
-def tokenizer_size(tokenizer) -> int | None:
-    """How many ids ``tokenizer`` knows (None when it does not say)."""
-    if tokenizer is None:
-        return None
-    hf = getattr(tokenizer, "hf_tokenizer", None)
-    if hf is not None:
-        return len(hf)
-    size = getattr(tokenizer, "vocab_size", None)
-    return size if isinstance(size, int) else None
-
-
-def check_tokenizer(model) -> None:
-    """Refuse a tokenizer whose vocabulary does not fit ``model``'s, naming both sizes: more ids than
-    the model has rows, or fewer without the model's vocabulary being padded (a multiple of
-    ``PADDED_MULTIPLE``), which means another model's tokenizer."""
-    size, d_vocab = tokenizer_size(getattr(model, "tokenizer", None)), model.cfg.d_vocab
-    if size is None or size == d_vocab or (size < d_vocab and d_vocab % PADDED_MULTIPLE == 0):
-        return
-    raise ValueError(f"the tokenizer has {size} tokens but the model's vocabulary has {d_vocab} (d_vocab): "
-                     "it is not this model's tokenizer" + (
-                         "; its ids past the model's would not exist" if size > d_vocab else
-                         f" (a larger model vocabulary is accepted only when padded to a multiple of {PADDED_MULTIPLE})"))

@@ -10,17 +10,19 @@ from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_compositio
                                    pair_verdicts)
 from ..core import offline
 from ..core.arrays import ArrayDict, id_dtype
-from ..core.base import CircuitWidget, check_range
+from ..core.base import CircuitWidget
 from ..core.offset_window import OffsetWindow
 from ..core.on_demand import OnDemand
 from ..core.payload import JSON_BUFFER
-from ..core.selection import HeadSelection, PairSelection, TokenSelection, check_model, pair_key
+from ..core.selection import Bounded, HeadSelection, PairSelection, TokenSelection, check_model, pair_key
 
 
 N_TABLES = 16
 """Ranked tables embedded up front (the strongest K-composition pairs) for small vocabularies."""
 EMBED_TABLES_MAX_VOCAB = 8192
 """Above this vocabulary size only the selected pair's table is computed up front."""
+K = Bounded(min=1, max=lambda model: min(200, model.cfg.d_vocab))
+"""Bounds of the constructor's ``k`` (rows of each ranked table)."""
 
 
 class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, PairSelection, CircuitWidget):
@@ -76,7 +78,7 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
         if model.cfg.n_layers < 2:
             raise ValueError(f"InductionMechanism needs at least 2 layers (heads compose across layers), "
                              f"got n_layers={model.cfg.n_layers}")
-        self._k = check_range("k", k, 1, min(200, model.cfg.d_vocab))
+        self._k = K.check(k, model, "k")
         if n_tables is None:  # a table costs d_vocab^2 d_head flops: ~5 s each at GPT-2's 50257
             n_tables = N_TABLES if model.cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB else 1
         self._n_tables = n_tables

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import traitlets
 
-from ...analysis.circuits import _require_mlp
+from ...analysis.circuits import require_mlp
 from ...analysis.neurons import neuron_activations, neuron_out_norms, neuron_terms, ranked_neurons, top_tokens
 from ..core import offline
 from ..core.arrays import Array, ArrayDict
-from ..core.base import CircuitWidget, check_range
-from ..core.selection import HeadSelection, Index, PositionSelection, check_model
+from ..core.base import CircuitWidget
+from ..core.selection import Bounded, HeadSelection, Index, PositionSelection, check_model
 from ..core.text_data import TextData
 
 NORM_NOTE = ("Token circuits through an MLP read the raw W_E (its stream also holds the attention output, so "
@@ -26,6 +26,11 @@ LABELS = {
 }
 """Each table's caption (``{reader}``: " (in-projection)" for a gated MLP)."""
 
+
+K = Bounded(min=1, max=lambda model: min(100, model.cfg.d_vocab))
+"""Bounds of the constructor's ``k`` (tokens per table)."""
+N_NEURONS = Bounded(min=1, max=lambda model: model.cfg.d_mlp)
+"""Bounds of the constructor's ``n_neurons`` (neurons listed)."""
 
 LIST_ANSWERS = 64
 """Most (layer, position) neuron lists a saved page holds (about 10 KB; the tables get the rest)."""
@@ -91,9 +96,9 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
     def __init__(self, model, text: str, k: int = 10, n_neurons: int = 10, forward=None, one_token: bool = False,
                  **kwargs):
         check_model(model, "NeuronView")
-        _require_mlp(model, 0)
-        self._k = check_range("k", k, 1, min(100, model.cfg.d_vocab))
-        self._n_neurons = check_range("n_neurons", n_neurons, 1, model.cfg.d_mlp)
+        require_mlp(model, 0)
+        self._k = K.check(k, model, "k")
+        self._n_neurons = N_NEURONS.check(n_neurons, model, "n_neurons")
         self._acts: torch.Tensor | None = None  # [L, pos, d_mlp] of the current text
         self._norms: torch.Tensor | None = None  # [L, d_mlp], once
         position = kwargs.pop("position", -1)  # bounded by the text, which TextData sets after the traits

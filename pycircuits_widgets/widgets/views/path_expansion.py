@@ -6,9 +6,9 @@ import traitlets
 
 from ...analysis.path_expansion import LINEARISED, NonlinearFeatureError, check_path_features, path_expansion, path_specs
 from ..core.arrays import Array
-from ..core.base import CircuitWidget, check_range
+from ..core.base import CircuitWidget
 from ..core.payload import JSON_BUFFER
-from ..core.selection import HeadSelection, PairSelection, PositionSelection, check_model
+from ..core.selection import Bounded, HeadSelection, PairSelection, PositionSelection, check_model
 from ..core.text_data import TextData
 
 LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
@@ -74,7 +74,7 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
     # selected_pair from the mixins --
 
     # -- display --
-    top_n = traitlets.Int(16).tag(sync=True)
+    top_n = Bounded(16, min=1, max=200).tag(sync=True)
     """int, default 16: how many terms the importance chart shows, most important first."""
 
     def __init__(self, model, text, forward=None, one_token: bool = False, **kwargs):
@@ -130,10 +130,6 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
 
     def _n_positions(self) -> int:
         return self._n_tokens
-
-    @traitlets.validate("top_n")
-    def _valid_top_n(self, proposal):
-        return check_range("top_n", proposal["value"], 1, 200)
 
 
 def deepest_order(cfg) -> int:

@@ -9,8 +9,9 @@ title, hint, followed selection keys, layout), so ``js/src/views/CircuitExplorer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .attention import AttentionPatterns
 from .bigram_table import BigramTable
@@ -64,7 +65,7 @@ class ViewSpec:
     title: str
     hint: str
     follows: tuple[str, ...]
-    build: Callable[["CircuitExplorer"], "CircuitWidget"] = field(repr=False)
+    build: Callable[[CircuitExplorer], CircuitWidget] = field(repr=False)
     doc: str = ""
     on_demand: bool = False
     wide: bool = False
@@ -103,13 +104,13 @@ def _head(e) -> dict:
 VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("loss", ColoredTokens, "per-token loss", "Per-token loss",
              "loss of predicting each token from the ones before it; click a token to select it", ("position",),
-             lambda e: ColoredTokens(e.tokens[1:], e._forward(e.model, e.text).token_loss[0], label="loss (nats)",
+             lambda e: ColoredTokens(e.tokens[1:], e.forward(e.model, e.text).token_loss[0], label="loss (nats)",
                                      colormap="sequential", first_position=1),
              "loss of predicting each token from those before it (text positions 1..n-1).",
              wide=True, picture=True, needs_heads=False, optional=False),
     ViewSpec("attention", AttentionPatterns, "attention patterns", "Attention patterns",
              "click a head to select it; pin a token in the token view", ("layer", "head", "position"),
-             lambda e: AttentionPatterns(e.model, e.text, forward=e._forward, **_head(e)),
+             lambda e: AttentionPatterns(e.model, e.text, forward=e.forward, **_head(e)),
              "every head's pattern on ``text``.", wide=True, picture=True, reads_text=True),
     ViewSpec("trigrams", SkipTrigramTable, "skip-trigrams", "Skip-trigrams of the selected head",
              "[source] … [destination] → [out]; search a token for its query", ("layer", "head", "token"),
@@ -128,7 +129,7 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("paths", PathExpansion, "path expansion", "Path expansion",
              "direct path + heads + virtual heads (attention frozen); click a term to select its head or pair, "
              "hover a token", ("layer", "head", "position", "selected_pair"),
-             lambda e: PathExpansion(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
+             lambda e: PathExpansion(e.model, e.text, forward=e.forward, one_token=True, active=False, **_head(e)),
              "the logits on ``text`` as direct path + heads + virtual heads (attention-only models).",
              on_demand=True, wide=True, reads_text=True),
     ViewSpec("induction", InductionMechanism, "induction mechanism", "Induction mechanism of the selected pair",
@@ -139,13 +140,13 @@ VIEWS: tuple[ViewSpec, ...] = (
              window=rotary_window),
     ViewSpec("positional", PositionalQK, "positional attention", "Positional attention of the selected head",
              "score by relative offset from the positional QK term, beside the measured attention", ("layer", "head"),
-             lambda e: PositionalQK(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
+             lambda e: PositionalQK(e.model, e.text, forward=e.forward, one_token=True, active=False, **_head(e)),
              "the selected head's positional score and attention by relative offset.", on_demand=True,
              reads_text=True),
     ViewSpec("neurons", NeuronView, "MLP neurons", "MLP neurons of the selected layer",
              "W_E W_in, W_E W_OV W_in through the selected head, W_out W_U; click a neuron (ranked by activation "
              "at the selected position)", ("layer", "head", "position"),
-             lambda e: NeuronView(e.model, e.text, forward=e._forward, one_token=True, active=False, **_head(e)),
+             lambda e: NeuronView(e.model, e.text, forward=e.forward, one_token=True, active=False, **_head(e)),
              "the selected layer's MLP neurons through the paper's MLP path terms (models with MLPs).",
              on_demand=True, reads_text=True),
     ViewSpec("virtual", VirtualHeads, "virtual heads", "Virtual heads (V-composition)",

@@ -9,10 +9,10 @@ from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_tabl
 from ...models.tokenizer import visible_whitespace
 from ..core import offline
 from ..core.arrays import ArrayDict
-from ..core.base import CircuitWidget, check_range, check_text, rolls_back
+from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.offset_window import OffsetWindow
 from ..core.runner import GIVE_WAY
-from ..core.selection import HeadSelection, TokenSelection, check_model
+from ..core.selection import Bounded, HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
 
 MAX_MATCHES = 20
@@ -66,18 +66,19 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     # -- input --
     query = traitlets.Unicode("").tag(sync=True)
     """str: token search text (typed as text; "·" or a space both mean a space)."""
-    k = traitlets.Int(100).tag(sync=True)
-    """int, default 100: number of skip-trigrams in the table."""
-    n_related = traitlets.Int(10).tag(sync=True)
-    """int, default 10: rows per list of a token query."""
+    k = Bounded(100, min=1, max=MAX_K).tag(sync=True)
+    """int, default 100: number of skip-trigrams in the table, in ``1..MAX_K``."""
+    n_related = Bounded(10, min=1, max=lambda model: min(1000, model.cfg.d_vocab)).tag(sync=True)
+    """int, default 10: rows per list of a token query, in ``1..min(1000, d_vocab)``."""
 
     # -- display --
     sort_by = traitlets.Enum(["score", "qk", "ov"], default_value="score").tag(sync=True)
     """str, default "score": table order (descending)."""
-    page = traitlets.Int(0).tag(sync=True)
+    # (the browser writes page, page_size and query: checked like any Python write)
+    page = Bounded(0, min=0, max=MAX_K - 1).tag(sync=True)
     """int, default 0: table page shown (``page_size`` rows each)."""
-    page_size = traitlets.Int(20).tag(sync=True)
-    """int, default 20: rows per page."""
+    page_size = Bounded(20, min=1, max=MAX_K).tag(sync=True)
+    """int, default 20: rows per page, in ``1..MAX_K``."""
 
     _offline_inputs = ("k",)  # the saved tables are k rows long
 
@@ -117,26 +118,9 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self._snapshot_window()
         self._on_head({"name": "offsets"})
 
-    @traitlets.validate("k")
-    def _valid_k(self, proposal):
-        return check_range("k", proposal["value"], 1, MAX_K)
-
-    # The browser may write page, page_size and query: checked like any Python write.
-    @traitlets.validate("page")
-    def _valid_page(self, proposal):
-        return check_range("page", proposal["value"], 0, MAX_K - 1)
-
-    @traitlets.validate("page_size")
-    def _valid_page_size(self, proposal):
-        return check_range("page_size", proposal["value"], 1, MAX_K)
-
     @traitlets.validate("query")
     def _valid_query(self, proposal):
         return check_text(proposal["value"], name="query", empty=True)
-
-    @traitlets.validate("n_related")
-    def _valid_n_related(self, proposal):
-        return check_range("n_related", proposal["value"], 1, min(1000, self.model.cfg.d_vocab))
 
     # -- recomputes (synchronous; the observers run them in the worker) -------------------
     def recompute(self) -> dict:

@@ -1,0 +1,25 @@
+"""The serial engine: shards recorded one after another in this process.
+
+An engine is a function ``(model, settings, todo, *, device, **options)`` yielding ``(shard, windows,
+accumulator)`` for each ``(shard, windows [n, seq_len])`` of ``todo``, in any order; ``sweep`` keeps and
+merges them (``store.py``). The Ray engine is ``ray_engine.run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from .accumulators import Accumulator
+from .record import Recorder
+
+
+def serial(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *,
+           device=None) -> Iterator[tuple[int, np.ndarray, Accumulator]]:
+    """Each shard of ``todo`` recorded here, on ``device`` (default: where the model is)."""
+    recorder = Recorder(model, settings["k"], settings["scores_only"], device)
+    for shard, windows in todo:
+        acc = recorder.record(torch.from_numpy(windows), shard * settings["shard_size"], settings["batch_size"])
+        yield shard, windows, acc

@@ -1,0 +1,126 @@
+"""What one forward over a batch of windows adds to a sweep: the ``Accumulator`` of those windows.
+
+Per batch ``tokens [b, T]`` (windows ``w0 .. w0 + b - 1``), from one ``run_with_cache(tokens,
+mlp_post=True, logits=False)`` (no unembedding: a sweep reads none of the logits):
+
+* every head ``(l, h)``: ``||head_out|| = ||z[l, h, t] @ W_O[l, h]||`` at every position, computed as
+  ``||z @ R^T||`` with ``R`` the ``[d_head, d_head]`` triangle of ``W_O[l, h]^T = Q R`` (``Q`` has
+  orthonormal columns, so the norms are equal): ``d_head / d_model`` of the work of forming
+  ``head_out``, and a sum of squares with no cancellation (a Gram ``z W_O W_O^T z^T`` would subtract).
+  Its top k with, for each, the source position the head attends to most there (the first of equal
+  maxima) and that attention;
+* every neuron: its top k by post-activation (the input to ``W_out``), its sum and how often it is > 0;
+* the head scores' parts (``analysis.head_scores.target_mass``), and ``sum_t z[l, h, t]`` (the mean
+  ``head_out`` is that mean times ``W_O``, linear), with the number of positions.
+
+Scores are ranked in float32 for half-precision models (the norms are computed in float32 there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..analysis.head_scores import SCORE_NAMES, target_mass
+from ..linalg import linalg_dtype, qr_r
+from .accumulators import Accumulator, TopK, top_k_first
+
+HEAD_EXTRAS = {"source": torch.long, "attention": torch.float32}
+
+
+class NonFiniteActivation(ValueError):
+    """A forward over the corpus produced NaN or inf (the message names the windows)."""
+
+
+def head_out_factor(model) -> torch.Tensor:
+    """``R^T [L, H, d_head, d_head]`` with ``||z @ W_O[l, h]|| = ||z @ R^T[l, h]||`` for every ``z``
+    (``R`` from ``W_O^T = Q R``, computed in float64, returned in the working dtype)."""
+    W_O = model.W_O.to(torch.float64)
+    return qr_r(W_O.mT, "W_O^T of every head (the sweep's head_out norms)").mT.to(linalg_dtype(model.dtype))
+
+
+class Recorder:
+    """Records batches of windows for one model (module docstring). ``scores_only``: the head scores'
+    parts alone (no examples, means or neuron statistics)."""
+
+    def __init__(self, model, k: int, scores_only: bool = False, device=None):
+        self.model = model if device is None else model.to(device)
+        self.device = self.model.device
+        self.k, self.scores_only = k, scores_only
+        cfg = self.model.cfg
+        self.L, self.H = cfg.n_layers, cfg.n_heads
+        self.mlps = not cfg.attn_only and not scores_only and bool(cfg.d_mlp)
+        self.work = linalg_dtype(self.model.dtype)
+        self.R_T = None if scores_only else head_out_factor(self.model).to(self.device)
+
+    def empty(self) -> Accumulator:
+        cfg, dev = self.model.cfg, torch.device("cpu")
+        sums = {f"mass.{name}": torch.zeros(self.L, self.H, dtype=torch.float64) for name in SCORE_NAMES}
+        sums |= {f"targets.{name}": torch.zeros((), dtype=torch.long) for name in SCORE_NAMES}
+        sums |= {"positions": torch.zeros((), dtype=torch.long), "windows": torch.zeros((), dtype=torch.long)}
+        heads = neurons = None
+        if not self.scores_only:
+            sums["z"] = torch.zeros(self.L, self.H, cfg.d_head, dtype=torch.float64)
+            heads = TopK.empty(self.L * self.H, self.k, HEAD_EXTRAS, self.work, dev)
+        if self.mlps:
+            sums["neuron_sum"] = torch.zeros(self.L, cfg.d_mlp, dtype=torch.float64)
+            sums["neuron_positive"] = torch.zeros(self.L, cfg.d_mlp, dtype=torch.long)
+            neurons = TopK.empty(self.L * cfg.d_mlp, self.k, None, self.work, dev)
+        return Accumulator(heads, neurons, sums)
+
+    @torch.no_grad()
+    def record(self, windows: torch.Tensor, first_window: int, batch_size: int) -> Accumulator:
+        """The accumulator of ``windows [n, T]`` (numbered from ``first_window``), run ``batch_size`` at a
+        time and merged in order; on the CPU."""
+        acc = self.empty().to(self.device)
+        for start in range(0, len(windows), batch_size):
+            acc = acc.merge(self.batch(windows[start:start + batch_size].to(self.device), first_window + start))
+        return acc.to("cpu")
+
+    def batch(self, tokens: torch.Tensor, first_window: int) -> Accumulator:
+        """The accumulator of one batch ``tokens [b, T]`` (windows from ``first_window``), on the device."""
+        b, T = tokens.shape
+        _, cache = self.model.run_with_cache(tokens, mlp_post=self.mlps, logits=False)
+        sums = {"positions": torch.tensor(b * T, device=self.device), "windows": torch.tensor(b, device=self.device)}
+        for name, (mass, n) in target_mass(cache.patterns, cache.tokens).items():
+            sums[f"mass.{name}"], sums[f"targets.{name}"] = mass, n
+        self._check_finite(sums[f"mass.{SCORE_NAMES[0]}"], "attention patterns", first_window, b)
+        heads = neurons = None
+        if not self.scores_only:
+            heads = self._heads(cache, first_window, sums)
+        if self.mlps:
+            neurons = self._neurons(cache.mlp_post, first_window, sums)
+        return Accumulator(heads, neurons, sums)
+
+    def _heads(self, cache, first_window: int, sums: dict) -> TopK:
+        z = cache.z  # [b, L, H, T, d_head]
+        b, L, H, T, _ = z.shape
+        # per batch in the working dtype (reductions over contiguous runs), across batches in float64
+        sums["z"] = z.sum(3).sum(0).to(torch.float64)
+        self._check_finite(sums["z"], "head outputs (z)", first_window, b)
+        zr = z.to(self.work) @ self.R_T  # [b, L, H, T, d_head]; ||zr|| = ||head_out||
+        norms = (zr * zr).sum(-1).sqrt()
+        scores = norms.permute(1, 2, 0, 3).reshape(L * H, b * T)  # row l * H + h, column window * T + t
+        values, index = top_k_first(scores, self.k)
+        win, pos = index // T, index % T
+        rows = torch.arange(L * H, device=z.device)[:, None]
+        # the attention rows at the chosen examples only: [L * H, k, T]
+        picked = cache.patterns[win, rows // H, rows % H, pos]
+        source = picked.argmax(-1)
+        attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
+        return TopK(values + 0.0, win + first_window, pos, {"source": source, "attention": attention}).padded(self.k)
+
+    def _neurons(self, post: torch.Tensor, first_window: int, sums: dict) -> TopK:
+        b, L, T, d_mlp = post.shape
+        # one copy into rows (neuron l * d_mlp + n, column window * T + t): top-k and sums read rows
+        scores = post.to(self.work).permute(1, 3, 0, 2).reshape(L * d_mlp, b * T)
+        sums["neuron_sum"] = scores.sum(-1).to(torch.float64).view(L, d_mlp)
+        self._check_finite(sums["neuron_sum"], "MLP post-activations", first_window, b)
+        sums["neuron_positive"] = (scores > 0).sum(-1).view(L, d_mlp)
+        values, index = top_k_first(scores, self.k)
+        return TopK(values + 0.0, index // T + first_window, index % T).padded(self.k)
+
+    @staticmethod
+    def _check_finite(total: torch.Tensor, what: str, first_window: int, b: int) -> None:
+        if not bool(torch.isfinite(total).all()):
+            raise NonFiniteActivation(f"the forward over windows {first_window}..{first_window + b - 1} gave "
+                                      f"non-finite {what} (NaN or inf); the model overflows on this text")

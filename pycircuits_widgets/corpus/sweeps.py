@@ -1,0 +1,383 @@
+"""``sweep(model, corpus, store)``: one pass over a corpus's windows recording, per head and per neuron,
+what a researcher reads to decide what it does; ``Sweep`` reads the result back.
+
+What is recorded is described in ``record.py`` (per batch), how it merges in ``accumulators.py`` and
+how it is kept in ``store.py``. The windows are cut by the rule of ``windows.py``. Windows are
+grouped into shards of ``shard_size`` windows (a multiple of ``batch_size``); a shard is the unit of
+work an engine runs, of resumption and of merging. Engines: ``"serial"`` (this process, ``device=``)
+and ``"ray"`` (``ray_engine.py``: actors on a Ray cluster); both write the same store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from ..analysis.head_scores import SCORE_NAMES
+from ..analysis.head_scores import head_scores as analysis_head_scores
+from ..models.circuit_model import CircuitModel, weight_shapes
+from ..progress import progress as progress_bar
+from .documents import Corpus, CorpusError
+from .store import Store, example_rows, read_manifest
+from .windows import RULE, separator_id, tokenizer_identity, window_blocks
+
+ENGINES = ("serial", "ray")
+BATCH_TOKENS = 2048
+"""Default tokens per batch: ``batch_size = max(1, BATCH_TOKENS // seq_len)``."""
+SHARD_TOKENS = 1 << 15
+"""Default tokens per shard (rounded to whole batches)."""
+
+
+@dataclass(frozen=True)
+class SweepProgress:
+    """What a ``progress`` callback receives after each recorded shard."""
+
+    shard: int
+    shards_done: int
+    windows_done: int
+    tokens_done: int
+    tokens_per_s: float
+
+
+def model_fingerprint(model) -> str:
+    """sha256 (hex) of the model's config and every weight's name, dtype, shape and bytes."""
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(model.cfg), sort_keys=True, default=str).encode())
+    for name in weight_shapes(model.cfg):
+        w = getattr(model, name)
+        if w is None:
+            continue
+        h.update(f"{name}:{w.dtype}:{tuple(w.shape)}".encode())
+        h.update(w.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def _check_model(model) -> None:
+    from ..models import weight_view_hint
+
+    if not isinstance(model, CircuitModel):
+        raise TypeError(f"sweep takes a CircuitModel (pcw.load_pretrained, pcw.from_hf, ...), got "
+                        f"{type(model).__name__}{weight_view_hint(model)}")
+    model.run_with_cache(torch.zeros(1, 1, dtype=torch.long), logits=False)  # a view without a forward refuses here
+    if model.tokenizer is None:
+        raise ValueError(f"model {model.cfg.name!r} has no tokenizer: a corpus of text cannot be cut into its tokens")
+
+
+def _settings(model, seq_len, k, max_windows, batch_size, shard_size, scores_only) -> dict:
+    for name, value in (("seq_len", seq_len), ("k", k), ("batch_size", batch_size), ("shard_size", shard_size),
+                        ("max_windows", 1 if max_windows is None else max_windows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if seq_len > model.cfg.n_ctx:
+        raise ValueError(f"seq_len {seq_len} is longer than the model's context (n_ctx={model.cfg.n_ctx})")
+    if shard_size % batch_size:
+        raise ValueError(f"shard_size ({shard_size}) must be a multiple of batch_size ({batch_size})")
+    return {"seq_len": seq_len, "k": k, "max_windows": max_windows, "batch_size": batch_size,
+            "shard_size": shard_size, "scores_only": bool(scores_only)}
+
+
+def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_windows: int | None = None,
+          engine: str = "serial", batch_size: int | None = None, shard_size: int | None = None, device=None,
+          progress: bool | Callable[[SweepProgress], None] = True, scores_only: bool = False,
+          **engine_options) -> Sweep:
+    """Sweep ``model`` over ``corpus``'s windows of ``seq_len`` tokens (the first ``max_windows``), keeping
+    the result in the folder ``store``; returns the ``Sweep`` that reads it.
+
+    Records (``record.py``): every head's top ``k`` ``(window, position)`` by ``||head_out||`` with the
+    source it attends to most; every MLP neuron's top ``k`` by post-activation; every head's
+    previous-token, duplicate-token and induction score pooled over the corpus and its mean output;
+    every neuron's mean and fraction of positions > 0. ``scores_only``: the head scores alone.
+
+    ``engine``: ``"serial"`` (this process; ``device=`` moves the model there) or ``"ray"`` (options:
+    ``address``, ``workers``, ``cpus_per_worker``, ``num_gpus``; see ``ray_engine.run``). Both write the
+    same store. Run again with the same arguments, an interrupted sweep resumes where its store ends; a
+    store made with another model, corpus or settings is refused (``StoreMismatch``) naming what differs.
+    ``progress``: a bar in the cell (tokens/s) if True; a callable also receives a ``SweepProgress``
+    after every recorded shard. ``batch_size`` defaults to ``2048 // seq_len`` windows, ``shard_size``
+    to about 32768 tokens of whole batches."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "serial" and engine_options:
+        raise TypeError(f"sweep: unexpected arguments {sorted(engine_options)} (engine options are for engine='ray')")
+    if not isinstance(corpus, Corpus):
+        raise TypeError(f"sweep takes a pcw.Corpus (Corpus.from_texts, .from_files, ...), got {type(corpus).__name__}")
+    _check_model(model)
+    batch_size = batch_size or max(1, BATCH_TOKENS // seq_len)
+    shard_size = shard_size or batch_size * max(1, SHARD_TOKENS // (batch_size * seq_len))
+    settings = _settings(model, seq_len, k, max_windows, batch_size, shard_size, scores_only)
+    tokenizer = model.tokenizer
+    identity = {
+        "model": {"fingerprint": model_fingerprint(model), "name": model.cfg.name},
+        "corpus": {"fingerprint": corpus.fingerprint},
+        "tokenization": {"tokenizer": tokenizer_identity(tokenizer), "separator": separator_id(tokenizer), "rule": RULE},
+        "settings": settings,
+    }
+    info = {"corpus": {"description": corpus.description, "documents": corpus.documents,
+                       "skipped": dict(corpus.skipped)},
+            "model": {k: getattr(model.cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")}}
+    store = Store(store, identity, info)
+    try:
+        if not store.complete:
+            _run(model, corpus, store, settings, engine, device, progress, engine_options)
+            _finish(model, store)
+    finally:
+        store.close()
+    return Sweep(store.path)
+
+
+def _run(model, corpus, store: Store, settings: dict, engine: str, device, progress, options) -> None:
+    seq_len, shard_size, stop = settings["seq_len"], settings["shard_size"], settings["max_windows"]
+    recorded = store.recorded()
+    first = min(set(range(len(recorded) + 1)) - recorded)
+    known = store.manifest["windows"]
+    todo_windows = (known if known is not None else stop) or None
+    remaining = None if todo_windows is None else max(0, todo_windows - len(recorded) * shard_size) * seq_len
+    last = [None]  # (shard, windows in it) of the last shard the stream produced
+
+    def todo():
+        blocks = window_blocks(corpus, model.tokenizer, seq_len, shard_size, start=first * shard_size, stop=stop)
+        for shard, block in enumerate(blocks, start=first):
+            last[0] = (shard, len(block))
+            if shard not in recorded:
+                yield shard, block
+
+    if known is not None and len(recorded) == store.manifest["shards"]:
+        return
+    if engine == "serial":
+        from .engines import serial as run_engine
+    else:
+        from .ray_engine import run as run_engine
+    bar = progress_bar("sweep", total=remaining, unit="tok") if progress else None
+    start, tokens = time.monotonic(), 0
+    windows_done = len(recorded) * shard_size if known is None else min(len(recorded) * shard_size, known)
+    try:
+        for shard, windows, acc in run_engine(model, settings, todo(), device=device, **options):
+            store.record(shard, windows, acc, model.cfg.d_vocab)
+            store.fold()
+            n = len(windows) * seq_len
+            tokens += n
+            windows_done += len(windows)
+            if bar is not None:
+                bar.update(n)
+            if callable(progress):
+                progress(SweepProgress(shard, len(store.recorded()), windows_done, windows_done * seq_len,
+                                       tokens / max(time.monotonic() - start, 1e-9)))
+    finally:
+        if bar is not None:
+            bar.close()
+    if last[0] is None:
+        if first == 0:
+            raise CorpusError(f"the corpus has no window: fewer than seq_len={seq_len} tokens in all")
+        shards = first  # the stream ended where the recorded shards do
+        windows = (shards - 1) * shard_size + len(store.windows_of(shards - 1))
+    else:
+        shards = last[0][0] + 1
+        windows = last[0][0] * shard_size + last[0][1]
+    store.end(shards, windows)
+
+
+def _finish(model, store: Store) -> None:
+    """The merged accumulator into Parquet tables and statistics (``store.py``)."""
+    merged = store.fold()
+    m = store.manifest
+    if merged is None or m["merged_through"] + 1 != m["shards"]:
+        raise RuntimeError(f"store {store.path}: {m['merged_through'] + 1} of {m['shards']} shards merged")
+    H = model.cfg.n_heads
+    sums = merged.sums
+    positions = int(sums["positions"])
+    stats = {"positions": sums["positions"], "windows": sums["windows"]}
+    for name in SCORE_NAMES:
+        stats[name] = sums[f"mass.{name}"] / sums[f"targets.{name}"]
+        stats[f"targets.{name}"] = sums[f"targets.{name}"]
+    tables = {}
+    if merged.heads is not None:  # examples: Parquet (pyarrow, the `sweep` extra); a scores-only sweep needs none
+        import pyarrow as pa
+
+        strings = np.array(model.token_strings, dtype=object)
+        shard_size = m["settings"]["shard_size"]
+        W_O = model.W_O.detach().to("cpu", torch.float64)
+        stats["head_out_mean"] = torch.einsum("lhe,lhed->lhd", sums["z"] / positions, W_O)
+        cols = example_rows(merged.heads, ("layer", "head"), H)
+        cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_size)]
+        cols["source_token"] = strings[_tokens_at(store, cols["window"], cols["source"], shard_size)]
+        tables["heads"] = pa.table(cols)
+        if merged.neurons is not None:
+            stats["neuron_mean"] = sums["neuron_sum"] / positions
+            stats["neuron_fraction_positive"] = sums["neuron_positive"].to(torch.float64) / positions
+            cols = example_rows(merged.neurons, ("layer", "neuron"), model.cfg.d_mlp)
+            cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_size)]
+            tables["neurons"] = pa.table(cols)
+    store.finish(tables, stats)
+
+
+def _tokens_at(store: Store, windows: np.ndarray, positions: np.ndarray, shard_size: int) -> np.ndarray:
+    """Token ids at ``(windows[i], positions[i])``, reading one shard's windows at a time."""
+    out = np.zeros(len(windows), dtype=np.int64)
+    shards = windows // shard_size
+    for shard in np.unique(shards):
+        at = shards == shard
+        block = store.windows_of(int(shard))
+        out[at] = block[windows[at] - shard * shard_size, positions[at]]
+    return out
+
+
+class Sweep:
+    """A finished sweep read from its store (``Sweep.open(path)``). Tables are pandas DataFrames, best
+    first; tensors are CPU float32 (statistics) or int64 (``windows``)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        if not self.manifest["complete"]:
+            m = self.manifest
+            raise ValueError(f"the sweep in {self.path} is not finished ({m['merged_through'] + 1 + len(m['pending'])} "
+                             "shards recorded); run pcw.sweep with the same arguments again to resume it")
+        self._stats = load_file(self.path / "stats.safetensors")
+        self._tables: dict = {}
+        self._windows: torch.Tensor | None = None
+        info = self.manifest["info"]["model"]
+        self.n_layers, self.n_heads, self.d_mlp = info["n_layers"], info["n_heads"], info["d_mlp"]
+
+    @classmethod
+    def open(cls, store) -> Sweep:
+        """The finished sweep kept in the folder ``store``."""
+        return cls(store)
+
+    # --- what was swept ---------------------------------------------------------------------------
+    @property
+    def settings(self) -> dict:
+        return dict(self.manifest["settings"])
+
+    @property
+    def seq_len(self) -> int:
+        return self.manifest["settings"]["seq_len"]
+
+    @property
+    def k(self) -> int:
+        return self.manifest["settings"]["k"]
+
+    @property
+    def n_windows(self) -> int:
+        return self.manifest["windows"]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_windows * self.seq_len
+
+    @property
+    def skipped(self) -> dict:
+        """Documents the corpus skipped, ``{reason: count}`` (``documents.py``)."""
+        return dict(self.manifest["info"]["corpus"]["skipped"])
+
+    @property
+    def windows(self) -> torch.Tensor:
+        """``[n_windows, seq_len]`` int64: the token ids swept (window ``w`` is row ``w``)."""
+        if self._windows is None:
+            from safetensors.numpy import load_file as load_numpy
+
+            parts = [load_numpy(self.path / "windows" / f"{s:06d}.safetensors")["windows"]
+                     for s in range(self.manifest["shards"])]
+            self._windows = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+        return self._windows
+
+    # --- examples ---------------------------------------------------------------------------------
+    def head_examples(self, layer: int, head: int):
+        """Head ``(layer, head)``'s top ``k`` examples by ``||head_out||``, best first: a DataFrame with
+        ``window, position, score, source, attention, token, source_token`` (``source``: the position it
+        attends to most there; ``token``/``source_token``: their display strings)."""
+        layer, head = self._unit(layer, head, self.n_heads, "head")
+        return self._examples("heads", "head", layer, head)
+
+    def neuron_examples(self, layer: int, neuron: int):
+        """Neuron ``(layer, neuron)``'s top ``k`` examples by post-activation, best first: a DataFrame with
+        ``window, position, score, token``."""
+        if not self.d_mlp:
+            raise ValueError("this sweep's model is attention-only: it has no MLP neurons")
+        layer, neuron = self._unit(layer, neuron, self.d_mlp, "neuron")
+        return self._examples("neurons", "neuron", layer, neuron)
+
+    def _unit(self, layer, unit, n_units: int, what: str) -> tuple[int, int]:
+        for name, value, n in (("layer", layer, self.n_layers), (what, unit, n_units)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
+                raise ValueError(f"{name} must be an int in 0..{n - 1}, got {value!r}")
+        return int(layer), int(unit)
+
+    def _examples(self, table: str, unit: str, layer: int, index: int):
+        if self.manifest["settings"]["scores_only"]:
+            raise ValueError("this sweep recorded head scores only (scores_only=True): no examples")
+        if table not in self._tables:
+            import pandas as pd
+
+            self._tables[table] = pd.read_parquet(self.path / f"{table}.parquet")
+        df = self._tables[table]
+        rows = df[(df["layer"] == layer) & (df[unit] == index)].sort_values("rank")
+        return rows.drop(columns=["layer", unit, "rank"]).reset_index(drop=True)
+
+    # --- statistics -------------------------------------------------------------------------------
+    def head_scores(self) -> dict[str, torch.Tensor]:
+        """``{"previous_token", "duplicate_token", "induction"}``, each ``[n_layers, n_heads]``: the
+        definitions of ``pcw.head_scores`` pooled over every window's positions (NaN: no target)."""
+        return {name: self._stats[name].to(torch.float32) for name in SCORE_NAMES}
+
+    def head_means(self) -> torch.Tensor:
+        """``[n_layers, n_heads, d_model]`` float32: each head's mean output ``head_out`` over every position
+        swept (without ``b_O``), for mean ablation."""
+        self._require("head_out_mean")
+        return self._stats["head_out_mean"].to(torch.float32)
+
+    def neuron_means(self) -> torch.Tensor | None:
+        """``[n_layers, d_mlp]`` float32: each neuron's mean post-activation over every position swept;
+        None for an attention-only model."""
+        if not self.d_mlp:
+            return None
+        self._require("neuron_mean")
+        return self._stats["neuron_mean"].to(torch.float32)
+
+    def neuron_fraction_positive(self) -> torch.Tensor | None:
+        """``[n_layers, d_mlp]`` float32: the fraction of positions where each neuron is > 0; None for an
+        attention-only model."""
+        if not self.d_mlp:
+            return None
+        self._require("neuron_fraction_positive")
+        return self._stats["neuron_fraction_positive"].to(torch.float32)
+
+    def _require(self, name: str) -> None:
+        if name not in self._stats:
+            raise ValueError("this sweep recorded head scores only (scores_only=True): no means")
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"Sweep({str(self.path)!r}: model {m['model']['name']!r}, {self.n_windows} windows of "
+                f"{self.seq_len} tokens, k={self.k}{', scores only' if m['settings']['scores_only'] else ''})")
+
+
+def head_scores(model, tokens=None, *, seq_len: int | None = None, max_windows: int | None = None, store=None,
+                **options) -> dict[str, torch.Tensor]:
+    """``pcw.head_scores``: previous-token, duplicate-token and induction score of every head, each
+    ``[n_layers, n_heads]`` (definitions: ``analysis.head_scores``).
+
+    ``tokens`` a ``Corpus``: pooled over its windows of ``seq_len`` tokens (default ``min(128, n_ctx)``;
+    the first ``max_windows``) by a scores-only ``sweep`` kept in ``store`` (default: a temporary folder,
+    removed after), which takes the sweep's other options (``engine``, ``batch_size``, ...). Anything else
+    (None, text, token ids): ``analysis.head_scores(model, tokens, **options)``."""
+    if not isinstance(tokens, Corpus):
+        if max_windows is not None or store is not None:
+            raise TypeError("head_scores: max_windows and store are for a Corpus (pcw.Corpus...), got "
+                            f"{type(tokens).__name__} tokens")
+        return analysis_head_scores(model, tokens, seq_len=seq_len, **options)
+    seq_len = seq_len or min(128, model.cfg.n_ctx)
+    if store is not None:
+        return sweep(model, tokens, store, seq_len=seq_len, max_windows=max_windows, scores_only=True,
+                     **options).head_scores()
+    with tempfile.TemporaryDirectory(prefix="pcw-head-scores-") as tmp:
+        return sweep(model, tokens, tmp, seq_len=seq_len, max_windows=max_windows, scores_only=True,
+                     **options).head_scores()

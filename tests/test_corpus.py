@@ -1,0 +1,201 @@
+"""Corpora and their windows: the windowing rule against a stream built by hand from the tokenizer, every
+source (texts, files, JSON lines, a datasets.Dataset, the stdlib), and hostile input (binary and
+undecodable files, lone surrogates, empty documents, a 100 MB line, missing files, bad JSON, a file
+changed between the scan and the sweep): a counted skip or a clear error, in bounded memory."""
+
+import json
+import tracemalloc
+
+import datasets
+import numpy as np
+import pytest
+
+from pycircuits_widgets.corpus import Corpus, CorpusError
+from pycircuits_widgets.corpus.windows import PIECE_CHARS, pieces, separator_id, tokenizer_identity, window_blocks
+from pycircuits_widgets.models import load_pretrained
+from pycircuits_widgets.models.corpus import corpus_documents
+
+TEXTS = ["def f(x):\n    return x + 1\n", "", "import os\nprint(os.sep)\n" * 7, "a", "class A:\n    pass\n" * 3]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_pretrained("attn-only-2l").tokenizer
+
+
+@pytest.fixture(scope="module")
+def stdlib_docs():
+    return corpus_documents("all")
+
+
+def windows(corpus, tok, seq_len, **kw):
+    blocks = list(window_blocks(corpus, tok, seq_len, block=kw.pop("block", 4), **kw))
+    return np.concatenate(blocks) if blocks else np.zeros((0, seq_len), np.int64)
+
+
+def hand_stream(tok, texts):
+    stream = []
+    for text in texts:
+        if text:
+            stream += tok.encode(text) + [tok.end_of_text_id]
+    return stream
+
+
+def test_windows_are_the_separated_stream_cut_in_order_with_the_tail_dropped(tok):
+    corpus = Corpus.from_texts(TEXTS)
+    stream = hand_stream(tok, TEXTS)
+    for seq_len in (1, 5, 16):
+        n = len(stream) // seq_len
+        expected = np.array(stream[:n * seq_len]).reshape(n, seq_len)
+        for block in (1, 3, 100):
+            assert np.array_equal(windows(corpus, tok, seq_len, block=block), expected)
+    assert corpus.documents == 4 and corpus.skipped == {"empty": 1}
+    assert separator_id(tok) == tok.end_of_text_id == 0
+
+
+def test_start_and_stop_give_the_same_windows_as_slicing_the_whole(tok):
+    corpus = Corpus.from_texts(TEXTS)
+    whole = windows(corpus, tok, 4)
+    for start, stop in ((0, 3), (2, 7), (5, None), (0, len(whole) + 5)):
+        assert np.array_equal(windows(corpus, tok, 4, start=start, stop=stop), whole[start:stop])
+    blocks = list(window_blocks(corpus, tok, 4, block=3, start=2, stop=9))
+    assert [len(b) for b in blocks] == [3, 3, 1]  # blocks count from start: shards line up on resume
+
+
+def test_long_documents_are_tokenised_in_pieces_that_give_the_whole_texts_tokens(tok, stdlib_docs):
+    long_docs = sorted(stdlib_docs, key=len)[-2:]
+    assert all(len(d) > 2 * PIECE_CHARS for d in long_docs)
+    for doc in long_docs:
+        parts = list(pieces(doc))
+        assert "".join(parts) == doc and max(map(len, parts)) <= PIECE_CHARS and len(parts) > 2
+        stream = windows(Corpus.from_texts([doc]), tok, 1, block=10**7)[:, 0].tolist()
+        assert stream == tok.encode(doc) + [tok.end_of_text_id]
+
+
+def test_a_tokenizer_that_adds_a_prefix_adds_it_once_per_document(tok):
+    class WithBOS:  # as LLaMA's tokenizer: every encoding starts with BOS
+        end_of_text_id = 0
+
+        def encode(self, text):
+            return [1] + tok.encode(text)
+
+    doc = "x = 1\n" * (PIECE_CHARS // 3)
+    stream = windows(Corpus.from_texts([doc, "y\n"]), WithBOS(), 1)[:, 0].tolist()
+    assert stream == [1] + tok.encode(doc) + [0] + [1] + tok.encode("y\n") + [0]
+
+
+def test_files_from_a_glob_sorted_with_binary_undecodable_and_empty_ones_counted(tmp_path, tok):
+    (tmp_path / "b.txt").write_text("second file\n")
+    (tmp_path / "a.txt").write_text("first file\n")
+    (tmp_path / "c.txt").write_bytes(b"caf\xe9 latin-1\n")
+    (tmp_path / "d.bin").write_bytes(b"\x7fELF\x00\x01binary")
+    (tmp_path / "e.txt").write_bytes(b"")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "f.txt").write_text("nested\n")
+    corpus = Corpus.from_files(str(tmp_path / "**" / "*.*"))
+    assert corpus.documents == 3 and dict(corpus.skipped) == {"undecodable": 1, "binary": 1, "empty": 1}
+    stream = windows(corpus, tok, 1)[:, 0].tolist()
+    assert stream == hand_stream(tok, ["first file\n", "second file\n", "nested\n"])
+    assert corpus.fingerprint == Corpus.from_texts(["first file\n", "second file\n", "nested\n"]).fingerprint
+
+    replaced = Corpus.from_files([tmp_path / "c.txt"], errors="replace")
+    assert windows(replaced, tok, 1)[:, 0].tolist() == hand_stream(tok, ["caf\ufffd latin-1\n"])
+    with pytest.raises(CorpusError, match=r"c\.txt: bytes at offset 3 are not UTF-8"):
+        Corpus.from_files(tmp_path / "c.txt", errors="strict").scan()
+
+
+def test_missing_paths_directories_and_empty_globs_are_refused_by_name(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.txt does not exist"):
+        Corpus.from_files(tmp_path / "nope.txt")
+    with pytest.raises(CorpusError, match="is a directory; pass a glob"):
+        Corpus.from_files(str(tmp_path))
+    with pytest.raises(CorpusError, match="no file matches"):
+        Corpus.from_files(str(tmp_path / "*.md"))
+    with pytest.raises(TypeError, match="expected a path or a glob"):
+        Corpus.from_files([3])
+    with pytest.raises(ValueError, match="errors must be one of"):
+        Corpus.from_texts(["x"], errors="ignore")
+    with pytest.raises(TypeError, match="item 1 is a bytes"):
+        Corpus.from_texts(["x", b"y"])
+    with pytest.raises(TypeError, match="got one str"):
+        Corpus.from_texts("just one text")
+
+
+def test_a_100_mb_line_is_read_in_bounded_memory(tmp_path, tok):
+    path = tmp_path / "one_line.txt"
+    block = ("abcdefghij" * 100_000).encode()  # 1 MB, no whitespace: one word for the pre-tokenizer
+    with open(path, "wb") as f:
+        for _ in range(100):
+            f.write(block)
+    corpus = Corpus.from_files(path)
+    tracemalloc.start()
+    try:
+        corpus.scan()  # reads (and hashes) all 100 MB
+        first = windows(corpus, tok, 64, stop=20)  # tokenises only what 20 windows need
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert corpus.documents == 1 and first.shape == (20, 64)
+    assert peak < 16 * 2**20, f"peak Python allocation {peak / 2**20:.1f} MiB for a 100 MB line"
+    assert first.reshape(-1).tolist() == tok.encode("abcdefghij" * 200)[:20 * 64]
+
+
+def test_lone_surrogates_are_undecodable_text(tok):
+    texts = ["ok\n", "bad \ud800 text\n"]
+    assert dict(Corpus.from_texts(texts).skipped) == {} and Corpus.from_texts(texts).documents == 1
+    replaced = windows(Corpus.from_texts(texts, errors="replace"), tok, 1)[:, 0].tolist()
+    assert replaced == hand_stream(tok, ["ok\n", "bad \ufffd text\n"])
+    with pytest.raises(CorpusError, match="text 1: character 4 is a lone surrogate"):
+        Corpus.from_texts(texts, errors="strict").scan()
+
+
+def test_jsonl_lines_skips_and_refusals(tmp_path, tok):
+    path = tmp_path / "docs.jsonl"
+    rows = [json.dumps({"text": "first\n", "id": 1}), "", json.dumps({"text": ""}), json.dumps({"text": "x" * 5000}),
+            json.dumps({"text": "second\n"})]
+    path.write_bytes(("\n".join(rows) + "\n").encode() + b'{"text": "caf\xe9"}\n')
+    corpus = Corpus.from_jsonl(path, max_line_bytes=1000)
+    assert corpus.documents == 2
+    assert dict(corpus.skipped) == {"empty": 2, "too_long": 1, "undecodable": 1}
+    assert windows(corpus, tok, 1)[:, 0].tolist() == hand_stream(tok, ["first\n", "second\n"])
+
+    for line, message in (('{"text": 1}', r"bad.jsonl:2: field 'text' is int, expected a string"),
+                          ('{"body": "x"}', r"bad.jsonl:2: no field 'text' \(fields: \['body'\]\)"),
+                          ("[1, 2]", r"bad.jsonl:2: expected a JSON object"),
+                          ("{not json", r"bad.jsonl:2: not a JSON line")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"text": "fine"}) + "\n" + line + "\n")
+        with pytest.raises(CorpusError, match=message):
+            Corpus.from_jsonl(bad).scan()
+    with pytest.raises(FileNotFoundError):
+        Corpus.from_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_a_hugging_face_dataset_column(tok):
+    ds = datasets.Dataset.from_dict({"content": ["alpha beta\n", "", "gamma\n"], "n": [1, 2, 3]})
+    corpus = Corpus.from_dataset(ds, field="content")
+    assert corpus.documents == 2 and corpus.fingerprint == Corpus.from_texts(["alpha beta\n", "gamma\n"]).fingerprint
+    assert windows(corpus, tok, 1)[:, 0].tolist() == hand_stream(tok, ["alpha beta\n", "gamma\n"])
+    with pytest.raises(CorpusError, match=r"no column 'text' \(columns: \['content', 'n'\]\)"):
+        Corpus.from_dataset(ds)
+    with pytest.raises(CorpusError, match="column 'n' holds int"):
+        Corpus.from_dataset(ds, field="n").scan()
+
+
+def test_a_file_changed_after_the_scan_is_refused(tmp_path, tok):
+    path = tmp_path / "doc.txt"
+    path.write_text("before\n" * 50)
+    corpus = Corpus.from_files(path)
+    corpus.scan()
+    path.write_text("after!\n" * 50)
+    with pytest.raises(CorpusError, match="doc.txt changed since the corpus was scanned"):
+        windows(corpus, tok, 4)
+
+
+def test_the_stdlib_corpus_and_the_tokenizer_identity(tok, stdlib_docs):
+    corpus = Corpus.python_stdlib()
+    assert corpus.documents + sum(corpus.skipped.values()) == len(stdlib_docs)
+    assert corpus.fingerprint == Corpus.python_stdlib().fingerprint
+    first = windows(corpus, tok, 32, stop=3)
+    assert first.reshape(-1).tolist() == hand_stream(tok, stdlib_docs[:1])[:96]
+    assert tokenizer_identity(tok) == f"Tokenizer:{tok.fingerprint()}"

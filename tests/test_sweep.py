@@ -1,0 +1,334 @@
+"""Corpus sweeps on the shipped 2-layer model over 2,000 windows of 32 tokens of the Python stdlib corpus.
+
+Oracles, written here independently of the sweep: every head's top k against brute force (``run_with_cache``
+over every window in batches of another size, ``||head_out||`` in float64, a full sort by score then
+window then position), with the source each example attends to most; 50 neurons' top k the same way on a
+random model with MLPs (activations recomputed in float64 from the residual stream); the corpus head
+scores against ``pcw.head_scores`` run one window at a time; the means against the brute-force means.
+Scores of two float32 forwards differ in the last bits, so examples are compared within ``chain_tol``
+(``tolerance.py``): equal where no other example is that close to the k-th score. The Ray engine and a
+killed-then-resumed sweep are compared with the uninterrupted serial store bit for bit: the same windows
+in the same batches on one thread, merged in shard order, is the same computation.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis.head_scores import head_scores as analysis_head_scores
+from pycircuits_widgets.corpus import Corpus, CorpusError, StoreMismatch
+from pycircuits_widgets.models import load_pretrained
+from random_models import custom_model
+from tolerance import chain_tol, model_forward_length, pattern_tol
+
+ROOT = Path(__file__).resolve().parent.parent
+N, T, K = 2000, 32, 20
+SETTINGS = dict(seq_len=T, k=K, max_windows=N, batch_size=50, shard_size=250, progress=False)
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_pretrained("attn-only-2l")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return Corpus.python_stdlib()
+
+
+@pytest.fixture(scope="module")
+def reference(model, corpus, tmp_path_factory):
+    """The uninterrupted serial sweep, on one torch thread (what each Ray worker runs)."""
+    with threads(1):
+        return pcw.sweep(model, corpus, tmp_path_factory.mktemp("sweeps") / "serial", **SETTINGS)
+
+
+def brute_force(model, windows: torch.Tensor, neurons: bool = False) -> dict:
+    """Every window through ``run_with_cache`` (100 at a time): ``norms [N, L, H, T]`` (float64
+    ``||head_out||``), ``head_mag [L, H]`` (the largest ``|| |z| @ |W_O| ||``: what rounding scales with),
+    ``patterns``, the mean ``head_out``; with ``neurons``, ``post [N, L, T, d_mlp]`` recomputed in float64
+    from the stream the MLP reads and ``neuron_mag [L, d_mlp]``."""
+    cfg = model.cfg
+    out = {"norms": [], "patterns": [], "post": []}
+    head_mag = torch.zeros(cfg.n_layers, cfg.n_heads, dtype=torch.float64)
+    neuron_mag = torch.zeros(cfg.n_layers, cfg.d_mlp or 0, dtype=torch.float64)
+    head_sum = torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_model, dtype=torch.float64)
+    W_O = model.W_O.double()
+    for chunk in windows.split(100):
+        _, cache = model.run_with_cache(chunk)
+        z = cache.z.double()
+        head_out = torch.einsum("blhpe,lhed->blhpd", z, W_O)
+        out["norms"].append(head_out.norm(dim=-1))
+        head_sum += head_out.sum((0, 3))
+        head_mag = torch.maximum(head_mag, (z.abs() @ W_O.abs()).norm(dim=-1).amax((0, 3)))
+        out["patterns"].append(cache.patterns)
+        if neurons:
+            posts = []
+            for layer in range(cfg.n_layers):
+                x = (cache.resid[:, layer + 1] - cache.mlp_out[:, layer]).double()
+                x = x - x.mean(-1, keepdim=True)  # layer norm's centring; its division is the forward's own
+                xn = x / cache.ln_scale_mlp[:, layer, :, None].double()
+                pre = xn @ model.W_in[layer].double()
+                posts.append(torch.nn.functional.gelu(pre))
+                neuron_mag[layer] = torch.maximum(neuron_mag[layer], (xn.abs() @ model.W_in[layer].double().abs())
+                                                  .amax((0, 1)))
+            out["post"].append(torch.stack(posts, 1))
+    result = {name: torch.cat(parts) for name, parts in out.items() if parts}
+    result.update(head_mag=head_mag, neuron_mag=neuron_mag, head_mean=head_sum / (len(windows) * windows.shape[1]))
+    return result
+
+
+@pytest.fixture(scope="module")
+def brute(model, reference):
+    return brute_force(model, reference.windows)
+
+
+def check_top(examples: pd.DataFrame, brute_scores: torch.Tensor, tol: float, where: str) -> None:
+    """``examples`` (best first) against ``brute_scores [N, T]`` by a full sort (score descending, then
+    window, then position), within ``tol`` per score; equal to the full sort's first k where no other
+    score is within rounding of the k-th."""
+    w, p, s = examples["window"].to_numpy(), examples["position"].to_numpy(), examples["score"].to_numpy()
+    flat = brute_scores.reshape(-1).numpy()
+    order = np.lexsort((np.arange(len(flat)), -flat))  # the full sort: score, then (window, position)
+    assert len(examples) == K, where
+    keys = list(zip(-s.astype(np.float64), w, p))
+    assert keys == sorted(keys), f"{where}: not in the total order"
+    ours = flat[w * T + p]
+    assert np.all(np.abs(s - ours) <= tol), f"{where}: scores off by {np.abs(s - ours).max():.3g} > {tol:.3g}"
+    kth = flat[order[K - 1]]
+    must = set(np.nonzero(flat > kth + 2 * tol)[0].tolist())
+    assert must <= set((w * T + p).tolist()), f"{where}: misses {sorted(must - set((w * T + p).tolist()))}"
+    assert np.all(ours >= kth - 2 * tol), f"{where}: holds an example below the k-th score"
+    assert np.all(ours[:-1] >= ours[1:] - 2 * tol), f"{where}: ranks out of order"
+    if (np.abs(flat - kth) <= 2 * tol).sum() == 1:
+        assert (w * T + p).tolist() == order[:K].tolist(), f"{where}: differs from the full sort"
+
+
+def test_every_heads_examples_are_the_brute_force_top_k(model, reference, brute):
+    cfg = model.cfg
+    n = model_forward_length(cfg, T)
+    ptol = pattern_tol(cfg, T, brute["patterns"])
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_heads):
+            df = reference.head_examples(layer, head)
+            tol = chain_tol(n, float(brute["head_mag"][layer, head]))
+            check_top(df, brute["norms"][:, layer, head], tol, f"L{layer}H{head}")
+            rows = brute["patterns"][torch.tensor(df["window"].to_numpy()), layer, head,
+                                     torch.tensor(df["position"].to_numpy())]
+            attended = rows.gather(-1, torch.tensor(df["source"].to_numpy())[:, None])[:, 0]
+            assert torch.all(attended >= rows.amax(-1) - 2 * ptol), f"L{layer}H{head}: source is not the argmax"
+            assert torch.allclose(torch.tensor(df["attention"].to_numpy()), attended, atol=2 * ptol, rtol=0)
+            assert np.all(df["source"].to_numpy() <= df["position"].to_numpy())  # causal
+
+
+def test_ties_rank_by_window_then_position(reference, model):
+    """Position 0 attends only to itself, so its ||head_out|| depends on its token alone: windows starting
+    with the same token tie exactly, and rank by window."""
+    tied = 0
+    for layer in range(model.cfg.n_layers):
+        for head in range(model.cfg.n_heads):
+            df = reference.head_examples(layer, head)
+            for _, group in df.groupby("score"):
+                if len(group) > 1:
+                    tied += 1
+                    assert list(zip(group["window"], group["position"])) == sorted(zip(group["window"], group["position"]))
+    assert tied > 0
+
+
+def test_corpus_head_scores_are_head_scores_on_the_same_windows(model, corpus, reference, brute, tmp_path):
+    expected = analysis_head_scores(model, reference.windows)
+    tol = T * pattern_tol(model.cfg, T, brute["patterns"])
+    scores_only = pcw.head_scores(model, corpus, seq_len=T, max_windows=N)  # a scores-only sweep, other batches
+    for name, value in expected.items():
+        torch.testing.assert_close(reference.head_scores()[name], value, atol=tol, rtol=0)
+        torch.testing.assert_close(scores_only[name], value, atol=tol, rtol=0)
+    assert reference.head_scores()["induction"].max() > 0.3  # the shipped model's induction heads
+
+
+def test_head_means_are_the_mean_head_out(model, reference, brute):
+    tol = chain_tol(model_forward_length(model.cfg, T), float(brute["head_mag"].max()))
+    means = reference.head_means()
+    assert means.shape == (2, 8, 128) and means.dtype == torch.float32
+    torch.testing.assert_close(means.double(), brute["head_mean"], atol=tol, rtol=0)
+    assert reference.neuron_means() is None and reference.neuron_fraction_positive() is None
+
+
+@pytest.fixture(scope="module")
+def mlp_model(model):
+    """Random weights with GELU MLPs, the shipped tokenizer (to read the corpus)."""
+    m = custom_model(dtype=torch.float32, n_layers=2, n_heads=4, d_model=64, d_head=16, d_vocab=1024, n_ctx=T,
+                     attn_only=False, d_mlp=128, act_fn="gelu", seed=3)
+    m.tokenizer = model.tokenizer
+    return m
+
+
+def test_fifty_neurons_examples_and_every_neurons_statistics_against_brute_force(mlp_model, corpus, tmp_path):
+    swept = pcw.sweep(mlp_model, corpus, tmp_path / "mlp", **SETTINGS)
+    bf = brute_force(mlp_model, swept.windows, neurons=True)
+    n = model_forward_length(mlp_model.cfg, T)
+    neurons = np.random.default_rng(0).choice(2 * 128, 50, replace=False)
+    for flat in neurons:
+        layer, neuron = divmod(int(flat), 128)
+        df = swept.neuron_examples(layer, neuron)
+        assert list(df.columns) == ["window", "position", "score", "token"]
+        check_top(df, bf["post"][:, layer, :, neuron], chain_tol(n, float(bf["neuron_mag"][layer, neuron])),
+                  f"neuron L{layer}N{neuron}")
+    post = bf["post"]  # [N, L, T, d_mlp]
+    tol = chain_tol(n, float(bf["neuron_mag"].max()))
+    torch.testing.assert_close(swept.neuron_means().double(), post.mean((0, 2)), atol=tol, rtol=0)
+    # a position counts as > 0 in one forward and not the other only within rounding of 0
+    near_zero = (post.abs() <= tol).sum((0, 2)) / (N * T)
+    diff = (swept.neuron_fraction_positive().double() - (post > 0).double().mean((0, 2))).abs()
+    assert torch.all(diff <= near_zero + 1e-7)
+    assert swept.neuron_means().shape == (2, 128)
+    for layer in range(2):  # heads of a model with MLPs too
+        for head in range(4):
+            check_top(swept.head_examples(layer, head), bf["norms"][:, layer, head],
+                      chain_tol(n, float(bf["head_mag"][layer, head])), f"L{layer}H{head}")
+
+
+def assert_same_store(a, b) -> None:
+    """Bit for bit: windows, example tables, statistics, manifest."""
+    assert a.manifest == b.manifest
+    assert torch.equal(a.windows, b.windows)
+    for table in ("heads", "neurons"):
+        if (a.path / f"{table}.parquet").exists() or (b.path / f"{table}.parquet").exists():
+            pd.testing.assert_frame_equal(pd.read_parquet(a.path / f"{table}.parquet"),
+                                          pd.read_parquet(b.path / f"{table}.parquet"), check_exact=True)
+    sa, sb = load_file(a.path / "stats.safetensors"), load_file(b.path / "stats.safetensors")
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+KILLED = """
+import os, signal, sys, torch
+import pycircuits_widgets as pcw
+
+def kill_after_two(progress):  # the process kills itself, as an interrupt or an OOM kill would
+    if progress.shards_done == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+torch.set_num_threads(1)
+pcw.sweep(pcw.load_pretrained("attn-only-2l"), pcw.Corpus.python_stdlib(), sys.argv[1], seq_len=32, k=20,
+          max_windows=2000, batch_size=50, shard_size=250, progress=kill_after_two)
+"""
+
+
+def test_a_killed_sweep_resumes_to_the_uninterrupted_store(model, corpus, reference, tmp_path):
+    path = tmp_path / "killed"
+    run = subprocess.run([sys.executable, "-c", KILLED, str(path)], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PCW_PROGRESS": "0"}, timeout=600)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["merged_through"] == 1 and manifest["pending"] == [] and not manifest["complete"]
+    with pytest.raises(ValueError, match="not finished .2 shards recorded.; run pcw.sweep with the same arguments"):
+        pcw.Sweep.open(path)
+    # what a kill in the middle of a write leaves: a temporary, a shard file the manifest never named
+    (path / "shards" / ".000002.safetensors.123.0a1b2c3d.tmp").write_bytes(b"half a file")
+    (path / "shards" / "000002.safetensors").write_bytes(b"not a safetensors file")
+    with threads(1):
+        resumed = pcw.sweep(model, corpus, path, **SETTINGS)
+    assert_same_store(resumed, reference)
+    assert sorted(p.name for p in path.iterdir()) == [".lock", "heads.parquet", "manifest.json", "stats.safetensors",
+                                                      "windows"]
+
+
+def test_an_interrupted_ray_sweep_resumes_to_the_serial_store(model, corpus, reference, ray_cluster, tmp_path):
+    """Ray's 2 workers (one thread each) record shards while the driver raises after the third is kept:
+    the shards in flight are lost, the rest resume; the result is the serial store."""
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_three(progress):
+        if progress.shards_done == 3:
+            raise Stop
+
+    path = tmp_path / "ray"
+    with pytest.raises(Stop):
+        pcw.sweep(model, corpus, path, engine="ray", **{**SETTINGS, "progress": stop_after_three})
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["merged_through"] + 1 + len(manifest["pending"]) == 3 and not manifest["complete"]
+    resumed = pcw.sweep(model, corpus, path, engine="ray", workers=2, **SETTINGS)
+    assert_same_store(resumed, reference)
+    assert ray_cluster.is_initialized()  # the session's cluster is left running
+
+
+def test_a_store_made_by_another_sweep_is_refused_naming_what_differs(model, corpus, reference, tmp_path):
+    with pytest.raises(StoreMismatch, match=r"settings\.k: 20 in the store, 10 now"):
+        pcw.sweep(model, corpus, reference.path, **{**SETTINGS, "k": 10})
+    with pytest.raises(StoreMismatch, match=r"model\.fingerprint: .*model\.name: 'attn-only-2l' in the store, "
+                                            r"'attn-only-1l' now"):
+        pcw.sweep(load_pretrained("attn-only-1l"), corpus, reference.path, **SETTINGS)
+    with pytest.raises(StoreMismatch, match=r"corpus\.fingerprint"):
+        pcw.sweep(model, Corpus.from_texts(["x = 1\n" * 400]), reference.path, **SETTINGS)
+    assert pcw.Sweep.open(reference.path).n_windows == N  # still the finished sweep
+    again = pcw.sweep(model, corpus, reference.path, **SETTINGS)  # the same call: read back, nothing rerun
+    assert_same_store(again, reference)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreMismatch, match="a folder with files and no sweep manifest"):
+        pcw.sweep(model, corpus, tmp_path / "other", **SETTINGS)
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        pcw.sweep(model, corpus, tmp_path / "other" / "notes.txt", **SETTINGS)
+
+
+def test_the_sweeps_tables_and_its_refusals(model, reference):
+    df = reference.head_examples(1, 6)
+    assert list(df.columns) == ["window", "position", "score", "source", "attention", "token", "source_token"]
+    strings = model.token_strings
+    w = reference.windows
+    assert df["token"].tolist() == [strings[w[a, b]] for a, b in zip(df["window"], df["position"])]
+    assert df["source_token"].tolist() == [strings[w[a, b]] for a, b in zip(df["window"], df["source"])]
+    assert reference.windows.shape == (N, T) and reference.n_tokens == N * T and reference.skipped == {"empty": 3}
+    assert "2000 windows of 32 tokens, k=20" in repr(reference)
+    with pytest.raises(ValueError, match="attention-only: it has no MLP neurons"):
+        reference.neuron_examples(0, 0)
+    with pytest.raises(ValueError, match=r"layer must be an int in 0\.\.1, got 2"):
+        reference.head_examples(2, 0)
+    with pytest.raises(ValueError, match=r"head must be an int in 0\.\.7, got 8"):
+        reference.head_examples(0, 8)
+
+
+def test_bad_arguments_are_refused_before_any_work(model, mlp_model, corpus, tmp_path):
+    store = tmp_path / "s"
+    for kwargs, error, message in (
+            (dict(engine="spark"), ValueError, "engine must be one of"),
+            (dict(seq_len=129), ValueError, "longer than the model's context"),
+            (dict(batch_size=3, shard_size=10), ValueError, "multiple of batch_size"),
+            (dict(k=0), ValueError, "k must be a positive int"),
+            (dict(workers=2), TypeError, "engine options are for engine='ray'")):
+        with pytest.raises(error, match=message):
+            pcw.sweep(model, corpus, store, **kwargs)
+    with pytest.raises(TypeError, match="takes a pcw.Corpus"):
+        pcw.sweep(model, ["some text"], store)
+    with pytest.raises(TypeError, match="takes a CircuitModel"):
+        pcw.sweep("gpt2", corpus, store)
+    no_tokenizer = custom_model(dtype=torch.float32)
+    no_tokenizer.tokenizer = None
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        pcw.sweep(no_tokenizer, corpus, store)
+    with pytest.raises(CorpusError, match="no window: fewer than seq_len=32 tokens"):
+        pcw.sweep(model, Corpus.from_texts(["x = 1\n"]), store, seq_len=32)
+    with pytest.raises(TypeError, match="max_windows and store are for a Corpus"):
+        pcw.head_scores(model, "some text", max_windows=3)
