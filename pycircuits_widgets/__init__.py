@@ -23,6 +23,8 @@ _EXPORTS = {
     "skip_trigrams": "pycircuits_widgets.analysis",
     "head_scores": "pycircuits_widgets.corpus",  # analysis.head_scores, or over a Corpus a scores-only sweep
     "ablate": "pycircuits_widgets.analysis",
+    "path_patch": "pycircuits_widgets.analysis",
+    "measured_composition": "pycircuits_widgets.analysis",
     "Corpus": "pycircuits_widgets.corpus",
     "CorpusError": "pycircuits_widgets.corpus",
     "StoreMismatch": "pycircuits_widgets.corpus",

@@ -1,5 +1,5 @@
-"""Causal checks (``pcw.ablate``) and the one intervention mechanism under them
-(``run_with_cache(interventions=..., resume=...)``).
+"""Causal checks (``pcw.ablate``, ``pcw.path_patch``, ``pcw.measured_composition``) and the one
+intervention mechanism under them (``run_with_cache(interventions=..., resume=...)``).
 
 Oracles, each written independently of the intervention code:
 
@@ -8,9 +8,12 @@ Oracles, each written independently of the intervention code:
   its own, with explicit hooks on each head's query/key/value input stream, its ``z``, its output, and
   each MLP neuron's activation;
 * TransformerLens 4.x ``run_with_hooks`` on a ``TransformerBridge`` around a tiny random GPT-2 built
-  from a config (no download), read into ours with ``pcw.from_transformer_lens``: ``hook_z`` zeroed;
+  from a config (no download), read into ours with ``pcw.from_transformer_lens``: ``hook_z`` zeroed for
+  ablation, ``use_split_qkv_input`` with ``hook_q_input`` / ``hook_k_input`` / ``hook_v_input``
+  patched for path patching;
 * every family of the families table (``family_configs``): ablation equals the same model with the
-  head's ``W_O`` (the neuron's ``W_out`` row) set to zero, through the model's own forward.
+  head's ``W_O`` (the neuron's ``W_out`` row) set to zero, through the model's own forward;
+* ``measured_composition`` equals ``path_patch`` pair by pair.
 
 Tolerances come from ``tolerance``'s rounding-error model: ``logit_tol`` for logits (losses: twice
 that, a log-softmax adds at most one logit's error per side), ``pattern_tol`` for attention
@@ -33,11 +36,13 @@ import torch
 import torch.nn.functional as F
 import transformers
 from family_configs import CONFIGS, probe_tokens, tiny_model
+from random_models import custom_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tolerance import assert_within, chain_tol, logit_tol, model_forward_length, pattern_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.neurons import neuron_activations
+from pycircuits_widgets.analysis.path_patching import writer_removal
 from pycircuits_widgets.demo import SAMPLE_TEXT
 from pycircuits_widgets.models.corpus import corpus_documents
 from pycircuits_widgets.models.interventions import Interventions
@@ -300,6 +305,45 @@ def test_ablation_equals_transformer_lens_with_hook_z_zeroed(tl_gpt2):
     assert_within(result.loss, token_loss(tl_logits, tokens), 2 * logit_tol(model, result.cache, 14))
 
 
+@pytest.mark.parametrize("via", ["Q", "K", "V"])
+def test_path_patching_equals_transformer_lens_split_inputs(tl_gpt2, via):
+    bridge, model = tl_gpt2
+    tokens = torch.randint(0, TL_VOCAB, (2, 14), generator=torch.Generator().manual_seed(2))
+    (l1, h1), (l2, h2) = (0, 1), (2, 3)
+    clean_logits, clean = tl_run(bridge, tokens, [], [f"blocks.{l1}.attn.hook_z", f"blocks.{l2}.attn.hook_pattern",
+                                                      f"blocks.{l2}.attn.hook_z"])
+    writer_out = clean[f"blocks.{l1}.attn.hook_z"][:, :, h1] @ bridge.W_O[l1, h1].detach()  # [b, pos, d_model]
+
+    def remove(x, hook):  # [b, pos, H, d_model]: each head's own copy of the residual stream
+        x = x.clone()
+        x[:, :, h2] -= writer_out
+        return x
+
+    names = [f"blocks.{l2}.attn.hook_pattern", f"blocks.{l2}.attn.hook_z"]
+    logits, patched = tl_run(bridge, tokens, [(f"blocks.{l2}.hook_{via.lower()}_input", remove)], names)
+    result = pcw.path_patch(model, tokens, writer=(l1, h1), reader=(l2, h2), via=via)
+    n = tokens.shape[1]
+    tol = logit_tol(model, result.cache, n)
+    assert result.loss_change == pytest.approx(
+        float((token_loss(logits, tokens) - token_loss(clean_logits, tokens)).mean()), abs=4 * tol)
+    if via == "V":
+        # the weight view's outputs are centred (folding): TL's minus their mean over d_model, which
+        # no layer-norm reader sees
+        W_O = bridge.W_O[l2, h2].detach()
+        W_O = W_O - W_O.mean(-1, keepdim=True)
+        clean_out = clean[f"blocks.{l2}.attn.hook_z"][:, :, h2] @ W_O
+        change = patched[f"blocks.{l2}.attn.hook_z"][:, :, h2] @ W_O - clean_out
+        expected = float(change.norm() / clean_out.norm())
+        bound = 2 * output_norm_tol(model, result.cache, clean_out, n) / float(clean_out.norm()) * (1 + expected)
+    else:
+        ref_pattern = patched[f"blocks.{l2}.attn.hook_pattern"][:, h2]
+        expected = total_variation(ref_pattern, clean[f"blocks.{l2}.attn.hook_pattern"][:, h2])
+        bound = n * pattern_tol(model.cfg, n, ref_pattern)
+        assert_within(result.pattern, ref_pattern, pattern_tol(model.cfg, n, ref_pattern))
+    assert expected > 10 * bound  # the path matters here: the comparison is not of two roundings
+    assert result.attention_change == pytest.approx(expected, abs=bound)
+
+
 # --- every family ---------------------------------------------------------------------------------
 
 @functools.cache
@@ -356,6 +400,112 @@ def test_without_interventions_a_resumed_forward_is_the_clean_one(shipped):
     assert torch.equal(again, logits) and torch.equal(cache.resid, clean.resid) and cache.interventions is None
 
 
+# --- path patching ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+@pytest.mark.parametrize("via", ["Q", "K", "V"])
+def test_path_patching_equals_the_oracle_with_the_writer_removed_from_one_input(gpt2_64, via, kind):
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(7))
+    means = means_over(gpt2_64, torch.randint(0, 128, (6, 24), generator=torch.Generator().manual_seed(5)))
+    (l1, h1), (l2, h2) = (0, 2), (1, 1)
+    clean = oracle(gpt2_64, tokens)
+    removed = clean["head_out"][:, l1, h1] - (means["heads"][l1, h1] if kind == "mean" else 0)
+
+    def remove(layer, v, x):
+        if (layer, v) != (l2, via):
+            return x
+        x = x.clone()
+        x[:, h2] -= removed
+        return x
+
+    ref = oracle(gpt2_64, tokens, inputs=remove)
+    result = pcw.path_patch(gpt2_64, tokens, writer=(l1, h1), reader=(l2, h2), via=via, kind=kind,
+                            means=means if kind == "mean" else None)
+    n = tokens.shape[1]
+    tol = logit_tol(gpt2_64, result.cache, n, torch.float64)
+    expected_loss = float((token_loss(ref["logits"], tokens) - token_loss(clean["logits"], tokens)).mean())
+    assert result.loss_change == pytest.approx(expected_loss, abs=4 * tol)
+    assert_within(result.loss, token_loss(ref["logits"], tokens), 2 * tol)
+    if via == "V":
+        clean_out = clean["head_out"][:, l2, h2]
+        expected = float((ref["head_out"][:, l2, h2] - clean_out).norm() / clean_out.norm())
+        bound = 2 * output_norm_tol(gpt2_64, result.cache, clean_out, n, torch.float64) / float(clean_out.norm()) \
+            * (1 + expected)
+        assert_within(result.pattern, clean["patterns"][:, l2, h2], pattern_tol(gpt2_64.cfg, n, result.pattern,
+                                                                                  torch.float64))
+    else:
+        expected = total_variation(ref["patterns"][:, l2, h2], clean["patterns"][:, l2, h2])
+        bound = n * pattern_tol(gpt2_64.cfg, n, ref["patterns"], torch.float64)
+        assert_within(result.pattern, ref["patterns"][:, l2, h2], pattern_tol(gpt2_64.cfg, n, ref["patterns"],
+                                                                              torch.float64))
+    assert expected > 10 * bound
+    assert result.attention_change == pytest.approx(expected, abs=bound)
+    # everything but the reader is clean: the other heads of its layer attend as before
+    others = [h for h in range(gpt2_64.cfg.n_heads) if h != h2]
+    assert torch.equal(result.cache.patterns[:, l2, others], pcw.run(gpt2_64, tokens).patterns[:, l2, others])
+
+
+@pytest.mark.parametrize("cfg", [{"normalization": "layernorm"}, {"normalization": "rmsnorm"},
+                                 {"normalization": "rmsnorm", "pre_norm": False}],
+                         ids=["layernorm", "rmsnorm", "no_pre_norm"])
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+def test_with_post_norms_the_writer_removal_is_what_ablating_it_takes_from_the_next_layer(cfg, kind):
+    """Attention-only with post-norms: the next layer reads the stream with layer 0's normalised
+    output changed, its norm's division recomputed. That stream, less the writer's removal, is the
+    ablated run's input to layer 1."""
+    model = custom_model(post_norms=True, n_layers=2, **cfg)
+    tokens = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(1))
+    clean = pcw.run(model, tokens)
+    means = {"heads": torch.randn(2, 3, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(2))}
+    means = means if kind == "mean" else None
+    heads = means["heads"] if means else None
+    ablated = pcw.ablate(model, tokens, heads=[(0, 1)], kind=kind, means=means, clean=clean)
+    removal = writer_removal(model, clean.cache, 0, [1], heads)[0]
+    magnitude = float(clean.cache.resid.abs().max() + removal.abs().max())
+    tol = chain_tol(model_forward_length(model.cfg, 12), magnitude, torch.float64)
+    assert_within(clean.cache.resid[:, 1] - removal, ablated.cache.resid[:, 1], tol)
+    assert float(removal.abs().max()) > 1e6 * tol
+
+
+# --- measured composition ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_measured_composition_is_path_patching_pair_by_pair(name):
+    model = family_model(name)
+    tokens = probe_tokens()[:1, :16]
+    clean = pcw.run(model, tokens)
+    n, H = tokens.shape[1], model.cfg.n_heads
+    for via in ("Q", "K", "V"):
+        measured = pcw.measured_composition(model, tokens, via, clean=clean)
+        assert measured.shape == (2, H, 2, H)
+        assert measured[:, :, 0].isnan().all() and measured[1].isnan().all()
+        for h1, h2 in [(h, (h + k) % H) for h in range(H) for k in (0, 1)]:  # every writer and reader
+            pp = pcw.path_patch(model, tokens, (0, h1), (1, h2), via, clean=clean)
+            if via == "V":
+                clean_out = clean.cache.head_out[:, 1, h2]
+                bound = 2 * output_norm_tol(model, clean.cache, clean_out, n) / float(clean_out.norm()) \
+                    * (1 + pp.attention_change)
+            else:
+                bound = n * pattern_tol(model.cfg, n, clean.cache.patterns)
+            assert float(measured[0, h1, 1, h2]) == pytest.approx(pp.attention_change, abs=bound), (via, h1, h2)
+
+
+def test_measured_composition_of_mean_ablated_writers_and_a_batch(gpt2_64):
+    tokens = torch.randint(0, 128, (3, 10), generator=torch.Generator().manual_seed(9))
+    means = means_over(gpt2_64, torch.randint(0, 128, (6, 24), generator=torch.Generator().manual_seed(5)))
+    measured = pcw.measured_composition(gpt2_64, tokens, "k", kind="mean", means=SweepLike(means))
+    clean = pcw.run(gpt2_64, tokens)
+    bound = 10 * pattern_tol(gpt2_64.cfg, 10, clean.patterns, torch.float64)
+    for h1, h2 in [(0, 0), (1, 3), (3, 2)]:
+        pp = pcw.path_patch(gpt2_64, tokens, (0, h1), (1, h2), "K", kind="mean", means=means)
+        assert float(measured[0, h1, 1, h2]) == pytest.approx(pp.attention_change, abs=bound)
+
+
+def test_measured_composition_of_a_one_layer_model_has_no_pairs():
+    model = custom_model(n_layers=1)
+    assert pcw.measured_composition(model, torch.arange(8), "Q").isnan().all()
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("call, error, match", [
@@ -379,6 +529,11 @@ def test_without_interventions_a_resumed_forward_is_the_clean_one(shipped):
     (lambda m, t: pcw.ablate(m, [5000, 1], heads=[(0, 1)]), ValueError, r"token id 5000 out of range"),
     (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], clean=pcw.run(m, t[:-1])), ValueError, "other tokens"),
     (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], clean=m.run_with_cache(t)), TypeError, "RunResult"),
+    (lambda m, t: pcw.path_patch(m, t, (1, 0), (1, 2), "K"), ValueError,
+     "earlier layer.*writer layer 1, reader layer 1"),
+    (lambda m, t: pcw.path_patch(m, t, (0, 0), (1, 2), "O"), ValueError, r"via must be one of \('Q', 'K', 'V'\)"),
+    (lambda m, t: pcw.path_patch(m, t, (0, 0), (3, 2), "Q"), ValueError, r"reader.*layer 3"),
+    (lambda m, t: pcw.measured_composition(m, t, "QK"), ValueError, "via must be one of"),
     (lambda m, t: m.run_with_cache(t, interventions={(0, 1): None}), TypeError, "Interventions"),
     (lambda m, t: m.run_with_cache(t, interventions=Interventions(heads={(0, 9): None})), ValueError, "heads are 0..7"),
     (lambda m, t: m.run_with_cache(t, interventions=Interventions(head_inputs={(1, 0, "Q"): torch.zeros(3)})),
@@ -389,3 +544,4 @@ def test_bad_input_is_refused_by_name(shipped, call, error, match):
     tokens = shipped.to_tokens("def f(x):\n    return x")
     with pytest.raises(error, match=match):
         call(shipped, tokens)
+

@@ -5,7 +5,8 @@ terms), ``eigen`` (eigenvalue positivity), ``composition`` (Q/K/V composition sc
 ``skip_trigrams``, ``activations`` (``run``), ``path_expansion``, ``head_scores``, ``induction`` (one
 pair's induction mechanism), ``positional`` (attention by relative offset), ``virtual_heads``
 (V-composition), ``bigrams`` (the direct path's top next tokens), ``neurons`` (MLP neuron activations and token circuits),
-``ablation`` (heads and neurons removed from a forward, the loss change).
+``ablation`` (heads and neurons removed from a forward, the loss change), ``path_patching`` (one head's
+output removed from one later head's query, key or value; measured composition).
 """
 
 from .ablation import AblationResult, ablate
@@ -34,6 +35,7 @@ from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
 from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
 from .path_expansion import NonlinearFeatureError, PathExpansion, PathTerm, path_expansion
+from .path_patching import PathPatchResult, measured_composition, path_patch
 from .neurons import neuron_activations, neuron_out_norms, neuron_terms
 from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
@@ -41,12 +43,12 @@ from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
     "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion",
-    "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead", "ablate", "attention_by_offset",
-    "bigram_top", "circuit_query", "classify_pair", "composition_detail", "composition_scores", "direct_path",
-    "eigenvalue_positivity", "eigenvalues", "embedding", "embedding_note", "full_ov_circuit", "full_qk_circuit",
-    "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores", "induction_pair", "k_composition_circuit",
-    "k_composition_positivity", "mlp_in_circuit", "mlp_out_circuit", "neuron_activations", "neuron_out_norms",
-    "neuron_terms", "ov", "pair_verdicts", "path_expansion", "positional_qk_circuit", "positional_scores_by_offset",
-    "q_composition_circuit", "qk", "random_baseline", "run", "skip_trigrams", "strongest_writers", "top_virtual_heads",
-    "virtual_head_ov"
+    "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead", "ablate",
+    "attention_by_offset", "bigram_top", "circuit_query", "classify_pair", "composition_detail", "composition_scores",
+    "direct_path", "eigenvalue_positivity", "eigenvalues", "embedding", "embedding_note", "full_ov_circuit",
+    "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores", "induction_pair",
+    "k_composition_circuit", "k_composition_positivity", "measured_composition", "mlp_in_circuit", "mlp_out_circuit",
+    "neuron_activations", "neuron_out_norms", "neuron_terms", "ov", "pair_verdicts", "path_expansion", "path_patch",
+    "positional_qk_circuit", "positional_scores_by_offset", "q_composition_circuit", "qk", "random_baseline", "run",
+    "skip_trigrams", "strongest_writers", "top_virtual_heads", "virtual_head_ov"
 ]

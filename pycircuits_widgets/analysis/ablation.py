@@ -10,6 +10,9 @@
 Every later layer is recomputed on the changed stream (post-norms divide the changed output), in the
 model's own forward (``run_with_cache(interventions=...)``). It resumes from the clean run's residual
 stream at the first ablated layer, so the layers before it are not run again.
+
+The helpers here (``clean_run``, ``check_head``, ``check_kind``, ``head_mean_table``) are shared with
+``path_patching``.
 """
 
 from __future__ import annotations

@@ -444,9 +444,13 @@ class CircuitModel:
         weight, bias = {"Q": (self.W_Q, self.b_Q), "K": (self.W_K, self.b_K), "V": (self.W_V, self.b_V)}[via]
         joint = qk and cfg.qk_norm is not None and not cfg.qk_norm_heads
         some = slice(None) if heads is None or joint else heads
-        # [b, 1, pos, d] @ [H, d, d_head]: a batched product reading each head's weight in place
-        # (an einsum here copies every weight into a [d, H * d_head] layout on each call)
-        out = xn[:, None] @ weight[layer][some]
+        weight = weight[layer][some]
+        if xn.shape[0] == 1:
+            # [1, 1, pos, d] @ [H, d, d_head]: a batched product reading each head's weight in place
+            # (one product over a [d, H * d_head] copy of the weights costs that copy on each call)
+            out = xn[:, None] @ weight
+        else:  # a batch: the stream broadcast to every head would be copied, more than the weights are
+            out = (xn @ weight.transpose(0, 1).flatten(1)).unflatten(-1, weight.shape[::2]).transpose(1, 2)
         if bias is not None:
             out = out + bias[layer][some][:, None]
         if cfg.clip_qkv is not None:
