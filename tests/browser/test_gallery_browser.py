@@ -1,6 +1,7 @@
 """The view gallery (scripts/gallery.py): one offline page with every view of the registry, each
 mounted in real Chromium without an error."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -19,7 +20,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def gallery(tmp_path_factory):
     out = tmp_path_factory.mktemp("gallery") / "gallery.html"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "gallery.py"), str(out)], cwd=ROOT, check=True,
+    # this checkout's package (and its bundle), not an installed one: a script's sys.path starts at scripts/
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "gallery.py"), str(out)], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=900)
     return out
 
