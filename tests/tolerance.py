@@ -255,3 +255,13 @@ def assert_within(actual: torch.Tensor, expected: torch.Tensor, tol) -> None:
     """``|actual - expected| <= tol`` elementwise (``tol`` a number or a tensor), naming the worst entry."""
     excess = (actual.double() - expected.double()).abs() - torch.as_tensor(tol, dtype=torch.float64)
     assert float(excess.max()) <= 0, f"off by {float(excess.max()):.3g} beyond the tolerance at {int(excess.argmax())}"
+
+
+def score_tol(qk: torch.Tensor, ov: torch.Tensor, dqk, dov) -> torch.Tensor:
+    """Elementwise bound on a skip-trigram score ``qk+ ov+`` (``x+ = max(x, 0)``) computed from entries
+    within ``dqk`` and ``dov`` of the exact ``qk`` and ``ov`` (broadcast together): clamping moves no
+    entry further, so the product is off by ``dqk ov+ + qk+ dov + dqk dov``, plus its own rounding
+    (``gamma(1)``, float32's: a score is multiplied in float32)."""
+    qk, ov = qk.double().clamp_min(0), ov.double().clamp_min(0)
+    dqk, dov = torch.as_tensor(dqk).double(), torch.as_tensor(dov).double()
+    return dqk * ov + qk * dov + dqk * dov + gamma(1) * qk * ov
