@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 import torch
 from family_configs import CONFIGS, probe_tokens, tiny_model
-from random_models import IdTokenizer, custom_model
+from random_models import custom_model
 from tolerance import path_expansion_tol
 
 import pycircuits_widgets as pcw

@@ -50,6 +50,10 @@ export function mountView({ model, el, host, select = null }) {
     // anywidget >= 0.10 passes `host` to render: it resolves "IPY_MODEL_<id>" references
     // to child models. The kernel-less host (lib/host.js) provides the same call.
     host,
+    // how a composite view shows a child widget: handed down here, so that
+    // components/ChildView.svelte need not import this entry point back
+    mountChild: ({ model: child, el: childEl, select: childSelect = null }) =>
+      mountView({ model: child, el: childEl, host, select: childSelect }),
   };
   widget.initialize({ model: withHost });
   // no kernel attached: selection changes are answered from the view's saved `_offline`

@@ -20,8 +20,8 @@ Precision: the products run in float32 (float64 weights stay float64) and only t
 with ``|E| <= γ_{V + 2 d_model} |W_K|^T |W_E|^T |W_E| |W_Q|`` entrywise (OV alike with
 ``|W_O| |W_U| |W_E| |W_V|``): at most ``3e-3`` of the absolute product for GPT-2's
 ``V = 50257`` and, for the random-sign sums of real weights, about ``sqrt(V + 2 d_model) u``
-(``1.4e-5``). Positivity is a ratio of two such sums; tests hold it to ``1e-6`` of a float64
-computation (differences ~5e-8 on random weights at d_vocab 20000).
+(``1.4e-5``). Positivity is a ratio of two such sums; a test holds a float32 model's positivity to ``1e-6``
+of the same model's in float64 at d_vocab 20000.
 
 Rotary models (``rotary``): the QK circuit at query - key offset ``o`` is ``W_E W_Q R(o) W_K^T W_E^T``,
 so its spectrum is that of ``W_K^T (W_E^T W_E) W_Q R(o)``: one more ``d_head x d_head`` factor per

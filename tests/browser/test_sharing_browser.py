@@ -16,8 +16,8 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
 from pycircuits_widgets.analysis.eigen import eigenvalues
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.core.offline import NEEDS_KERNEL
-from pycircuits_widgets.widgets.sharing.standalone import NONFINITE, widget_state
+from pycircuits_widgets.widgets.core.offline import NEEDS_KERNEL, NONFINITE
+from pycircuits_widgets.widgets.sharing.standalone import widget_state
 
 pytestmark = pytest.mark.browser
 
