@@ -28,6 +28,7 @@ import copy
 import functools
 import math
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -154,13 +155,6 @@ def shipped():
     return pcw.load_pretrained("attn-only-2l")
 
 
-@pytest.fixture(scope="module")
-def corpus_windows(shipped):
-    """``[8, 32]`` token windows of the stdlib corpus (the shipped model's training text)."""
-    ids = torch.tensor(shipped.tokenizer.encode("".join(corpus_documents("pydoc")[:3])))
-    return ids[: 8 * 32].reshape(8, 32)
-
-
 def means_over(model, windows) -> dict:
     """Each head's mean output and each neuron's mean activation over ``windows``, from our forward."""
     _, cache = model.run_with_cache(windows)
@@ -226,15 +220,18 @@ def test_mean_ablation_equals_the_oracle_with_those_heads_outputs_replaced(gpt2_
     assert_within(by_tensor.logits, heads_only["logits"], tol)
 
 
-def test_mean_ablation_of_the_shipped_model_with_corpus_means(shipped, corpus_windows):
-    """Means over stdlib-corpus windows (what a sweep gives): ablating a head with its mean moves the
-    loss less than removing it, and equals the oracle with its output replaced."""
-    means = means_over(shipped, corpus_windows)
+def test_mean_ablation_of_the_shipped_model_with_a_corpus_sweep(shipped, tmp_path):
+    """``means=`` a real ``pcw.Sweep`` over stdlib-corpus windows: the oracle with the head's output
+    replaced by the sweep's mean output."""
+    sweep = pcw.sweep(shipped, pcw.Corpus.from_texts(corpus_documents("pydoc")[:4]), tmp_path, seq_len=32,
+                      max_windows=8, progress=False)
     tokens = shipped.to_tokens(SAMPLE_TEXT)[None]
     model64 = shipped.to(torch.float64)
-    mean = pcw.ablate(model64, tokens, heads=[(1, 3)], kind="mean", means={"heads": means["heads"]})
-    ref = oracle(model64, tokens, head_out=set_heads({1: [3]}, means["heads"].double()))
+    mean = pcw.ablate(model64, tokens, heads=[(1, 3)], kind="mean", means=sweep)
+    ref = oracle(model64, tokens, head_out=set_heads({1: [3]}, sweep.head_means().double()))
     assert_within(mean.logits, ref["logits"], logit_tol(model64, mean.cache, tokens.shape[1], torch.float64))
+    assert torch.equal(pcw.ablate(model64, tokens, heads=[(1, 3)], kind="mean",
+                                  means={"heads": sweep.head_means()}).logits, mean.logits)
 
 
 def test_ablation_equals_the_model_with_w_o_zeroed(shipped):
@@ -545,3 +542,12 @@ def test_bad_input_is_refused_by_name(shipped, call, error, match):
     with pytest.raises(error, match=match):
         call(shipped, tokens)
 
+
+def test_the_readme_causal_checks_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # its sweep's store
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("## Causal checks\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(block, "README.md (causal checks example)", "exec"), namespace)
+    assert namespace["pp"].reader == (1, 6)
+    assert namespace["ablated"].loss.shape == (1, namespace["clean"].tokens.shape[1] - 1)

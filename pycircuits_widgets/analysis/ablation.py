@@ -57,8 +57,8 @@ def check_kind(kind, means, where: str) -> None:
         raise ValueError(f"{where}: means are read by kind='mean' only (kind='zero' given with means)")
     if kind == "mean" and means is None:
         raise ValueError(f"{where}(kind='mean') needs each head's mean output over a corpus: pass "
-                         "means=pcw.sweep(model, ...) (a Sweep), or means={'heads': [n_layers, n_heads, d_model], "
-                         "'neurons': [n_layers, d_mlp]} tensors")
+                         "means=pcw.sweep(model, corpus, store) (a Sweep), or means={'heads': [n_layers, n_heads, "
+                         "d_model], 'neurons': [n_layers, d_mlp]} tensors")
 
 
 def check_head(model, head, where: str) -> tuple[int, int]:
@@ -147,7 +147,7 @@ def ablate(model, tokens, heads=(), neurons=(), kind: str = "zero", means=None,
 
     ``kind="zero"``: outputs (activations) set to zero, the same as each head's ``W_O`` (each neuron's
     ``W_out`` row) set to zero. ``kind="mean"``: set to their mean over a corpus, from ``means``: a
-    ``Sweep`` (``pcw.sweep``; any object with ``head_means() -> [n_layers, n_heads, d_model]`` and
+    ``Sweep`` (``pcw.sweep(model, corpus, store)``; any object with ``head_means() -> [n_layers, n_heads, d_model]`` and
     ``neuron_means() -> [n_layers, d_mlp]``), a dict with those tensors as ``"heads"`` / ``"neurons"``,
     or the heads' tensor alone. ``clean``: ``pcw.run(model, tokens)`` when the caller has it (not run again).
     Returns an ``AblationResult`` (``.clean_loss``, ``.loss`` ``[batch, pos - 1]``, ``.logits``, ``.cache``,
