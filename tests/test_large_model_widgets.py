@@ -21,12 +21,8 @@ from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.analysis.circuits import short_name
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 from random_models import custom_model, paper_model
-from tolerance import gamma
+from tolerance import COPY
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
-
-COPY = dict(rtol=gamma(2), atol=0)
-"""A number and the view's float32 copy of it, each at most one rounding from the analysis's value."""
-
 
 @pytest.fixture(scope="module")
 def m2():

@@ -230,6 +230,12 @@ def path_expansion_tol(model, pe) -> float:
     return torch.finfo(torch.float64).eps * n * float(pe.stacked_logits.abs().amax((1, 2, 3)).sum())
 
 
+COPY = {"rtol": gamma(2), "atol": 0}
+"""A view's number against the analysis function's own result (the same function on the same weights):
+the number and the view's float32 copy of it, each at most one rounding from the analysis's value
+(``np.testing.assert_allclose(..., **COPY)``). A recomputation by another route differs by more and fails."""
+
+
 LAPACK_THRESHOLD = 35.0
 """The test ratio LAPACK's own test suite accepts from its SVD routines (``TESTING/svd.in``)."""
 
