@@ -1,7 +1,11 @@
 """Kernel-less answers (widgets/core/offline.py): each view's ``_offline`` trait holds, for every
 other selection, what the widget itself computes when the selection moves there, compactly
 encoded and within the budget; under a kernel it is filled in the background, never busy,
-yielding to clicks, and ``wait()`` covers it."""
+yielding to clicks, and ``wait()`` covers it.
+
+Tolerances (``tests/tolerance.py``): a saved answer is the widget's own result (the same cached analysis),
+its arrays packed as float16 (``PACKED``: one rounding to float16), its scalars as JSON numbers with 5
+significant digits (``SCALAR``)."""
 
 import json
 import threading
@@ -9,12 +13,22 @@ import zlib
 
 import numpy as np
 import pytest
+import torch
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.core import offline
 from pycircuits_widgets.widgets.core.offline import BUDGET, NEEDS_KERNEL, key
 from random_models import paper_model
+from tolerance import gamma
+
+PACKED = {"rtol": gamma(1, torch.float16), "atol": 2**-25}
+"""A float array against its float16 packing: one rounding, ``u = 2^-11`` relative, or half the subnormal
+spacing ``2^-24`` below float16's smallest normal (values past float16's range are packed as float32,
+closer still)."""
+SCALAR = 5e-5
+"""A saved scalar's relative rounding: 5 significant digits are within half a unit of the fifth digit,
+``0.5 * 10^-4`` of the leading digit's place, at most ``5e-5`` of the value."""
 
 
 def saved_rules(state: dict) -> list[dict]:
@@ -62,8 +76,8 @@ def test_each_heads_table_is_what_the_widget_computes_for_that_head():
         assert (got["trigrams"]["layer"], got["trigrams"]["head"]) == (layer, head)
         for column in ("src", "dest", "out"):
             np.testing.assert_array_equal(got["trigrams"][column], table.trigrams[column])
-        for column in ("qk", "ov", "score"):  # float16: relative error under 2^-11
-            np.testing.assert_allclose(got["trigrams"][column], table.trigrams[column], rtol=1e-3)
+        for column in ("qk", "ov", "score"):
+            np.testing.assert_allclose(got["trigrams"][column], table.trigrams[column], **PACKED)
         ids = set(table.trigrams["src"]) | set(table.trigrams["out"])
         assert all(got["trigrams"]["strings"][str(i)] == model.token_strings[i] for i in ids)
         assert got["error"] == "" and got["related"] == {} and got["token"] == -1
@@ -96,7 +110,7 @@ def test_answers_stop_at_the_budget_current_selection_first_and_say_the_rest_nee
     got = answer(offline.fill(eigen), 0, key(0, 2))
     eigen.layer, eigen.head = 0, 2
     assert eigen.wait()
-    np.testing.assert_allclose(got["detail"]["ov_re"], eigen.detail["ov_re"], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(got["detail"]["ov_re"], eigen.detail["ov_re"], **PACKED)
     assert [c["id"] for c in got["detail"]["copies"]] == [c["id"] for c in eigen.detail["copies"]]
     assert pcw.ColoredTokens(["a"], [1.0])._offline == {}
 
@@ -109,9 +123,9 @@ def test_composition_answers_follow_the_kind_shown(m2_composition):
     comp.selected_pair = pair
     assert comp.wait()
     assert got["detail"]["kind"] == comp.kind and got["detail"]["h2"] == [1, 2]
-    assert got["detail"]["score"] == pytest.approx(comp.detail["score"], rel=1e-4)
-    assert got["detail"]["baseline"] == pytest.approx(comp.detail["baseline"], rel=1e-4)
-    np.testing.assert_allclose(got["detail"]["singular_values"], comp.detail["singular_values"], rtol=1e-3)
+    assert got["detail"]["score"] == pytest.approx(comp.detail["score"], rel=SCALAR, abs=0)
+    assert got["detail"]["baseline"] == pytest.approx(comp.detail["baseline"], rel=SCALAR, abs=0)
+    np.testing.assert_allclose(got["detail"]["singular_values"], comp.detail["singular_values"], **PACKED)
 
 
 @pytest.fixture
