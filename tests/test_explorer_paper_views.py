@@ -1,6 +1,9 @@
 """The paper views inside CircuitExplorer (Python side): built inactive (nothing computed until
 asked), one forward pass per text, the pair selection and its linking rules, and every number
-equal to the analysis functions on the shipped two-layer model."""
+equal to the analysis functions on the shipped two-layer model.
+
+Tolerance (``tests/tolerance.py``): the views show the analysis functions' own results, within ``COPY``
+(one float32 copy's rounding)."""
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
 from pycircuits_widgets.widgets.views import explorer as explorer_module
 from pycircuits_widgets.widgets.views import registry
 from pycircuits_widgets.widgets.core.selection import SELECTION_KEYS
+from tolerance import COPY
 
 TEXT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return f(x) + 1\n"
 PAPER_VIEWS = ("paths", "induction", "positional", "virtual")
@@ -79,17 +83,17 @@ def test_numbers_in_the_explorers_paper_views_equal_the_analysis_functions(compu
     e = computed
     pe = path_expansion(m2, TEXT)
     assert [t["name"] for t in e.paths.terms] == [t.name for t in pe.terms]
-    np.testing.assert_allclose([r["loss"] for r in e.paths.ladder[:3]], pe.loss_by_order().numpy(), rtol=1e-5)
-    np.testing.assert_allclose(e.paths.importance, pe.term_importance().numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose([r["loss"] for r in e.paths.ladder[:3]], pe.loss_by_order().numpy(), **COPY)
+    np.testing.assert_allclose(e.paths.importance, pe.term_importance().numpy(), **COPY)
     out = pcw.run(m2, TEXT)
     n = out.tokens.shape[-1]
     np.testing.assert_allclose(e.positional.positional, positional_scores_by_offset(m2, n, 16).numpy(),
-                               rtol=1e-6)
+                               **COPY)
     np.testing.assert_allclose(e.positional.measured, attention_by_offset(out.patterns[0], 16).numpy(),
-                               rtol=1e-6)
+                               **COPY)
     ref = top_virtual_heads(m2, 12, 8)
     assert [r["pair"] for r in e.virtual.heads] == [[*v.h1, *v.h2] for v in ref]
-    assert [r["norm"] for r in e.virtual.heads] == pytest.approx([v.norm for v in ref])
+    assert [r["norm"] for r in e.virtual.heads] == pytest.approx([v.norm for v in ref], rel=COPY["rtol"], abs=0)
     values, ids = bigram_top(m2, 10)
     np.testing.assert_array_equal(e.bigrams.top_ids, ids.numpy())
     # the induction view: every verdict, and each embedded table
@@ -99,8 +103,8 @@ def test_numbers_in_the_explorers_paper_views_equal_the_analysis_functions(compu
         r = induction_pair(m2, (l1, h1), (l2, h2), k=12)
         info = e.induction.pairs[key]
         assert (info["kind"], info["sentence"]) == (r.kind, r.sentence)
-        assert info["qk_positivity"] == pytest.approx(r.qk_positivity, abs=1e-5)
-        np.testing.assert_allclose(table["values"], r.top_values.numpy(), rtol=1e-4, atol=1e-5)
+        assert info["qk_positivity"] == pytest.approx(r.qk_positivity, rel=COPY["rtol"], abs=0)
+        np.testing.assert_allclose(table["values"], r.top_values.numpy(), **COPY)
         assert table["tokens"].tolist() == [r.top_dest.tolist(), r.top_src.tolist()]
 
 
