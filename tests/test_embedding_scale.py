@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from random_models import custom_model, paper_model
 from tolerance import (
-    POSITIVITY_TOL, assert_within, centred_product_tol, gamma, logit_tol, model_forward_length, normalization_tol,
-    product_tol, reduction_tol,
+    POSITIVITY_TOL, assert_within, centred_product_tol, logit_tol, model_forward_length, normalization_tol,
+    product_tol, reduction_tol, score_tol,
 )
 
 import pycircuits_widgets as pcw
@@ -138,9 +138,8 @@ def test_skip_trigrams_equal_a_brute_force_top_k_on_the_normalised_embedding(one
     def oracle(s, d, o):
         return float(qk[d, s].clamp_min(0) * ov[s, o].clamp_min(0))
 
-    def bound(s, d, o):  # a score qk+ ov+ moves by dqk ov+ + qk+ dov + dqk dov and its product's rounding
-        return float(dqk[d, s] * ov[s, o].clamp_min(0) + qk[d, s].clamp_min(0) * dov[s, o] + dqk[d, s] * dov[s, o]
-                     + gamma(1) * oracle(s, d, o))
+    def bound(s, d, o):
+        return float(score_tol(qk[d, s], ov[s, o], dqk[d, s], dov[s, o]))
 
     # rounding may swap triples whose scores lie within their bounds: ours are k distinct triples in
     # descending order, each within its bound of the oracle's score, holding every triple certainly in

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol, gamma, product_tol
+from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol, gamma, product_tol, score_tol
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import pycircuits_widgets as pcw
@@ -126,9 +126,8 @@ def _dense_skip_trigram_scores(hf, head, offset):
     W_U = hf.model.norm.weight[:, None] * hf.lm_head.weight.T
     dqk = centred_product_tol(*_qk_chain(hf, 0, head, _rotation(hf, offset), x, x)).T[:, :, None]
     dov = centred_product_tol(x, W_V, W_O, W_U)[:, None, :]
-    qk, ov = qk.clamp_min(0).T[:, :, None], ov.clamp_min(0)[:, None, :]
-    scores = qk * ov
-    return scores, dqk * ov + qk * dov + dqk * dov + gamma(1) * scores
+    qk, ov = qk.T[:, :, None], ov[:, None, :]
+    return qk.clamp_min(0) * ov.clamp_min(0), score_tol(qk, ov, dqk, dov)
 
 
 def _assert_top(rows, scores, bound, k):
