@@ -59,6 +59,8 @@ def test_full_qk_circuit_is_the_token_part_of_the_attention_scores():
         F = full_qk_circuit(m, 0, h).dense()[t][:, t] / m.cfg.attn_scale
         logp = cache.patterns[0, 0, h].log()
         for i in range(1, len(t)):  # softmax is shift invariant: compare differences to src 0
+            # both sides float64 (paper_model): their chains' roundings (~1e-13 of these O(1) scores,
+            # chain_tol in float64) sit far below this margin, while a wrong circuit is off by O(1)
             torch.testing.assert_close(logp[i, : i + 1] - logp[i, 0], F[i, : i + 1] - F[i, 0], atol=1e-6, rtol=1e-6)
 
 

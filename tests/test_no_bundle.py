@@ -13,6 +13,7 @@ import sys
 import torch
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import composition
 from pycircuits_widgets.widgets.core.bundle import BUILD
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -51,7 +52,10 @@ def test_the_package_works_without_a_built_front_end_and_showing_a_view_names_th
     assert out["file"] == str(tmp_path / "pycircuits_widgets" / "__init__.py") and not out["static"]
     # the same numbers as the package with its bundle (this process; NaN: pairs not in order)
     expected = pcw.composition_scores(pcw.load_pretrained(MODEL), "Q")
-    torch.testing.assert_close(torch.tensor(out["q_composition"]), expected, rtol=1e-5, atol=1e-7, equal_nan=True)
+    # another thread count rounds differently: each float32 score is within composition_scores' guarded
+    # relative error of the exact one, so the two within twice that
+    rtol = 2 * composition.FALLBACK_RELATIVE_ERROR
+    torch.testing.assert_close(torch.tensor(out["q_composition"]), expected, rtol=rtol, atol=0, equal_nan=True)
     assert "alpha" in out["picture"] and "beta" in out["picture"]  # the static picture needs no bundle
     for name in ("show", "save"):
         assert out[name] is not None, f"{name} did not raise BundleMissing"
