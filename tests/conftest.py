@@ -69,23 +69,13 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A real local Ray cluster (GCS, raylet and 2 single-CPU worker processes), started once per session;
-    this checkout's package is shipped to its workers (``runtime_env`` ``py_modules``), as a user with a
-    development checkout would. The raylet gives its dashboard agent a fixed 15 s to report its ports
-    (ray-project/ray#65983), which a busy 2-core machine can miss: the start is tried three times."""
-    import pathlib
-
+    """A real local Ray cluster (GCS, raylet and 2 single-CPU worker processes), started once per session
+    with this checkout's package shipped to its workers, as the sweep's own local start does
+    (``ray_engine.start_local_cluster``, which retries a start a busy machine made Ray give up on)."""
     import ray
 
-    package = str(pathlib.Path(__file__).resolve().parent.parent / "pycircuits_widgets")
-    for attempt in range(3):
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, logging_level="warning",
-                     runtime_env={"py_modules": [package]})
-            break
-        except Exception:
-            ray.shutdown()
-            if attempt == 2:
-                raise
+    from pycircuits_widgets.corpus.ray_engine import start_local_cluster
+
+    start_local_cluster(num_cpus=2)
     yield ray
     ray.shutdown()

@@ -80,7 +80,7 @@ def test_a_tokenizer_that_adds_a_prefix_adds_it_once_per_document(tok):
             return [1] + tok.encode(text)
 
     doc = "x = 1\n" * (PIECE_CHARS // 3)
-    stream = windows(Corpus.from_texts([doc, "y\n"]), WithBOS(), 1)[:, 0].tolist()
+    stream = windows(Corpus.from_texts([doc, "y\n"]), WithBOS(), 1, block=10**7)[:, 0].tolist()
     assert stream == [1] + tok.encode(doc) + [0] + [1] + tok.encode("y\n") + [0]
 
 
@@ -119,6 +119,12 @@ def test_missing_paths_directories_and_empty_globs_are_refused_by_name(tmp_path)
         Corpus.from_texts(["x", b"y"])
     with pytest.raises(TypeError, match="got one str"):
         Corpus.from_texts("just one text")
+    gone = tmp_path / "gone.txt"
+    gone.write_text("here when listed\n")
+    corpus = Corpus.from_files(gone)
+    gone.unlink()
+    with pytest.raises(CorpusError, match="gone.txt cannot be read"):
+        corpus.scan()
 
 
 def test_a_100_mb_line_is_read_in_bounded_memory(tmp_path, tok):
@@ -190,6 +196,13 @@ def test_a_file_changed_after_the_scan_is_refused(tmp_path, tok):
     path.write_text("after!\n" * 50)
     with pytest.raises(CorpusError, match="doc.txt changed since the corpus was scanned"):
         windows(corpus, tok, 4)
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text(json.dumps({"text": "one\n"}) + "\n")
+    corpus = Corpus.from_jsonl(lines)
+    corpus.scan()
+    lines.write_text(json.dumps({"text": "one\n"}) + "\n" + json.dumps({"text": "two\n"}) + "\n")
+    with pytest.raises(CorpusError, match="changed since it was scanned: 1 documents then, more now"):
+        windows(corpus, tok, 1)
 
 
 def test_the_stdlib_corpus_and_the_tokenizer_identity(tok, stdlib_docs):

@@ -159,9 +159,10 @@ def test_ties_rank_by_window_then_position(reference, model):
 def test_corpus_head_scores_are_head_scores_on_the_same_windows(model, corpus, reference, brute, tmp_path):
     expected = analysis_head_scores(model, reference.windows)
     tol = T * pattern_tol(model.cfg, T, brute["patterns"])
-    scores_only = pcw.head_scores(model, corpus, seq_len=T, max_windows=N)  # a scores-only sweep, other batches
     for name, value in expected.items():
         torch.testing.assert_close(reference.head_scores()[name], value, atol=tol, rtol=0)
+    scores_only = pcw.head_scores(model, corpus, seq_len=T, max_windows=500)  # a scores-only sweep, other batches
+    for name, value in analysis_head_scores(model, reference.windows[:500]).items():
         torch.testing.assert_close(scores_only[name], value, atol=tol, rtol=0)
     assert reference.head_scores()["induction"].max() > 0.3  # the shipped model's induction heads
 
@@ -172,6 +173,11 @@ def test_head_means_are_the_mean_head_out(model, reference, brute):
     assert means.shape == (2, 8, 128) and means.dtype == torch.float32
     torch.testing.assert_close(means.double(), brute["head_mean"], atol=tol, rtol=0)
     assert reference.neuron_means() is None and reference.neuron_fraction_positive() is None
+    # a Sweep is what pcw.ablate(kind="mean") reads its means from
+    tokens = reference.windows[:4]
+    by_sweep = pcw.ablate(model, tokens, heads=[(1, 6), (0, 2)], kind="mean", means=reference)
+    by_table = pcw.ablate(model, tokens, heads=[(1, 6), (0, 2)], kind="mean", means={"heads": means})
+    assert torch.equal(by_sweep.loss, by_table.loss) and by_sweep.loss_change > 0
 
 
 @pytest.fixture(scope="module")

@@ -60,11 +60,12 @@ def target_mass(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple
     adds 0), ``n`` how many positions have a target (int64 scalar). ``patterns [batch, L, H, dest, src]``,
     ``tokens [batch, pos]``."""
     masks = target_masks(tokens)
-    stacked = torch.stack(list(masks.values()), 1).to(patterns.dtype)  # [batch, score, dest, src]
+    stacked = torch.stack(list(masks.values()), 1)  # [batch, score, dest, src]
+    counts = stacked.any(-1).sum((0, 2))
     # one pass over the patterns for all three scores; each sequence's sum in the patterns' dtype, the
     # sequences' in float64
-    mass = torch.einsum("blhij,bsij->sblh", patterns, stacked).sum(1, dtype=torch.float64)
-    return {name: (mass[s], mask.any(-1).sum()) for s, (name, mask) in enumerate(masks.items())}
+    mass = torch.einsum("blhij,bsij->sblh", patterns, stacked.to(patterns.dtype)).sum(1, dtype=torch.float64)
+    return {name: (mass[s], counts[s]) for s, name in enumerate(masks)}
 
 
 def scores_from_patterns(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -59,14 +59,6 @@ class TopK:
     position: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    @classmethod
-    def empty(cls, rows: int, k: int, extras: dict[str, torch.dtype] | None = None, dtype=torch.float32,
-              device=None) -> TopK:
-        full = {"size": (rows, k), "device": device}
-        return cls(torch.full(**full, fill_value=float("-inf"), dtype=dtype),
-                   torch.full(**full, fill_value=EMPTY, dtype=torch.long), torch.zeros(**full, dtype=torch.long),
-                   {name: torch.zeros(**full, dtype=dtype) for name, dtype in (extras or {}).items()})
-
     @property
     def k(self) -> int:
         return self.score.shape[-1]
@@ -76,16 +68,24 @@ class TopK:
 
     def merge(self, other: TopK) -> TopK:
         """The best ``k`` of both, in the total order (module docstring)."""
-        if self.score.shape != other.score.shape or set(self.extras) != set(other.extras):
-            raise ValueError(f"cannot merge top-k tables of shapes {tuple(self.score.shape)} and "
-                             f"{tuple(other.score.shape)} (or different extras)")
-        both = {name: torch.cat([a, b], -1) for (name, a), b in zip(self.fields().items(), other.fields().values())}
+        return TopK.merge_all([self, other])
+
+    @staticmethod
+    def merge_all(tables: list[TopK]) -> TopK:
+        """The best ``k`` of all ``tables`` (same rows, ``k`` and extras), in the total order: one selection
+        over their concatenation, the same as merging them pairwise in any grouping."""
+        first = tables[0]
+        for t in tables[1:]:
+            if t.score.shape != first.score.shape or set(t.extras) != set(first.extras):
+                raise ValueError(f"cannot merge top-k tables of shapes {tuple(first.score.shape)} and "
+                                 f"{tuple(t.score.shape)} (or different extras)")
+        both = {name: torch.cat([t.fields()[name] for t in tables], -1) for name in first.fields()}
         # lexicographic by three stable sorts, least significant key first
         order = both["position"].sort(dim=-1, stable=True).indices
         for key, descending in (("window", False), ("score", True)):
             keyed = both[key].gather(-1, order)
             order = order.gather(-1, keyed.sort(dim=-1, descending=descending, stable=True).indices)
-        order = order[:, :self.k]
+        order = order[:, :first.k]
         # an empty slot's window (-1) would sort before real windows of equal score; scores are finite,
         # empty ones -inf, so empties stay last
         picked = {name: t.gather(-1, order) for name, t in both.items()}
@@ -121,13 +121,26 @@ class Accumulator:
     sums: dict[str, torch.Tensor]
 
     def merge(self, other: Accumulator) -> Accumulator:
-        if set(self.sums) != set(other.sums) or (self.heads is None) != (other.heads is None) \
-                or (self.neurons is None) != (other.neurons is None):
-            raise ValueError("cannot merge accumulators of different sweeps (different statistics recorded)")
+        return Accumulator.merge_all([self, other])
+
+    @staticmethod
+    def merge_all(accs: list[Accumulator]) -> Accumulator:
+        """All of ``accs`` merged: top-k tables in one selection, sums added in list order."""
+        first = accs[0]
+        for a in accs[1:]:
+            if set(a.sums) != set(first.sums) or (a.heads is None) != (first.heads is None) \
+                    or (a.neurons is None) != (first.neurons is None):
+                raise ValueError("cannot merge accumulators of different sweeps (different statistics recorded)")
+        sums = {}
+        for name in first.sums:
+            total = first.sums[name]
+            for a in accs[1:]:
+                total = total + a.sums[name]
+            sums[name] = total
         return Accumulator(
-            None if self.heads is None else self.heads.merge(other.heads),
-            None if self.neurons is None else self.neurons.merge(other.neurons),
-            {name: value + other.sums[name] for name, value in self.sums.items()},
+            None if first.heads is None else TopK.merge_all([a.heads for a in accs]),
+            None if first.neurons is None else TopK.merge_all([a.neurons for a in accs]),
+            sums,
         )
 
     def to(self, device) -> Accumulator:

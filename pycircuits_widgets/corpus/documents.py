@@ -111,7 +111,11 @@ def _text_chunks(text: str, name: str, errors: str) -> Iterator[str]:
 
 
 def _file_blocks(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise CorpusError(f"{path} cannot be read ({err.strerror or err})") from None
+    with f:
         head = f.read(BINARY_PROBE)
         if b"\0" in head:
             raise Skip("binary")
@@ -327,9 +331,15 @@ class Corpus:
     def kept(self) -> Iterator[tuple[Document, int]]:
         """Each kept document with its ``short_digest`` from the scan (``windows.py`` checks it as it reads)."""
         self.scan()
-        for doc, digest in zip(self._documents(), self._digests, strict=True):
-            if digest:
-                yield doc, digest
+        n = 0
+        for n, doc in enumerate(self._documents(), 1):
+            if n > len(self._digests):
+                break
+            if self._digests[n - 1]:
+                yield doc, self._digests[n - 1]
+        if n != len(self._digests):
+            raise CorpusError(f"the corpus changed since it was scanned: {len(self._digests)} documents then, "
+                              f"{'more' if n > len(self._digests) else n} now; build the Corpus again")
 
     def __repr__(self) -> str:
         state = "" if self._digests is None else f", {self.documents} documents, skipped {dict(self.skipped)}"

@@ -82,8 +82,26 @@ def _ray():
     return ray
 
 
+def start_local_cluster(num_cpus: int | None = None, attempts: int = 3) -> None:
+    """``ray.init`` of a local cluster (``num_cpus``: default all) whose workers get this package's code
+    (``py_modules``). Tried ``attempts`` times: the raylet gives its dashboard agent a fixed 15 s to report
+    its ports and dies when it is late (ray-project/ray#65983), which a busy machine can cause."""
+    ray = _ray()
+    for attempt in range(attempts):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="warning",
+                     runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]})
+            return
+        except Exception as err:  # Ray raises a bare Exception for a node that did not start
+            ray.shutdown()
+            if attempt == attempts - 1:
+                raise RuntimeError(f"a local Ray cluster did not start in {attempts} attempts ({err}); on a busy "
+                                   "machine try again, or start one yourself with ray.init()") from err
+
+
 def run(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *, device=None, address: str | None = None,
-        workers: int | None = None, cpus_per_worker: int = 1, num_gpus: float = 0) -> Iterator[tuple[int, np.ndarray, Accumulator]]:
+        workers: int | None = None, cpus_per_worker: int = 1,
+        num_gpus: float = 0) -> Iterator[tuple[int, np.ndarray, Accumulator]]:
     """Each shard of ``todo`` recorded by an actor (module docstring), yielded as it finishes.
 
     ``address``: a cluster to connect to when this process is not connected yet. ``workers``: how many
@@ -98,14 +116,13 @@ def run(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *, device
         if address:
             ray.init(address=address, logging_level="warning")
         else:
-            ray.init(include_dashboard=False, logging_level="warning",
-                     runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]})
+            start_local_cluster()
             started = True
     actors = []
     try:
         resources = ray.cluster_resources()
         if workers is None:
-            workers = int(resources.get("GPU", 0) // num_gpus) if num_gpus else int(resources.get("CPU", 1) // cpus_per_worker)
+            workers = int(resources.get("GPU", 0) // num_gpus if num_gpus else resources.get("CPU", 1) // cpus_per_worker)
         if workers < 1:
             raise ValueError(f"the Ray cluster has no room for a worker of {cpus_per_worker} CPUs and {num_gpus} GPUs "
                              f"(cluster resources: {resources})")
@@ -114,12 +131,16 @@ def run(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *, device
         Actor = ray.remote(ShardWorker).options(num_cpus=cpus_per_worker, num_gpus=num_gpus, max_restarts=2,
                                                 max_task_retries=2)
         actors = [Actor.remote(settings, "cuda" if num_gpus else None, cpus_per_worker) for _ in range(workers)]
-        ours = code_identity()
-        for theirs in ray.get([actor.code_identity.remote() for actor in actors]):
-            if theirs != ours:
-                raise RuntimeError("the Ray workers run another pycircuits_widgets than this process (its recorder "
-                                   "or model code differs): install the same version on every node, or connect "
-                                   "with ray.init(address=..., runtime_env={'py_modules': [pycircuits_widgets]})")
+        advice = ("install the same pycircuits_widgets on every node, or connect with ray.init(address=..., "
+                  "runtime_env={'py_modules': [pycircuits_widgets]})")
+        try:
+            theirs = ray.get([actor.code_identity.remote() for actor in actors])
+        except ray.exceptions.RayError as err:
+            raise RuntimeError(f"the Ray workers could not start the sweep's actor ({type(err).__name__}: {err}); "
+                               f"{advice}") from err
+        if any(code != code_identity() for code in theirs):
+            raise RuntimeError(f"the Ray workers run another pycircuits_widgets than this process (its recorder or "
+                               f"model code differs): {advice}")
         yield from _dispatch(ray, actors, todo, parts)
     finally:
         for actor in actors:

@@ -52,29 +52,13 @@ class Recorder:
         self.work = linalg_dtype(self.model.dtype)
         self.R_T = None if scores_only else head_out_factor(self.model).to(self.device)
 
-    def empty(self) -> Accumulator:
-        cfg, dev = self.model.cfg, torch.device("cpu")
-        sums = {f"mass.{name}": torch.zeros(self.L, self.H, dtype=torch.float64) for name in SCORE_NAMES}
-        sums |= {f"targets.{name}": torch.zeros((), dtype=torch.long) for name in SCORE_NAMES}
-        sums |= {"positions": torch.zeros((), dtype=torch.long), "windows": torch.zeros((), dtype=torch.long)}
-        heads = neurons = None
-        if not self.scores_only:
-            sums["z"] = torch.zeros(self.L, self.H, cfg.d_head, dtype=torch.float64)
-            heads = TopK.empty(self.L * self.H, self.k, HEAD_EXTRAS, self.work, dev)
-        if self.mlps:
-            sums["neuron_sum"] = torch.zeros(self.L, cfg.d_mlp, dtype=torch.float64)
-            sums["neuron_positive"] = torch.zeros(self.L, cfg.d_mlp, dtype=torch.long)
-            neurons = TopK.empty(self.L * cfg.d_mlp, self.k, None, self.work, dev)
-        return Accumulator(heads, neurons, sums)
-
-    @torch.no_grad()
+    @torch.inference_mode()
     def record(self, windows: torch.Tensor, first_window: int, batch_size: int) -> Accumulator:
         """The accumulator of ``windows [n, T]`` (numbered from ``first_window``), run ``batch_size`` at a
-        time and merged in order; on the CPU."""
-        acc = self.empty().to(self.device)
-        for start in range(0, len(windows), batch_size):
-            acc = acc.merge(self.batch(windows[start:start + batch_size].to(self.device), first_window + start))
-        return acc.to("cpu")
+        time and merged once (``Accumulator.merge_all``, sums in batch order); on the CPU."""
+        batches = [self.batch(windows[start:start + batch_size].to(self.device), first_window + start)
+                   for start in range(0, len(windows), batch_size)]
+        return Accumulator.merge_all(batches).to("cpu")
 
     def batch(self, tokens: torch.Tensor, first_window: int) -> Accumulator:
         """The accumulator of one batch ``tokens [b, T]`` (windows from ``first_window``), on the device."""

@@ -5,7 +5,8 @@ Layout (``FORMAT``)::
     manifest.json                 what the store holds: model, corpus, tokenisation, settings, progress
     windows/000000.safetensors    each shard's windows, ``"windows" [n, seq_len]`` (uint16, or int32
                                   for vocabularies over 65536)
-    shards/000007.safetensors     a recorded shard not yet merged (its ``Accumulator``)
+    shards/000007.safetensors     a shard recorded before the one it follows (its ``Accumulator``): the
+                                  Ray engine's shards can finish out of order
     merged/000006.safetensors     shards 0..6 merged (the file ``manifest["merged"]`` names)
     heads.parquet                 when complete: every head's top k (``layer, head, rank, window,
                                   position, score, source, attention, token, source_token``)
@@ -143,10 +144,14 @@ class Store:
         return set(range(self.manifest["merged_through"] + 1)) | set(self.manifest["pending"])
 
     def record(self, shard: int, windows: np.ndarray, acc: Accumulator, vocab: int) -> None:
-        """Keep shard ``shard``: its windows and accumulator files, then the manifest."""
+        """Keep shard ``shard``: its windows, then its accumulator, merged at once when it follows the merged
+        shards (with any pending ones it unblocks), else kept as a pending shard file; then the manifest."""
         dtype = np.uint16 if vocab <= 1 << 16 else np.int32
         _atomic(self.path / "windows" / _name(shard),
                 lambda tmp: save_numpy({"windows": np.ascontiguousarray(windows, dtype=dtype)}, tmp))
+        if shard == self.manifest["merged_through"] + 1:
+            self._fold(acc)
+            return
         _atomic(self.path / "shards" / _name(shard), lambda tmp: save_file(acc.tensors(), tmp))
         self.manifest["pending"] = sorted(set(self.manifest["pending"]) | {shard})
         self._save()
@@ -159,12 +164,20 @@ class Store:
     def fold(self) -> Accumulator | None:
         """Merge the pending shards that follow the merged ones, in shard order; the merged accumulator
         (None before any shard)."""
+        return self._fold(None)
+
+    def _fold(self, following: Accumulator | None) -> Accumulator | None:
+        """Merge ``following`` (the accumulator of shard ``merged_through + 1``, if given), then every
+        pending shard that follows, in shard order; write the merge under a new name, then the manifest."""
         through, pending = self.manifest["merged_through"], set(self.manifest["pending"])
         if self._merged is None and self.manifest["merged"] is not None:
             self._merged = Accumulator.from_tensors(load_file(self.path / "merged" / self.manifest["merged"]))
-        if through + 1 not in pending:
+        if following is None and through + 1 not in pending:
             return self._merged
         old, folded = self.manifest["merged"], []
+        if following is not None:
+            through += 1
+            self._merged = following if self._merged is None else self._merged.merge(following)
         while through + 1 in pending:
             through += 1
             shard = Accumulator.from_tensors(load_file(self.path / "shards" / _name(through)))

@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import queue
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,9 +162,8 @@ def _run(model, corpus, store: Store, settings: dict, engine: str, device, progr
     start, tokens = time.monotonic(), 0
     windows_done = len(recorded) * shard_size if known is None else min(len(recorded) * shard_size, known)
     try:
-        for shard, windows, acc in run_engine(model, settings, todo(), device=device, **options):
+        for shard, windows, acc in run_engine(model, settings, prefetched(todo()), device=device, **options):
             store.record(shard, windows, acc, model.cfg.d_vocab)
-            store.fold()
             n = len(windows) * seq_len
             tokens += n
             windows_done += len(windows)
@@ -183,6 +184,43 @@ def _run(model, corpus, store: Store, settings: dict, engine: str, device, progr
         shards = last[0][0] + 1
         windows = last[0][0] * shard_size + last[0][1]
     store.end(shards, windows)
+
+
+def prefetched(items: Iterator, depth: int = 1) -> Iterator:
+    """``items``, produced by a background thread up to ``depth`` ahead: the corpus is tokenised while the
+    model runs (torch releases the GIL inside its kernels). The producer's exception is raised here; when
+    the consumer stops, the producer stops after at most one more item."""
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                slots.put((True, item))
+            slots.put((False, None))
+        except BaseException as err:  # handed to the consumer, which raises it
+            slots.put((False, err))
+
+    thread = threading.Thread(target=produce, name="pcw-sweep-windows", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, value = slots.get()
+            if not more:
+                if value is not None:
+                    raise value
+                return
+            yield value
+    finally:
+        stop.set()
+        while thread.is_alive():  # free the slot a blocked producer waits on, until it sees the stop
+            try:
+                slots.get(timeout=1)
+            except queue.Empty:
+                pass
+        thread.join()
 
 
 def _finish(model, store: Store) -> None:
