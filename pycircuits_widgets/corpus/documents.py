@@ -112,7 +112,7 @@ def _text_chunks(text: str, name: str, errors: str) -> Iterator[str]:
 
 def _file_blocks(path: Path) -> Iterator[bytes]:
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 (entered below: only the open's own error is the corpus's to name)
     except OSError as err:
         raise CorpusError(f"{path} cannot be read ({err.strerror or err})") from None
     with f:

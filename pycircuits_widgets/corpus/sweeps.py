@@ -200,7 +200,7 @@ def prefetched(items: Iterator, depth: int = 1) -> Iterator:
                     return
                 slots.put((True, item))
             slots.put((False, None))
-        except BaseException as err:  # handed to the consumer, which raises it
+        except BaseException as err:  # noqa: BLE001 (handed to the consumer, which raises it)
             slots.put((False, err))
 
     thread = threading.Thread(target=produce, name="pcw-sweep-windows", daemon=True)
