@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from ..analysis.cache import MODEL, cached
 from ..analysis.head_scores import SCORE_NAMES
 from ..analysis.head_scores import head_scores as analysis_head_scores
 from ..models.circuit_model import CircuitModel, weight_shapes
@@ -61,6 +62,20 @@ def model_fingerprint(model) -> str:
         h.update(f"{name}:{w.dtype}:{tuple(w.shape)}".encode())
         h.update(w.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def check_sweep_model(sweep, model, what: str) -> None:
+    """Refuse (``what`` names the caller) a ``sweep`` that is not a ``Sweep`` of ``model`` (its fingerprint,
+    computed once per model and weight edit: ``analysis.cache``)."""
+    if not isinstance(sweep, Sweep):
+        raise TypeError(f"{what}: sweep must be a pcw.Sweep (pcw.sweep(...) or pcw.Sweep.open(path)), got "
+                        f"{type(sweep).__name__}")
+    made_with = sweep.manifest["model"]
+    mine = cached(model, ("model_fingerprint",), lambda: model_fingerprint(model), tier=MODEL)
+    if made_with["fingerprint"] != mine:
+        raise ValueError(f"{what}: the sweep in {sweep.path} was made with another model ({made_with['name']!r}, "
+                         f"fingerprint {made_with['fingerprint'][:12]}), not {model.cfg.name!r} (fingerprint "
+                         f"{mine[:12]}): its windows' attention and scores are not this model's")
 
 
 def _check_model(model) -> None:
