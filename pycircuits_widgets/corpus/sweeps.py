@@ -327,6 +327,19 @@ class Sweep:
         return self.n_windows * self.seq_len
 
     @property
+    def model_name(self) -> str:
+        """The swept model's name (``cfg.name``)."""
+        return self.manifest["model"]["name"]
+
+    def check_model(self, model, who: str) -> None:
+        """Refuse (``ValueError``, naming both models) a ``model`` other than the one swept: its
+        ``model_fingerprint`` (config and every weight's bytes) differs from the store's."""
+        if model_fingerprint(model) != self.manifest["model"]["fingerprint"]:
+            raise ValueError(f"{who}: the sweep in {self.path} was made with model {self.model_name!r}, not with "
+                             f"this model {model.cfg.name!r} (their configs or weights differ); sweep this model "
+                             "(pcw.sweep(model, corpus, store))")
+
+    @property
     def skipped(self) -> dict:
         """Documents the corpus skipped, ``{reason: count}`` (``documents.py``)."""
         return dict(self.manifest["info"]["corpus"]["skipped"])

@@ -83,6 +83,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             the editable text is the ids separated by spaces. A tokenizer whose vocabulary does
             not fit the model's is refused (``check_tokenizer``).
         layer, head, position, token, selected_pair: the initial selection.
+        sweep: a ``pcw.Sweep`` of this same model over a corpus (``pcw.sweep``), for the sections that
+            read a corpus (``explorer.sweep``); a sweep of another model is refused, naming both.
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
@@ -117,7 +119,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
 
-    def __init__(self, model, text, **kwargs):
+    def __init__(self, model, text, *, sweep=None, **kwargs):
         try:
             check_model(model, "CircuitExplorer")
             no_heads = ""
@@ -132,6 +134,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                                  "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
         else:
             model, text = reading_ids(model, text)
+        self.sweep = self._check_sweep(model, sweep)  # the corpus sections read it (class docstring)
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
@@ -145,6 +148,19 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for name, value in selection.items():
             setattr(self, name, value)
         self.start_background()
+
+    @staticmethod
+    def _check_sweep(model, sweep):
+        """``sweep`` if it is a ``Sweep`` of ``model`` (same fingerprint), else a clear refusal."""
+        if sweep is None:
+            return None
+        from ...corpus import Sweep
+
+        if not isinstance(sweep, Sweep):
+            raise TypeError(f"CircuitExplorer: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or "
+                            f"pcw.Sweep.open(store)), got {type(sweep).__name__}")
+        sweep.check_model(model, "CircuitExplorer")
+        return sweep
 
     # -- building ---------------------------------------------------------------------------
     def _build_views(self, no_heads: str, progress) -> None:
