@@ -118,7 +118,7 @@ def test_bad_input_is_refused_naming_what_was_wrong(model, swept, tmp_path):
     with pytest.raises(TypeError, match="sweep must be a pcw.Sweep"):
         pcw.trigram_counts(str(swept.path), model, 0, 0, [(1, 2, 3)])
     other = load_pretrained("attn-only-1l")
-    with pytest.raises(ValueError, match="made with another model .'attn-only-2l'"):
+    with pytest.raises(ValueError, match="made with model 'attn-only-2l', not with this model 'attn-only-1l'"):
         pcw.trigram_counts(swept, other, 0, 0, [(1, 2, 3)])
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         pcw.trigram_counts(swept, model, 0, 0, [(1, 2, 3)], batch_size=0)

@@ -64,20 +64,6 @@ def model_fingerprint(model) -> str:
     return h.hexdigest()
 
 
-def check_sweep_model(sweep, model, what: str) -> None:
-    """Refuse (``what`` names the caller) a ``sweep`` that is not a ``Sweep`` of ``model`` (its fingerprint,
-    computed once per model and weight edit: ``analysis.cache``)."""
-    if not isinstance(sweep, Sweep):
-        raise TypeError(f"{what}: sweep must be a pcw.Sweep (pcw.sweep(...) or pcw.Sweep.open(path)), got "
-                        f"{type(sweep).__name__}")
-    made_with = sweep.manifest["model"]
-    mine = cached(model, ("model_fingerprint",), lambda: model_fingerprint(model), tier=MODEL)
-    if made_with["fingerprint"] != mine:
-        raise ValueError(f"{what}: the sweep in {sweep.path} was made with another model ({made_with['name']!r}, "
-                         f"fingerprint {made_with['fingerprint'][:12]}), not {model.cfg.name!r} (fingerprint "
-                         f"{mine[:12]}): its windows' attention and scores are not this model's")
-
-
 def _check_model(model) -> None:
     from ..models import weight_view_hint
 
@@ -333,8 +319,10 @@ class Sweep:
 
     def check_model(self, model, who: str) -> None:
         """Refuse (``ValueError``, naming both models) a ``model`` other than the one swept: its
-        ``model_fingerprint`` (config and every weight's bytes) differs from the store's."""
-        if model_fingerprint(model) != self.manifest["model"]["fingerprint"]:
+        ``model_fingerprint`` (config and every weight's bytes; computed once per model and weight edit:
+        ``analysis.cache``) differs from the store's."""
+        mine = cached(model, ("model_fingerprint",), lambda: model_fingerprint(model), tier=MODEL)
+        if mine != self.manifest["model"]["fingerprint"]:
             raise ValueError(f"{who}: the sweep in {self.path} was made with model {self.model_name!r}, not with "
                              f"this model {model.cfg.name!r} (their configs or weights differ); sweep this model "
                              "(pcw.sweep(model, corpus, store))")
