@@ -122,3 +122,48 @@ def test_bad_input_is_refused_naming_what_was_wrong(model, swept, tmp_path):
         pcw.trigram_counts(swept, other, 0, 0, [(1, 2, 3)])
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         pcw.trigram_counts(swept, model, 0, 0, [(1, 2, 3)], batch_size=0)
+
+
+def test_the_table_shows_each_triples_corpus_count_and_mean_attention(model, swept):
+    table = pcw.SkipTrigramTable(model, layer=1, head=4, k=30, sweep=swept)
+    table.wait()
+    shown = table.trigrams
+    assert table.corpus == {"windows": N, "seq_len": T, "model": "attn-only-2l"}
+    triples = torch.stack([torch.as_tensor(shown[c]).long() for c in ("src", "dest", "out")], 1)
+    counts = pcw.trigram_counts(swept, model, 1, 4, triples)
+    assert shown["count"].tolist() == counts.count.tolist()
+    expected = [float("nan") if a is None else a for a in counts.attention]
+    assert torch.equal(torch.as_tensor(shown["attention"]).isnan(), torch.tensor(expected).isnan())
+    assert torch.allclose(torch.as_tensor(shown["attention"]).nan_to_num(-1),
+                          torch.tensor(expected, dtype=torch.float32).nan_to_num(-1))
+    table.head = 6  # another head: counted for its own triples
+    table.wait()
+    assert table.trigrams["head"] == 6 and len(table.trigrams["count"]) == len(table.trigrams["src"])
+    plain = pcw.SkipTrigramTable(model, layer=1, head=4, k=30)
+    assert plain.corpus == {} and "count" not in plain.trigrams
+
+
+def test_the_eigenvalue_plot_colours_by_the_corpus_head_scores(model, swept):
+    plot = pcw.EigenvaluePlot(model, sweep=swept, color_by="induction")
+    for name, value in swept.head_scores().items():
+        assert torch.equal(torch.as_tensor(plot.scores[name]), value.float()), name
+    assert plot.scores_note == "attention to its target, 0 to 1, pooled over the corpus sweep (64 windows of 64 tokens)"
+    assert pcw.EigenvaluePlot(model).scores_note == ""
+    with pytest.raises(TypeError, match="pass scores or sweep"):
+        pcw.EigenvaluePlot(model, scores={}, sweep=swept)
+
+
+def test_the_explorer_passes_its_sweep_to_the_table_and_the_plot(model, swept):
+    e = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept, layer=1, head=4)
+    e.trigrams.wait()
+    assert e.trigrams.corpus["windows"] == N and "count" in e.trigrams.trigrams
+    assert e.eigen.scores_note.endswith("(64 windows of 64 tokens)")
+
+
+def test_the_views_refuse_a_sweep_of_another_model(model, swept):
+    other = load_pretrained("attn-only-1l")
+    for view in (pcw.SkipTrigramTable, pcw.EigenvaluePlot):
+        with pytest.raises(ValueError, match=f"{view.__name__}: the sweep .* was made with model 'attn-only-2l'"):
+            view(other, sweep=swept)
+        with pytest.raises(TypeError, match=f"{view.__name__}: sweep must be a pcw.Sweep"):
+            view(model, sweep=str(swept.path))

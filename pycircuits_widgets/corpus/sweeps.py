@@ -64,6 +64,17 @@ def model_fingerprint(model) -> str:
     return h.hexdigest()
 
 
+def checked_sweep(sweep, model, who: str) -> Sweep | None:
+    """``sweep`` if it is None or a ``Sweep`` of ``model`` (``Sweep.check_model``); a ``TypeError`` naming
+    ``who`` for anything else."""
+    if sweep is not None and not isinstance(sweep, Sweep):
+        raise TypeError(f"{who}: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or pcw.Sweep.open(store)) "
+                        f"or None, got {type(sweep).__name__}")
+    if sweep is not None:
+        sweep.check_model(model, who)
+    return sweep
+
+
 def _check_model(model) -> None:
     from ..models import weight_view_hint
 

@@ -34,7 +34,7 @@ import torch
 from ..analysis.cache import RESULT, cached
 from ..analysis.circuits import check_head
 from ..progress import progress
-from .sweeps import Sweep
+from .sweeps import Sweep, checked_sweep
 
 CHUNK_WINDOWS = 4096
 """Windows counted at a time: a few ``[CHUNK_WINDOWS, T]`` masks per triple (4 MiB of bools at T=1024)."""
@@ -95,10 +95,9 @@ def trigram_counts(sweep: Sweep, model, layer: int, head: int, triples, *,
     out)`` ids, ``[n, 3]``) occurs in ``sweep.windows`` and the head's mean attention from destination to
     source there (module docstring: exact counts, one per destination position; cost). ``model`` must
     be the sweep's (its fingerprint). ``batch_size``: windows per forward (default: the sweep's)."""
-    if not isinstance(sweep, Sweep):
-        raise TypeError("trigram_counts: sweep must be a pcw.Sweep (pcw.sweep(...) or pcw.Sweep.open(path)), got "
-                        f"{type(sweep).__name__}")
-    sweep.check_model(model, "trigram_counts")
+    if sweep is None:
+        raise TypeError("trigram_counts: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store)), got None")
+    checked_sweep(sweep, model, "trigram_counts")
     layer, head = check_head(model, (layer, head))
     t = check_triples(model, triples)
     batch_size = sweep.settings["batch_size"] if batch_size is None else batch_size
