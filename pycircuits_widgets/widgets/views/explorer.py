@@ -10,6 +10,7 @@ import traitlets
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
+from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
@@ -83,6 +84,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             the editable text is the ids separated by spaces. A tokenizer whose vocabulary does
             not fit the model's is refused (``check_tokenizer``).
         layer, head, position, token, selected_pair: the initial selection.
+        sweep: a ``pcw.Sweep`` of this same model over a corpus (``pcw.sweep``), for the sections that
+            read a corpus (``explorer.sweep``); a sweep of another model is refused, naming both.
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
@@ -117,7 +120,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
 
-    def __init__(self, model, text, **kwargs):
+    def __init__(self, model, text, *, sweep=None, **kwargs):
         try:
             check_model(model, "CircuitExplorer")
             no_heads = ""
@@ -132,6 +135,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                                  "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
         else:
             model, text = reading_ids(model, text)
+        self.sweep = checked_sweep(sweep, model, "CircuitExplorer")  # the corpus sections read it (class docstring)
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
