@@ -10,6 +10,7 @@ import traitlets
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
+from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
@@ -134,7 +135,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                                  "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
         else:
             model, text = reading_ids(model, text)
-        self.sweep = self._check_sweep(model, sweep)  # the corpus sections read it (class docstring)
+        self.sweep = checked_sweep(sweep, model, "CircuitExplorer")  # the corpus sections read it (class docstring)
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
@@ -149,19 +150,6 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for name, value in selection.items():
             setattr(self, name, value)
         self.start_background()
-
-    @staticmethod
-    def _check_sweep(model, sweep):
-        """``sweep`` if it is a ``Sweep`` of ``model`` (same fingerprint), else a clear refusal."""
-        if sweep is None:
-            return None
-        from ...corpus import Sweep
-
-        if not isinstance(sweep, Sweep):
-            raise TypeError(f"CircuitExplorer: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or "
-                            f"pcw.Sweep.open(store)), got {type(sweep).__name__}")
-        sweep.check_model(model, "CircuitExplorer")
-        return sweep
 
     # -- building ---------------------------------------------------------------------------
     def _build_views(self, no_heads: str, progress) -> None:
