@@ -7,6 +7,7 @@ import math
 import torch
 import traitlets
 
+from ...corpus.sweeps import checked_sweep
 from ..core import offline
 from ..core.base import CircuitWidget
 from ..core.payload import JSON_BUFFER
@@ -83,14 +84,11 @@ class DatasetExamples(HeadSelection, CircuitWidget):
 
     def __init__(self, sweep, model, *, layer: int = 0, head: int = 0, neuron: int = -1, k: int | None = None,
                  **kwargs):
-        from ...corpus import Sweep
-
-        if not isinstance(sweep, Sweep):
-            raise TypeError(f"DatasetExamples: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or "
-                            f"pcw.Sweep.open(store)), got {type(sweep).__name__}")
+        if checked_sweep(sweep, model, "DatasetExamples") is None:
+            raise TypeError("DatasetExamples: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or "
+                            "pcw.Sweep.open(store)), got None")
         if sweep.settings["scores_only"]:
             raise ValueError("DatasetExamples: this sweep recorded head scores only (scores_only=True): no examples")
-        sweep.check_model(model, "DatasetExamples")
         if neuron is None or neuron == -1:
             sweep.head_examples(layer, head)  # a clear ValueError for a layer or head out of range
         else:
