@@ -236,3 +236,17 @@ def test_explorer_cancel_refuses_an_unknown_section():
     ex = pcw.CircuitExplorer(model, TEXT)
     with pytest.raises(ValueError, match="cancel\\(\\) takes names from"):
         ex.cancel("trigrams")
+
+
+def test_a_notebook_saved_while_a_view_computed_shows_not_computed_in_its_page():
+    """The exporter's pages (``standalone.Page``, from a notebook's saved state): a view saved
+    busy is shown "not computed", never a spinner that cannot end."""
+    from pycircuits_widgets.widgets.sharing.standalone import SAVED_BUSY, Page, widget_state
+
+    model = paper_model(n_layers=2, n_heads=2, dtype=torch.float32, seed=3)
+    view = pcw.VirtualHeads(model, k=3, n_copies=2, active=False)
+    saved = widget_state([view])
+    saved[view.model_id]["state"]["busy"] = True  # as JupyterLab saves a view mid-computation
+    page = Page(saved)
+    state = page.saved[view.model_id]["state"]
+    assert state["busy"] is False and state["progress"] == {"state": NOT_COMPUTED, "text": SAVED_BUSY}
