@@ -3,6 +3,7 @@ with ``--findings``, what they find on the shipped 2-layer model.
 
 Run:  .venv/bin/python benchmarks/bench_interventions.py [--rounds 7] [--threads 2] [--models attn-only-2l gpt2-small]
       .venv/bin/python benchmarks/bench_interventions.py --findings      # the shipped model's numbers only
+      .venv/bin/python benchmarks/bench_interventions.py --smoke         # one round, the shipped model only
 
 Models (nothing downloaded): the shipped ``attn-only-2l`` on the demo text, repeated to 100 tokens
 (the explorer's text size); a GPT-2-small-shaped model (``transformers.GPT2Config()`` defaults: 12 x 12
@@ -184,7 +185,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--findings", action="store_true", help="only the shipped model's numbers")
+    ap.add_argument("--smoke", action="store_true", help="one round, the shipped model only: checks that the script "
+                    "runs end to end")
     a = ap.parse_args()
+    if a.smoke:
+        a.rounds, a.models = 1, ["attn-only-2l"]
     torch.set_num_threads(a.threads)
     os.environ.setdefault("PCW_PROGRESS", "0")  # no bars between the timings
     print(f"pycircuits_widgets {pcw.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
