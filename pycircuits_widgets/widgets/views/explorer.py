@@ -101,6 +101,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             the editable text is the ids separated by spaces. A tokenizer whose vocabulary does
             not fit the model's is refused (``check_tokenizer``).
         layer, head, position, token, selected_pair: the initial selection.
+        ablation: "off" (default), "zero" or "mean": the selected head ablated from the start.
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
@@ -169,6 +170,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         self._means = None  # what kind="mean" ablation reads (a Sweep), None: zero ablation only
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
+        ablation = kwargs.pop("ablation", "off")  # set once the views show the run
         super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
                          **kwargs)
         with bars.progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
@@ -180,6 +182,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         self._measure_composition()
         for name, value in selection.items():
             setattr(self, name, value)
+        self.ablation = ablation
         self.start_background()
 
     # -- building ---------------------------------------------------------------------------
