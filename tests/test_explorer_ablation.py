@@ -18,6 +18,7 @@ from tolerance import assert_within, logit_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.demo import SAMPLE_TEXT
+from pycircuits_widgets.models.corpus import corpus_documents
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,17 @@ def test_mean_ablation_without_a_sweep_is_refused_by_name(model):
     with pytest.raises(traitlets.TraitError, match="mean ablation needs a sweep"):
         explorer.ablation = "mean"
     assert explorer.ablation == "off"
+
+
+def test_mean_ablation_reads_the_explorers_sweep(model, tmp_path):
+    sweep = pcw.sweep(model, pcw.Corpus.from_texts(corpus_documents("pydoc")[:4]), tmp_path, seq_len=32,
+                      max_windows=8, progress=False)
+    explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT, sweep=sweep, layer=1, head=6, ablation="mean")
+    assert explorer.ablation_kinds == {"zero": "", "mean": ""}
+    run = explorer.forward(model, explorer.text)
+    ref = pcw.ablate(model, run.tokens, heads=[(1, 6)], kind="mean", means=sweep, clean=run)
+    assert np.array_equal(explorer.loss.values, (ref.loss - ref.clean_loss)[0].numpy().astype(np.float32))
+    assert explorer.ablated == "ablated: L1.H6 (mean)"
 
 
 @pytest.mark.parametrize("via", ["Q", "K", "V"])

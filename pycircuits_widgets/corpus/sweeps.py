@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from ..analysis.cache import MODEL, cached
 from ..analysis.head_scores import SCORE_NAMES
 from ..analysis.head_scores import head_scores as analysis_head_scores
 from ..models.circuit_model import CircuitModel, weight_shapes
@@ -61,6 +62,17 @@ def model_fingerprint(model) -> str:
         h.update(f"{name}:{w.dtype}:{tuple(w.shape)}".encode())
         h.update(w.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def checked_sweep(sweep, model, who: str) -> Sweep | None:
+    """``sweep`` if it is None or a ``Sweep`` of ``model`` (``Sweep.check_model``); a ``TypeError`` naming
+    ``who`` for anything else."""
+    if sweep is not None and not isinstance(sweep, Sweep):
+        raise TypeError(f"{who}: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or pcw.Sweep.open(store)) "
+                        f"or None, got {type(sweep).__name__}")
+    if sweep is not None:
+        sweep.check_model(model, who)
+    return sweep
 
 
 def _check_model(model) -> None:
@@ -310,6 +322,21 @@ class Sweep:
     @property
     def n_tokens(self) -> int:
         return self.n_windows * self.seq_len
+
+    @property
+    def model_name(self) -> str:
+        """The swept model's name (``cfg.name``)."""
+        return self.manifest["model"]["name"]
+
+    def check_model(self, model, who: str) -> None:
+        """Refuse (``ValueError``, naming both models) a ``model`` other than the one swept: its
+        ``model_fingerprint`` (config and every weight's bytes; computed once per model and weight edit:
+        ``analysis.cache``) differs from the store's."""
+        mine = cached(model, ("model_fingerprint",), lambda: model_fingerprint(model), tier=MODEL)
+        if mine != self.manifest["model"]["fingerprint"]:
+            raise ValueError(f"{who}: the sweep in {self.path} was made with model {self.model_name!r}, not with "
+                             f"this model {model.cfg.name!r} (their configs or weights differ); sweep this model "
+                             "(pcw.sweep(model, corpus, store))")
 
     @property
     def skipped(self) -> dict:

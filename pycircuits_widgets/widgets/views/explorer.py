@@ -12,6 +12,7 @@ from ...analysis.ablation import ablate
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
+from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
@@ -27,7 +28,7 @@ SMALL_HEADS = 64
 measured composition matrices and each head's ablation loss change of a model of at most this many
 heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one forward
 each, ``SMALL_HEADS`` forwards in all)."""
-NO_SWEEP = "mean ablation needs a sweep (each head's mean output over a corpus)"
+NO_SWEEP = "mean ablation needs a sweep (each head's mean output over a corpus: CircuitExplorer(model, text, sweep=...))"
 """Why ``ablation="mean"`` is unavailable to an explorer without one (``ablation_kinds``)."""
 ABLATED_NOTE = "0 (white) at the centre, symmetric: red = the ablation raised the loss, blue = lowered it"
 """The loss section's legend note while it shows an ablated run's loss change."""
@@ -101,7 +102,10 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             the editable text is the ids separated by spaces. A tokenizer whose vocabulary does
             not fit the model's is refused (``check_tokenizer``).
         layer, head, position, token, selected_pair: the initial selection.
-        ablation: "off" (default), "zero" or "mean": the selected head ablated from the start.
+        sweep: a ``pcw.Sweep`` of this same model over a corpus (``pcw.sweep``), for the sections that
+            read a corpus (``explorer.sweep``) and mean ablation (each head's mean output, ``head_means``);
+            a sweep of another model is refused, naming both.
+        ablation: "off" (default), "zero" or "mean" (needs ``sweep``): the selected head ablated from the start.
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
@@ -151,7 +155,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
 
-    def __init__(self, model, text, **kwargs):
+    def __init__(self, model, text, *, sweep=None, **kwargs):
         try:
             check_model(model, "CircuitExplorer")
             no_heads = ""
@@ -166,9 +170,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                                  "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
         else:
             model, text = reading_ids(model, text)
+        self.sweep = checked_sweep(sweep, model, "CircuitExplorer")  # the corpus sections read it (class docstring)
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
-        self._means = None  # what kind="mean" ablation reads (a Sweep), None: zero ablation only
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
         ablation = kwargs.pop("ablation", "off")  # set once the views show the run
         super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
@@ -177,7 +181,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             bar.note("running the model")
             self._show_run()
             self._build_views(no_heads, bar)
-        self.ablation_kinds = {"zero": "" if not no_heads else no_heads, "mean": NO_SWEEP if not no_heads else no_heads}
+        self.ablation_kinds = {"zero": no_heads, "mean": no_heads or ("" if self.sweep is not None else NO_SWEEP)}
         self._link()
         self._measure_composition()
         for name, value in selection.items():
@@ -471,7 +475,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     def _ablation_steps(self, text, head, kind):
         """``pcw.ablate`` of ``head`` on the text's clean run (resumed at the head's layer)."""
         clean = self.forward(self.model, text)
-        result = ablate(self.model, clean.tokens, heads=[head], kind=kind, means=self._means, clean=clean)
+        result = ablate(self.model, clean.tokens, heads=[head], kind=kind, means=self.sweep if kind == "mean" else None,
+                        clean=clean)
         yield {"_shown_run": (text, f"ablated: L{head[0]}.H{head[1]} ({kind})", result)}
 
     @traitlets.observe("_shown_run")
