@@ -16,7 +16,7 @@ from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
-from ..core.base import CircuitWidget, check_text, rolls_back
+from ..core.base import SAVE_BUDGET, CircuitWidget, check_text, rolls_back
 from ...models.tokenizer import check_tokenizer, reading_ids
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
@@ -241,11 +241,14 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             if view is not None:
                 view.active = True
 
-    def save_html(self, path, *, title: str | None = None, offline: bool = True):
+    def save_html(self, path, *, title: str | None = None, offline: bool = True, budget: float | None = SAVE_BUDGET):
         """As ``CircuitWidget.save_html``; with ``offline``, a small model's paper views, measured
         composition matrices and ``head_loss_change`` (at most ``SMALL_HEADS`` heads and
         ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work) are computed first, so the page shows
-        them. A larger model's page shows the ones computed so far and says which were not."""
+        them. A larger model's page shows the ones computed so far and says which were not. ``budget`` (seconds, default ``SAVE_BUDGET``)
+        bounds the wait for sections still computing: one not done by then is saved "not
+        computed" (the page says so) and keeps computing here. The background precompute is
+        never waited for."""
         cfg = self.model.cfg
         if offline and cfg.n_layers * cfg.n_heads <= SMALL_HEADS and cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB:
             self.compute()
@@ -253,7 +256,28 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 self.composition.compute_measured()
             if self.n_layers > 0 and len(self.token_ids) > 1:
                 self.compute_head_loss_change()
-        return super().save_html(path, title=title, offline=offline)
+        return super().save_html(path, title=title, offline=offline, budget=budget)
+
+    def _saved_ready(self, deadline, offline, tick=None) -> bool:
+        """The explorer's own runner does the background precompute and each head's ablation loss
+        change, which a page never waits for, and the ablate toggle's run, saved as it stands (its
+        sections are saved as views of their own: ``standalone.render_html``)."""
+        return True
+
+    def cancel(self, *names: str) -> list[str]:
+        """Cancel the on-demand sections named (default: every one computing), between two pieces
+        of their work (``OnDemand.cancel``: what they computed stays, each says "cancelled" and
+        offers "restart"); the names cancelled. The background precompute: ``stop_background``."""
+        unknown = sorted(set(names) - set(ON_DEMAND))
+        if unknown:
+            raise ValueError(f"cancel() takes names from {', '.join(ON_DEMAND)}; got {', '.join(unknown)}")
+        cancelled = []
+        for name in names or ON_DEMAND:
+            view = getattr(self, name)
+            if view is not None and view.active and (view.busy or names):
+                view.cancel()
+                cancelled.append(name)
+        return cancelled
 
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until every view's kernel-side recomputes are done and applied (True if all are
