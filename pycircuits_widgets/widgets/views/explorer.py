@@ -17,7 +17,7 @@ from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
 from ..core.base import SAVE_BUDGET, CircuitWidget, check_text, rolls_back
-from ...models.tokenizer import check_tokenizer, reading_ids
+from ...models.tokenizer import IdsText, check_tokenizer, reading_ids
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
@@ -175,7 +175,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
         ablation = kwargs.pop("ablation", "off")  # set once the views show the run
-        super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
+        super().__init__(model, text=text, model_name=name_of_model(model),
+                         sections=[spec.browser() for spec in VIEWS if self.sweep is not None or not spec.needs_sweep],
                          **kwargs)
         with bars.progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
             bar.note("running the model")
@@ -196,6 +197,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for spec in VIEWS:
             progress.note(spec.noun)
             progress.update()
+            if spec.needs_sweep and self.sweep is None:
+                continue
             if no_heads and spec.needs_heads:
                 notices[spec.name] = f"No {spec.noun}: {no_heads}."
                 continue
@@ -357,6 +360,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                     view.unobserve(self._text_from_view, ["text"])
                 if name == "composition":
                     view.unobserve(self._on_k_scores, ["scores"])
+                if name == "examples":
+                    view.unobserve(self._open_from_view, ["opened"])
                 setattr(self, name, None)
                 self.notices = {**self.notices, name: f"The {BY_NAME[name].noun} view was closed."}
 
@@ -372,7 +377,12 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         if self.composition is not None:
             self.composition.observe(self._on_k_scores, ["scores"])
             self._on_k_scores(None)
+        if self.examples is not None:
+            self.examples.observe(self._open_from_view, ["opened"])
+            if self.neurons is not None:
+                self.neurons.observe(self._examples_of_neuron, ["neuron"])
         self.observe(self._to_views, list(SELECTION_KEYS))
+        self.observe(self._examples_of_head, ["layer", "head"])
 
     @rolls_back
     def _from_view(self, change):
@@ -411,6 +421,49 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 with view.hold_sync(), view.hold_trait_notifications():
                     for k in keys:
                         setattr(view, k, getattr(self, k))
+
+    def _examples_of_neuron(self, change) -> None:
+        """A neuron clicked in the neurons section: the examples section shows its examples."""
+        if self.examples is not None and change["new"] >= 0:
+            with self.examples.hold_trait_notifications():
+                self.examples.layer, self.examples.neuron = self.neurons.layer, change["new"]
+
+    def _examples_of_head(self, change) -> None:
+        """A head selected anywhere: the examples section shows the head's examples again."""
+        if self.examples is not None:
+            self.examples.neuron = -1
+
+    @rolls_back
+    def _open_from_view(self, change) -> None:
+        if change["new"]:
+            self.open_example(*change["new"])
+
+    def open_example(self, window: int, position: int) -> None:
+        """Read window ``window`` of ``explorer.sweep`` here (every view recomputes on it) and select
+        ``position`` in it: the window's exact tokens, as the sweep read them (the text is their decoding
+        from the first token whose decoding re-reads as exactly the tokens from there: a window that
+        starts inside a word or a character starts a token or two later)."""
+        if self.sweep is None:
+            raise ValueError("open_example: the explorer has no corpus sweep (CircuitExplorer(model, text, sweep=...))")
+        for name, value, n in (("window", window, self.sweep.n_windows), ("position", position, self.sweep.seq_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+                raise ValueError(f"open_example: {name} must be an int in 0..{n - 1}, got {value!r}")
+        text, start = self._text_of(self.sweep.windows[window].tolist(), position)
+        self.text = text
+        self.position = position - start
+
+    def _text_of(self, ids: list[int], keep: int) -> tuple[str, int]:
+        """``(text, start)``: a text this explorer reads as exactly ``ids[start:]``, the smallest ``start``
+        (at most ``keep``, a position that must stay in the text)."""
+        tokenizer = self.model.tokenizer
+        if isinstance(tokenizer, IdsText):
+            return " ".join(map(str, ids)), 0
+        for start in range(keep + 1):
+            text = tokenizer.decode(ids[start:])
+            if list(tokenizer.encode(text)) == ids[start:]:
+                return text, start
+        raise ValueError(f"this window's tokens do not read back exactly from any text that keeps position {keep} "
+                         "(its decoding tokenizes differently)")
 
     def _on_k_scores(self, change) -> None:
         """The strongest-writer table, again whenever the composition view's K scores change."""
