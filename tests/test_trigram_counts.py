@@ -37,11 +37,14 @@ def patterns(model, swept):
     return torch.cat([model.run_with_cache(w[None], logits=False)[1].patterns for w in swept.windows])
 
 
-def brute_force(windows: torch.Tensor, patterns: torch.Tensor, layer: int, head: int, triple) -> tuple:
-    """(count, mean attention or None) of ``triple`` by loops over every window and position."""
+def brute_force(windows: torch.Tensor, patterns: torch.Tensor, layer: int, head: int, triple, only=None) -> tuple:
+    """(count, mean attention or None) of ``triple`` by loops over every window (``only``: those windows)
+    and position."""
     src, dest, out = triple
     count, total = 0, 0.0
     for w, row in enumerate(windows.tolist()):
+        if only is not None and w not in only:
+            continue
         for d in range(len(row) - 1):
             if row[d] == dest and row[d + 1] == out and src in row[:d]:
                 count += 1
@@ -87,9 +90,17 @@ def test_counts_and_mean_attention_against_brute_force(model, swept, patterns, l
             assert abs(got.attention[i] - attention) <= tol, f"{triple}: {got.attention[i]} vs {attention}"
     assert seen >= 5 and seen < len(triples)  # both kinds were checked
     assert got.count[len(triples) - 3] == 0 and got.attention[len(triples) - 3] is None  # a source never swept
-    windows_holding = {w for w, row in enumerate(windows.tolist()) for (s, d, o) in triples
-                       for p in range(1, T - 1) if row[p] == d and row[p + 1] == o and s in row[:p]}
-    assert got.windows_run == len(windows_holding)  # only those windows are run again
+    windows_holding = sorted({w for w, row in enumerate(windows.tolist()) for (s, d, o) in triples
+                              for p in range(1, T - 1) if row[p] == d and row[p + 1] == o and s in row[:p]})
+    assert got.windows_run == got.windows_holding == len(windows_holding)  # only those windows are run again
+    assert got.measured.tolist() == got.count.tolist()
+
+    cut = pcw.trigram_counts(swept, model, layer, head, triples, max_windows=3)  # attention on 3 windows
+    assert cut.count.tolist() == got.count.tolist() and cut.windows_run == 3
+    for i, triple in enumerate(triples):
+        measured, attention = brute_force(windows, patterns, layer, head, triple, only=windows_holding[:3])
+        assert int(cut.measured[i]) == measured
+        assert (cut.attention[i] is None) if measured == 0 else abs(cut.attention[i] - attention) <= tol
 
 
 def test_a_revisited_head_answers_from_the_cache_and_an_edit_recomputes(model, swept):
@@ -122,6 +133,8 @@ def test_bad_input_is_refused_naming_what_was_wrong(model, swept, tmp_path):
         pcw.trigram_counts(swept, other, 0, 0, [(1, 2, 3)])
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         pcw.trigram_counts(swept, model, 0, 0, [(1, 2, 3)], batch_size=0)
+    with pytest.raises(ValueError, match="max_windows must be a positive int, got 0"):
+        pcw.trigram_counts(swept, model, 0, 0, [(1, 2, 3)], max_windows=0)
 
 
 def test_the_table_shows_each_triples_corpus_count_and_mean_attention(model, swept):
@@ -130,8 +143,9 @@ def test_the_table_shows_each_triples_corpus_count_and_mean_attention(model, swe
     shown = table.trigrams
     assert table.corpus == {"windows": N, "seq_len": T, "model": "attn-only-2l"}
     triples = torch.stack([torch.as_tensor(shown[c]).long() for c in ("src", "dest", "out")], 1)
-    counts = pcw.trigram_counts(swept, model, 1, 4, triples)
-    assert shown["count"].tolist() == counts.count.tolist()
+    counts = pcw.trigram_counts(swept, model, 1, 4, triples, max_windows=table.attention_windows)
+    assert shown["count"].tolist() == counts.count.tolist() and shown["measured"].tolist() == counts.measured.tolist()
+    assert (shown["windows_run"], shown["windows_holding"]) == (counts.windows_run, counts.windows_holding)
     expected = [float("nan") if a is None else a for a in counts.attention]
     assert torch.equal(torch.as_tensor(shown["attention"]).isnan(), torch.tensor(expected).isnan())
     assert torch.allclose(torch.as_tensor(shown["attention"]).nan_to_num(-1),

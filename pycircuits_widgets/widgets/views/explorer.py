@@ -14,8 +14,9 @@ from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
-from ..core.base import CircuitWidget, check_text, rolls_back
-from ...models.tokenizer import check_tokenizer, reading_ids
+from ..core.meter import Meter
+from ..core.base import SAVE_BUDGET, CircuitWidget, check_text, rolls_back
+from ...models.tokenizer import IdsText, check_tokenizer, reading_ids
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
@@ -139,7 +140,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
-        super().__init__(model, text=text, model_name=name_of_model(model), sections=[spec.browser() for spec in VIEWS],
+        super().__init__(model, text=text, model_name=name_of_model(model),
+                         sections=[spec.browser() for spec in VIEWS if self.sweep is not None or not spec.needs_sweep],
                          **kwargs)
         with bars.progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
             bar.note("running the model")
@@ -157,6 +159,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for spec in VIEWS:
             progress.note(spec.noun)
             progress.update()
+            if spec.needs_sweep and self.sweep is None:
+                continue
             if no_heads and spec.needs_heads:
                 notices[spec.name] = f"No {spec.noun}: {no_heads}."
                 continue
@@ -202,15 +206,38 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             if view is not None:
                 view.active = True
 
-    def save_html(self, path, *, title: str | None = None, offline: bool = True):
+    def save_html(self, path, *, title: str | None = None, offline: bool = True, budget: float | None = SAVE_BUDGET):
         """As ``CircuitWidget.save_html``; with ``offline``, a small model's paper views (at most
         ``SMALL_HEADS`` heads and ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work) are computed
         first, so the page shows them. A larger model's page shows the ones computed so far and,
-        for the others, that they need a kernel."""
+        for the others, that they need a kernel. ``budget`` (seconds, default ``SAVE_BUDGET``)
+        bounds the wait for sections still computing: one not done by then is saved "not
+        computed" (the page says so) and keeps computing here. The background precompute is
+        never waited for."""
         cfg = self.model.cfg
         if offline and cfg.n_layers * cfg.n_heads <= SMALL_HEADS and cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB:
             self.compute()
-        return super().save_html(path, title=title, offline=offline)
+        return super().save_html(path, title=title, offline=offline, budget=budget)
+
+    def _saved_ready(self, deadline, offline, tick=None) -> bool:
+        """The explorer's own runner does only the background precompute, which a page never waits
+        for (its sections are saved as views of their own: ``standalone.render_html``)."""
+        return True
+
+    def cancel(self, *names: str) -> list[str]:
+        """Cancel the on-demand sections named (default: every one computing), between two pieces
+        of their work (``OnDemand.cancel``: what they computed stays, each says "cancelled" and
+        offers "restart"); the names cancelled. The background precompute: ``stop_background``."""
+        unknown = sorted(set(names) - set(ON_DEMAND))
+        if unknown:
+            raise ValueError(f"cancel() takes names from {', '.join(ON_DEMAND)}; got {', '.join(unknown)}")
+        cancelled = []
+        for name in names or ON_DEMAND:
+            view = getattr(self, name)
+            if view is not None and view.active and (view.busy or names):
+                view.cancel()
+                cancelled.append(name)
+        return cancelled
 
     def wait(self, timeout: float | None = 30.0) -> bool:
         """Wait until every view's kernel-side recomputes are done and applied (True if all are
@@ -255,8 +282,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     def _fill_steps(self, views, heads):
         """Each head's ``fill_steps`` of each view, for the selection a click on it resolves to."""
         current = {k: getattr(self, k) for k in SELECTION_KEYS}
+        meter = Meter("precomputing heads", len(heads))  # (heads cost alike: the same views' work)
         for done, (layer, head) in enumerate(heads):
-            yield {"progress": {"text": "precomputing heads", "done": done, "total": len(heads)}}
+            yield meter.first() if done == 0 else meter.at(done)
             selection = resolve_selection(current, {"layer": layer, "head": head}, self.token_ids,
                                           self.strongest_writer)
             for view in views:
@@ -287,6 +315,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                     view.unobserve(self._text_from_view, ["text"])
                 if name == "composition":
                     view.unobserve(self._on_k_scores, ["scores"])
+                if name == "examples":
+                    view.unobserve(self._open_from_view, ["opened"])
                 setattr(self, name, None)
                 self.notices = {**self.notices, name: f"The {BY_NAME[name].noun} view was closed."}
 
@@ -302,7 +332,12 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         if self.composition is not None:
             self.composition.observe(self._on_k_scores, ["scores"])
             self._on_k_scores(None)
+        if self.examples is not None:
+            self.examples.observe(self._open_from_view, ["opened"])
+            if self.neurons is not None:
+                self.neurons.observe(self._examples_of_neuron, ["neuron"])
         self.observe(self._to_views, list(SELECTION_KEYS))
+        self.observe(self._examples_of_head, ["layer", "head"])
 
     @rolls_back
     def _from_view(self, change):
@@ -341,6 +376,49 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 with view.hold_sync(), view.hold_trait_notifications():
                     for k in keys:
                         setattr(view, k, getattr(self, k))
+
+    def _examples_of_neuron(self, change) -> None:
+        """A neuron clicked in the neurons section: the examples section shows its examples."""
+        if self.examples is not None and change["new"] >= 0:
+            with self.examples.hold_trait_notifications():
+                self.examples.layer, self.examples.neuron = self.neurons.layer, change["new"]
+
+    def _examples_of_head(self, change) -> None:
+        """A head selected anywhere: the examples section shows the head's examples again."""
+        if self.examples is not None:
+            self.examples.neuron = -1
+
+    @rolls_back
+    def _open_from_view(self, change) -> None:
+        if change["new"]:
+            self.open_example(*change["new"])
+
+    def open_example(self, window: int, position: int) -> None:
+        """Read window ``window`` of ``explorer.sweep`` here (every view recomputes on it) and select
+        ``position`` in it: the window's exact tokens, as the sweep read them (the text is their decoding
+        from the first token whose decoding re-reads as exactly the tokens from there: a window that
+        starts inside a word or a character starts a token or two later)."""
+        if self.sweep is None:
+            raise ValueError("open_example: the explorer has no corpus sweep (CircuitExplorer(model, text, sweep=...))")
+        for name, value, n in (("window", window, self.sweep.n_windows), ("position", position, self.sweep.seq_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+                raise ValueError(f"open_example: {name} must be an int in 0..{n - 1}, got {value!r}")
+        text, start = self._text_of(self.sweep.windows[window].tolist(), position)
+        self.text = text
+        self.position = position - start
+
+    def _text_of(self, ids: list[int], keep: int) -> tuple[str, int]:
+        """``(text, start)``: a text this explorer reads as exactly ``ids[start:]``, the smallest ``start``
+        (at most ``keep``, a position that must stay in the text)."""
+        tokenizer = self.model.tokenizer
+        if isinstance(tokenizer, IdsText):
+            return " ".join(map(str, ids)), 0
+        for start in range(keep + 1):
+            text = tokenizer.decode(ids[start:])
+            if list(tokenizer.encode(text)) == ids[start:]:
+                return text, start
+        raise ValueError(f"this window's tokens do not read back exactly from any text that keeps position {keep} "
+                         "(its decoding tokenizes differently)")
 
     def _on_k_scores(self, change) -> None:
         """The strongest-writer table, again whenever the composition view's K scores change."""

@@ -54,14 +54,19 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
     partial_sources = 64
     partial_above = 8192
+    # With a sweep, the mean attention is measured on the first this many windows holding a listed triple
+    # (one forward each: seconds at this size for small models); the counts are always over every window.
+    attention_windows = 256
 
     # -- data --
     trigrams = ArrayDict(None).tag(sync=True)
     """{"layer", "head", "src"/"dest"/"out": int32 [n] (vocab ids), "qk"/"ov"/"score":
     float32 [n], "strings": {id: display string}, "exact": bool, "progress": float}; rotary
     models add "offset": int32 [n], the query - key offset of each triple's ``qk``; with a sweep, once
-    counted, "count": int32 [n] (occurrences in the swept windows) and "attention": float32 [n] (the
-    head's mean attention from destination to source there, NaN where never seen)."""
+    counted, "count": int32 [n] (occurrences in the swept windows), "attention": float32 [n] (the
+    head's mean attention from destination to source there, NaN where never seen or not measured),
+    "measured": int32 [n] (the occurrences it is the mean of), "windows_run" and "windows_holding" (windows
+    the attention was measured on, of those holding a triple: ``attention_windows``)."""
     corpus = traitlets.Dict().tag(sync=True)
     """{"windows", "seq_len", "model"} (read-only): the sweep the triples are counted over; {} without one."""
     matches = traitlets.List().tag(sync=True)
@@ -223,10 +228,13 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         if self._sweep is not None:
             yield GIVE_WAY  # a forward of every window holding a triple: the click's other views first
             counts = trigram_counts(self._sweep, self.model, layer, head,
-                                    torch.stack([table.source, table.destination, table.out], 1))
+                                    torch.stack([table.source, table.destination, table.out], 1),
+                                    max_windows=self.attention_windows)
             attention = [float("nan") if a is None else a for a in counts.attention]
             yield {"trigrams": {**payload, "count": counts.count.to(torch.int32),
-                                "attention": torch.tensor(attention, dtype=torch.float32)}}
+                                "attention": torch.tensor(attention, dtype=torch.float32),
+                                "measured": counts.measured.to(torch.int32), "windows_run": counts.windows_run,
+                                "windows_holding": counts.windows_holding}}
 
     def fill_steps(self, selection):
         """The exact table of ``selection``'s head into the per-model cache (no partial first)."""
