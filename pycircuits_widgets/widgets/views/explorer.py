@@ -16,6 +16,7 @@ from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ... import progress as bars
 from ..core import offline
+from ..core.meter import Meter
 from ..core.base import SAVE_BUDGET, CircuitWidget, check_text, rolls_back
 from ...models.tokenizer import IdsText, check_tokenizer, reading_ids
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
@@ -328,8 +329,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     def _fill_steps(self, views, heads):
         """Each head's ``fill_steps`` of each view, for the selection a click on it resolves to."""
         current = {k: getattr(self, k) for k in SELECTION_KEYS}
+        meter = Meter("precomputing heads", len(heads))  # (heads cost alike: the same views' work)
         for done, (layer, head) in enumerate(heads):
-            yield {"progress": {"text": "precomputing heads", "done": done, "total": len(heads)}}
+            yield meter.first() if done == 0 else meter.at(done)
             selection = resolve_selection(current, {"layer": layer, "head": head}, self.token_ids,
                                           self.strongest_writer)
             for view in views:
