@@ -43,6 +43,7 @@ _EXPORTS = {
     "VirtualHeads": "pycircuits_widgets.widgets",
     "BigramTable": "pycircuits_widgets.widgets",
     "NeuronView": "pycircuits_widgets.widgets",
+    "DatasetExamples": "pycircuits_widgets.widgets",
 }
 
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import

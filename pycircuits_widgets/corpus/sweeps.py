@@ -294,6 +294,7 @@ class Sweep:
         self._stats = load_file(self.path / "stats.safetensors")
         self._tables: dict = {}
         self._windows: torch.Tensor | None = None
+        self._documents: np.ndarray | None = None
         info = self.manifest["info"]["model"]
         self.n_layers, self.n_heads, self.d_mlp = info["n_layers"], info["n_heads"], info["d_mlp"]
 
@@ -353,6 +354,30 @@ class Sweep:
                      for s in range(self.manifest["shards"])]
             self._windows = torch.from_numpy(np.concatenate(parts).astype(np.int64))
         return self._windows
+
+    def window_documents(self) -> np.ndarray | None:
+        """``[n_windows]`` int64: the document (numbered from 0 in the order the corpus kept them) each
+        window's first token belongs to, or None when the tokenizer writes no separator between
+        documents. Not recorded by the sweep: derived from the windows by their rule (``windows.py``:
+        the kept documents' tokens, each followed by the separator, cut into consecutive windows), so
+        it counts the separators before the window. A document whose own text holds the separator's
+        text (``<|endoftext|>``) is counted as more than one."""
+        sep = self.manifest["tokenization"]["separator"]
+        if sep is None:
+            return None
+        if self._documents is None:
+            ends = (self.windows == sep).sum(1).numpy()
+            self._documents = np.concatenate([[0], np.cumsum(ends)[:-1]]).astype(np.int64)
+        return self._documents
+
+    def document_at(self, window: int, position: int) -> int | None:
+        """The document token ``position`` of window ``window`` belongs to (``window_documents``; a
+        separator belongs to the document it ends); None without a separator."""
+        docs = self.window_documents()
+        if docs is None:
+            return None
+        sep = self.manifest["tokenization"]["separator"]
+        return int(docs[window]) + int((self.windows[window, :position] == sep).sum())
 
     # --- examples ---------------------------------------------------------------------------------
     def head_examples(self, layer: int, head: int):
