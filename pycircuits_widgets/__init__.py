@@ -30,6 +30,7 @@ _EXPORTS = {
     "StoreMismatch": "pycircuits_widgets.corpus",
     "sweep": "pycircuits_widgets.corpus",
     "Sweep": "pycircuits_widgets.corpus",
+    "trigram_counts": "pycircuits_widgets.corpus",
     "ColoredTokens": "pycircuits_widgets.widgets",
     "AttentionPatterns": "pycircuits_widgets.widgets",
     "SkipTrigramTable": "pycircuits_widgets.widgets",
@@ -42,6 +43,7 @@ _EXPORTS = {
     "VirtualHeads": "pycircuits_widgets.widgets",
     "BigramTable": "pycircuits_widgets.widgets",
     "NeuronView": "pycircuits_widgets.widgets",
+    "DatasetExamples": "pycircuits_widgets.widgets",
 }
 
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import

@@ -38,6 +38,7 @@ NEEDS = {
     "bench_safetensors": ("safetensors", "transformers"),
     "bench_sharing": ("nbclient",),
     "bench_sweep": ("transformer_lens", "pyarrow"),
+    "bench_trigram_counts": ("pyarrow",),
     "bench_verify": ("transformers",),
 }
 """The optional packages (the ``bench`` and ``test`` extras) each script's smoke run imports."""

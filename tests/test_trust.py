@@ -90,19 +90,21 @@ def test_skip_trigram_browser_writes_are_refused_like_python_writes(m1, name, ba
     assert st.error == "" and getattr(st, name) == {"page": 1, "page_size": 5, "query": "t3"}[name]
 
 
-def test_the_browser_cannot_turn_off_an_on_demand_view(m1):
+def test_the_browser_turning_off_an_on_demand_view_cancels_it(m1):
+    """``active`` False from the browser is the view's "cancel" button: the view stops, keeps what
+    it computed and says "cancelled"; True again (its "restart" button) computes again."""
     m = paper_model(n_layers=2, n_heads=2, dtype=torch.float32)
     v = pcw.VirtualHeads(m, k=3, n_copies=2)
-    assert v.active and v.wait(30)
-    with pytest.raises(traitlets.TraitError, match="active cannot be turned off"):
-        v.active = False
+    assert v.active and v.wait(30) and v.heads
     v.set_state({"active": False})
-    assert v.active is True and "active cannot be turned off once the view is computing" in v.error
+    assert v.active is False and v.error == "" and v.progress["state"] == "cancelled" and v.heads
+    v.set_state({"active": True})
+    assert v.active and v.wait(30) and v.heads and v.error == "" and v.progress == {}
     idle = pcw.VirtualHeads(m, k=3, n_copies=2, active=False)  # not started: the browser may start it
     idle.set_state({"active": True})
     assert idle.active and idle.wait(30) and idle.heads and idle.error == ""
-    idle.set_state({"active": False})
-    assert idle.active is True and "cannot be turned off" in idle.error
+    v.set_state({"busy": True})  # still a kernel-only trait
+    assert "busy cannot be set from the browser" in v.error
 
 
 # -- #6, #7: text made displayable, invisible and bidi characters shown as escapes -----------

@@ -47,6 +47,11 @@ export function mountView({ model, el, host, select = null }) {
     on: (name, cb) => model.on(name, cb),
     off: (name, cb) => model.off(name, cb),
     widget_manager: model.widget_manager,
+    // whether a kernel answers (lib/offline.js isLive): the kernel-less host says false; an
+    // anywidget model says nothing (undefined), which counts as live
+    get comm_live() {
+      return model.comm_live;
+    },
     // anywidget >= 0.10 passes `host` to render: it resolves "IPY_MODEL_<id>" references
     // to child models. The kernel-less host (lib/host.js) provides the same call.
     host,

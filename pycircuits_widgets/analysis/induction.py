@@ -157,29 +157,51 @@ def k_composition_positivity(model, offset=None, reduce: str = "max") -> torch.T
 def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
     """``(positivity [L, H, L, H], offset [L, H, L, H] or None)``: ``k_composition_positivity`` and, for a
     rotary model reduced by "max" over a window, the offset of each pair's value (-1 where undefined)."""
+    return _drained(k_composition_positivity_steps(model, offset, reduce))
+
+
+def k_composition_positivity_steps(model, offset=None, reduce: str = "max"):
+    """``k_composition_positivity_offsets`` in pieces: a generator that yields ``(done, total)``
+    after each piece (one offset's one layer pair ``(l1, l2)``: one batched ``[H, H]`` eig, all
+    pieces the same size) and returns its result (``StopIteration.value``), so a caller can stop
+    between pieces."""
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     offsets = offset_window(model, offset, "the K-composition QK circuit")
     R = [None] if offsets is None else rotations(cfg, offsets, device=model.W_Q.device, layer=None)  # [n, L, ...]
     out = torch.full((len(R), L, H, L, H), float("nan"), device=model.W_Q.device)
+    layer_pairs = [(l1, l2) for l1 in range(L - 1) for l2 in range(l1 + 1, L)]
+    total = len(R) * len(layer_pairs)
     with torch.no_grad():
         G = token_gram(model, "QK")
         W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
-        refusal = ("the K-composition token circuits' eigenvalues", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"),
-                   linalg_dtype(model.W_E.dtype))  # G's dtype
-        for i, rot in enumerate(R):
-            for l1 in range(L - 1):
-                for l2 in range(l1 + 1, L):
-                    query = W_Q[l2] if rot is None else W_Q[l2] @ rot[l2]
-                    # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
-                    with naming_non_finite(*refusal):
-                        eigs = eigenvalues_of_product(query[None], W_K[l2].mT[None], W_O[l1].mT[:, None],
-                                                      W_V[l1].mT[:, None], G)
-                    out[i, l1, :, l2] = positivity(require_finite(eigs, *refusal)).float()
+    refusal = ("the K-composition token circuits' eigenvalues", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"),
+               linalg_dtype(model.W_E.dtype))  # G's dtype
+    done = 0
+    for i, rot in enumerate(R):
+        for l1, l2 in layer_pairs:
+            with torch.no_grad():
+                query = W_Q[l2] if rot is None else W_Q[l2] @ rot[l2]
+                # [H1, H2] broadcast: chain W_Q^{h2} W_K^{h2 T} W_O^{h1 T} W_V^{h1 T} G
+                with naming_non_finite(*refusal):
+                    eigs = eigenvalues_of_product(query[None], W_K[l2].mT[None], W_O[l1].mT[:, None],
+                                                  W_V[l1].mT[:, None], G)
+                out[i, l1, :, l2] = positivity(require_finite(eigs, *refusal)).float()
+            done += 1
+            yield done, total
     if offsets is None or (offset is not None and not hasattr(offset, "__iter__")):
         return out[0], None
     values, at = reduce_offsets(out, offsets, reduce)
     return values, None if at is None else at.masked_fill(values.isnan(), -1)
+
+
+def _drained(steps):
+    """The value a pieces generator returns, its pieces run through."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 @dataclass
@@ -202,10 +224,27 @@ def pair_verdicts(model, offsets=None) -> dict[tuple[int, int, int, int], PairVe
     ``[L, H]``) and the K-composition score ``composition_scores(model, "K", baseline=False)``, each
     pair through ``classify_pair``. Rotary models: over the window ``offsets`` (None: not rotary),
     each pair's positivity at the offset where it is largest, and its score at that same offset."""
-    with torch.no_grad():
-        qk_pos, at = k_composition_positivity_offsets(model, offsets)
+    return _drained(pair_verdicts_steps(model, offsets))
+
+
+def pair_verdicts_steps(model, offsets=None):
+    """``pair_verdicts`` in pieces: yields ``(stage, done, total)`` after each piece and returns the
+    verdicts. Stage "positivity": ``k_composition_positivity_steps``' equal pieces; then "scores",
+    one piece each (the OV positivity, the K-composition scores: each one batched call)."""
+    steps = k_composition_positivity_steps(model, offsets)
+    while True:
+        try:
+            done, total = next(steps)
+        except StopIteration as stop:
+            qk_pos, at = stop.value
+            break
+        yield "positivity", done, total
+    with torch.no_grad():  # (never across a yield: grad mode is the consumer's thread's)
         ov_pos = eigenvalue_positivity(model, "OV")
+    yield "scores", 1, 2
+    with torch.no_grad():
         scores = composition_scores(model, "K", baseline=False, offsets=offsets)
+    yield "scores", 2, 2
     if at is not None:  # [n_offsets, L, H, L, H] -> each pair's score at the offset its positivity is read at
         index = torch.as_tensor([offsets.index(o) if o >= 0 else 0 for o in at.flatten().tolist()])
         scores = scores.gather(0, index.view(1, *at.shape).to(scores.device))[0]

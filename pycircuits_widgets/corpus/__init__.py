@@ -1,11 +1,13 @@
 """Corpus work: documents and their windows (``documents``, ``windows``), what a sweep records per batch
 (``record``) and how it merges (``accumulators``), the store on disk (``store``), the engines (``engines``:
 serial; ``ray_engine``), the sweep and its reader (``sweeps``). Imports the analysis and the models, never
-the widgets; views read a ``Sweep``, never run one."""
+the widgets; views read a ``Sweep``, never run one. ``trigram_counts``: a head's skip-trigrams counted
+over a sweep's windows."""
 
 from .documents import Corpus, CorpusError
 from .store import StoreMismatch
 from .sweeps import Sweep, SweepProgress, head_scores, model_fingerprint, sweep
+from .trigram_counts import TrigramCounts, trigram_counts
 
-__all__ = ["Corpus", "CorpusError", "StoreMismatch", "Sweep", "SweepProgress", "head_scores", "model_fingerprint",
-           "sweep"]
+__all__ = ["Corpus", "CorpusError", "StoreMismatch", "Sweep", "SweepProgress", "TrigramCounts", "head_scores",
+           "model_fingerprint", "sweep", "trigram_counts"]

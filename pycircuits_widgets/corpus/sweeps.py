@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from ..analysis.cache import MODEL, cached
 from ..analysis.head_scores import SCORE_NAMES
 from ..analysis.head_scores import head_scores as analysis_head_scores
 from ..models.circuit_model import CircuitModel, weight_shapes
@@ -61,6 +62,17 @@ def model_fingerprint(model) -> str:
         h.update(f"{name}:{w.dtype}:{tuple(w.shape)}".encode())
         h.update(w.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def checked_sweep(sweep, model, who: str) -> Sweep | None:
+    """``sweep`` if it is None or a ``Sweep`` of ``model`` (``Sweep.check_model``); a ``TypeError`` naming
+    ``who`` for anything else."""
+    if sweep is not None and not isinstance(sweep, Sweep):
+        raise TypeError(f"{who}: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or pcw.Sweep.open(store)) "
+                        f"or None, got {type(sweep).__name__}")
+    if sweep is not None:
+        sweep.check_model(model, who)
+    return sweep
 
 
 def _check_model(model) -> None:
@@ -282,6 +294,7 @@ class Sweep:
         self._stats = load_file(self.path / "stats.safetensors")
         self._tables: dict = {}
         self._windows: torch.Tensor | None = None
+        self._documents: np.ndarray | None = None
         info = self.manifest["info"]["model"]
         self.n_layers, self.n_heads, self.d_mlp = info["n_layers"], info["n_heads"], info["d_mlp"]
 
@@ -312,6 +325,21 @@ class Sweep:
         return self.n_windows * self.seq_len
 
     @property
+    def model_name(self) -> str:
+        """The swept model's name (``cfg.name``)."""
+        return self.manifest["model"]["name"]
+
+    def check_model(self, model, who: str) -> None:
+        """Refuse (``ValueError``, naming both models) a ``model`` other than the one swept: its
+        ``model_fingerprint`` (config and every weight's bytes; computed once per model and weight edit:
+        ``analysis.cache``) differs from the store's."""
+        mine = cached(model, ("model_fingerprint",), lambda: model_fingerprint(model), tier=MODEL)
+        if mine != self.manifest["model"]["fingerprint"]:
+            raise ValueError(f"{who}: the sweep in {self.path} was made with model {self.model_name!r}, not with "
+                             f"this model {model.cfg.name!r} (their configs or weights differ); sweep this model "
+                             "(pcw.sweep(model, corpus, store))")
+
+    @property
     def skipped(self) -> dict:
         """Documents the corpus skipped, ``{reason: count}`` (``documents.py``)."""
         return dict(self.manifest["info"]["corpus"]["skipped"])
@@ -326,6 +354,30 @@ class Sweep:
                      for s in range(self.manifest["shards"])]
             self._windows = torch.from_numpy(np.concatenate(parts).astype(np.int64))
         return self._windows
+
+    def window_documents(self) -> np.ndarray | None:
+        """``[n_windows]`` int64: the document (numbered from 0 in the order the corpus kept them) each
+        window's first token belongs to, or None when the tokenizer writes no separator between
+        documents. Not recorded by the sweep: derived from the windows by their rule (``windows.py``:
+        the kept documents' tokens, each followed by the separator, cut into consecutive windows), so
+        it counts the separators before the window. A document whose own text holds the separator's
+        text (``<|endoftext|>``) is counted as more than one."""
+        sep = self.manifest["tokenization"]["separator"]
+        if sep is None:
+            return None
+        if self._documents is None:
+            ends = (self.windows == sep).sum(1).numpy()
+            self._documents = np.concatenate([[0], np.cumsum(ends)[:-1]]).astype(np.int64)
+        return self._documents
+
+    def document_at(self, window: int, position: int) -> int | None:
+        """The document token ``position`` of window ``window`` belongs to (``window_documents``; a
+        separator belongs to the document it ends); None without a separator."""
+        docs = self.window_documents()
+        if docs is None:
+            return None
+        sep = self.manifest["tokenization"]["separator"]
+        return int(docs[window]) + int((self.windows[window, :position] == sep).sum())
 
     # --- examples ---------------------------------------------------------------------------------
     def head_examples(self, layer: int, head: int):

@@ -17,6 +17,7 @@ from .views.attention import AttentionPatterns
 from .views.bigram_table import BigramTable
 from .views.colored_tokens import ColoredTokens
 from .views.composition_matrix import CompositionMatrix
+from .views.dataset_examples import DatasetExamples
 from .views.eigenvalue_plot import EigenvaluePlot
 from .views.explorer import CircuitExplorer
 from .views.induction_mechanism import InductionMechanism
@@ -27,4 +28,4 @@ from .views.skip_trigram_table import SkipTrigramTable
 from .views.virtual_heads import VirtualHeads
 
 __all__ = ["AttentionPatterns", "BigramTable", "CircuitExplorer", "CircuitWidget", "ColoredTokens", "CompositionMatrix",
-           "EigenvaluePlot", "InductionMechanism", "NeuronView", "PathExpansion", "PositionalQK", "SkipTrigramTable", "VirtualHeads"]
+           "DatasetExamples", "EigenvaluePlot", "InductionMechanism", "NeuronView", "PathExpansion", "PositionalQK", "SkipTrigramTable", "VirtualHeads"]

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import pathlib
 import sys
+import time
 
 import anywidget
 import traitlets
@@ -25,6 +26,10 @@ from ... import progress as bars
 from . import offline, runner
 from .bundle import BundleMissing, bundle_code, bundle_file, ensure_carrier, stub_esm
 from .runner import Runner
+
+
+SAVE_BUDGET = 60.0
+"""Seconds ``save_html`` waits, in all, for views still computing before it saves them as "not computed"."""
 
 
 def _in_marimo() -> bool:
@@ -63,6 +68,9 @@ class CircuitWidget(anywidget.AnyWidget):
     _offline_fresh = True
     _has_front_end = True
     """False for a view made without a built front end (it cannot be shown)."""
+    _asked_for = False
+    """Whether the view's jobs are work the user asked for (an on-demand section), which gives way
+    to clicks, rather than clicks (``runner`` module docstring)."""
 
     def __init__(self, model=None, **kwargs):
         """``model`` (if given) is ``self.model`` before any trait is set (defaults, validators and
@@ -89,7 +97,7 @@ class CircuitWidget(anywidget.AnyWidget):
             except BundleMissing:  # the analysis works without a front end; showing the view says how to build it
                 self._has_front_end = False
         super().__init__(**kwargs)
-        self._runner = Runner(self)
+        self._runner = Runner(self, requested=self._asked_for)
         self._started()
         if self._answers_offline and self._offline_inputs:
             self.observe(self._share_offline, list(self._offline_inputs))
@@ -189,6 +197,22 @@ class CircuitWidget(anywidget.AnyWidget):
         else:
             self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self), background=True)
 
+    def _saved_ready(self, deadline: float | None, offline: bool, tick=None) -> bool:
+        """Before a page is written: wait for the view's work (its runner's jobs, up to ``deadline``,
+        a ``time.monotonic()`` value, None: no limit) and, with ``offline``, make ``_offline``
+        current. False where the work is not done by then: the page says that view is "not
+        computed" (``standalone.render_html``)."""
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._runner.wait(left, tick=tick):
+            return False
+        if offline:
+            self._offline_ready()
+        return True
+
+    def _unfinished(self) -> str:
+        """What the view was still computing (its runner's kinds), for the page's "not computed" line."""
+        return self._runner.running_kind() or "its results"
+
     def _offline_ready(self) -> None:
         """Make ``_offline`` current (a script computes it here, before a page is written, counting
         the answers on a bar)."""
@@ -243,19 +267,24 @@ class CircuitWidget(anywidget.AnyWidget):
 
         return fallback_html(self)
 
-    def save_html(self, path, *, title: str | None = None, offline: bool = True) -> pathlib.Path:
+    def save_html(self, path, *, title: str | None = None, offline: bool = True,
+                  budget: float | None = SAVE_BUDGET) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
         that shows this view with every interaction that needs no kernel. With ``offline``
         (default) the view's kernel-less answers (``_offline``: each head's skip-trigram table
         and eigenvalues, head pairs' composition detail, within ``widgets.core.offline.BUDGET``
         per view) are made current first: seconds of work for a 2-layer model in a script,
-        already done in the background under a kernel."""
+        already done in the background under a kernel.
+
+        ``budget``: seconds the save waits, in all, for views still computing (default
+        ``SAVE_BUDGET``; None: no limit), a bar saying which. A view not done by then is saved as
+        it stands, marked "not computed" on the page; the explorer's background precompute is
+        never waited for."""
         from ..sharing import standalone
 
         standalone.refuse_notebook_target(path)  # before any work
         bundle_code()  # BundleMissing, naming the build command, before any work too
-        self.wait(None)  # the page holds finished state, never busy
-        return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline)
+        return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline, budget=budget)
 
 
 def _message(exc: Exception) -> str:

@@ -59,6 +59,7 @@ NEEDS_KERNEL = {
     "token": "A token's query reads the whole vocabulary: it needs a running kernel.",
     "text": "New text needs the model: it needs a running kernel.",
     "offsets": "Other query - key offsets need the model's QK circuits: they need a running kernel.",
+    "opened": "Reading a corpus example in the explorer needs the model: it needs a running kernel.",
 }
 
 

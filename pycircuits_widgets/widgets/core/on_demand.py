@@ -7,6 +7,12 @@ is a :class:`~.runner.Runner` job (per kind of result), started when the view is
 when the job is done; in a script the job runs at once). The explorer builds its paper views
 inactive, so building it costs nothing more; a view starts when its section's "compute"
 button (or Python: ``view.active = True``) asks for it. ``wait()`` covers the jobs.
+
+Its jobs are work the user asked for: they give way to clicks between pieces (``runner``), show
+how far they are (``progress``, with an estimate where the job is metered: ``meter``), and stop
+when cancelled: ``view.cancel()`` in Python, the view's "cancel" button in the browser (both
+set ``active`` False). The view keeps what it had computed, says "cancelled", and its "restart"
+button (or ``view.active = True``) starts it again.
 """
 
 from __future__ import annotations
@@ -25,12 +31,11 @@ class OnDemand(traitlets.HasTraits):
     # -- display --
     active = traitlets.Bool(True).tag(sync=True)
     """bool, default True: the view's data is wanted. False: nothing is computed until it is set
-    True (the view's "compute" button, or Python); it cannot be turned off again."""
+    True (the view's "compute" or "restart" button, or Python); set False while computing, it
+    cancels (:meth:`cancel`)."""
 
-    # Whether the view's jobs were started. The validator reads this, not ``self.active``:
-    # inside ``hold_trait_notifications`` (every browser write) traitlets validates after the
-    # new value is already set, so ``self.active`` would read False there.
-    _computing = False
+    _asked_for = True
+    _computing = False  # whether the view's jobs are started (and not cancelled since)
 
     def _begin(self) -> None:
         self.observe(self._on_active, ["active"])
@@ -41,19 +46,25 @@ class OnDemand(traitlets.HasTraits):
         """(Re)submit every job the current state needs, then the kernel-less answers (after them:
         the runner runs one job at a time, in order)."""
         self._computing = True
+        self.progress = {}
         self._start()
         if self._answers_offline:
             self._share_offline()
 
-    @traitlets.validate("active")
-    def _valid_active(self, proposal):
-        if self._computing and not proposal["value"]:
-            raise traitlets.TraitError("active cannot be turned off once the view is computing")
-        return proposal["value"]
+    def cancel(self) -> None:
+        """Stop the view's jobs between two pieces (``active`` goes False). What was computed stays
+        shown; ``progress`` says "cancelled" (with the count reached, if the job counted); setting
+        ``active`` True again (the view's "restart" button) starts the work again."""
+        self.active = False
 
     def _on_active(self, change):
         if change["new"] and not change["old"]:
             self._restart()
+        elif change["old"] and not change["new"]:
+            reached = {k: v for k, v in self.progress.items() if k in ("text", "done", "total", "unit")}
+            self._computing = False
+            self._runner.cancel_all()
+            self.progress = {**reached, "state": "cancelled"}
 
     def _start(self) -> None:
         raise NotImplementedError

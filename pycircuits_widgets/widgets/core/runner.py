@@ -8,10 +8,22 @@ and every result is applied on the kernel's IO-loop thread (never ``setattr`` fr
 worker), holding :data:`APPLY`; in a plain script (no kernel) requests run synchronously, so
 nothing is left running at exit. Every view has one (``CircuitWidget._runner``).
 
-Background jobs (kernel-less answers, the explorer's precompute) give way to every other
-request, of any runner: at each chunk boundary one waits while any runner has a request
-pending or running (:data:`GATE`), so a click is computed before the next background chunk
-and never shares the CPU with one for longer than a chunk already started.
+Three tiers of work, across all runners (:data:`GATE`):
+
+1. *Clicks*: a runner's requests (``Runner(requested=False)``, the default). They never wait,
+   except where a click's steps say the rest can (``GIVE_WAY``: it waits for other clicks).
+2. *Work the user asked for*: every request of a ``Runner(requested=True)`` (an on-demand section
+   the reader started: the induction mechanism, path expansion, ...). Before each chunk (a piece:
+   a layer pair, a table) it waits while another runner has click work (a ``GIVE_WAY`` rest
+   included), and takes a turn: one such piece computes at a time across all runners, in turn
+   (first come, first served), so two asked-for jobs alternate pieces rather than each running
+   torch's thread pool on the same cores.
+3. *Background* jobs (kernel-less answers, the explorer's precompute): at each chunk boundary one
+   waits while any runner has a click or asked-for request pending or running.
+
+So a click waits for nothing, and shares the CPU with other work for at most one piece already
+started; a long job never blocks another head's views or a page save (``save_html`` waits for
+neither asked-for work nor the fill past its budget). ``cancel`` stops a job between pieces.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ class _GiveWay:
 
 
 GIVE_WAY = _GiveWay()
+_DONE = object()  # the end of a job's steps
 """Yielded by a request's steps where the rest of it can wait: under a kernel the job waits there
 while another runner has a request that is not itself giving way (the first, quick part of a
 click, say a partial table, is shown; the slow rest lets the other views of the click finish
@@ -58,6 +71,7 @@ def _kernel_loop():
 
 class _Job:
     __slots__ = ("background", "generation", "kind", "make", "steps")
+    # (a job's tier besides background is its runner's: ``Runner.requested``)
 
     def __init__(self, kind: str, make: Callable[[], Steps], generation: int, background: bool = False):
         self.kind, self.make, self.generation, self.background = kind, make, generation, background
@@ -75,9 +89,13 @@ the page (a table left at the last head)."""
 
 _shutting_down = threading.Event()
 GATE = threading.Condition()
-"""Guards :data:`_foreground`; notified whenever a runner's requests start or end, a background
-job starts or stops giving way, or a kind is cancelled."""
+"""Guards :data:`_foreground`, :data:`_clicking` and the asked-for work's turns; notified whenever
+a runner's requests start or end, a job starts or stops giving way or ends its turn, or a kind is
+cancelled."""
 _foreground: set = set()  # runners with a request (not background) pending or running
+_clicking: set = set()  # of those, the runners whose requests are clicks (not ``requested``)
+_turns: collections.deque = collections.deque()  # asked-for runners waiting for their turn, in order
+_turn: list = [None]  # the runner whose asked-for piece computes now (None: none)
 
 
 def _shut_down() -> None:
@@ -107,14 +125,17 @@ class Runner:
     ``giving_way`` is True meanwhile. ``cancel(kind)`` stops a kind's jobs.
 
     ``close()`` (the view's ``close``) stops every kind for good and refuses later submits; the
-    worker thread then ends, and ``join()`` waits for that.
+    worker thread then ends, and ``join()`` waits for that. ``cancel_all()`` stops every kind
+    (between pieces) and keeps the runner.
 
     ``loop``: where results are applied. Default: the running kernel's IO loop (a worker
     thread computes, ``loop.add_callback`` applies); None: run synchronously in ``submit``.
+    ``requested``: its requests are work the user asked for, not clicks (module docstring).
     """
 
-    def __init__(self, widget, loop="kernel"):
+    def __init__(self, widget, loop="kernel", *, requested: bool = False):
         self._widget = widget
+        self.requested = requested
         self._loop = _kernel_loop() if loop == "kernel" else loop
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -161,6 +182,18 @@ class Runner:
             job.steps.close()  # a parked background job: never resumed
         with GATE:
             GATE.notify_all()  # one giving way sees it is stale
+
+    def cancel_all(self) -> list[str]:
+        """Stop every kind's jobs (``cancel``), background ones included; the kinds that had a job
+        pending or running. ``busy`` goes off once the running one has stopped at its next piece."""
+        with self._lock:
+            kinds = list(self._pending) + ([] if self._running is None else [self._running.kind])
+        for kind in dict.fromkeys(kinds):
+            self.cancel(kind)
+        self._mark()
+        if self._loop is not None:
+            self._post()  # nothing left running: busy goes off at the next drain
+        return kinds
 
     def close(self) -> None:
         """Stop for good (the view is closed): pending jobs are dropped, the running one stops at
@@ -245,7 +278,18 @@ class Runner:
             try:
                 if job.steps is None:
                     job.steps = self._steps(job)
-                for item in job.steps:
+                while True:
+                    asked = self.requested and not job.background
+                    if asked and not self._take_turn(job):
+                        job.steps.close()  # cancelled or stale before its next piece: never computed
+                        break
+                    try:
+                        item = next(job.steps, _DONE)
+                    finally:
+                        if asked:
+                            self._end_turn()
+                    if item is _DONE:
+                        break
                     if item is GIVE_WAY:
                         self._give_way(job)
                         continue
@@ -270,26 +314,56 @@ class Runner:
             self._running is not None and not self._running.background)
 
     def _mark(self) -> None:
-        """Record in ``_foreground`` whether this runner has requests, waking who gives way."""
+        """Record in ``_foreground`` (and ``_clicking``) whether this runner has requests, waking
+        who gives way."""
         with GATE:
             with self._lock:
                 requested = self._requested()
-            if requested:
-                _foreground.add(self)
-            else:
-                _foreground.discard(self)
+            for tier, member in ((_foreground, requested), (_clicking, requested and not self.requested)):
+                if member:
+                    tier.add(self)
+                else:
+                    tier.discard(self)
             GATE.notify_all()
 
     def _give_way(self, job: _Job) -> None:
-        """A request's ``GIVE_WAY``: wait while another runner has a request not giving way itself
-        (two such requests never wait for each other), the job current and no shutdown."""
+        """A click's ``GIVE_WAY``: wait while another runner has a click not giving way itself
+        (two such requests never wait for each other; asked-for work never holds it up), the job
+        current and no shutdown."""
         with GATE:
             self.giving_way = True
             GATE.notify_all()
             while (self.current(job) and not _shutting_down.is_set()
-                   and any(r is not self and not r.giving_way for r in _foreground)):
+                   and any(r is not self and not r.giving_way for r in _clicking)):
                 GATE.wait()
             self.giving_way = False
+            GATE.notify_all()
+
+    def _take_turn(self, job: _Job) -> bool:
+        """Before an asked-for piece: wait (``giving_way``) while another runner has click work or
+        another asked-for piece computes or was waiting first; then hold the turn. False (no turn)
+        once the job is stale (cancelled, or a newer one of its kind) or at shutdown."""
+        with GATE:
+            _turns.append(self)
+            self.giving_way = True
+            GATE.notify_all()
+            try:
+                while self.current(job):
+                    if not (_clicking - {self}) and _turn[0] is None and _turns[0] is self:
+                        _turn[0] = self
+                        return True
+                    GATE.wait()
+                return False
+            finally:
+                _turns.remove(self)
+                self.giving_way = False
+                GATE.notify_all()
+
+    def _end_turn(self) -> None:
+        """The piece is computed: the next waiting asked-for runner may take its turn."""
+        with GATE:
+            if _turn[0] is self:
+                _turn[0] = None
             GATE.notify_all()
 
     def _park(self, job: _Job) -> bool:

@@ -313,6 +313,37 @@ def bigrams(w) -> str:
     return _caption("Direct path W_E W_U: top next tokens") + _table("bigrams", ["token", "next tokens (logit)"], rows)
 
 
+def dataset_examples(w) -> str:
+    """The shown head's (or neuron's) top examples: score, where, and the context with the destination
+    boxed and, once the re-run is in, each token's value above a tenth of the row's largest in bold."""
+    if not w.rows:
+        return _pending("Dataset examples")
+    layer, head, neuron = w.shown
+    unit = f"neuron {neuron} of layer {layer}" if neuron >= 0 else f"head L{layer}.H{head}"
+
+    def context(r) -> str:
+        parts = []
+        for i, seg in enumerate(r["segments"]):
+            if i:
+                parts.append("… ")
+            values = seg["values"] or [None] * len(seg["ids"])
+            top = max((abs(v) for v in values if v is not None), default=0) or 1
+            for t, (token, v) in enumerate(zip(seg["ids"], values)):
+                text = _token(w.strings.get(str(token), "?"))
+                if seg["start"] + t == r["position"]:
+                    text = f'<span style="border:2px solid #e65100">{text}</span>'
+                elif v is not None and abs(v) >= 0.1 * top:
+                    text = f"<b>{text}</b>"
+                parts.append(text)
+        return f"<code>{''.join(parts)}</code>"
+
+    rows = [[f"{r['score']:.3g}" if r["score"] is not None else "—",
+             (f"doc {r['document']} · " if r["document"] is not None else "") + f"w{r['window']}:{r['position']}",
+             context(r)] for r in w.rows[:TABLE_ROWS]]
+    return (_caption(f"Dataset examples of {unit} ({len(w.rows)} in the sweep of {w.corpus.get('model', '')})")
+            + _table("dataset-examples", ["score", "where", "context (destination boxed)"], rows))
+
+
 def explorer(w) -> str:
     """The header line and the picture of each section marked ``picture`` (``w.sections``)."""
     parts = [_caption(f"Circuit explorer: {w.model_name}, head L{w.layer}.H{w.head}"
@@ -336,5 +367,6 @@ FIGURES = {
     "VirtualHeads": virtual_heads,
     "InductionMechanism": induction,
     "BigramTable": bigrams,
+    "DatasetExamples": dataset_examples,
 }
 """View name (``_view``) -> figure of a widget of that view."""

@@ -34,11 +34,13 @@ import math
 import os
 import pathlib
 import tempfile
+import time
 
 import ipywidgets
 from ipywidgets.embed import dependency_state
 
 from ...models.tokenizer import escape_invisible
+from ...progress import progress
 from ..core.arrays import ARRAY_TRAITS
 from ..core.bundle import bundle_code, bundle_packed
 from ..core.offline import tag_nonfinite
@@ -375,11 +377,20 @@ def _live_widgets(widgets) -> dict:
     return found
 
 
-def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = True) -> str:
+NOT_COMPUTED = "not computed"
+"""``progress["state"]`` of a view saved while it was still computing (the page says so)."""
+
+
+def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = True,
+                budget: float | None = None) -> str:
     """One HTML page showing the given widgets (ours live; boxes laid out; others as a
     placeholder), the bundle inlined once. Each view's state carries the answers a reader's
     clicks need (its ``_offline`` trait, :mod:`.offline`), made current here unless
-    ``offline=False`` (a page wired to a kernel, which answers instead)."""
+    ``offline=False`` (a page wired to a kernel, which answers instead).
+
+    Views still computing are waited for up to ``budget`` seconds in all (None: no limit), on a
+    bar naming each; one not done by then is saved as it stands with ``progress`` ``{"state":
+    NOT_COMPUTED, "text"}``, which the page shows, and ``busy`` off (no spinner that never ends)."""
     widgets = list(widgets)
     if not widgets:
         raise ValueError("render_html needs at least one widget")
@@ -387,10 +398,11 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
         if not isinstance(w, ipywidgets.Widget):
             raise TypeError(f"expected widgets, got {type(w).__name__}")
     live = _live_widgets(widgets)
-    for w in live.values() if offline else []:
-        if hasattr(w, "_offline_ready"):
-            w._offline_ready()
-    page = Page(widget_state(widgets), picture=lambda model_id: live[model_id]._fallback_html())
+    unfinished = _wait_for_views(live, offline, budget)
+    saved = widget_state(widgets)
+    for model_id, text in unfinished.items():
+        saved[model_id]["state"].update(busy=False, progress={"state": NOT_COMPUTED, "text": text})
+    page = Page(saved, picture=lambda model_id: live[model_id]._fallback_html())
     cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
     page.add_children()
     return f"""<!DOCTYPE html>
@@ -408,6 +420,27 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
 </body>
 </html>
 """
+
+
+def _wait_for_views(live: dict, offline: bool, budget: float | None) -> dict[str, str]:
+    """Each live view's work done (``_saved_ready``) within ``budget`` seconds in all; model id ->
+    the page's "not computed" line of each view that is not."""
+    ours = {model_id: w for model_id, w in live.items() if hasattr(w, "_saved_ready")}
+    deadline = None if budget is None else time.monotonic() + budget
+    unfinished = {}
+    limit = "" if budget is None else f" (budget {budget:g} s)"
+    with progress(f"save_html: waiting for the views{limit}", total=len(ours), unit="view") as bar:
+        for model_id, w in ours.items():
+            name = type(w).__name__
+            bar.note(name)
+            def tick(name=name, w=w):  # what this view is computing now
+                bar.note(f"{name}: {w._runner.running_kind()}")
+
+            if not w._saved_ready(deadline, offline, tick=tick):
+                unfinished[model_id] = (f"Not computed: {name} was still computing {w._unfinished()} when this "
+                                        f"page was saved{limit}; a running kernel computes it.")
+            bar.update()
+    return unfinished
 
 
 def _new_file_mode(path: pathlib.Path) -> int:
@@ -461,6 +494,7 @@ def refuse_notebook_target(out) -> pathlib.Path:
     return out
 
 
-def save_html(widgets, path, *, title: str = "pycircuits_widgets", offline: bool = True) -> pathlib.Path:
+def save_html(widgets, path, *, title: str = "pycircuits_widgets", offline: bool = True,
+              budget: float | None = None) -> pathlib.Path:
     """Write :func:`render_html` to ``path`` atomically (never to a ``.ipynb``); returns the path."""
-    return write_atomic(refuse_notebook_target(path), render_html(widgets, title=title, offline=offline))
+    return write_atomic(refuse_notebook_target(path), render_html(widgets, title=title, offline=offline, budget=budget))

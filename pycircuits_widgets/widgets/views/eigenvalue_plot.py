@@ -10,6 +10,7 @@ from ...analysis.circuits import embedding_note
 from ...analysis.eigen import best_offset_spectra
 from ...analysis.head_scores import SCORE_NAMES, head_scores
 from ...analysis.skip_trigrams import copied_tokens
+from ...corpus.sweeps import checked_sweep
 from ..core import offline
 from ..core.arrays import Array, ArrayDict
 from ..core.base import CircuitWidget, rolls_back
@@ -39,6 +40,8 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         n_copies: how many most-copied tokens the detail lists.
         offsets: rotary models: the window of query - key offsets the QK side is read over
             (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer passes its text's offsets).
+        sweep: a ``pcw.Sweep`` of this model: colour by its head scores, pooled over the corpus
+            (``Sweep.head_scores``; ``scores_note`` says so in the legend) instead of ``scores``.
     """
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
@@ -62,6 +65,9 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     scores = ArrayDict("float32").tag(sync=True)
     """{name: float32 [L, H]}: head scores available for ``color_by``; {} for a score
     not computed yet (computed when ``color_by`` asks for it)."""
+    scores_note = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): where ``scores`` come from, shown in the legend ("" for the default: repeated random
+    tokens, or the caller's own)."""
     detail = ArrayDict("float32").tag(sync=True)
     """The selected head: {"layer", "head", "ov_re"/"ov_im"/"qk_re"/"qk_im": float32 [d_head],
     "copies": [{"id", "str", "score"}]} (score: centred full-OV diagonal, see ``copied_tokens``)."""
@@ -74,8 +80,14 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
     n_copies = Bounded(12, min=1, max=lambda model: min(200, model.cfg.d_vocab)).tag(sync=True)
     """int, default 12: number of most-copied tokens in the detail, in ``1..min(200, d_vocab)``."""
 
-    def __init__(self, model, scores=None, offsets=None, **kwargs):
+    def __init__(self, model, scores=None, offsets=None, sweep=None, **kwargs):
         check_model(model, "EigenvaluePlot")
+        if checked_sweep(sweep, model, "EigenvaluePlot") is not None:
+            if scores is not None:
+                raise TypeError("EigenvaluePlot: pass scores or sweep (whose head scores it colours by), not both")
+            scores = sweep.head_scores()
+            kwargs["scores_note"] = (f"attention to its target, 0 to 1, pooled over the corpus sweep "
+                                     f"({sweep.n_windows:,} windows of {sweep.seq_len} tokens)")
         if scores is not None and not isinstance(scores, Mapping):
             raise TypeError("scores must be a dict {name: [n_layers, n_heads] array} (e.g. pcw.head_scores(model)) "
                             f"or None, got {type(scores).__name__}")

@@ -7,10 +7,11 @@ import traitlets
 
 from ...analysis.composition import random_baseline
 from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_composition_diagonal_rank, k_composition_top,
-                                   pair_verdicts)
+                                   pair_verdicts_steps)
 from ..core import offline
 from ..core.arrays import ArrayDict, id_dtype
 from ..core.base import CircuitWidget
+from ..core.meter import Meter
 from ..core.offset_window import OffsetWindow
 from ..core.on_demand import OnDemand
 from ..core.payload import JSON_BUFFER
@@ -21,6 +22,9 @@ N_TABLES = 16
 """Ranked tables embedded up front (the strongest K-composition pairs) for small vocabularies."""
 EMBED_TABLES_MAX_VOCAB = 8192
 """Above this vocabulary size only the selected pair's table is computed up front."""
+STAGES = {"positivity": ("induction: K-composition eigenvalues", "layer pairs"),
+          "scores": ("induction: OV positivity, K-composition scores", "steps")}
+"""The ``progress`` text and unit of each stage of ``pair_verdicts_steps`` (each metered apart)."""
 K = Bounded(min=1, max=lambda model: min(200, model.cfg.d_vocab))
 """Bounds of the constructor's ``k`` (rows of each ranked table)."""
 
@@ -72,6 +76,9 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
     """{token id (str): display string} for every token in ``tables``."""
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
+    run_label = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): the explorer's ablated run ("ablated: L1.H6 (zero)"), shown in the header
+    with what it means here: these numbers are read from the weights, which no ablation changes."""
 
     def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, offsets=None, **kwargs):
         check_model(model, "InductionMechanism")
@@ -143,30 +150,55 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
             self._runner.submit("table", lambda: self._tables_steps([pair]))
 
     def _pairs_steps(self, pair):
-        """Every pair's verdict, then the tables of the strongest ``n_tables`` pairs and ``pair``."""
-        pairs = {}
-        for key, v in pair_verdicts(self.model, self._offsets).items():
-            pairs[pair_key(key)] = {"k_score": v.k_score, "qk_positivity": v.qk_positivity,
-                                    "ov_positivity": v.ov_positivity, "kind": v.kind, "sentence": v.sentence,
-                                    **({} if v.offset is None else {"offset": v.offset})}
-        self._pairs = pairs
+        """Every pair's verdict (in pieces: ``pair_verdicts_steps``, metered), then the tables of the
+        strongest ``n_tables`` pairs and ``pair``. Verdicts already computed (a restart after a
+        cancel) are not computed again."""
+        if not self._pairs:
+            yield from self._verdicts_steps()
+        pairs = self._pairs
         order = [[int(x) for x in key.split(",")] for key in sorted(pairs, key=lambda key: -pairs[key]["k_score"])]
-        update = {"pairs": pairs, "tables": dict(self._tables), "strings": dict(self._strings)}  # (none of an old window)
+        update = {"pairs": pairs, "tables": dict(self._tables), "strings": dict(self._strings),  # (none of an old window)
+                  "progress": {}}
         if self._default_pair and not pair:  # the strongest pair, unless one was chosen meanwhile
             pair = order[0]
             update["selected_pair"] = pair
         yield update
         yield from self._tables_steps(([pair] if pair else []) + order[:self._n_tables])
 
+    def _verdicts_steps(self):
+        """``pair_verdicts`` piece by piece (one layer pair at one offset each), reporting how far."""
+        steps = pair_verdicts_steps(self.model, self._offsets)
+        meters = {}
+        while True:
+            try:
+                stage, done, total = next(steps)
+            except StopIteration as stop:
+                verdicts = stop.value
+                break
+            if stage not in meters:
+                text, unit = STAGES[stage]
+                meters[stage] = Meter(text, total, unit)
+                yield meters[stage].first()
+            yield meters[stage].at(done)
+        pairs = {}
+        for key, v in verdicts.items():
+            pairs[pair_key(key)] = {"k_score": v.k_score, "qk_positivity": v.qk_positivity,
+                                    "ov_positivity": v.ov_positivity, "kind": v.kind, "sentence": v.sentence,
+                                    **({} if v.offset is None else {"offset": v.offset})}
+        self._pairs = pairs
+
     def _tables_steps(self, pairs):
-        """One chunk per missing table (``d_vocab``-blocked top-k): stale work stops between tables."""
-        for pair in pairs:
-            key = pair_key(pair)
-            if key in self._tables:
-                continue
-            self._tables[key], strings = self._table(pair)
+        """One chunk per missing table (``d_vocab``-blocked top-k): stale work stops between tables;
+        metered (every table costs the same), the count gone with the last."""
+        todo = [pair for pair in dict.fromkeys(map(tuple, pairs)) if pair_key(pair) not in self._tables]
+        meter = Meter("induction: ranked tables", len(todo), "pairs")
+        if len(todo) > 1:
+            yield meter.first()
+        for done, pair in enumerate(todo, 1):
+            self._tables[pair_key(pair)], strings = self._table(list(pair))
             self._strings.update(strings)
-            yield {"strings": dict(self._strings), "tables": dict(self._tables)}
+            yield {"strings": dict(self._strings), "tables": dict(self._tables),
+                   "progress": meter.report(done) if done < len(todo) else {}}
 
     def _table(self, pair) -> tuple[dict, dict]:
         """One pair's ranked table entry and the display strings of its tokens."""

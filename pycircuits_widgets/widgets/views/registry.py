@@ -17,6 +17,7 @@ from .attention import AttentionPatterns
 from .bigram_table import BigramTable
 from .colored_tokens import ColoredTokens
 from .composition_matrix import CompositionMatrix
+from .dataset_examples import DatasetExamples
 from .eigenvalue_plot import EigenvaluePlot
 from .induction_mechanism import InductionMechanism
 from .neurons import NeuronView
@@ -54,6 +55,8 @@ class ViewSpec:
         needs_heads: refused (with a notice) for a model without attention heads.
         optional: a model the view refuses (``ValueError``) gets a notice instead; not optional:
             the refusal is the explorer's.
+        needs_sweep: reads the explorer's corpus sweep (``CircuitExplorer(..., sweep=)``); an explorer
+            without one has no such section (no view, no notice).
         window: ``(explorer, n_tokens=None) -> {"offsets": range} | {}``: the rotary offset window
             ``build`` gives the view for a text of ``n_tokens`` (default: the explorer's); a new text
             moves the view to the new one unless its window was changed from that default.
@@ -73,6 +76,7 @@ class ViewSpec:
     reads_text: bool = False
     needs_heads: bool = True
     optional: bool = True
+    needs_sweep: bool = False
     window: Callable[..., dict] | None = field(default=None, repr=False)
 
     def browser(self) -> dict:
@@ -97,15 +101,21 @@ def trigram_window(explorer, n_tokens: int | None = None) -> dict:
     return window
 
 
+LOSS_DISPLAY = {"label": "loss (nats)", "colormap": "sequential", "vmin": None, "vmax": None, "note": ""}
+"""How the loss section shows the clean run's per-token loss (``ColoredTokens`` display traits)."""
+
+
 def _head(e) -> dict:
     return {"layer": e.layer, "head": e.head}
+
+
 
 
 VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("loss", ColoredTokens, "per-token loss", "Per-token loss",
              "loss of predicting each token from the ones before it; click a token to select it", ("position",),
-             lambda e: ColoredTokens(e.tokens[1:], e.forward(e.model, e.text).token_loss[0], label="loss (nats)",
-                                     colormap="sequential", first_position=1),
+             lambda e: ColoredTokens(e.tokens[1:], e.forward(e.model, e.text).token_loss[0], first_position=1,
+                                     **LOSS_DISPLAY),
              "loss of predicting each token from those before it (text positions 1..n-1).",
              wide=True, picture=True, needs_heads=False, optional=False),
     ViewSpec("attention", AttentionPatterns, "attention patterns", "Attention patterns",
@@ -114,16 +124,22 @@ VIEWS: tuple[ViewSpec, ...] = (
              "every head's pattern on ``text``.", wide=True, picture=True, reads_text=True),
     ViewSpec("trigrams", SkipTrigramTable, "skip-trigrams", "Skip-trigrams of the selected head",
              "[source] … [destination] → [out]; search a token for its query", ("layer", "head", "token"),
-             lambda e: SkipTrigramTable(e.model, **_head(e), **trigram_window(e)),
+             lambda e: SkipTrigramTable(e.model, **_head(e), **trigram_window(e), sweep=e.sweep),
              "the selected head's skip-trigrams and the selected token's query.", wide=True, picture=True,
              window=trigram_window),
+    ViewSpec("examples", DatasetExamples, "dataset examples", "Dataset examples of the selected head",
+             "where in the corpus sweep the head writes most (in the neurons section: the selected neuron); "
+             "click an example to read it here", ("layer", "head"),
+             lambda e: DatasetExamples(e.sweep, e.model, openable=True, **_head(e)),
+             "the selected head's (or neuron's) top examples in ``explorer.sweep``, each in its context.",
+             wide=True, picture=True, needs_sweep=True),
     ViewSpec("composition", CompositionMatrix, "composition scores", "Composition",
              "click a cell: the reading head becomes the selected head", ("layer", "head", "selected_pair"),
              lambda e: CompositionMatrix(e.model, **_head(e), **rotary_window(e)),
              "Q/K/V composition of head pairs (models with >= 2 layers).", picture=True, window=rotary_window),
     ViewSpec("eigen", EigenvaluePlot, "eigenvalues (copying)", "Eigenvalues",
              "click a head; positive eigenvalues mean copying", ("layer", "head"),
-             lambda e: EigenvaluePlot(e.model, **_head(e), **rotary_window(e)),
+             lambda e: EigenvaluePlot(e.model, **_head(e), **rotary_window(e), sweep=e.sweep),
              "OV/QK eigenvalue positivity of every head, the selected head's spectrum.", picture=True,
              window=rotary_window),
     ViewSpec("paths", PathExpansion, "path expansion", "Path expansion",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 import traitlets
 
 from ...analysis.circuits import embedding_note
 from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_table, kept_head_table
+from ...corpus.sweeps import checked_sweep
+from ...corpus.trigram_counts import kept_trigram_counts, trigram_counts
 from ...models.tokenizer import visible_whitespace
 from ..core import offline
 from ..core.arrays import ArrayDict
@@ -34,6 +37,9 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         offsets: rotary models: the window of query - key offsets the QK circuit is read over, each
             triple at its strongest offset (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer
             passes its text's offsets). ``offset_note`` states it in the view.
+        sweep: a ``pcw.Sweep`` of this model: each listed triple also shows how often it occurs in the
+            swept windows and the head's mean attention from destination to source there
+            (``pcw.trigram_counts``: exact, counted when the table is shown); "never seen" for none.
 
     ``recompute()`` and ``search(text)`` / ``query_token(id)`` run synchronously and return
     the new state; trait changes run them on the widget's runner, where the head's table, the
@@ -48,12 +54,21 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
     partial_sources = 64
     partial_above = 8192
+    # With a sweep, the mean attention is measured on the first this many windows holding a listed triple
+    # (one forward each: seconds at this size for small models); the counts are always over every window.
+    attention_windows = 256
 
     # -- data --
     trigrams = ArrayDict(None).tag(sync=True)
     """{"layer", "head", "src"/"dest"/"out": int32 [n] (vocab ids), "qk"/"ov"/"score":
     float32 [n], "strings": {id: display string}, "exact": bool, "progress": float}; rotary
-    models add "offset": int32 [n], the query - key offset of each triple's ``qk``."""
+    models add "offset": int32 [n], the query - key offset of each triple's ``qk``; with a sweep, once
+    counted, "count": int32 [n] (occurrences in the swept windows), "attention": float32 [n] (the
+    head's mean attention from destination to source there, NaN where never seen or not measured),
+    "measured": int32 [n] (the occurrences it is the mean of), "windows_run" and "windows_holding" (windows
+    the attention was measured on, of those holding a triple: ``attention_windows``)."""
+    corpus = traitlets.Dict().tag(sync=True)
+    """{"windows", "seq_len", "model"} (read-only): the sweep the triples are counted over; {} without one."""
     matches = traitlets.List().tag(sync=True)
     """list of {"id", "str"}: vocabulary tokens matching ``query`` (exact matches first)."""
     related = traitlets.Dict().tag(sync=True)
@@ -82,8 +97,11 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     _offline_inputs = ("k",)  # the saved tables are k rows long
 
-    def __init__(self, model, offsets=None, **kwargs):
+    def __init__(self, model, offsets=None, sweep=None, **kwargs):
         check_model(model, "SkipTrigramTable")
+        if checked_sweep(sweep, model, "SkipTrigramTable") is not None:
+            kwargs["corpus"] = {"windows": sweep.n_windows, "seq_len": sweep.seq_len, "model": sweep.model_name}
+        self._sweep = sweep
         self._strings = model.token_strings
         super().__init__(model, offsets, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
@@ -160,8 +178,9 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
                                      f"(a running kernel computes the top {self.k}).")
 
         def tables():
-            for layer, head in offline.heads(self):
-                table = dict(offline.last(self._table_steps(layer, head, rows))["trigrams"])
+            for layer, head in offline.heads(self):  # corpus counts: the shown head's, and others' counted already
+                counting = "count" if (layer, head) == (self.layer, self.head) else "kept"
+                table = dict(offline.last(self._table_steps(layer, head, rows, counting))["trigrams"])
                 strings = table.pop("strings")
                 for name in ("exact", "progress"):
                     del table[name]
@@ -192,9 +211,11 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self._runner.submit("token", lambda: self._related_steps(token, layer, head, n))
 
     # -- the work ------------------------------------------------------------------------
-    def _table_steps(self, layer, head, k):
+    def _table_steps(self, layer, head, k, counting="count"):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k
-        (``analysis.skip_trigrams.head_table``, kept per model: a revisited head answers at once)."""
+        (``analysis.skip_trigrams.head_table``, kept per model: a revisited head answers at once); with a
+        sweep, then the same table with its corpus counts (``pcw.trigram_counts``, kept per model too;
+        ``counting="kept"``: only counts the cache holds, none computed)."""
         window = self._window
         table = kept_head_table(self.model, layer, head, k, offset=window)
         if table is None and self.model.cfg.d_vocab > self.partial_above:
@@ -204,7 +225,21 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
             yield GIVE_WAY  # the exact search takes seconds: the click's other views first
         if table is None:
             table = head_table(self.model, layer, head, k, offset=window, approximate=True)
-        yield {"trigrams": self._payload(table)}
+        payload = self._payload(table)
+        yield {"trigrams": payload}
+        if self._sweep is not None:
+            yield GIVE_WAY  # a forward of every window holding a triple: the click's other views first
+            count = trigram_counts if counting == "count" else kept_trigram_counts
+            counts = count(self._sweep, self.model, layer, head,
+                           torch.stack([table.source, table.destination, table.out], 1),
+                           max_windows=self.attention_windows)
+            if counts is None:
+                return
+            attention = [float("nan") if a is None else a for a in counts.attention]
+            yield {"trigrams": {**payload, "count": counts.count.to(torch.int32),
+                                "attention": torch.tensor(attention, dtype=torch.float32),
+                                "measured": counts.measured.to(torch.int32), "windows_run": counts.windows_run,
+                                "windows_holding": counts.windows_holding}}
 
     def fill_steps(self, selection):
         """The exact table of ``selection``'s head into the per-model cache (no partial first)."""

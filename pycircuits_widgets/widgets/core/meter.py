@@ -1,0 +1,44 @@
+"""How far a long job is, and how long it has left: the ``progress`` trait a view shows.
+
+A job cut into pieces (an on-demand section's layer pairs, ranked tables; the explorer's heads)
+reports ``{"text", "done", "total", "unit", "left_s"}``: ``left_s`` is the time the pieces left
+would take at the rate measured over the pieces done (wall time since the job's first piece
+began, clicks it gave way to included, divided by the pieces done). That is an honest estimate
+only where the pieces cost the same; a job whose pieces differ meters each kind of piece apart
+(one :class:`Meter` per stage), and a stage of one piece has no estimate.
+"""
+
+from __future__ import annotations
+
+import time
+
+EVERY = 0.5
+"""Least seconds between two reports (each is a message to the page); the first and last always go."""
+
+
+class Meter:
+    """The ``progress`` reports of one stage of ``total`` equal pieces. ``at(done)`` after each
+    piece: ``{"progress": {...}}`` when a report is due, else None (the runner's chunk boundary)."""
+
+    def __init__(self, text: str, total: int, unit: str = ""):
+        self.text, self.total, self.unit = text, total, unit
+        self._start = time.monotonic()
+        self._sent = None  # when the last report went
+
+    def first(self) -> dict:
+        """The report before the first piece: the count, no estimate yet."""
+        self._sent = time.monotonic()
+        return {"progress": self.report(0)}
+
+    def at(self, done: int) -> dict | None:
+        now = time.monotonic()
+        if self._sent is not None and done < self.total and now - self._sent < EVERY:
+            return None
+        self._sent = now
+        return {"progress": self.report(done, now)}
+
+    def report(self, done: int, now: float | None = None) -> dict:
+        """The ``progress`` value after ``done`` pieces (``left_s`` None before the first)."""
+        elapsed = (time.monotonic() if now is None else now) - self._start
+        left = None if done <= 0 else elapsed / done * (self.total - done)
+        return {"text": self.text, "done": done, "total": self.total, "unit": self.unit, "left_s": left}

@@ -1,0 +1,219 @@
+"""DatasetExamples: where in a corpus a head (or an MLP neuron) fires most, each example in its context."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import traitlets
+
+from ...corpus.sweeps import checked_sweep
+from ..core import offline
+from ..core.base import CircuitWidget
+from ..core.payload import JSON_BUFFER
+from ..core.selection import HeadSelection, Index
+
+BEFORE = 24
+"""Tokens of context shown before an example's destination (fewer at the window's start)."""
+AFTER = 4
+"""Tokens shown after the destination (fewer at the window's end)."""
+SAVED = 20
+"""Most examples of each head a saved page keeps (``save_html``, notebook export); the page says when
+the live view has more."""
+RERUN_BYTES = 64 << 20
+"""Most bytes of attention patterns one re-run holds: the examples' windows run in batches under it."""
+
+CONTEXT_RULE = (f"Each row: up to {BEFORE} tokens before the destination (boxed) and {AFTER} after it, within "
+                "its window; a head's strongest source further back is shown before a gap (…).")
+
+
+def _short(x: float) -> float | None:
+    """A value for the page: 4 significant digits (None for a non-finite one)."""
+    return float(f"{x:.4g}") if math.isfinite(x) else None
+
+
+class DatasetExamples(HeadSelection, CircuitWidget):
+    """A head's top ``k`` examples in a corpus sweep (``pcw.sweep``): the ``(window, position)`` where
+    ``||head_out||`` is largest, each a row of the window's tokens around that destination position
+    (``CONTEXT_RULE``: ``BEFORE`` tokens before, ``AFTER`` after), the destination marked and the
+    head's attention from it shaded on every source in the row, with the score, the document and the
+    window. With ``neuron`` (>= 0), neuron ``neuron`` of layer ``layer``'s MLP: its top examples by
+    post-activation, its activation shaded on every token of the row.
+
+    The rows come from the sweep at once; the attention (or activations) on the rows' tokens are the
+    sweep's windows read again by ``model`` (``run_with_cache`` over the ``k`` windows, in batches of at
+    most ``RERUN_BYTES`` of patterns), the same forward the sweep ran, and arrive right after. A
+    window's document is counted from the separators in the sweep's windows
+    (``Sweep.window_documents``). A saved page keeps ``SAVED`` examples of every head it can select,
+    within ``widgets.core.offline.BUDGET`` (current head first).
+
+    Args:
+        sweep: a finished ``pcw.Sweep`` of ``model`` (a sweep of another model is refused, naming both).
+        model: the swept model (its token strings and the re-run).
+        layer, head: the head. neuron: an MLP neuron of ``layer`` instead (-1: the head).
+        k: examples shown (default: all the sweep kept, ``sweep.k``).
+        openable: rows are buttons that set ``opened`` (the explorer reads the example there).
+    """
+
+    _view = traitlets.Unicode("DatasetExamples").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "neuron", "opened"})
+    _answers_offline = "runner"
+
+    neuron = Index(-1).tag(sync=True)
+    """int, default -1: a neuron of layer ``layer``'s MLP whose examples are shown; -1: the head's."""
+    rows = traitlets.List().tag(sync=True, **JSON_BUFFER)
+    """[{"window", "position", "score", "document" (None: not derivable), "segments": [{"start", "ids",
+    "values"}], "source", "attention"}], best first: each example's tokens (ids into ``strings``) in one
+    or two runs of window positions from ``start``; ``values`` (None until the re-run arrives) is the
+    attention from the destination on each token (a neuron: its activation there); ``source`` and
+    ``attention`` (heads): the position attended most and that attention, as the sweep recorded."""
+    shown = traitlets.List(traitlets.Int()).tag(sync=True)
+    """[layer, head, neuron] that ``rows`` answer (a page never shows one unit's rows under another)."""
+    strings = traitlets.Dict().tag(sync=True, **JSON_BUFFER)
+    """{str(token id): display string} of the tokens in ``rows``."""
+    corpus = traitlets.Dict().tag(sync=True)
+    """{"model", "windows", "seq_len", "k", "description", "documents"} (read-only): the sweep, for the caption."""
+    cut = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): what a page without a kernel leaves out ("" when it keeps every example)."""
+    openable = traitlets.Bool(False).tag(sync=True)
+    """bool: clicking a row sets ``opened`` (the explorer then reads that example)."""
+    opened = traitlets.List(traitlets.Int()).tag(sync=True)
+    """[window, position] of the example last clicked ([] none)."""
+    rule = traitlets.Unicode(CONTEXT_RULE).tag(sync=True)
+    """str (read-only): how each row's context is cut."""
+
+    def __init__(self, sweep, model, *, layer: int = 0, head: int = 0, neuron: int = -1, k: int | None = None,
+                 **kwargs):
+        if checked_sweep(sweep, model, "DatasetExamples") is None:
+            raise TypeError("DatasetExamples: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or "
+                            "pcw.Sweep.open(store)), got None")
+        if sweep.settings["scores_only"]:
+            raise ValueError("DatasetExamples: this sweep recorded head scores only (scores_only=True): no examples")
+        if neuron is None or neuron == -1:
+            sweep.head_examples(layer, head)  # a clear ValueError for a layer or head out of range
+        else:
+            sweep.neuron_examples(layer, neuron)  # ... and for an attention-only model's neurons
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= sweep.k):
+            raise ValueError(f"DatasetExamples: k must be an int in 1..{sweep.k} (the examples the sweep kept), got {k!r}")
+        self._sweep, self._k = sweep, k or sweep.k
+        info = sweep.manifest["info"]["corpus"]
+        corpus = {"model": sweep.model_name, "windows": sweep.n_windows, "seq_len": sweep.seq_len, "k": self._k,
+                  "description": info["description"], "documents": info["documents"]}
+        cut = "" if self._k <= SAVED else (f"Without a kernel this page keeps {SAVED} of the {self._k} examples of "
+                                           "each head (all of the head shown when it was saved).")
+        super().__init__(model, layer=layer, head=head, neuron=-1 if neuron is None else neuron, corpus=corpus,
+                         cut=cut, **kwargs)
+
+    def _index_bounds(self, name):
+        if name == "neuron":
+            return 0, max((self._sweep.d_mlp or 0) - 1, 0), True
+        return super()._index_bounds(name)
+
+    @traitlets.validate("neuron")
+    def _valid_neuron(self, proposal):
+        if proposal["value"] >= 0 and not self._sweep.d_mlp:
+            raise traitlets.TraitError("neuron: this sweep's model is attention-only: it has no MLP neurons")
+        return proposal["value"]
+
+    def _started(self) -> None:
+        self.observe(self._on_unit, ["layer", "head", "neuron"])
+        self._on_unit(None)
+
+    def _on_unit(self, change) -> None:
+        unit = (self.layer, self.head, self.neuron)
+        self._runner.submit("rows", lambda: self._steps(*unit))
+
+    # -- results (on the runner) ------------------------------------------------------------
+    def _steps(self, layer: int, head: int, neuron: int):
+        """The rows from the sweep (at once), then with the re-run's values."""
+        rows, ids = self.examples(layer, head, neuron)
+        shown = [layer, head, neuron]
+        yield {"rows": rows, "shown": shown, "strings": self._strings_of(ids)}
+        yield {"rows": self._with_values(rows, layer, head, neuron), "shown": shown}
+
+    def examples(self, layer: int, head: int, neuron: int = -1, k: int | None = None) -> tuple[list[dict], set[int]]:
+        """The rows of head ``(layer, head)`` (or ``neuron`` of ``layer``) without values, and the token ids
+        they show (the sweep's tables and windows only: no forward)."""
+        sweep, k = self._sweep, k or self._k
+        table = sweep.head_examples(layer, head) if neuron < 0 else sweep.neuron_examples(layer, neuron)
+        table = table.iloc[:k]
+        T = sweep.seq_len
+        windows = sweep.windows
+        rows, ids = [], set()
+        for r in table.itertuples(index=False):
+            w, p = int(r.window), int(r.position)
+            lo, hi = max(0, p - BEFORE), min(T, p + AFTER + 1)
+            spans = [(lo, hi)]
+            source = int(r.source) if neuron < 0 else None
+            if source is not None and source < lo:  # the strongest source, with a token either side
+                spans.insert(0, (max(0, source - 1), min(lo, source + 2)))
+            segments = []
+            for a, b in spans:
+                seg = windows[w, a:b].tolist()
+                ids.update(seg)
+                segments.append({"start": a, "ids": seg, "values": None})
+            rows.append({"window": w, "position": p, "score": _short(float(r.score)),
+                         "document": sweep.document_at(w, p), "segments": segments, "source": source,
+                         "attention": None if neuron >= 0 else _short(float(r.attention))})
+        return rows, ids
+
+    def _strings_of(self, ids) -> dict:
+        strings = self.model.token_strings
+        return {str(i): strings[i] for i in sorted(ids)}
+
+    def _with_values(self, rows: list[dict], layer: int, head: int, neuron: int) -> list[dict]:
+        """``rows`` with each segment's values: the window re-run, the attention from the destination on
+        each token (``[layer, head]`` pattern row) or the neuron's activation on each."""
+        if not rows:
+            return rows
+        windows = sorted({r["window"] for r in rows})
+        per_window = self._rerun(windows, layer, head, neuron)
+        out = []
+        for r in rows:
+            values = per_window[r["window"]]
+            if neuron < 0:
+                values = values[r["position"]]  # the destination's attention row [T]
+            segments = [{**s, "values": [_short(v) for v in values[s["start"]:s["start"] + len(s["ids"])].tolist()]}
+                        for s in r["segments"]]
+            out.append({**r, "segments": segments})
+        return out
+
+    @torch.inference_mode()
+    def _rerun(self, windows: list[int], layer: int, head: int, neuron: int) -> dict[int, torch.Tensor]:
+        """``{window: [T, T] attention of head (layer, head)}`` or ``{window: [T] activation of neuron}``:
+        the sweep's windows through ``model.run_with_cache``, as the sweep ran them, in batches whose
+        patterns stay under ``RERUN_BYTES``."""
+        cfg, T = self.model.cfg, self._sweep.seq_len
+        per_window = cfg.n_layers * cfg.n_heads * T * T * 4
+        batch = max(1, RERUN_BYTES // per_window)
+        tokens = self._sweep.windows[windows]
+        out = {}
+        for start in range(0, len(windows), batch):
+            _, cache = self.model.run_with_cache(tokens[start:start + batch].to(self.model.device),
+                                                 mlp_post=neuron >= 0, logits=False)
+            if neuron < 0:
+                picked = cache.patterns[:, layer, head].float().cpu()  # [b, T, T]
+            else:
+                picked = cache.mlp_post[:, layer, :, neuron].float().cpu()  # [b, T]
+            out.update(zip(windows[start:start + batch], picked))
+        return out
+
+    # -- opening an example -----------------------------------------------------------------
+    def window_tokens(self, window: int) -> list[int]:
+        """The token ids of sweep window ``window`` (what the model read there)."""
+        return self._sweep.windows[window].tolist()
+
+    # -- kernel-less answers --------------------------------------------------------------------
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: every head's first ``SAVED`` examples with their attention, the current head first,
+        within the budget (a head past it says it needs a kernel); opening an example needs one."""
+        saved = min(self._k, SAVED)
+
+        def answer(layer, head):
+            rows, ids = self.examples(layer, head, -1, saved)
+            patch = {"rows": self._with_values(rows, layer, head, -1), "shown": [layer, head, -1], "neuron": -1}
+            return (layer, head), patch, {"strings": self._strings_of(ids)}
+
+        answers.rule(["layer", "head"], (answer(l, h) for l, h in offline.heads(self)),
+                     missing=offline.over_budget("This head's dataset examples"))
+        answers.needs_kernel("opened")

@@ -1,0 +1,102 @@
+"""Dataset examples in headless Chromium, from the real bundle, on a real sweep of the shipped 2-layer
+model over 32 windows of 64 tokens of the Python stdlib corpus: a head clicked in the explorer shows
+its examples (the rows the sweep kept, checked against ``Sweep.head_examples``); an example clicked
+puts its window in the explorer's text and the views recompute on it; a saved page, opened with no
+kernel and the network cut, shows another head's examples on a click. ``PCW_EXAMPLES_SCREENSHOT``: a
+path to write a picture of the section to."""
+
+import os
+
+import pytest
+
+import pycircuits_widgets as pcw
+from harness import HarnessComm, explorer_section, saved_page_open
+from pycircuits_widgets.corpus import Corpus
+from pycircuits_widgets.models import load_pretrained
+
+pytestmark = pytest.mark.browser
+
+T, N, K = 64, 32, 6
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_pretrained("attn-only-2l")
+
+
+@pytest.fixture(scope="module")
+def swept(model, tmp_path_factory):
+    return pcw.sweep(model, Corpus.python_stdlib(), tmp_path_factory.mktemp("sweep") / "store", seq_len=T, k=K,
+                     max_windows=N, progress=False)
+
+
+def show_explorer(show, explorer):
+    """Show the explorer; its children's messages travel like the explorer's own."""
+    view = show(explorer)
+    for child in explorer.views().values():
+        view.widgets[child.model_id] = child
+        child.comm = HarnessComm(view, child.model_id)
+    return view
+
+
+def shown_windows(section):
+    rows = section.locator("tr.example")
+    return [(int(rows.nth(i).get_attribute("data-window")), int(rows.nth(i).get_attribute("data-position")))
+            for i in range(rows.count())]
+
+
+def kernel_windows(swept, layer, head, k=K):
+    table = swept.head_examples(layer, head).iloc[:k]
+    return list(zip(table["window"].tolist(), table["position"].tolist()))
+
+
+def test_a_head_click_shows_its_examples_and_an_example_click_reads_it(show, model, swept):
+    explorer = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept)
+    try:
+        explorer.wait()
+        view = show_explorer(show, explorer)
+        examples = view.page.locator(".pcw-explorer section[data-view=examples]")
+        assert shown_windows(examples) == kernel_windows(swept, 0, 0)
+        view.page.locator(".pcw-explorer section[data-view=attention] button.thumb[data-layer='1'][data-head='5']").click()
+        view.wait_until(lambda: (explorer.layer, explorer.head) == (1, 5) and explorer.wait(0.01) and not explorer.busy,
+                        what="the kernel at head L1.H5")
+        examples.locator("[data-testid=examples-caption]", has_text="L1.H5").wait_for()
+        view.wait_until(lambda: shown_windows(examples) == kernel_windows(swept, 1, 5), what="the head's examples")
+        # the attention shaded on the destination's row: the re-run's values reach the page
+        examples.locator("[data-testid=legend]").wait_for()
+        if path := os.environ.get("PCW_EXAMPLES_SCREENSHOT"):
+            examples.screenshot(path=path)
+        # click the third example: its window becomes the explorer's text, its destination the position
+        window, position = kernel_windows(swept, 1, 5)[2]
+        loss_before = explorer.mean_loss
+        examples.locator("[data-testid=open-example]").nth(2).click()
+        view.wait_until(lambda: explorer.token_ids[-1] == swept.windows[window, -1].item() and explorer.wait(0.01)
+                        and not explorer.busy, what="the explorer reading the example")
+        start = T - len(explorer.token_ids)
+        assert explorer.token_ids == swept.windows[window, start:].tolist()
+        assert explorer.position == position - start and explorer.mean_loss != loss_before
+        # every text view recomputed on it, in the page too
+        loss = view.page.locator(".pcw-explorer section[data-view=loss] .pcw-colored-tokens .token")
+        view.wait_until(lambda: loss.count() == len(explorer.token_ids) - 1, what="the loss view on the new text")
+        assert explorer.attention.text == explorer.text
+        assert view.page.locator("[data-testid=selected-head]").inner_text() == "L1.H5"
+    finally:
+        explorer.close()
+
+
+def test_a_saved_page_shows_another_heads_examples_without_a_kernel(browser, model, swept, tmp_path):
+    explorer = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept)
+    try:
+        path = explorer.save_html(tmp_path / "examples.html")
+    finally:
+        explorer.close()
+    with saved_page_open(browser, path) as page:
+        examples = explorer_section(page, "examples")
+        assert shown_windows(examples) == kernel_windows(swept, 0, 0)
+        # the attention of the saved rows is there: the legend and shaded tokens
+        examples.locator("[data-testid=legend]").wait_for()
+        explorer_section(page, "attention").locator("button.thumb[data-layer='1'][data-head='2']").click()
+        examples.locator("[data-testid=examples-caption]", has_text="L1.H2").wait_for()
+        assert shown_windows(examples) == kernel_windows(swept, 1, 2)
+        button = examples.locator("[data-testid=open-example]").first
+        assert button.is_disabled() and "needs a running kernel" in button.get_attribute("title")

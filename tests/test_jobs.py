@@ -1,0 +1,205 @@
+"""Jobs never block each other (issue 43): clicks first, then work the user asked for (an
+on-demand section), then the background fill. An asked-for job runs in pieces that give way to
+clicks and take turns with other asked-for jobs; it reports a count and an estimate, stops
+between pieces when cancelled (the view says so and can restart), and a page save waits for
+it only within its budget, saving the section as "not computed". Deterministic: the tests wait
+on the runner's own signals (``GATE``, ``giving_way``, events a test job sets), never on time."""
+
+import threading
+
+import pytest
+import torch
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.core import runner
+from pycircuits_widgets.widgets.core.meter import Meter
+from pycircuits_widgets.widgets.sharing.standalone import NOT_COMPUTED
+from random_models import paper_model
+from runner_loop import WAIT, BareView, Blocker, ManualLoop, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
+
+TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
+
+
+class Gated:
+    """A test-only asked-for job of ``n`` pieces: piece ``hold`` waits, mid-piece, until ``release``
+    is set (``held`` is set when it gets there); ``done`` lists the pieces computed."""
+
+    def __init__(self, n: int, hold: int):
+        self.n, self.hold = n, hold
+        self.held, self.release = threading.Event(), threading.Event()
+        self.done: list[int] = []
+
+    def steps(self):
+        for piece in range(self.n):
+            if piece == self.hold:
+                self.held.set()
+                assert self.release.wait(WAIT)
+            self.done.append(piece)
+            yield None
+
+
+def test_an_asked_for_job_gives_way_to_a_click_between_pieces_and_never_holds_one_up():
+    loop = ManualLoop()
+    asked = runner.Runner(BareView(), loop=loop, requested=True)
+    clicks = runner.Runner(BareView(), loop=loop)
+    job = Gated(50, hold=3)
+    asked.submit("pairs", job.steps)
+    assert job.held.wait(WAIT)  # piece 3 computing
+    events = []
+    clicks.submit("click", lambda: iter([events.append("click")]))
+    assert clicks.wait(WAIT) and events == ["click"]  # computed while the asked-for piece still runs
+    held = Blocker(clicks)  # a click running when the piece ends
+    job.release.set()
+    assert giving_way(asked)  # waits at its next piece boundary...
+    assert job.done == [0, 1, 2, 3]  # ...before computing piece 4
+    held.release.set()
+    assert clicks.wait(WAIT) and asked.wait(WAIT)
+    assert job.done == list(range(50))
+
+
+def test_a_click_giving_way_does_not_wait_for_asked_for_work():
+    """The reported hang: a head's skip-trigram table (a click's exact rest, after ``GIVE_WAY``)
+    waited for a running induction job. Asked-for work never holds a click up."""
+    loop = ManualLoop()
+    asked = runner.Runner(BareView(), loop=loop, requested=True)
+    table = runner.Runner(BareView(), loop=loop)
+    job = Gated(5, hold=0)
+    asked.submit("pairs", job.steps)
+    assert job.held.wait(WAIT)
+    events = []
+
+    def click():
+        events.append("partial")
+        yield {"busy": True}
+        yield runner.GIVE_WAY
+        events.append("exact")
+        yield None
+
+    table.submit("table", click)
+    assert table.wait(WAIT) and events == ["partial", "exact"]
+    job.release.set()
+    assert asked.wait(WAIT) and job.done == list(range(5))
+
+
+def test_two_asked_for_jobs_take_turns_one_piece_at_a_time():
+    """One asked-for piece computes at a time across runners (no two torch thread pools on the
+    same cores), first come first served, so two jobs alternate pieces."""
+    loop = ManualLoop()
+    a, b = (runner.Runner(BareView(), loop=loop, requested=True) for _ in range(2))
+    order, computing = [], []
+    b_waits = threading.Event()
+
+    def steps(name):
+        def run():
+            for piece in range(3):
+                computing.append(name)
+                assert len(computing) == 1, computing  # never two pieces at once
+                if (name, piece) == ("A", 0):
+                    assert b_waits.wait(WAIT)  # B queued behind A's first piece
+                order.append(f"{name}{piece}")
+                computing.remove(name)
+                yield None
+        return run
+
+    a.submit("job", steps("A"))
+    b.submit("job", steps("B"))
+    assert giving_way(b)
+    b_waits.set()
+    assert a.wait(WAIT) and b.wait(WAIT)
+    assert order == ["A0", "B0", "A1", "B1", "A2", "B2"]
+
+
+def test_cancel_stops_an_asked_for_job_between_pieces():
+    loop = ManualLoop()
+    asked = runner.Runner(BareView(), loop=loop, requested=True)
+    job = Gated(100, hold=2)
+    asked.submit("pairs", job.steps)
+    assert job.held.wait(WAIT)
+    assert asked.cancel_all() == ["pairs"]
+    job.release.set()
+    assert asked.wait(WAIT)
+    assert job.done == [0, 1, 2]  # the piece running finished; none after it
+
+
+def test_the_meter_counts_and_estimates_from_the_pieces_done():
+    meter = Meter("induction: ranked tables", 4, "pairs")
+    assert meter.first()["progress"] == {"text": "induction: ranked tables", "done": 0, "total": 4, "unit": "pairs",
+                                         "left_s": None}
+    report = meter.report(1)
+    assert report["done"] == 1 and report["left_s"] >= 0
+    assert meter.at(4)["progress"]["left_s"] == 0  # the last report always goes
+
+
+# -- the explorer, a real model ------------------------------------------------------------------
+def explorer():
+    model = paper_model(n_layers=2, n_heads=3, dtype=torch.float32, seed=11)
+    ex = pcw.CircuitExplorer(model, TEXT)
+    ex.stop_background()
+    assert ex.wait(WAIT)
+    return ex
+
+
+def test_the_induction_section_reports_count_and_estimate_then_clears_it(manual_kernel_loop):
+    ex = explorer()
+    seen = []
+    ex.induction.observe(lambda change: seen.append(dict(change["new"])), ["progress"])
+    ex.compute("induction")
+    assert ex.wait(WAIT)
+    assert ex.induction.pairs and ex.induction.progress == {}
+    stages = {p["text"] for p in seen if p}
+    assert {"induction: K-composition eigenvalues", "induction: ranked tables"} <= stages
+    counted = [p for p in seen if p and p["done"] > 0]
+    assert counted and all(p["left_s"] is not None and p["left_s"] >= 0 and p["total"] >= p["done"] for p in counted)
+
+
+def test_a_long_asked_for_job_blocks_neither_a_click_on_another_head_nor_save_html(manual_kernel_loop, tmp_path):
+    ex = explorer()
+    ex.induction.active = True
+    assert ex.wait(WAIT)
+    job = Gated(1000, hold=1)
+    ex.induction._runner.submit("pairs", job.steps)  # a long job on the section's own runner
+    assert job.held.wait(WAIT)
+    ex.layer, ex.head = 1, 2  # a click on another head while a piece of it computes
+    for name in ("trigrams", "eigen", "composition", "attention"):
+        assert getattr(ex, name).wait(WAIT), name
+    assert (ex.trigrams.trigrams["layer"], ex.trigrams.trigrams["head"]) == (1, 2)
+    assert ex.induction.busy
+    page = ex.save_html(tmp_path / "page.html", budget=0).read_text()  # returns, the piece still computing
+    assert NOT_COMPUTED in page.lower() and "InductionMechanism was still computing pairs" in page
+    assert ex.induction.busy  # the save cancelled nothing: the section still computes here
+    assert ex.cancel("induction") == ["induction"]
+    assert ex.induction.progress["state"] == "cancelled" and not ex.induction.active
+    job.release.set()
+    assert ex.induction.wait(WAIT)
+    assert job.done == [0, 1] and not ex.induction.busy
+    assert ex.induction.pairs  # the last good state stays
+    ex.induction.active = True  # restart
+    assert ex.induction.wait(WAIT) and ex.induction.progress == {} and ex.induction.tables
+
+
+def test_a_real_job_cancelled_before_a_piece_computes_nothing_and_says_so(manual_kernel_loop):
+    ex = explorer()
+    held = Blocker(ex.trigrams._runner)  # a click running: the asked-for job waits for it
+    ex.induction.active = True
+    assert giving_way(ex.induction._runner)
+    ex.induction.cancel()
+    held.release.set()
+    assert ex.wait(WAIT)
+    assert ex.induction.pairs == {} and not ex.induction.busy
+    assert ex.induction.progress == {"state": "cancelled"} and not ex.induction.active
+    ex.induction.active = True
+    assert ex.wait(WAIT) and ex.induction.pairs
+
+
+def test_a_page_saved_in_time_has_no_not_computed_line(tmp_path):
+    model = paper_model(n_layers=2, n_heads=2, dtype=torch.float32, seed=3)
+    ex = pcw.CircuitExplorer(model, TEXT)  # a script: every job runs at once
+    page = ex.save_html(tmp_path / "page.html").read_text()
+    assert NOT_COMPUTED not in page.lower()
+
+
+def test_explorer_cancel_refuses_an_unknown_section():
+    model = paper_model(n_layers=2, n_heads=2, dtype=torch.float32, seed=3)
+    ex = pcw.CircuitExplorer(model, TEXT)
+    with pytest.raises(ValueError, match="cancel\\(\\) takes names from"):
+        ex.cancel("trigrams")
