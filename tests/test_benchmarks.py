@@ -64,10 +64,14 @@ def run(script: str, args: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """``{(script, "help" | "smoke"): CompletedProcess}``; the help runs first (each is an interpreter start)."""
-    jobs = [(s, "help", ["--help"]) for s in SCRIPTS]
-    jobs += [(s, "smoke", smoke_args(s, tmp_path_factory.mktemp(s))) for s in SCRIPTS if not missing(s)]
+def results(request, tmp_path_factory):
+    """``{(script, "help" | "smoke"): CompletedProcess}`` of the scripts whose tests were selected (``-k``);
+    the help runs first (each is an interpreter start)."""
+    selected = {item.callspec.params["script"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    scripts = [s for s in SCRIPTS if s in selected]
+    jobs = [(s, "help", ["--help"]) for s in scripts]
+    jobs += [(s, "smoke", smoke_args(s, tmp_path_factory.mktemp(s))) for s in scripts if not missing(s)]
     with ThreadPoolExecutor(PARALLEL) as pool:
         futures = {(s, kind): pool.submit(run, s, args) for s, kind, args in jobs}
         return {key: f.result() for key, f in futures.items()}
