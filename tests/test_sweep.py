@@ -338,3 +338,24 @@ def test_bad_arguments_are_refused_before_any_work(model, mlp_model, corpus, tmp
         pcw.sweep(model, Corpus.from_texts(["x = 1\n"]), store, seq_len=32)
     with pytest.raises(TypeError, match="max_windows and store are for a Corpus"):
         pcw.head_scores(model, "some text", max_windows=3)
+
+
+def test_the_readme_corpus_sweeps_examples_run_as_written(tmp_path, monkeypatch):
+    """The section's Python blocks, as a reader pastes them (the multi-node one needs a cluster started
+    with ``ray start``: its engine is the one the Ray tests above run)."""
+    monkeypatch.chdir(tmp_path)  # the examples' stores and files
+    monkeypatch.setenv("PCW_PROGRESS", "0")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Corpus sweeps\n", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    assert len(blocks) == 3 and "ray.init(address=" in blocks[2]
+    first: dict = {}
+    with threads(1):
+        exec(compile(blocks[0], "README.md (corpus sweeps example)", "exec"), first)
+    assert first["sweep"].windows.shape == (512, 128) and first["sweep"].head_examples(1, 6)["score"].is_monotonic_decreasing
+    assert first["again"].head_scores()["induction"].equal(first["sweep"].head_scores()["induction"])
+    assert set(first["scores"]) == {"previous_token", "duplicate_token", "induction"}
+    sources: dict = {}
+    exec(compile(blocks[1], "README.md (corpus sources)", "exec"), sources)
+    assert sources["lines"].documents == 2 and sources["rows"].documents == 2 and sources["texts"].documents == 2
+    assert sources["files"].documents >= 3 and sources["files"].skipped == {}

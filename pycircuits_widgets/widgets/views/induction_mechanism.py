@@ -76,6 +76,9 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
     """{token id (str): display string} for every token in ``tables``."""
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
+    run_label = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): the explorer's ablated run ("ablated: L1.H6 (zero)"), shown in the header
+    with what it means here: these numbers are read from the weights, which no ablation changes."""
 
     def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, offsets=None, **kwargs):
         check_model(model, "InductionMechanism")
