@@ -1,7 +1,8 @@
 """Dataset examples: how long the kernel takes to show a head's examples from a sweep, at the GPT-2-small
-shape (144 heads, k = 20) or, with ``--small``, on the shipped attn-only-2l (16 heads).
+shape (144 heads, k = 20) or, with ``--smoke`` (the smallest size: 8 windows, one round), on the shipped
+attn-only-2l (16 heads).
 
-    .venv/bin/python benchmarks/bench_examples.py [--small] [--windows 24] [--rounds 3]
+    .venv/bin/python benchmarks/bench_examples.py [--windows 24] [--rounds 3] [--smoke]
 
 Setup (not timed): ``bench_sweep``'s models (the GPT-2-small shape: TransformerLens's native GPT-2
 shape with random weights read through ``pcw.from_transformer_lens``, the shipped tokenizer's ids), a
@@ -84,8 +85,12 @@ def main(small: bool, windows: int, rounds: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", action="store_true", help="the shipped attn-only-2l (16 heads) instead of GPT-2 small")
     parser.add_argument("--windows", type=int, default=24, help="windows swept (128 tokens each)")
     parser.add_argument("--rounds", type=int, default=3, help="passes over every head")
+    parser.add_argument("--smoke", action="store_true",
+                        help="smallest size: the shipped attn-only-2l (16 heads), 8 windows, one round")
     args = parser.parse_args()
-    main(args.small, args.windows, args.rounds)
+    if args.smoke:
+        main(True, 8, 1)
+    else:
+        main(False, args.windows, args.rounds)

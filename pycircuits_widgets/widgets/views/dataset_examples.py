@@ -142,7 +142,9 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         """The rows from the sweep (at once), then with the re-run's values."""
         first = self.rows_patch(layer, head, neuron)
         yield first
-        yield {"rows": self.with_values(first["rows"], layer, head, neuron), "shown": first["shown"]}
+        per_window: dict = {}
+        yield from self._rerun(first["rows"], layer, head, neuron, per_window)
+        yield {"rows": self._valued(first["rows"], per_window, neuron), "shown": first["shown"]}
 
     def rows_patch(self, layer: int, head: int, neuron: int = -1) -> dict:
         """What the page gets first for a unit: ``rows`` (no values yet), ``shown`` and ``strings``, from
@@ -181,33 +183,36 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         return {str(i): strings[i] for i in sorted(ids)}
 
     def with_values(self, rows: list[dict], layer: int, head: int, neuron: int) -> list[dict]:
-        """``rows`` with each segment's values: the window re-run, the attention from the destination on
-        each token (``[layer, head]`` pattern row) or the neuron's activation on each."""
-        if not rows:
-            return rows
-        windows = sorted({r["window"] for r in rows})
-        per_window = self._rerun(windows, layer, head, neuron)
+        """``rows`` with each segment's values: the windows read again, the attention from the destination
+        on each token (``[layer, head]`` pattern row) or the neuron's activation on each."""
+        per_window: dict = {}
+        for _ in self._rerun(rows, layer, head, neuron, per_window):
+            pass
+        return self._valued(rows, per_window, neuron)
+
+    @staticmethod
+    def _valued(rows: list[dict], per_window: dict, neuron: int) -> list[dict]:
+        shown = _short if neuron >= 0 else _attention
         out = []
         for r in rows:
             values = per_window[r["window"]]
             if neuron < 0:
                 values = values[r["position"]]  # the destination's attention row [T]
-            shown = _short if neuron >= 0 else _attention
             segments = [{**s, "values": [shown(v) for v in values[s["start"]:s["start"] + len(s["ids"])].tolist()]}
                         for s in r["segments"]]
             out.append({**r, "segments": segments})
         return out
 
     @torch.inference_mode()
-    def _rerun(self, windows: list[int], layer: int, head: int, neuron: int) -> dict[int, torch.Tensor]:
-        """``{window: [T, T] attention of head (layer, head)}`` or ``{window: [T] activation of neuron}``:
-        the sweep's windows through ``model.run_with_cache``, as the sweep ran them, in batches whose
-        patterns stay under ``RERUN_BYTES``."""
+    def _rerun(self, rows: list[dict], layer: int, head: int, neuron: int, out: dict):
+        """Fill ``out`` with ``{window: [T, T] attention of head (layer, head)}`` or ``{window: [T] activation
+        of the neuron}`` for the rows' windows: the sweep's windows through ``model.run_with_cache``, as the
+        sweep ran them, in batches whose patterns stay under ``RERUN_BYTES``; yields None after each batch
+        (a runner checkpoint: a new selection stops the re-run there)."""
         cfg, T = self.model.cfg, self._sweep.seq_len
-        per_window = cfg.n_layers * cfg.n_heads * T * T * 4
-        batch = max(1, RERUN_BYTES // per_window)
+        batch = max(1, RERUN_BYTES // (cfg.n_layers * cfg.n_heads * T * T * 4))
+        windows = sorted({r["window"] for r in rows})
         tokens = self._sweep.windows[windows]
-        out = {}
         for start in range(0, len(windows), batch):
             _, cache = self.model.run_with_cache(tokens[start:start + batch].to(self.model.device),
                                                  mlp_post=neuron >= 0, logits=False)
@@ -216,12 +221,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             else:
                 picked = cache.mlp_post[:, layer, :, neuron].float().cpu()  # [b, T]
             out.update(zip(windows[start:start + batch], picked))
-        return out
-
-    # -- opening an example -----------------------------------------------------------------
-    def window_tokens(self, window: int) -> list[int]:
-        """The token ids of sweep window ``window`` (what the model read there)."""
-        return self._sweep.windows[window].tolist()
+            yield None
 
     # -- kernel-less answers --------------------------------------------------------------------
     def offline_answers(self, answers) -> None:
