@@ -3,6 +3,8 @@ with ``--findings``, what they find on the shipped 2-layer model.
 
 Run:  .venv/bin/python benchmarks/bench_interventions.py [--rounds 7] [--threads 2] [--models attn-only-2l gpt2-small]
       .venv/bin/python benchmarks/bench_interventions.py --findings      # the shipped model's numbers only
+      .venv/bin/python benchmarks/bench_interventions.py --smoke         # one round, the shipped model only
+      .venv/bin/python benchmarks/bench_interventions.py --explorer [--models ...]   # the explorer's toggle only
 
 Models (nothing downloaded): the shipped ``attn-only-2l`` on the demo text, repeated to 100 tokens
 (the explorer's text size); a GPT-2-small-shaped model (``transformers.GPT2Config()`` defaults: 12 x 12
@@ -22,6 +24,12 @@ resumed at the reader's layer and carried to the loss, timed on a sample of pair
 layer) and scaled to all pairs (``~``). Beside the
 wall clock, each operation's process CPU time (both threads): on a machine other jobs share, the
 wall clock of a long operation takes their share too, its CPU time does not.
+
+``--explorer``: the explorer's ablate toggle on each model's text (a ``CircuitExplorer`` in a script, where
+the toggle's run is computed at once): the forwards each click runs (``run_with_cache`` calls, counted;
+"resumed": from the clean run at the head's layer) and its time beside one forward (the click's time includes
+every view's update; a head click in a script also recomputes the other sections for the new head). Target (issue 41):
+a toggle <= 1 forward; "off" none.
 
 ``--findings``: on the shipped model, the previous-token heads of layer 0 and the induction heads of
 layer 1 (``pcw.head_scores`` over 0.5), each previous-token head's measured K-composition into each
@@ -134,6 +142,48 @@ def bench(name: str, rounds: int) -> None:
     print(flush=True)
 
 
+def explorer_toggle(name: str, rounds: int) -> None:
+    """The explorer's ablate toggle: forwards run and time per click, beside one forward."""
+    model, tokens = MODELS[name]()
+    explorer = pcw.CircuitExplorer(model, tokens[0], layer=model.cfg.n_layers - 1, head=1)
+    model = explorer.model  # (the explorer's view of the model reading ids)
+    forward = model.run_with_cache
+    calls = []
+
+    def counted(*args, resume=None, **kwargs):
+        calls.append(resume is not None)
+        return forward(*args, resume=resume, **kwargs)
+
+    model.run_with_cache = counted
+    L = model.cfg.n_layers
+    clicks = {"ablate (zero) on": lambda: setattr(explorer, "ablation", "zero"),
+              "another head (layer 0) while on": lambda: (setattr(explorer, "layer", 0)),
+              f"back to a layer-{L - 1} head while on": lambda: setattr(explorer, "layer", L - 1),
+              "ablate off (the clean run kept)": lambda: setattr(explorer, "ablation", "off")}
+    clean = explorer.forward(model, explorer.text)
+    alone = lambda: pcw.ablate(model, clean.tokens, heads=[(L - 1, 1)], clean=clean)
+    best = {label: float("inf") for label in ["forward", "alone", *clicks]}
+    runs = {}
+    print(f"\n## explorer toggle, {name}, {tokens.shape[1]} tokens: {load_average()} (start)", flush=True)
+    for _ in range(rounds):
+        best["forward"] = min(best["forward"], timed(lambda: forward(tokens))[0])
+        best["alone"] = min(best["alone"], timed(alone)[0])
+        for label, click in clicks.items():
+            calls.clear()
+            best[label] = min(best[label], timed(click)[0])
+            runs[label] = list(calls)
+    del model.run_with_cache
+    explorer.close()
+    print(f"{load_average()} (end); {rounds} rounds, fastest of each (wall clock)")
+    print("| click | forwards run | time (every view's update included) | forwards (time) |\n|---|---|---|---|")
+    print(f"| one forward | 1 | {best['forward'] * 1e3:.1f} ms | 1.00 |")
+    print(f"| pcw.ablate of a layer-{L - 1} head alone (what the toggle runs) | 1 (1 resumed) | "
+          f"{best['alone'] * 1e3:.1f} ms | {best['alone'] / best['forward']:.2f} |")
+    for label in clicks:
+        n = f"{len(runs[label])} ({sum(runs[label])} resumed)"
+        print(f"| {label} | {n} | {best[label] * 1e3:.1f} ms | {best[label] / best['forward']:.2f} |")
+
+
 def corpus_sample(model, every: int = 40, length: int = 128) -> torch.Tensor:
     """``[n, length]``: the first ``length`` tokens of every ``every``-th stdlib source file (long enough)."""
     rows = []
@@ -184,11 +234,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--findings", action="store_true", help="only the shipped model's numbers")
+    ap.add_argument("--smoke", action="store_true", help="one round, the shipped model only: checks that the script "
+                    "runs end to end")
+    ap.add_argument("--explorer", action="store_true", help="only the explorer's ablate toggle")
     a = ap.parse_args()
+    if a.smoke:
+        a.rounds, a.models = 1, ["attn-only-2l"]
     torch.set_num_threads(a.threads)
     os.environ.setdefault("PCW_PROGRESS", "0")  # no bars between the timings
     print(f"pycircuits_widgets {pcw.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"python {sys.version.split()[0]}")
+    if a.explorer:
+        for name in a.models:
+            explorer_toggle(name, a.rounds)
+        return
     findings()
     if not a.findings:
         for name in a.models:

@@ -131,6 +131,22 @@ def measured_composition(model, tokens, via: str, kind: str = "zero", means=None
     docstring), on ``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids). Each (writer layer, reader
     layer) pair is one batched computation of the reader layer's ``via`` input for all the writer
     layer's heads (in blocks of at most ``BLOCK_BYTES``), counted on a progress bar past a second."""
+    steps = measured_composition_steps(model, tokens, via, kind, means, clean)
+    done, total, out = next(steps)
+    with progress("measured_composition", total=total, unit="layer pair") as bar:
+        for done, total, out in steps:
+            bar.update()
+    return out
+
+
+@torch.no_grad()
+def measured_composition_steps(model, tokens, via: str, kind: str = "zero", means=None,
+                               clean: RunResult | None = None):
+    """``measured_composition`` one (writer layer, reader layer) pair at a time, for a caller that
+    shows progress or gives way between them (the explorer's composition view): yields ``(done,
+    total, table)``, first ``(0, total, all NaN)`` once the input is checked, then after each layer pair
+    (``total = n_layers (n_layers - 1) / 2``); the last ``table`` is the whole matrix. Each yield
+    holds the same tensor, filled in place."""
     via = check_via(via, "measured_composition")
     check_kind(kind, means, "measured_composition")
     head_means = head_mean_table(model, means, "measured_composition") if kind == "mean" else None
@@ -140,6 +156,8 @@ def measured_composition(model, tokens, via: str, kind: str = "zero", means=None
     b, pos = cache.tokens.shape
     dtype = widened(torch.empty(0, dtype=model.dtype)).dtype
     out = torch.full((L, H, L, H), float("nan"), dtype=dtype, device=model.device)
+    total = L * (L - 1) // 2
+    yield 0, total, out
     # what each reader layer's unpatched inputs give: clean queries (via K), keys (via Q), the head's
     # clean z and its W_O's Gram (via V: ||dz W_O||^2 = dz (W_O W_O^T) dz^T, in float64)
     clean_inputs = {}
@@ -149,15 +167,15 @@ def measured_composition(model, tokens, via: str, kind: str = "zero", means=None
             (cache.z[:, l2].double(), model.W_O[l2].double() @ model.W_O[l2].double().mT)
     row_bytes = 16 * b * pos * (H * max(pos, c.d_head) + c.d_model)  # a writer's stream and patterns, 4 copies
     block = max(1, BLOCK_BYTES // row_bytes)
-    with progress("measured_composition", total=L * (L - 1) // 2, unit="layer pair") as bar:
-        for l1 in range(L - 1):
-            removal = writer_removal(model, cache, l1, list(range(H)), head_means)  # [H, b, pos, d]
-            for l2 in range(l1 + 1, L):
-                for start in range(0, H, block):
-                    heads = slice(start, min(start + block, H))
-                    out[l1, heads, l2] = _reader_change(model, cache, l2, via, removal[heads], clean_inputs[l2])
-                bar.update()
-    return out
+    done = 0
+    for l1 in range(L - 1):
+        removal = writer_removal(model, cache, l1, list(range(H)), head_means)  # [H, b, pos, d]
+        for l2 in range(l1 + 1, L):
+            for start in range(0, H, block):
+                heads = slice(start, min(start + block, H))
+                out[l1, heads, l2] = _reader_change(model, cache, l2, via, removal[heads], clean_inputs[l2])
+            done += 1
+            yield done, total, out
 
 
 def _reader_change(model, cache, layer: int, via: str, removal: torch.Tensor, clean_input) -> torch.Tensor:

@@ -98,6 +98,9 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
     """str: the text the model read; setting it (Python or the view's text box) re-runs the model."""
     editable = traitlets.Bool(False).tag(sync=True)
     """bool: built from a model, so ``text`` can be edited."""
+    run_label = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): which run of ``text`` the patterns are of when not the model's own
+    (``show_run``: "ablated: L1.H6 (zero)"), shown in the view's header; "" for the model's run."""
 
     # -- selection: layer, head (shown in detail), position (token view) from the mixins --
     dest_position = Index(-1).tag(sync=True)
@@ -147,6 +150,20 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
         tokens, A, warning = check_patterns(tokens, patterns, causal=self.causal)
         self._replace(tokens, A, warning)
 
+    def show_run(self, patterns=None, label: str = "") -> None:
+        """Show ``patterns [L, H, n, n]`` of another run of the same text (the explorer's ablated
+        run), under ``label``; ``None``: the text's own run again, from the arrays kept since it ran
+        (nothing recomputed: the same payload as before)."""
+        if self._model is None:
+            raise TypeError("show_run needs a view built from a model: AttentionPatterns(model, text)")
+        _, tokens, A = self._ran
+        warning = self._ran_warning
+        if patterns is not None:
+            tokens, A, warning = check_patterns(tokens, patterns, causal=self.causal)
+        with self.hold_sync():
+            self._replace(tokens, A, warning)
+            self.run_label = label if patterns is not None else ""
+
     def _replace(self, tokens, A, warning):
         data = self._data_traits(tokens, A, self.causal)
         L, H, n = A.shape[0], A.shape[1], A.shape[2]
@@ -191,6 +208,7 @@ class AttentionPatterns(HeadSelection, PositionSelection, CircuitWidget):
         if self._model is not None and self._ran[0] == change["new"] and self._ran[2] is not self._patterns:
             _, tokens, A = self._ran
             self._replace(tokens, A, self._ran_warning)
+            self.run_label = ""
 
     def _run(self, text):
         """(display tokens, patterns [L, H, n, n]) of the model reading ``text``, once per text."""

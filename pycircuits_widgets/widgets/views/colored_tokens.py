@@ -46,6 +46,8 @@ class ColoredTokens(PositionSelection, CircuitWidget):
     """float | None: lower end of the colour scale (default: min of values)."""
     vmax = traitlets.Float(None, allow_none=True).tag(sync=True)
     """float | None: upper end of the colour scale (default: max of values)."""
+    note = traitlets.Unicode("").tag(sync=True)
+    """str, default "": how to read the scale, shown beside the legend."""
 
     first_position = traitlets.Int(0).tag(sync=True)
     """int, default 0 (read-only): text position of ``tokens[0]``."""
@@ -62,6 +64,18 @@ class ColoredTokens(PositionSelection, CircuitWidget):
             self.position = -1
             self.tokens = tokens
             self.values = values
+
+    def show_values(self, values, **display):
+        """Replace the values of the same tokens, keeping the selected position; ``display``
+        (``label``, ``colormap``, ``vmin``, ``vmax``, ``note``) changes with them, in one message."""
+        unknown = sorted(set(display) - {"label", "colormap", "vmin", "vmax", "note"})
+        if unknown:
+            raise TypeError(f"show_values: unknown display trait(s) {unknown}; expected label, colormap, vmin, vmax, note")
+        values = _check_values(values, len(self.tokens))
+        with self.hold_sync():
+            self.values = values
+            for name, value in display.items():
+                setattr(self, name, value)
 
     def _n_positions(self) -> int:
         # positions before first_position are in the text but not shown: selectable, not highlighted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import traitlets
 
 from ...analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
+from ...analysis.path_patching import measured_composition_steps
 from ..core import offline
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
@@ -37,6 +38,14 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
     fills in the rest (e.g. before ``save_html``). ``recompute_detail()`` runs the detail
     synchronously.
 
+    Measured on a text (the explorer's, ``measure_on``): ``source = "measured"`` shows, on the same
+    axes, ``pcw.measured_composition`` of that text for the kind shown (each pair's path-patching
+    effect: how much removing h1 from h2's query, key or value input changes h2's attention, or its
+    output for V), computed on first use in the background (a kernel's; a plain script: at once),
+    one layer pair per chunk with ``progress``, giving way to every other view's request between
+    chunks as the explorer's precompute does (a click is never delayed); ``compute_measured()``
+    computes every kind synchronously (e.g. before ``save_html``).
+
     Rotary models: Q- and K-composition depend on the query - key offset of the reading head
     (``W_QK = W_Q R(offset) W_K^T``); each pair's table entry is its largest score over ``offsets``
     and its detail is at the offset where that is reached (``offset_note`` says so in the view).
@@ -51,7 +60,7 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
 
     _view = traitlets.Unicode("CompositionMatrix").tag(sync=True)
     _browser_writable = frozenset({"layer", "head", "selected_pair", "kind", "subtract_baseline", "show_erratum",
-                                   "offsets"})
+                                   "offsets", "source"})
     _window_text = ("Rotary positions: Q- and K-composition read h2's QK circuit W_Q R(offset) W_K^T {how}; each cell "
                     "shows the pair's largest score and its detail is at the offset where that is reached. "
                     "V-composition does not depend on position.")
@@ -68,7 +77,17 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
     detail = ArrayDict("float32").tag(sync=True)
     """Detail of ``selected_pair`` for ``kind`` (see ``pcw.analysis.composition_detail``); {} for none."""
 
+    measured = ArrayDict("float32").tag(sync=True)
+    """{kind: float32 [L, H, L, H]}: ``pcw.measured_composition`` of the text ``measure_on`` gave, NaN
+    where l1 >= l2; only the kinds computed so far (saved with the page)."""
+    measured_note = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): what the measured matrix was measured on ("" when no text was given: the
+    weights are all the view can show)."""
+
     # -- display --
+    source = traitlets.Enum(["weights", "measured"], default_value="weights").tag(sync=True)
+    """str, default "weights": the heatmap shows the score read from the weights, or the effect
+    measured on ``measure_on``'s text (``measured``)."""
     kind = traitlets.Enum(list(KINDS), default_value="K").tag(sync=True)
     """str, default "K": which composition the heatmap shows."""
     subtract_baseline = traitlets.Bool(True).tag(sync=True)
@@ -87,6 +106,8 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
             lazy = model.cfg.n_layers * model.cfg.n_heads > self.EAGER_HEADS
         self._kinds_at_once = not lazy
         self._computed: dict = {}  # (kind, panel) -> payload: every table computed (by one runner thread)
+        self._measure = None  # (RunResult, tag) the measured matrices are of (``measure_on``)
+        self._measured: dict = {}  # kind -> measured table of that run (filled by the runner's thread)
         super().__init__(model, offsets, ignores=direct_path_ignores(model.cfg, composition=False), **kwargs)
 
     _answers_offline = "runner"
@@ -98,6 +119,7 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
         else:  # seconds of work: the view is usable at once and shows the busy state meanwhile
             self._on_pair({"name": "kind"})
         self.observe(self._on_pair, ["selected_pair", "kind", "show_erratum"])
+        self.observe(self._on_source, ["source", "kind"])
 
     # -- score tables, on first use --------------------------------------------------------
     def _missing(self, kind: str, erratum: bool) -> list[tuple[str, str]]:
@@ -149,6 +171,54 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
         # the tables the toggles show and the pair's detail are different results: neither drops the other
         self._runner.submit("tables", lambda: self._table_steps(kind, erratum))
         self._runner.submit("detail", lambda: self._detail_steps(pair, kind))
+
+    # -- measured on a text ----------------------------------------------------------------
+    def measure_on(self, clean, note: str) -> None:
+        """Measure composition on the text of ``clean`` (``pcw.run(model, text)``, the explorer's
+        run); ``note`` says what it is, in the view. Matrices of an earlier text are dropped."""
+        self._measure, self._measured = (clean, object()), {}
+        self._runner.cancel("measured")
+        with self.hold_sync():
+            self.measured, self.measured_note, self.progress = {}, note, {}
+        self._on_source(None)
+
+    def compute_measured(self, kinds=KINDS) -> None:
+        """The measured matrices of ``kinds`` (default: all) not computed yet, synchronously (needs
+        ``measure_on``)."""
+        if self._measure is None:
+            raise ValueError("CompositionMatrix.compute_measured: no text to measure on (measure_on(pcw.run(model, "
+                             "text), note) first; the explorer gives its own)")
+        self._runner.cancel("measured")
+        self._runner.wait(None)
+        for kind in kinds:
+            for update in self._measured_steps(kind, self._measure):
+                with self.hold_sync():
+                    for name, value in update.items():
+                        setattr(self, name, value)
+
+    @rolls_back
+    def _on_source(self, change):
+        if self.source != "measured" or self.kind in self._measured:
+            return
+        if self._measure is None:
+            raise ValueError("source='measured' needs a text to measure on: this view has none (the explorer's "
+                             "composition section measures on its text)")
+        kind, measure = self.kind, self._measure
+        if not self._runner.submit("measured", lambda: self._measured_steps(kind, measure), background=True):
+            self.compute_measured([kind])  # no kernel: nothing runs in the background, so now
+
+    def _measured_steps(self, kind: str, measure):
+        """``pcw.measured_composition`` of ``kind`` on the measured run, one layer pair per chunk,
+        giving way to other views' requests between them; ``progress`` counts the layer pairs."""
+        if kind in self._measured:
+            return
+        clean, _ = measure
+        text = f"measuring {kind}-composition on this text"
+        for done, total, table in measured_composition_steps(self.model, clean.tokens, kind, clean=clean):
+            yield {"progress": {"text": text, "done": done, "total": total}}
+        if self._measure is measure:  # (not of a text replaced meanwhile)
+            self._measured[kind] = table.float()
+            yield {"measured": dict(self._measured), "progress": {}}
 
     def _on_window(self) -> None:
         self._computed = {key: table for key, table in self._computed.items() if key[0] == "V"}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import types
 
 import ipywidgets
+import torch
 import traitlets
 
+from ...analysis.ablation import ablate
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
 from ...analysis.composition import strongest_writers
@@ -20,11 +22,17 @@ from ...models.tokenizer import IdsText, check_tokenizer, reading_ids
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
-from .registry import BY_NAME, ON_DEMAND, VIEWS, ViewSpec
+from .registry import BY_NAME, LOSS_DISPLAY, ON_DEMAND, VIEWS, ViewSpec
 
 SMALL_HEADS = 64
-""":meth:`CircuitExplorer.save_html` computes the on-demand paper views (``registry.ON_DEMAND``) of a
-model of at most this many heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work."""
+""":meth:`CircuitExplorer.save_html` computes the on-demand paper views (``registry.ON_DEMAND``), the
+measured composition matrices and each head's ablation loss change of a model of at most this many
+heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one forward
+each, ``SMALL_HEADS`` forwards in all)."""
+NO_SWEEP = "mean ablation needs a sweep (each head's mean output over a corpus: CircuitExplorer(model, text, sweep=...))"
+"""Why ``ablation="mean"`` is unavailable to an explorer without one (``ablation_kinds``)."""
+ABLATED_NOTE = "0 (white) at the centre, symmetric: red = the ablation raised the loss, blue = lowered it"
+"""The loss section's legend note while it shows an ablated run's loss change."""
 
 def _child(spec: ViewSpec):
     trait = traitlets.Instance(spec.cls, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
@@ -69,6 +77,16 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     heads 37/144"), and :meth:`stop_background` (or closing the explorer) stops it. In a plain
     script nothing runs in the background.
 
+    Causal checks (``ablation``): "zero" or "mean" ablates the selected head (``pcw.ablate``, resumed
+    from the clean run at the head's layer: at most one forward per head or kind chosen) and the
+    loss section shows each token's loss change (ablated - clean) on a diverging scale, the attention
+    section the ablated run's patterns, both headed ``ablated`` ("ablated: L1.H6 (zero)"); "off"
+    shows the clean run again from what was kept (the same arrays, nothing recomputed). The
+    composition section can show, beside the weights' scores, the composition measured on this text
+    (``pcw.measured_composition``; its "measured on this text" switch). ``head_loss_change`` holds
+    each head's zero-ablation loss change on the text (computed after the background precompute, or
+    by :meth:`compute_head_loss_change`; :meth:`save_html` computes it for a small model).
+
     A view the model cannot support honestly is not built: ``notices[name]`` says why
     (no composition, induction or virtual heads in a one-layer model; only the bigram table in
     a zero-layer model). Rotary models: the QK circuits (skip-trigrams, QK eigenvalues,
@@ -86,11 +104,13 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             not fit the model's is refused (``check_tokenizer``).
         layer, head, position, token, selected_pair: the initial selection.
         sweep: a ``pcw.Sweep`` of this same model over a corpus (``pcw.sweep``), for the sections that
-            read a corpus (``explorer.sweep``); a sweep of another model is refused, naming both.
+            read a corpus (``explorer.sweep``) and mean ablation (each head's mean output, ``head_means``);
+            a sweep of another model is refused, naming both.
+        ablation: "off" (default), "zero" or "mean" (needs ``sweep``): the selected head ablated from the start.
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
-    _browser_writable = frozenset({*SELECTION_KEYS, "text"})
+    _browser_writable = frozenset({*SELECTION_KEYS, "text", "ablation"})
 
     # -- views: the child traits, one per registry entry (ExplorerViews) --
     sections = traitlets.List(traitlets.Dict()).tag(sync=True)
@@ -117,6 +137,21 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     token_ids = traitlets.List(traitlets.Int()).tag(sync=True)
     """list[int] (read-only): vocabulary id of each text position (the browser links position and token with it)."""
 
+    # -- causal checks --
+    ablation = traitlets.Enum(["off", "zero", "mean"], default_value="off").tag(sync=True)
+    """str, default "off": ablate the selected head, its output removed ("zero") or replaced by its
+    mean output over a corpus ("mean": needs a sweep, ``ablation_kinds``); class docstring."""
+    ablated = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): "ablated: L1.H6 (zero)" while the loss and attention sections show an ablated
+    run, else ""."""
+    ablation_kinds = traitlets.Dict().tag(sync=True)
+    """{kind: "" where available, else why not} (read-only), for "zero" and "mean"."""
+    head_loss_change = Array("float32", ndim=2).tag(sync=True)
+    """float32 [n_layers, n_heads] (read-only): the mean per-token loss change (nats) from zero-ablating
+    each head alone on ``text``; None until computed (kept by a saved page)."""
+    _shown_run = traitlets.Any(None)
+    # (text, label, AblationResult) shown by the loss and attention sections, or None: the clean run
+
     # -- selection (layer, head, position, token from the mixins) --
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
@@ -140,6 +175,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
+        ablation = kwargs.pop("ablation", "off")  # set once the views show the run
         super().__init__(model, text=text, model_name=name_of_model(model),
                          sections=[spec.browser() for spec in VIEWS if self.sweep is not None or not spec.needs_sweep],
                          **kwargs)
@@ -147,9 +183,12 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             bar.note("running the model")
             self._show_run()
             self._build_views(no_heads, bar)
+        self.ablation_kinds = {"zero": no_heads, "mean": no_heads or ("" if self.sweep is not None else NO_SWEEP)}
         self._link()
+        self._measure_composition()
         for name, value in selection.items():
             setattr(self, name, value)
+        self.ablation = ablation
         self.start_background()
 
     # -- building ---------------------------------------------------------------------------
@@ -207,21 +246,26 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 view.active = True
 
     def save_html(self, path, *, title: str | None = None, offline: bool = True, budget: float | None = SAVE_BUDGET):
-        """As ``CircuitWidget.save_html``; with ``offline``, a small model's paper views (at most
-        ``SMALL_HEADS`` heads and ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work) are computed
-        first, so the page shows them. A larger model's page shows the ones computed so far and,
-        for the others, that they need a kernel. ``budget`` (seconds, default ``SAVE_BUDGET``)
+        """As ``CircuitWidget.save_html``; with ``offline``, a small model's paper views, measured
+        composition matrices and ``head_loss_change`` (at most ``SMALL_HEADS`` heads and
+        ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work) are computed first, so the page shows
+        them. A larger model's page shows the ones computed so far and says which were not. ``budget`` (seconds, default ``SAVE_BUDGET``)
         bounds the wait for sections still computing: one not done by then is saved "not
         computed" (the page says so) and keeps computing here. The background precompute is
         never waited for."""
         cfg = self.model.cfg
         if offline and cfg.n_layers * cfg.n_heads <= SMALL_HEADS and cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB:
             self.compute()
+            if self.composition is not None:
+                self.composition.compute_measured()
+            if self.n_layers > 0 and len(self.token_ids) > 1:
+                self.compute_head_loss_change()
         return super().save_html(path, title=title, offline=offline, budget=budget)
 
     def _saved_ready(self, deadline, offline, tick=None) -> bool:
-        """The explorer's own runner does only the background precompute, which a page never waits
-        for (its sections are saved as views of their own: ``standalone.render_html``)."""
+        """The explorer's own runner does the background precompute and each head's ablation loss
+        change, which a page never waits for, and the ablate toggle's run, saved as it stands (its
+        sections are saved as views of their own: ``standalone.render_html``)."""
         return True
 
     def cancel(self, *names: str) -> list[str]:
@@ -268,11 +312,14 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         running fill; heads already computed answer from the cache at once."""
         views = [v for v in self.views().values() if type(v).fill_steps is not CircuitWidget.fill_steps]
         heads = offline.heads(self) if views else []
-        return bool(heads) and self._runner.submit("fill", lambda: self._fill_steps(views, heads), background=True)
+        started = bool(heads) and self._runner.submit("fill", lambda: self._fill_steps(views, heads), background=True)
+        self._start_head_losses()
+        return started
 
     def stop_background(self) -> None:
         """Stop the background precompute (what it computed stays cached)."""
         self._runner.cancel("fill")
+        self._runner.cancel("head losses")
         self.progress = {}
 
     def wait_background(self, timeout: float | None = None) -> bool:
@@ -458,12 +505,17 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             return
         n_before = len(self.token_ids)
         self._show_run()
+        self._shown_run = None  # the new text's clean run, until its ablation is in
         for spec in VIEWS:
             view = getattr(self, spec.name)
             if spec.reads_text and view is not None and view.text != self.text:
                 view.text = self.text
             if spec.window is not None and view is not None:
                 self._follow_window(spec, view, n_before)
+        self.head_loss_change = None
+        self._measure_composition()
+        self._start_ablation()
+        self._start_head_losses()
 
     def _follow_window(self, spec: ViewSpec, view, n_before: int) -> None:
         """A rotary view still on its default window (the old text's offsets) moves to the new
@@ -471,3 +523,97 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         before, now = spec.window(self, n_before), spec.window(self)
         if before and list(view.offsets) == list(before["offsets"]) != list(now["offsets"]):
             view.offsets = list(now["offsets"])
+
+    # -- causal checks ------------------------------------------------------------------------
+    @traitlets.validate("ablation")
+    def _valid_ablation(self, proposal):
+        kind = proposal["value"]
+        why = self.ablation_kinds.get(kind, "")
+        if kind != "off" and why:
+            raise traitlets.TraitError(f"ablation={kind!r}: {why}")
+        if kind != "off" and len(self.token_ids) < 2:
+            raise traitlets.TraitError(f"ablation={kind!r}: the loss change needs at least 2 tokens; the text has 1")
+        return kind
+
+    @traitlets.observe("ablation", "layer", "head")
+    @rolls_back
+    def _on_ablation(self, change):
+        if self.loss is not None:  # (not while __init__ builds the views)
+            self._start_ablation()
+
+    def _start_ablation(self) -> None:
+        """The selected head's ablated run, on the explorer's runner (a script: at once); "off": the
+        clean run at once (kept, never recomputed)."""
+        self._runner.cancel("ablate")
+        if self.ablation == "off":
+            self._shown_run = None
+            return
+        text, head, kind = self.text, (self.layer, self.head), self.ablation
+        self._runner.submit("ablate", lambda: self._ablation_steps(text, head, kind))
+
+    def _ablation_steps(self, text, head, kind):
+        """``pcw.ablate`` of ``head`` on the text's clean run (resumed at the head's layer)."""
+        clean = self.forward(self.model, text)
+        result = ablate(self.model, clean.tokens, heads=[head], kind=kind, means=self.sweep if kind == "mean" else None,
+                        clean=clean)
+        yield {"_shown_run": (text, f"ablated: L{head[0]}.H{head[1]} ({kind})", result)}
+
+    @traitlets.observe("_shown_run")
+    def _show_ablation(self, change):
+        """The loss and attention sections (and the induction section's header) show ``_shown_run``:
+        the ablated run of the current text, or the clean one."""
+        shown = change["new"]
+        if shown is not None and shown[0] != self.text:  # (of a text replaced meanwhile)
+            return
+        clean = self.forward(self.model, self.text)
+        label = "" if shown is None else shown[1]
+        with self.hold_sync():
+            if shown is None:
+                self.loss.show_values(clean.token_loss[0], **LOSS_DISPLAY)
+                if self.attention is not None:
+                    self.attention.show_run(None)
+            else:
+                result = shown[2]
+                change = (result.loss - result.clean_loss)[0]
+                m = float(change.abs().max())
+                self.loss.show_values(change, label="loss change, ablated − clean (nats)", colormap="diverging",
+                                      vmin=-m, vmax=m, note=ABLATED_NOTE)
+                if self.attention is not None:
+                    self.attention.show_run(result.cache.patterns[0], label)
+            if self.induction is not None:
+                self.induction.run_label = label
+            self.ablated = label
+
+    def compute_head_loss_change(self) -> None:
+        """``head_loss_change`` of the current text, synchronously (every head's zero ablation: at most
+        one forward each)."""
+        self._runner.cancel("head losses")
+        for update in self._head_loss_steps(self.text):
+            for name, value in update.items():
+                setattr(self, name, value)
+
+    def _start_head_losses(self) -> None:
+        """``head_loss_change`` in the background (after the precompute; a script: never, see
+        ``compute_head_loss_change``)."""
+        if self.n_layers > 0 and len(self.token_ids) > 1:
+            text = self.text
+            self._runner.submit("head losses", lambda: self._head_loss_steps(text), background=True)
+
+    def _head_loss_steps(self, text):
+        """Each head's zero-ablation mean loss change on ``text``, one head per chunk, counted in
+        ``progress``."""
+        clean = self.forward(self.model, text)
+        L, H = self.model.cfg.n_layers, self.model.cfg.n_heads
+        table = torch.full((L, H), float("nan"))
+        for i in range(L * H):
+            yield {"progress": {"text": "ablating heads", "done": i, "total": L * H}}
+            table[divmod(i, H)] = ablate(self.model, clean.tokens, heads=[divmod(i, H)], clean=clean).loss_change
+        if text == self.text:
+            yield {"head_loss_change": table, "progress": {}}
+
+    def _measure_composition(self) -> None:
+        """The composition section measures composition on this text (once switched to it)."""
+        if self.composition is not None:
+            n = len(self.token_ids)
+            self.composition.measure_on(self.forward(self.model, self.text),
+                                        f"measured on this text ({n} tokens): h1's output removed from h2's input")

@@ -11,7 +11,7 @@ from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_compositio
 from ..core import offline
 from ..core.arrays import ArrayDict, id_dtype
 from ..core.base import CircuitWidget
-from ..core.meter import Meter
+from ..core.meter import Meter, metered
 from ..core.offset_window import OffsetWindow
 from ..core.on_demand import OnDemand
 from ..core.payload import JSON_BUFFER
@@ -76,6 +76,9 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
     """{token id (str): display string} for every token in ``tables``."""
     thresholds = traitlets.Dict().tag(sync=True)
     """{"match": MATCH_THRESHOLD, "copy": COPY_THRESHOLD, "baseline": random K-composition score}."""
+    run_label = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): the explorer's ablated run ("ablated: L1.H6 (zero)"), shown in the header
+    with what it means here: these numbers are read from the weights, which no ablation changes."""
 
     def __init__(self, model, k: int = 12, n_tables: int | None = None, selected_pair=None, offsets=None, **kwargs):
         check_model(model, "InductionMechanism")
@@ -164,19 +167,7 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
 
     def _verdicts_steps(self):
         """``pair_verdicts`` piece by piece (one layer pair at one offset each), reporting how far."""
-        steps = pair_verdicts_steps(self.model, self._offsets)
-        meters = {}
-        while True:
-            try:
-                stage, done, total = next(steps)
-            except StopIteration as stop:
-                verdicts = stop.value
-                break
-            if stage not in meters:
-                text, unit = STAGES[stage]
-                meters[stage] = Meter(text, total, unit)
-                yield meters[stage].first()
-            yield meters[stage].at(done)
+        verdicts = yield from metered(pair_verdicts_steps(self.model, self._offsets), STAGES)
         pairs = {}
         for key, v in verdicts.items():
             pairs[pair_key(key)] = {"k_score": v.k_score, "qk_positivity": v.qk_positivity,

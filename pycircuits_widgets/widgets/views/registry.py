@@ -101,6 +101,10 @@ def trigram_window(explorer, n_tokens: int | None = None) -> dict:
     return window
 
 
+LOSS_DISPLAY = {"label": "loss (nats)", "colormap": "sequential", "vmin": None, "vmax": None, "note": ""}
+"""How the loss section shows the clean run's per-token loss (``ColoredTokens`` display traits)."""
+
+
 def _head(e) -> dict:
     return {"layer": e.layer, "head": e.head}
 
@@ -110,8 +114,8 @@ def _head(e) -> dict:
 VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("loss", ColoredTokens, "per-token loss", "Per-token loss",
              "loss of predicting each token from the ones before it; click a token to select it", ("position",),
-             lambda e: ColoredTokens(e.tokens[1:], e.forward(e.model, e.text).token_loss[0], label="loss (nats)",
-                                     colormap="sequential", first_position=1),
+             lambda e: ColoredTokens(e.tokens[1:], e.forward(e.model, e.text).token_loss[0], first_position=1,
+                                     **LOSS_DISPLAY),
              "loss of predicting each token from those before it (text positions 1..n-1).",
              wide=True, picture=True, needs_heads=False, optional=False),
     ViewSpec("attention", AttentionPatterns, "attention patterns", "Attention patterns",
