@@ -1,16 +1,17 @@
 """Benchmark the analysis core at GPT-2-small shapes (random weights) against TransformerLens.
 
-    .venv/bin/python benchmarks/bench_analysis.py [--repeats 3] [--full-tl] [--only skip eig comp]
+    .venv/bin/python benchmarks/bench_analysis.py [--repeats 3] [--full-tl] [--only skip eig comp] [--smoke]
 
 Shapes: d_vocab 50257 (and 151936, Qwen2's, for skip-trigrams), d_model 768, 12 layers x 12
 heads, d_head 64, float32. Every measurement runs in a fresh subprocess (so "cold" is a first
-call; "warm" is a second call in the same process) and its peak memory (``ru_maxrss`` minus the
-RSS after the weights were built) is its own. Ours and the peer alternate, ``--repeats`` rounds;
+call; "warm" is a second call in the same process, the analysis cache cleared before it) and its
+peak memory (``ru_maxrss`` minus the RSS after the weights were built) is its own. Ours and the peer alternate, ``--repeats`` rounds;
 the table gives medians and the load average seen during the run. Peers run on all the work,
 except where stated with ``~`` and the fraction measured. "% peak" = the minimum work of the
 kernel (stated per row) over the measured GEMM peak of its precision (``peaks.py``, same run)
 and our cold median; skip-trigrams also against ``int8-thin``, the measured roofline of their
-int8 screen at inner dimension d_head = 64 (``peaks.py``).
+int8 screen at inner dimension d_head = 64 (``peaks.py``). ``--smoke``: tiny shapes, one round,
+every case in this process: checks that the script runs end to end (its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -27,17 +28,30 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import format_peaks, load_average, measure_peaks_apart  # noqa: E402
+from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart  # noqa: E402
 
 SHAPES = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
 
 
-def gpt2_like(seed: int = 0, **over):
-    """A weight view with GPT-2-small shapes and Gaussian weights (what the analysis reads)."""
-    import types
+SMOKE_SHAPES = dict(n_layers=2, n_heads=2, d_model=32, d_head=8, d_vocab=512, n_ctx=32)
+"""``--smoke``: the smallest shapes every case runs at (skip-trigrams also at twice the vocabulary)."""
 
+
+class TokenIds:
+    """Token ``i`` displays as ``"t{i}"`` (the analyses read token strings only to label results)."""
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t[1:]) for t in text.split()]
+
+    def display_token(self, token_id: int) -> str:
+        return f"t{token_id}"
+
+
+def gpt2_like(seed: int = 0, **over):
+    """A ``CircuitModel`` with GPT-2-small shapes (``SHAPES``, updated by ``over``) and Gaussian weights."""
     import torch
 
+    from pycircuits_widgets.models import CircuitModel
     from pycircuits_widgets.models.config import ModelConfig
 
     s = {**SHAPES, **over}
@@ -45,11 +59,10 @@ def gpt2_like(seed: int = 0, **over):
     g = torch.Generator().manual_seed(seed)
     L, H, d, dh, V = s["n_layers"], s["n_heads"], s["d_model"], s["d_head"], s["d_vocab"]
     r = lambda *shape, std: torch.randn(*shape, generator=g) * std  # noqa: E731
-    return types.SimpleNamespace(
-        cfg=cfg, W_E=r(V, d, std=0.1), W_U=r(d, V, std=0.1), W_pos=r(s["n_ctx"], d, std=0.01),
+    return CircuitModel(
+        cfg, tokenizer=TokenIds(), W_E=r(V, d, std=0.1), W_U=r(d, V, std=0.1), W_pos=r(s["n_ctx"], d, std=0.01),
         W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
         W_V=r(L, H, d, dh, std=d ** -0.5), W_O=r(L, H, dh, d, std=dh ** -0.5),
-        token_strings=[f"t{i}" for i in range(V)],
     )
 
 
@@ -59,10 +72,21 @@ def rss_mb() -> float:
 
 
 # ---------------------------------------------------------------- operations (run in children)
+def uncached(model, call):
+    """``call`` with ``model``'s analysis cache cleared first: a second call ("warm") computes again
+    rather than reading the first call's result (``analysis.cache``)."""
+    from pycircuits_widgets.analysis import cache
+
+    def go():
+        cache.clear(model)
+        return call()
+    return go
+
+
 def op_comp_ours(kind, n_layers):
     from pycircuits_widgets.analysis import composition_scores
     m = gpt2_like(n_layers=n_layers)
-    return lambda: composition_scores(m, kind, baseline=False), 1.0
+    return uncached(m, lambda: composition_scores(m, kind, baseline=False)), 1.0
 
 
 def op_comp_tl(kind, n_layers):
@@ -77,7 +101,7 @@ def op_comp_tl(kind, n_layers):
 def op_eig_ours(kind):
     from pycircuits_widgets.analysis import eigenvalue_positivity
     m = gpt2_like()
-    return lambda: eigenvalue_positivity(m, kind), 1.0
+    return uncached(m, lambda: eigenvalue_positivity(m, kind)), 1.0
 
 
 def op_eig_tl(kind):
@@ -98,7 +122,7 @@ def op_eig_tl(kind):
 def op_skip_ours(k, vocab):
     from pycircuits_widgets.analysis import skip_trigrams
     m = gpt2_like(n_layers=1, d_vocab=vocab)
-    return lambda: skip_trigrams(m, 0, 0, k=k), 1.0
+    return uncached(m, lambda: skip_trigrams(m, 0, 0, k=k)), 1.0
 
 
 def op_skip_tl(k, vocab, fraction):
@@ -140,10 +164,18 @@ def child(name, args):
     print(json.dumps({"cold": cold, "warm": warm, "fraction": fraction, "mem_mb": max(0.0, peak - before)}))
 
 
-def measure(name, *args):
-    out = subprocess.run([sys.executable, __file__, "--child", name, json.dumps(args)],
-                         capture_output=True, text=True, check=True)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+def measure(name, *args, in_process=False):
+    """One case's ``child`` result, run in a fresh process (``in_process``: in this one, for ``--smoke``)."""
+    if in_process:
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            child(name, args)
+    else:
+        out = subprocess.run([sys.executable, __file__, "--child", name, json.dumps(args)],
+                             capture_output=True, text=True, check=True)
+    r = json.loads(out.getvalue() if in_process else out.stdout.strip().splitlines()[-1])
     r["load"] = os.getloadavg()[0]
     return r
 
@@ -158,22 +190,23 @@ def gemm_work(d_vocab, symmetric):
 
 def rows_to_run(a):
     """(group, label, ours spec, peer spec, peer label, work GOP, peak keys) of every row."""
-    V, dh = SHAPES["d_vocab"], SHAPES["d_head"]
+    V, dh, L, H = SHAPES["d_vocab"], SHAPES["d_head"], SHAPES["n_layers"], SHAPES["n_heads"]
+    pair, heads = f"2-layer subset ({2 * H}x{2 * H})", f"all {L * H} heads"
     rows = []
     if "comp" in a.only:
         if a.full_tl:
-            rows.append(("comp", "composition scores K, all 144x144 heads", ("op_comp_ours", "K", 12),
-                         ("op_comp_tl", "K", 12), "TL composition_scores, all layers", None, None))
+            rows.append(("comp", f"composition scores K, all {L * H}x{L * H} heads", ("op_comp_ours", "K", L),
+                         ("op_comp_tl", "K", L), "TL composition_scores, all layers", None, None))
         for kind in ("Q", "K", "V"):
-            rows.append(("comp", f"composition scores {kind}, 2-layer subset (24x24)", ("op_comp_ours", kind, 2),
+            rows.append(("comp", f"composition scores {kind}, {pair}", ("op_comp_ours", kind, 2),
                          ("op_comp_tl", kind, 2), "TL composition_scores, same subset", None, None))
     if "eig" in a.only:
         for kind in ("OV", "QK"):
-            rows.append(("eig", f"eigenvalue positivity {kind}, all 144 heads", ("op_eig_ours", kind),
-                         ("op_eig_tl", kind), "TL FactoredMatrix, each of 144 heads",
+            rows.append(("eig", f"eigenvalue positivity {kind}, {heads}", ("op_eig_ours", kind),
+                         ("op_eig_tl", kind), f"TL FactoredMatrix, each of {L * H} heads",
                          gemm_work(V, kind == "QK"), ("fp32",)))
     if "skip" in a.only:
-        for vocab, fraction in ((V, 1.0), (151936, a.fraction)):
+        for vocab, fraction in ((V, 1.0), (2 * V if a.smoke else 151936, a.fraction)):
             peer = "TL FM rows + topk" + ("" if fraction == 1 else f" ({fraction:g} of sources)")
             rows.append(("skip", f"exact skip-trigram top-100, d_vocab {vocab}", ("op_skip_ours", 100, vocab),
                          ("op_skip_tl", 100, vocab, fraction), peer, 4 * vocab * vocab * dh / 1e9,
@@ -190,15 +223,20 @@ def main():
                     help="share of the sources the peer runs at d_vocab 151936 (extrapolated, marked ~)")
     ap.add_argument("--full-tl", action="store_true",
                     help="also run TL's composition scores on all 12 layers (K; ~8 GB)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, one round, every case in this process: "
+                    "checks that the script runs end to end (its numbers mean nothing)")
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], json.loads(a.child[1]))
     import torch
     from importlib.metadata import version
 
+    if a.smoke:
+        SHAPES.update(SMOKE_SHAPES)
+        a.repeats = 1
     print(f"torch {torch.__version__}, transformer-lens {version('transformer-lens')}, python "
           f"{platform.python_version()}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}; {load_average()}")
-    peaks = measure_peaks_apart()
+    peaks = measure_peaks(256, repeats=1) if a.smoke else measure_peaks_apart()
     print(f"measured peaks: {format_peaks(peaks)}; {load_average()}",
           flush=True)
     rows = rows_to_run(a)
@@ -206,13 +244,14 @@ def main():
     loads = []
     for rep in range(a.repeats):  # interleaved: every row's ours and peer in each round
         for _, label, ours, peer, _, _, _ in rows:
-            o, p = measure(*ours), measure(*peer)
+            o, p = measure(*ours, in_process=a.smoke), measure(*peer, in_process=a.smoke)
             results[label][0].append(o)
             results[label][1].append(p)
             loads += [o["load"], p["load"]]
             print(f"  round {rep + 1}: {label}: ours {o['cold']:.2f} s, peer {p['cold'] / p['fraction']:.2f} s "
                   f"(load {o['load']:.1f} / {p['load']:.1f})", file=sys.stderr, flush=True)
-    print(f"GPT-2-small shapes, random float32 weights; {a.repeats} interleaved rounds, medians; load average "
+    shapes = "smoke shapes " + json.dumps(SMOKE_SHAPES) if a.smoke else "GPT-2-small shapes"
+    print(f"{shapes}, random float32 weights; {a.repeats} interleaved rounds, medians; load average "
           f"(1 min) {min(loads):.1f}-{max(loads):.1f} during the run, {load_average()} at the end")
     print(f"{'operation':<46} {'ours cold':>9} {'warm':>7} {'peak+':>8} | {'peer':<38} {'peer':>9} {'peak+':>8} "
           f"| {'ratio':>6} | % peak")

@@ -1,7 +1,10 @@
 """AttentionPatterns vs CircuitsVis ``attention_heads``: payload bytes and time until fully
 rendered in headless Chromium, 12 heads at 128 / 512 / 1024 / 2048 tokens, same tensors.
 
-Run:  .venv/bin/python benchmarks/bench_attention.py   (needs the `bench` extra: circuitsvis, playwright)
+Run:  .venv/bin/python benchmarks/bench_attention.py [--smoke]   (needs the `bench` extra: circuitsvis, playwright)
+
+``--smoke``: one page of 16 tokens each and a 64-token build: checks that the script runs end to end
+(its numbers mean nothing).
 
 First the cold build (``AttentionPatterns(tokens=..., patterns=...)`` of 12 heads at 2048 / 4096
 tokens, each in a fresh process): seconds and peak memory above the float32 input.
@@ -19,6 +22,7 @@ tokens, each in a fresh process): seconds and peak memory above the float32 inpu
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -129,13 +133,19 @@ def run_circuitsvis(page, A, tokens, tmp):
 
 
 def main():
-    if sys.argv[1:2] == ["--build"]:
-        return print(json.dumps(build_cost(int(sys.argv[2]))))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="one 16-token page each and a 64-token build: checks "
+                        "that the script runs end to end (its numbers mean nothing)")
+    parser.add_argument("--build", type=int, help=argparse.SUPPRESS)  # one cold build, in a fresh process
+    args = parser.parse_args()
+    if args.build:
+        return print(json.dumps(build_cost(args.build)))
     import subprocess
 
+    sizes, builds = ((16,), (64,)) if args.smoke else (SIZES, (2048, 4096))
     print(f"# AttentionPatterns build, {N_HEADS} heads, cold (fresh process each); load average "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    for n in (2048, 4096):
+    for n in builds:
         out = subprocess.run([sys.executable, __file__, "--build", str(n)], capture_output=True, text=True, check=True)
         b = json.loads(out.stdout)
         print(f"#   {n} tokens: {b['s']:.2f} s, peak {b['above_input_mb']:.0f} MB above the {b['input_mb']:.0f} MB input "
@@ -145,7 +155,7 @@ def main():
     with tempfile.TemporaryDirectory() as d, sync_playwright() as pw:
         tmp = pathlib.Path(d)
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        for n in SIZES:
+        for n in sizes:
             A = causal_patterns(n)
             tokens = [f" t{i}" for i in range(n)]
             context = browser.new_context(viewport={"width": 1200, "height": 900})

@@ -1,11 +1,13 @@
 """bfloat16 forward accuracy, ours vs Hugging Face's own, on tiny random Llama models (8 seeds).
 
-    .venv/bin/python benchmarks/bench_bf16_accuracy.py
+    .venv/bin/python benchmarks/bench_bf16_accuracy.py [--seeds 8] [--smoke]
 
 Both run the same bfloat16 weights; the errors are max |logit - reference| over 2 x 24 tokens,
-against the float32 forward of the unrounded weights and of the bfloat16-rounded weights.
+against the float32 forward of the unrounded weights and of the bfloat16-rounded weights. ``--smoke``:
+one seed (checks that the script runs end to end).
 """
 
+import argparse
 import copy
 import pathlib
 import sys
@@ -39,4 +41,8 @@ def main(seeds: int = 8) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=8, help="random models (default 8)")
+    parser.add_argument("--smoke", action="store_true", help="one seed: checks that the script runs end to end")
+    args = parser.parse_args()
+    main(1 if args.smoke else args.seeds)

@@ -2,7 +2,9 @@
 one forward pass of the same Hugging Face model with attentions, measured in the same run.
 
 Run:  .venv/bin/python benchmarks/bench_build.py [--shapes gpt2-small gpt2-medium llama-135m]
-      [--tokens 100] [--threads N] [--profile]
+      [--tokens 100] [--threads N] [--profile] [--smoke]
+
+``--smoke``: the ``tiny`` shape (2 x 4 heads) on 20 tokens: checks that the script runs end to end.
 
 Models are built locally from configs with random weights (random weights cost the same as
 trained ones; nothing is downloaded): GPT-2 small (12 x 12 heads, d_model 768) and medium
@@ -64,6 +66,11 @@ SHAPES = {
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
         num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=2048, rms_norm_eps=1e-5),
 }
+SMOKE_SHAPE = "tiny"
+"""``--smoke``: 2 layers x 4 heads, d_model 64, the shipped tokenizer's 1024 tokens (checks the script runs)."""
+SHAPES[SMOKE_SHAPE] = lambda: transformers.GPT2Config(
+    vocab_size=1024, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=None, eos_token_id=None)
+SMOKE_TOKENS = 20
 
 
 class KernelLoop:
@@ -142,11 +149,15 @@ def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=[s for s in SHAPES if s != SMOKE_SHAPE])
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help=f"the {SMOKE_SHAPE!r} shape on {SMOKE_TOKENS} tokens: "
+                        "checks that the script runs end to end (its numbers mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.shapes, args.tokens = [SMOKE_SHAPE], SMOKE_TOKENS
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

@@ -2,7 +2,9 @@
 forward pass of the same Hugging Face model measured in the same run.
 
 Run:  .venv/bin/python benchmarks/bench_click.py [--shapes gpt2-small] [--tokens 100] [--threads 2]
-      [--profile] [--fill-heads N]
+      [--profile] [--fill-heads N] [--smoke]
+
+``--smoke``: ``bench_build``'s ``tiny`` shape (2 x 4 heads) on 20 tokens: checks that the script runs end to end.
 
 Models (random weights, nothing downloaded): GPT-2 small (12 x 12 heads, d_model 768, MLPs) with
 d_vocab 49152 (the explorer reads the shipped 1024-token tokenizer only for a vocabulary padded to a
@@ -184,7 +186,11 @@ def main():
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--fill-heads", type=int, default=None, help="heads the background fill runs over "
                         "(default: all)")
+    parser.add_argument("--smoke", action="store_true", help=f"{bench_build.SMOKE_SHAPE!r} shape, "
+                        f"{bench_build.SMOKE_TOKENS} tokens: checks that the script runs end to end")
     args = parser.parse_args()
+    if args.smoke:
+        args.shapes, args.tokens = [bench_build.SMOKE_SHAPE], bench_build.SMOKE_TOKENS
     if args.fill_heads is not None and args.fill_heads < 2:  # the click after the fill needs a filled head never shown
         parser.error(f"--fill-heads must be at least 2 (the shown head, then one to click), got {args.fill_heads}")
     torch.set_num_threads(args.threads)

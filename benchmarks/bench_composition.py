@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_composition.py   # from the repository root [--direct-xl] [--no-tl]
     .venv/bin/python benchmarks/bench_composition.py --rotary 100   # a rotary window of 100 offsets
+    .venv/bin/python benchmarks/bench_composition.py --smoke        # tiny shapes: checks the script runs
 
 Random float32 weights built here (nothing downloaded), layer norm, GPT-2 head shapes:
 small 12 x 12, medium 24 x 16, large 36 x 20, XL 48 x 25 heads of d_head 64 in d_model 768 /
@@ -26,7 +27,8 @@ offset", the Gram route at every offset (what the window route replaced); the le
 ``_window_erratum_right_scores``) against their per-offset computation.
 
 The load average is printed before and after: on a shared 2-core machine every time scales
-with it.
+with it. ``--smoke``: both tables at ``SMOKE_SHAPE`` (4 rotary offsets), every case in this process: checks
+that the script runs end to end (its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import format_peaks, load_average, measure_peaks_apart  # noqa: E402
+from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart  # noqa: E402
 
 SHAPES = {  # n_layers, n_heads, d_model, d_head
     "GPT-2-small": (12, 12, 768, 64),
@@ -75,6 +77,8 @@ def heads(shape: str):
 
 ROTARY_SHAPE = (30, 9, 576, 64)
 """``--rotary``: the LLaMA-135M head shapes (n_layers, n_heads, d_model, d_head)."""
+SMOKE_SHAPE = (2, 2, 64, 16)
+"""``--smoke``: the one shape of both tables."""
 
 
 def rotary_heads():
@@ -155,7 +159,7 @@ def op_each_offset(kind, n_offsets, norm="correct"):
 
 def rotary(n_offsets: int) -> None:
     """The ``--rotary`` table (module docstring)."""
-    print(f"LLaMA-135M head shapes {ROTARY_SHAPE}, rotary, offsets 0..{n_offsets - 1}; {load_average()}")
+    print(f"head shapes {ROTARY_SHAPE} (n_layers, n_heads, d_model, d_head), rotary, offsets 0..{n_offsets - 1}; {load_average()}")
     print(f"{'kind':<4} {'norm':<13} | {'ours':>9} {'peak+':>9} | {'each offset':>11} {'peak+':>9} | ratio")
     for kind, norm in (("K", "correct"), ("Q", "correct"), ("K", "erratum_left"), ("K", "erratum_right")):
         ours, each = measure("op_window", kind, n_offsets, norm), measure("op_each_offset", kind, n_offsets, norm)
@@ -176,7 +180,19 @@ def child(name, args):
     print(json.dumps({"s": seconds, "mem_mb": max(0.0, peak - before)}))
 
 
+IN_PROCESS = False
+"""``--smoke``: every case runs in this process (its peak memory is then not its own)."""
+
+
 def measure(name, *args):
+    """One case's ``child`` result, from a fresh process (``IN_PROCESS``: from this one)."""
+    if IN_PROCESS:
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            child(name, args)
+        return json.loads(out.getvalue())
     out = subprocess.run([sys.executable, __file__, "--child", name, json.dumps(args)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -188,15 +204,22 @@ def main():
     ap.add_argument("--direct-xl", action="store_true", help="also time the direct route at XL (~70 s idle)")
     ap.add_argument("--no-tl", action="store_true", help="skip TransformerLens (GPT-2-small, ~8 GB, minutes)")
     ap.add_argument("--rotary", type=int, metavar="N", help="only the rotary table: Q/K over offsets 0..N-1")
+    ap.add_argument("--smoke", action="store_true", help=f"both tables at {SMOKE_SHAPE} (n_layers, n_heads, d_model, "
+                    "d_head), every case in this process: checks that the script runs end to end")
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], json.loads(a.child[1]))
+    global IN_PROCESS, ROTARY_SHAPE
+    if a.smoke:
+        IN_PROCESS, ROTARY_SHAPE, a.direct_xl = True, SMOKE_SHAPE, True
+        SHAPES.clear()
+        SHAPES["smoke"] = SMOKE_SHAPE
     if a.rotary:
         return rotary(a.rotary)
     import torch
     print(f"torch {torch.__version__}, transformer-lens 4.3.0, python {platform.python_version()}, "
           f"threads {torch.get_num_threads()}, cpu {platform.processor() or platform.machine()}")
-    peaks = measure_peaks_apart()
+    peaks = measure_peaks(256, repeats=1) if a.smoke else measure_peaks_apart()
     print(f"measured peaks: {format_peaks(peaks)}; {load_average()}")
     print(f"{'shape':<13} {'kind':<4} {'heads':>5} {'route':<8} | {'time':>9} {'peak+':>9} | {'GFLOP':>7} "
           f"{'GFLOP/s':>8} {'% fp32':>6} | vs ours")
@@ -209,16 +232,19 @@ def main():
         print(f"{shape:<13} {kind:<4} {L * H:>5} {route:<8} | {r['s']:>7.2f} s {r['mem_mb']:>6.0f} MB | {rate} | {ratio}",
               flush=True)
 
-    # the headline first (GPT-2-XL, every kind), then the smaller shapes with their peers
-    for shape, kind in [("GPT-2-XL", k) for k in "KQV"] + [(s, "K") for s in SHAPES if s != "GPT-2-XL"]:
+    # the headline first (the largest, GPT-2-XL, every kind), then the smaller shapes with their peers
+    headline, with_tl = list(SHAPES)[-1], list(SHAPES)[0]  # TL: GPT-2-small's shape only (module docstring)
+    for shape, kind in [(headline, k) for k in "KQV"] + [(s, "K") for s in SHAPES if s != headline]:
         r = measure("op_ours", shape, kind)
         ours[shape, kind] = r["s"]
         line(shape, kind, "ours", r, flops(shape) / 1e9)
-        if shape != "GPT-2-XL" or a.direct_xl:
+        if shape != headline or a.direct_xl:
             line(shape, kind, "direct", measure("op_direct", shape, kind))
-        if shape == "GPT-2-small" and not a.no_tl:
+        if shape == with_tl and not a.no_tl:
             line(shape, kind, "TL", measure("op_tl", shape, kind))
     print(f"{load_average()} at the end")
+    if a.smoke:
+        rotary(4)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ the page's share of a click from the kernel's.
 (``script_origins``: this package's bundle, JupyterLab and its extensions, the browser's own
 functions, garbage collection), with the five busiest functions of each.
 
+``--smoke``: one click after one warm-up, on the shipped model: checks that the script runs end to end.
+
 ``--model llama-135m``: ``bench_build``'s 30-layer LLaMA shape (30 x 9 heads, 3 key-value heads,
 d_model 576, MLP 1536, d_vocab 49152, rotary), random weights, the same trained tokenizer.
 
@@ -249,7 +251,12 @@ def main():
     parser.add_argument("--fill-heads", type=int, default=None, help="with --fill: wait for the first N heads only")
     parser.add_argument("--trace", action="store_true", help="the page's main-thread work per click (module docstring)")
     parser.add_argument("--profile", action="store_true", help="the page's script time per click by origin (module docstring)")
+    parser.add_argument("--smoke", action="store_true", help="one click (after one warm-up) on the shipped model: "
+                        "checks that the script runs end to end (its numbers mean nothing)")
     args = parser.parse_args()
+    warmup = 1 if args.smoke else WARMUP
+    if args.smoke:
+        args.clicks, args.model = 1, "attn-only-2l"
     from playwright.sync_api import sync_playwright
 
     import anywidget
@@ -272,8 +279,8 @@ def main():
             filled = len(heads) if args.fill_heads is None else max(args.fill_heads, done or 0)
             heads = heads[:filled]
             fill_load = os.getloadavg()[0]
-        order = heads_to_click(heads, args.clicks + WARMUP, (0, 0))
-        for head in order[:WARMUP]:
+        order = heads_to_click(heads, args.clicks + warmup, (0, 0))
+        for head in order[:warmup]:
             click(page, head)
         if args.trace:
             browser.start_tracing(page=page, categories=["devtools.timeline", "disabled-by-default-devtools.timeline"])
@@ -281,14 +288,14 @@ def main():
             cdp = page.context.new_cdp_session(page)
             cdp.send("Profiler.enable")
             cdp.send("Profiler.start")
-        ms = np.array([click(page, head) for head in order[WARMUP:]])
+        ms = np.array([click(page, head) for head in order[warmup:]])
         work = page_work(json.loads(browser.stop_tracing()), args.clicks) if args.trace else None
         origins = script_origins(cdp.send("Profiler.stop")["profile"], args.clicks, "blob:") if args.profile else None
         version = browser.version
         browser.close()
 
     print(f"CircuitExplorer head click -> kernel recompute -> views updated, live JupyterLab, "
-          f"{args.clicks} clicks (+{WARMUP} warm-up), {args.model} ({n_layers}x{n_heads} heads, d_vocab {d_vocab})")
+          f"{args.clicks} clicks (+{warmup} warm-up), {args.model} ({n_layers}x{n_heads} heads, d_vocab {d_vocab})")
     print(f"jupyterlab {jupyterlab.__version__}, anywidget {anywidget.__version__}, chromium {version}, "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}")
     if filled is not None:

@@ -6,9 +6,13 @@ d_head 64). Each measurement runs in its own subprocess so that the peak residen
 
 Run: ``python benchmarks/bench_factored.py`` (about 3-5 minutes on 2 cores). Peers timed on a
 fraction of the work and scaled up are marked ``~`` (the peer's name says the fraction); the
-load average is printed with every case.
+load average is printed with every case. ``--smoke``: every case at ``SMOKE`` shapes in this process:
+checks that the script runs end to end (its numbers mean nothing).
 """
 
+import argparse
+import contextlib
+import io
 import json
 import os
 import resource
@@ -24,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 D_VOCAB, D_MODEL, N_LAYERS, N_HEADS, D_HEAD = 50257, 768, 12, 12, 64
 TOPK_BLOCK_ROWS = 333  # ours uses 64 MiB blocks = 333 rows of 50257 floats; TL gets the same
 TL_TOPK_FRACTION = 5  # TL's chunked top-k is timed on the first 1/5 of the rows, times 5
+SMOKE = dict(D_VOCAB=128, D_MODEL=32, N_LAYERS=2, N_HEADS=2, D_HEAD=8)
+"""``--smoke``: these shapes for every case (each case's own vocabulary capped at ``D_VOCAB``)."""
 
 
 def weights(d_vocab=D_VOCAB):
@@ -137,7 +143,7 @@ ROWS = [
 def measure(name):
     """Run one case in this process; print seconds (extrapolated) and peak RSS as JSON."""
     vocab, fn, scale, needed = CASES[name]
-    W = weights(vocab)
+    W = weights(min(vocab, D_VOCAB))
     for weight in needed:  # generate before the clock starts
         W[weight]
     repeats = 3 if name.startswith(("ours_norm", "dense_norm")) else 1  # sub-second cases: best of 3
@@ -154,19 +160,27 @@ def measure(name):
     }))
 
 
-def run_case(name):
+def run_case(name, in_process=False):
+    """``measure(name)``'s result, from a fresh process (``in_process``: from this one)."""
+    if in_process:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            measure(name)
+        return json.loads(out.getvalue())
     out = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main():
+def main(smoke=False):
+    if smoke:
+        globals().update(SMOKE)
     results = {}
     for name in CASES:
-        results[name] = run_case(name)
+        results[name] = run_case(name, in_process=smoke)
         print(f"  {name}: {results[name]['seconds']:.3f} s, {results[name]['peak_mib']:.0f} MiB "
               f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr)
     floor = results["weights_only"]["peak_mib"]
-    print(f"torch {torch.__version__}, {results['ours_eig']['threads']} threads; "
+    shapes = f"smoke shapes {SMOKE}" if smoke else "GPT-2-small shapes"
+    print(f"{shapes}; torch {torch.__version__}, {results['ours_eig']['threads']} threads; "
           f"peak RSS per process (all GPT-2-small weights + interpreter alone: {floor:.0f} MiB); load average "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; ~ = scaled up from the fraction named")
     header = (f"| {'operation':30} | {'ours s':>8} | {'ours CPU s':>10} | {'peer':32} | {'peer s':>8} | "
@@ -180,7 +194,12 @@ def main():
               f"{t}{p['cpu_seconds']:9.3f} | {t}{p['seconds'] / o['seconds']:7.1f}x | {o['peak_mib']:13.0f} | {p['peak_mib']:13.0f} |")
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        measure(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="every case at tiny shapes in this process: checks that "
+                        "the script runs end to end (its numbers mean nothing)")
+    parser.add_argument("case", nargs="?", choices=list(CASES), help=argparse.SUPPRESS)  # one case, in a fresh process
+    args = parser.parse_args()
+    if args.case:
+        measure(args.case)
     else:
-        main()
+        main(args.smoke)

@@ -3,6 +3,7 @@ with ``--findings``, what they find on the shipped 2-layer model.
 
 Run:  .venv/bin/python benchmarks/bench_interventions.py [--rounds 7] [--threads 2] [--models attn-only-2l gpt2-small]
       .venv/bin/python benchmarks/bench_interventions.py --findings      # the shipped model's numbers only
+      .venv/bin/python benchmarks/bench_interventions.py --smoke         # one round, the shipped model only
       .venv/bin/python benchmarks/bench_interventions.py --explorer [--models ...]   # the explorer's toggle only
 
 Models (nothing downloaded): the shipped ``attn-only-2l`` on the demo text, repeated to 100 tokens
@@ -233,8 +234,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--findings", action="store_true", help="only the shipped model's numbers")
+    ap.add_argument("--smoke", action="store_true", help="one round, the shipped model only: checks that the script "
+                    "runs end to end")
     ap.add_argument("--explorer", action="store_true", help="only the explorer's ablate toggle")
     a = ap.parse_args()
+    if a.smoke:
+        a.rounds, a.models = 1, ["attn-only-2l"]
     torch.set_num_threads(a.threads)
     os.environ.setdefault("PCW_PROGRESS", "0")  # no bars between the timings
     print(f"pycircuits_widgets {pcw.__version__}, torch {torch.__version__}, {torch.get_num_threads()} threads, "

@@ -1,7 +1,7 @@
 """Click-to-updated-view round trip in a live JupyterLab: browser click -> comm message ->
 kernel trait change -> observer recomputes -> state update -> view re-rendered.
 
-Run:  .venv/bin/python benchmarks/bench_roundtrip.py [--clicks 20]
+Run:  .venv/bin/python benchmarks/bench_roundtrip.py [--clicks 20] [--smoke]
 (needs jupyterlab, playwright and Debian's chromium, as the e2e tests do)
 
 Setup: tests/e2e/live_lab.py starts a real JupyterLab 4 server (127.0.0.1) and kernel;
@@ -10,7 +10,8 @@ observer recomputes the values (distance to the clicked token, a new float32 bin
 buffer) and the legend label in the kernel. Each sample is timed in the page with
 ``performance.now()``: from the click to the DOM showing the kernel's new label
 ("DOM updated"), and to the next animation frame after it ("painted"). A few warm-up
-clicks are not counted. Peers (CircuitsVis, bertviz) have no kernel round trip.
+clicks are not counted. Peers (CircuitsVis, bertviz) have no kernel round trip. ``--smoke``: one
+click on the smallest view: checks that the script runs end to end (its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -78,7 +79,12 @@ def measure(page, n: int, clicks: int) -> np.ndarray:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clicks", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="one click on the smallest view: checks that the script "
+                        "runs end to end (its numbers mean nothing)")
     args = parser.parse_args()
+    sizes = SIZES[:1] if args.smoke else SIZES
+    if args.smoke:
+        args.clicks = 1
     from playwright.sync_api import sync_playwright
 
     import jupyterlab
@@ -87,7 +93,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp, JupyterLab(pathlib.Path(tmp)) as lab, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        for n in SIZES:
+        for n in sizes:
             name = f"roundtrip_{n}.ipynb"
             write_notebook(lab.root, name, [CELLS.format(n=n)])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -1,7 +1,7 @@
 """Weight-only analyses of a checkpoint bigger than the work: pcw.from_safetensors against
 transformers from_pretrained + pcw.from_hf, on the same files.
 
-    .venv/bin/python benchmarks/bench_safetensors.py [--size small|llama-1.7b|llama3-8b] [--dir DIR]
+    .venv/bin/python benchmarks/bench_safetensors.py [--size tiny|small|llama-1.7b|llama3-8b] [--dir DIR] [--smoke]
 
 Writes a random LLaMA-shaped sharded bf16 checkpoint in ``DIR`` (default
 ``/tmp/pcw_bench_<size>``; kept, and reused when its config matches: ``config.json``,
@@ -19,7 +19,8 @@ Columns (GB = 1e9 bytes): wall time (load + analyses; torch, transformers and th
 before the clock starts, in every route), peak RSS (``ru_maxrss``, whole process, imports included)
 the peak above the RSS after imports and the peak by the end of V-composition, the checkpoint's size, and whether the scores agree
 with the ``from_safetensors`` route's (max |difference| over the defined pairs and heads; fp32
-routes must agree to 1e-4). ``small``: 4 layers x 8 heads, d_model 256 (seconds). ``llama-1.7b``:
+routes must agree to 1e-4). ``tiny`` (``--smoke``: checks that the script runs end to end): 2 layers x
+4 heads, d_model 64. ``small``: 4 layers x 8 heads, d_model 256 (seconds). ``llama-1.7b``:
 16 layers x 32 heads (GQA 8), d_model 2048, d_mlp 5632, vocab 32000 (1.7 GB). ``llama3-8b``:
 Llama-3-8B's shapes (16 GB; the transformers routes need 32+ GB and are skipped on a 24 GB machine
 unless ``--all-routes``). The load average is printed with every figure.
@@ -42,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peaks import load_average  # noqa: E402
 
 SIZES = {  # layers, heads, kv heads, d_model, d_mlp, vocab
+    "tiny": (2, 4, 2, 64, 128, 512),
     "small": (4, 8, 2, 256, 688, 4096),
     "llama-1.7b": (16, 32, 8, 2048, 5632, 32000),
     "llama3-8b": (32, 32, 8, 4096, 14336, 128256),
@@ -164,7 +166,10 @@ def main():
     ap.add_argument("--bf16-route", action="store_true", help="also time transformers loading in bfloat16")
     ap.add_argument("--all-routes", action="store_true", help="run the transformers routes at llama3-8b too")
     ap.add_argument("--child", nargs=3)
+    ap.add_argument("--smoke", action="store_true", help="--size tiny: checks that the script runs end to end")
     a = ap.parse_args()
+    if a.smoke:
+        a.size = "tiny"
     if a.child:
         return child(*a.child)
     import safetensors

@@ -9,11 +9,14 @@ does, and prints one table of sizes:
 * notebooks showing 1, 5 and 20 widgets (one ``ColoredTokens`` per cell), saved with
   widget state: how the saved size grows with the number of views.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_sharing.py
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_sharing.py [--smoke]
+
+``--smoke``: only the notebook of 1 widget, saved and exported: checks that the script runs end to end.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -64,22 +67,27 @@ def mb(n: int) -> str:
     return f"{n / 1e6:.3f} MB"
 
 
-def main() -> None:
+def main(smoke: bool) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        quick = nbformat.read(str(REPO / "notebooks" / "01_quickstart.ipynb"), 4)
-        saved = execute(quick, tmp / "01_quickstart.ipynb")
-        state, models = widget_state_bytes(saved)
-        rows.append(("quick start notebook, saved with widget state", mb(saved.stat().st_size), f"state {mb(state)}, {models} models"))
-        page = export(saved)
-        rows.append(("quick start: `python -m pycircuits_widgets export` page", mb(page.stat().st_size), ""))
-        explorer_page = tmp / "quickstart_explorer.html"
-        rows.append(("quick start: explorer.save_html", mb(explorer_page.stat().st_size), ""))
-        for n in (1, 5, 20):
+        if not smoke:
+            quick = nbformat.read(str(REPO / "notebooks" / "01_quickstart.ipynb"), 4)
+            saved = execute(quick, tmp / "01_quickstart.ipynb")
+            state, models = widget_state_bytes(saved)
+            rows.append(("quick start notebook, saved with widget state", mb(saved.stat().st_size),
+                         f"state {mb(state)}, {models} models"))
+            page = export(saved)
+            rows.append(("quick start: `python -m pycircuits_widgets export` page", mb(page.stat().st_size), ""))
+            explorer_page = tmp / "quickstart_explorer.html"  # the notebook's own save_html
+            rows.append(("quick start: explorer.save_html", mb(explorer_page.stat().st_size), ""))
+        for n in (1,) if smoke else (1, 5, 20):
             path = execute(n_widgets_notebook(n), tmp / f"n{n}.ipynb")
             state, models = widget_state_bytes(path)
             rows.append((f"{n} ColoredTokens in one notebook, saved", mb(path.stat().st_size), f"state {mb(state)}, {models} models"))
+            if smoke:
+                page = export(path)
+                rows.append((f"{n} ColoredTokens: `python -m pycircuits_widgets export` page", mb(page.stat().st_size), ""))
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     width = max(len(r[0]) for r in rows)
     for what, size, note in rows:
@@ -87,4 +95,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="only the notebook of 1 widget, saved and exported: "
+                        "checks that the script runs end to end")
+    main(parser.parse_args().smoke)

@@ -3,6 +3,7 @@ doing the same work, on the shipped 2-layer model and a GPT-2-small shape; peak 
 size as the corpus grows.
 
     .venv/bin/python benchmarks/bench_sweep.py [--rounds 3] [--gpt2-rounds 1] [--windows 8192] [--gpt2-windows 96]
+    .venv/bin/python benchmarks/bench_sweep.py --smoke   # attn-only-2l, 32 windows, no Ray, in this process
 
 Every measurement is a fresh subprocess (its peak RSS is its own), on the same windows of the Python
 stdlib corpus (128 tokens, batches of 16 windows; shards of 256 windows, the default, and of 16 for
@@ -201,7 +202,13 @@ def measure(case: str, name: str, n: int) -> dict:
 
 
 # --- the run ------------------------------------------------------------------------------------------
+IN_PROCESS = False
+"""``--smoke``: every case runs in this process (its peak RSS is then not its own)."""
+
+
 def run_case(case: str, name: str, n: int) -> dict:
+    if IN_PROCESS:
+        return measure(case, name, n)
     env = {**os.environ, "PCW_PROGRESS": "0", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, __file__, "--case", case, "--model", name, "--windows", str(n)],
                           capture_output=True, text=True, env=env, check=False)
@@ -210,11 +217,16 @@ def run_case(case: str, name: str, n: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main(rounds: int, gpt2_rounds: int, windows: int, gpt2_windows: int, rss_windows: int, save: str) -> None:
-    cases = ("forward", "sweep_forward", "serial", "ray", "tl")
+CASES = ("forward", "sweep_forward", "serial", "ray", "tl")
+
+
+def main(rounds: int, gpt2_rounds: int, windows: int, gpt2_windows: int, rss_windows: int, save: str,
+         cases: tuple[str, ...] = CASES) -> None:
     loads = [os.getloadavg()[0]]
     rows = {}
     for name, n, r in (("attn-only-2l", windows, rounds), ("GPT-2-small shape", gpt2_windows, gpt2_rounds)):
+        if r == 0:
+            continue
         results = {case: [] for case in cases}
         for _ in range(r):
             for case in cases:
@@ -238,13 +250,11 @@ def report(measured: dict) -> None:
 
     rows, small, big, loads, (rounds, gpt2_rounds) = (measured[k] for k in ("rows", "small", "big", "loads",
                                                                               "rounds"))
-    cases = ("forward", "sweep_forward", "serial", "ray", "tl")
-
-    def rate(res, key=None):
-        return statistics.median(x[key] if key else x["tokens"] / x["seconds"] for x in res)
+    def rate(res, key=None):  # nan for a case not run (--smoke: Ray)
+        return statistics.median(x[key] if key else x["tokens"] / x["seconds"] for x in res) if res else float("nan")
 
     def rss(res):
-        return max(x["peak_rss_mib"] for x in res)
+        return max(x["peak_rss_mib"] for x in res) if res else float("nan")
 
     print(f"torch {torch.__version__} ({rows['attn-only-2l']['forward'][0]['threads']} threads), ray {version('ray')}, "
           f"transformer-lens {version('transformer-lens')}; {os.cpu_count()} CPUs; load average at the start / after "
@@ -255,9 +265,10 @@ def report(measured: dict) -> None:
           "(end to end; steady) | peak RSS forward / serial / Ray driver / TL (MiB) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, res in rows.items():
-        f, sf, s, ry, tl = (rate(res[c]) for c in cases)
+        res = {case: res.get(case, []) for case in CASES}
+        f, sf, s, ry, tl = (rate(res[c]) for c in CASES)
         steady = (f"{rate(res['ray'], 'steady') / rate(res['serial'], 'steady'):.2f}"
-                  if all(x["steady"] for x in res["ray"] + res["serial"]) else "-")
+                  if res["ray"] and all(x["steady"] for x in res["ray"] + res["serial"]) else "-")
         print(f"| {name} | {res['forward'][0]['tokens'] // SEQ} | {f:,.0f} | {sf:,.0f} | {s:,.0f} | {ry:,.0f} | "
               f"{tl:,.0f} | {s / f:.2f} | {s / sf:.2f} | {s / tl:.2f} | {ry / s:.2f}; {steady} | "
               f"{rss(res['forward']):.0f} / {rss(res['serial']):.0f} / {rss(res['ray']):.0f} / {rss(res['tl']):.0f} |")
@@ -269,6 +280,8 @@ def report(measured: dict) -> None:
           f"{small['tokens'] / small['seconds']:,.0f} -> {big['tokens'] / big['seconds']:,.0f} tok/s")
     print(f"store: {per_token * 1e6 / 2**20:.2f} MiB per million tokens (the windows) + {fixed / 2**20:.2f} MiB "
           f"(examples and statistics, whatever the corpus's size) for attn-only-2l at k={K}")
+    if "GPT-2-small shape" not in rows:
+        return
     gpt = rows["GPT-2-small shape"]["serial"][0]
     print(f"GPT-2-small shape, {gpt['tokens']} tokens: store {gpt['store_bytes'] / 2**20:.1f} MiB "
           "(mostly its 36,864 neurons' examples, whatever the corpus's size)")
@@ -284,12 +297,20 @@ if __name__ == "__main__":
     parser.add_argument("--save", default=os.path.join(tempfile.gettempdir(), "bench_sweep.json"),
                         help="where the measurements are written (JSON)")
     parser.add_argument("--report", metavar="FILE", help="print the tables of a saved run")
+    parser.add_argument("--smoke", action="store_true", help="attn-only-2l only, 32 windows (16 and 160 for the "
+                        "memory growth), one round, every case but Ray's (its cluster's start alone outlasts the rest; "
+                        "tests/test_sweep.py runs that route) in this process: checks that the script runs end to end")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        IN_PROCESS = True
+        os.environ["PCW_PROGRESS"] = "0"
+        args.rounds, args.gpt2_rounds, args.windows, args.rss_windows = 1, 0, 32, 16
     if args.case:
         print(json.dumps(measure(args.case, args.model, args.windows)))
     elif args.report:
         report(json.loads(pathlib.Path(args.report).read_text()))
     else:
-        main(args.rounds, args.gpt2_rounds, args.windows, args.gpt2_windows, args.rss_windows, args.save)
+        main(args.rounds, args.gpt2_rounds, args.windows, args.gpt2_windows, args.rss_windows, args.save,
+             tuple(c for c in CASES if c != "ray") if args.smoke else CASES)

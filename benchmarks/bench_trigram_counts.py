@@ -2,7 +2,9 @@
 128 tokens of the Python stdlib corpus, on the shipped 2-layer model, against the bare forward of the same
 windows.
 
-    .venv/bin/python benchmarks/bench_trigram_counts.py [--windows 2000] [--rounds 3] [--store DIR]
+    .venv/bin/python benchmarks/bench_trigram_counts.py [--windows 2000] [--rounds 3] [--store DIR] [--smoke]
+
+``--smoke``: 64 windows, one round: checks that the script runs end to end (its numbers mean nothing).
 
 The sweep (scores only: the windows are what is read) is made once in ``--store`` (default: a temporary
 folder), before the clock. Rows, medians over rounds (the analysis cache cleared before each):
@@ -62,7 +64,11 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--store", type=pathlib.Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="64 windows, one round: checks that the script runs "
+                        "end to end (its numbers mean nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.windows, args.rounds = 64, 1
     os.environ["PCW_PROGRESS"] = "0"
     model = pcw.load_pretrained("attn-only-2l")
     with tempfile.TemporaryDirectory() as tmp:

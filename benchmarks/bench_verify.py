@@ -1,11 +1,12 @@
 """Cost of verification at load (``from_hf``'s probe) at GPT-2-small shapes, random weights built
 locally (no download): 12 layers, d_model 768, 12 heads, vocabulary 50257, 124M parameters.
 
-    .venv/bin/python benchmarks/bench_verify.py [--rounds 3]
+    .venv/bin/python benchmarks/bench_verify.py [--rounds 3] [--smoke]
 
 Times (median of the rounds): the translation alone (``verify=False``: config and shape checks,
 weight reading, folding), the probe alone (16 tokens through Hugging Face's forward and through
-the weight view, compared), and ``from_hf`` with the probe (the default).
+the weight view, compared), and ``from_hf`` with the probe (the default). ``--smoke``: one round at
+``SMOKE`` (2 layers of 2 heads, d_model 64, 1024 tokens): checks that the script runs end to end.
 """
 
 import argparse
@@ -22,9 +23,13 @@ import pycircuits_widgets as pcw  # noqa: E402
 from pycircuits_widgets.models.adapters.verify import PROBE_TOKENS, probe_hf  # noqa: E402
 
 
-def main(rounds: int) -> None:
+SMOKE = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=1024, bos_token_id=None, eos_token_id=None)
+
+
+def main(rounds: int, smoke: bool = False) -> None:
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()  # eager attention by default
+    config = transformers.GPT2Config(**SMOKE) if smoke else transformers.GPT2Config()
+    hf = transformers.GPT2LMHeadModel(config).eval()  # eager attention by default
     hf.config._attn_implementation = "eager"
     times = {"translate (verify=False)": [], "probe alone": [], "from_hf (verify=True)": []}
     for _ in range(rounds):
@@ -38,7 +43,7 @@ def main(rounds: int) -> None:
         pcw.from_hf(hf)
         times["from_hf (verify=True)"].append(time.perf_counter() - start)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
-          f"load average {os.getloadavg()[0]:.2f}; GPT-2-small shapes (124M, random), {PROBE_TOKENS}-token probe, "
+          f"load average {os.getloadavg()[0]:.2f}; {f'smoke shapes {SMOKE}' if smoke else 'GPT-2-small shapes (124M)'}, random, {PROBE_TOKENS}-token probe, "
           f"float32, median of {rounds}")
     print("| step | seconds |\n|---|---|")
     for name, values in times.items():
@@ -51,4 +56,7 @@ def main(rounds: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    main(parser.parse_args().rounds)
+    parser.add_argument("--smoke", action="store_true", help="one round at 2 layers x 2 heads: checks that the script "
+                        "runs end to end (its numbers mean nothing)")
+    args = parser.parse_args()
+    main(1 if args.smoke else args.rounds, args.smoke)

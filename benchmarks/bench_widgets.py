@@ -1,6 +1,9 @@
 """Kernel-side recompute latency of the circuit views for a head change, and payload sizes.
 
-Run:  .venv/bin/python benchmarks/bench_widgets.py [--changes 20] [--exact-changes 3]
+Run:  .venv/bin/python benchmarks/bench_widgets.py [--changes 20] [--exact-changes 3] [--smoke]
+
+``--smoke``: 2 head changes (1 exact), the GPT-2-shaped layer at 2 heads and ``SMOKE_VOCAB`` tokens:
+checks that the script runs end to end (its numbers mean nothing).
 
 * "shipped": ``pcw.load_pretrained("attn-only-2l")`` (falls back to random weights of the same
   architecture, and says so, while the checkpoint is not there).
@@ -52,9 +55,15 @@ def shipped_model():
     return pcw.load_pretrained("attn-only-2l"), "attn-only-2l (shipped)"
 
 
-def gpt2_shaped_model():
-    cfg = ModelConfig(n_layers=1, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024, name="gpt2-shape")
-    return from_attn_only(AttnOnlyTransformer(cfg, seed=0), _Strings(cfg.d_vocab)), "gpt2-small shape (1 layer), random"
+SMOKE_VOCAB = 2048
+
+
+def gpt2_shaped_model(n_heads=12, d_vocab=50257):
+    cfg = ModelConfig(n_layers=1, n_heads=n_heads, d_model=768, d_head=64, d_vocab=d_vocab, n_ctx=1024,
+                      name="gpt2-shape")
+    name = "gpt2-small shape (1 layer), random" if (n_heads, d_vocab) == (12, 50257) else \
+        f"gpt2-small head shape, {n_heads} heads, d_vocab {d_vocab}, random"
+    return from_attn_only(AttnOnlyTransformer(cfg, seed=0), _Strings(cfg.d_vocab)), name
 
 
 def heads(model, n):
@@ -94,7 +103,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--changes", type=int, default=20)
     ap.add_argument("--exact-changes", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help=f"2 head changes (1 exact), 2 heads and d_vocab {SMOKE_VOCAB} "
+                    "for the GPT-2 shape: checks that the script runs end to end (its numbers mean nothing)")
     args = ap.parse_args()
+    if args.smoke:
+        args.changes, args.exact_changes = 2, 1
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {platform.processor() or platform.machine()}, "
           f"python {platform.python_version()}")
     print("| model | recompute on head change | n | first p50 ms | first p95 ms | exact p50 ms | exact p95 ms | payload KiB |")
@@ -126,7 +139,8 @@ def main():
     print(f"| {name} | CompositionMatrix construction (6 score tables) | 1 | | | {1e3 * (time.perf_counter() - t0):.0f} | | "
           f"{payload_bytes(comp, ['scores', 'baselines']) / 1024:.1f} |")
 
-    big, name = gpt2_shaped_model()
+    big, name = gpt2_shaped_model(2, SMOKE_VOCAB) if args.smoke else gpt2_shaped_model()
+    V = big.cfg.d_vocab
     table = _lazy_table(big)
     changes = heads(big, args.changes)
     first = []
@@ -142,12 +156,12 @@ def main():
     table.wait(120)
     f, l = time_steps(lambda L, Hh: table._related_steps(5, L, Hh, 10), changes)
     row(name, "SkipTrigramTable token query, new head", f, l, payload_bytes(table, ["related"]))
-    f, l = time_steps(lambda t: table._related_steps(t, *changes[-1], 10), [(t,) for t in range(0, 50000, 2500)])
+    f, l = time_steps(lambda t: table._related_steps(t, *changes[-1], 10), [(t,) for t in range(0, V, V // 20)])
     row(name, "SkipTrigramTable token query, same head", f, l, payload_bytes(table, ["related"]))
     t0 = time.perf_counter()
     for text in ("tok123", "tok4", "zzz"):
         pcw.widgets.views.skip_trigram_table.find_tokens(table._strings, text)
-    print(f"| {name} | token search over 50257 strings (per query) | 3 | | | {1e3 * (time.perf_counter() - t0) / 3:.0f} | | |")
+    print(f"| {name} | token search over {V} strings (per query) | 3 | | | {1e3 * (time.perf_counter() - t0) / 3:.0f} | | |")
     plot = pcw.EigenvaluePlot(big, scores={})
     f, l = time_steps(plot._detail_steps, [(L, Hh, 12) for L, Hh in changes])
     row(name, "EigenvaluePlot head detail", f, l, payload_bytes(plot, ["detail"]))

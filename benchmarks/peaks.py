@@ -1,6 +1,6 @@
 """The machine's measured GEMM peaks (fp32, fp64, bf16, int8), the yardstick of every "% of peak".
 
-    .venv/bin/python benchmarks/peaks.py [--threads 2] [--size 4096]
+    .venv/bin/python benchmarks/peaks.py [--threads 2] [--size 4096] [--smoke]
 
 Each peak is the best of a few large square matmuls (``size`` x ``size``; int8 via
 ``torch._int_mm``, exact int32 products), in GOP/s (a multiply-add counts 2). ``int8-thin`` is
@@ -117,10 +117,14 @@ def main():
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--json", action="store_true", help="print only the peaks, as JSON")
+    ap.add_argument("--smoke", action="store_true", help="256^2 GEMMs, one call each: checks that the script runs "
+                    "(its numbers are not peaks)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     before = load_average()
-    peaks = measure_peaks(a.size)
+    if a.smoke:
+        a.size = 256
+    peaks = measure_peaks(a.size, repeats=1 if a.smoke else 3)
     if a.json:  # for measure_peaks_apart
         print(json.dumps(peaks))
         return

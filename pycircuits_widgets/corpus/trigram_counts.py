@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..analysis.cache import RESULT, cached
+from ..analysis.cache import RESULT, cached, stored
 from ..analysis.circuits import check_head
 from ..progress import progress
 from .sweeps import Sweep, checked_sweep
@@ -104,6 +104,19 @@ def trigram_counts(sweep: Sweep, model, layer: int, head: int, triples, *, max_w
     be the sweep's (its fingerprint). ``max_windows``: the attention is measured on the first that many
     windows holding an occurrence (default: all; the counts are always over every window).
     ``batch_size``: windows per forward (default: the sweep's)."""
+    key, work = _checked(sweep, model, layer, head, triples, max_windows, batch_size)
+    return cached(model, key, work, tier=RESULT)
+
+
+def kept_trigram_counts(sweep: Sweep, model, layer: int, head: int, triples, *, max_windows: int | None = None,
+                        batch_size: int | None = None) -> TrigramCounts | None:
+    """``trigram_counts``' result if the cache holds it now, else None (for a caller that saves only what
+    was counted)."""
+    return stored(model, _checked(sweep, model, layer, head, triples, max_windows, batch_size)[0])
+
+
+def _checked(sweep, model, layer, head, triples, max_windows, batch_size):
+    """``(cache key, the count as a thunk)`` of checked arguments (``trigram_counts``)."""
     if sweep is None:
         raise TypeError("trigram_counts: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store)), got None")
     checked_sweep(sweep, model, "trigram_counts")
@@ -113,10 +126,10 @@ def trigram_counts(sweep: Sweep, model, layer: int, head: int, triples, *, max_w
     for name, value in (("batch_size", batch_size), ("max_windows", 1 if max_windows is None else max_windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    key = ("trigram_counts", str(sweep.path.resolve()), layer, head, tuple(map(tuple, t.tolist())), max_windows,
+    # key[1:3] is the head, as for every per-head entry of the cache
+    key = ("trigram_counts", layer, head, str(sweep.path.resolve()), tuple(map(tuple, t.tolist())), max_windows,
            batch_size)
-    return cached(model, key, lambda: _count(sweep.windows, model, layer, head, t, max_windows, batch_size),
-                  tier=RESULT)
+    return key, lambda: _count(sweep.windows, model, layer, head, t, max_windows, batch_size)
 
 
 def _hits(W: torch.Tensor, t: torch.Tensor):

@@ -52,15 +52,20 @@ def test_the_table_shows_counts_and_never_seen_live_and_in_a_saved_page(show, mo
     assert len(attention) == len(seen) and all(0 <= float(a) <= 1 for a in attention)
     assert "64 windows of 64 tokens" in page.get_by_test_id("corpus-note").inner_text()
 
+    table.layer, table.head = 1, 2  # a head counted in the kernel, then back
+    table.wait()
+    other = expected_counts(table, swept, model)
+    table.layer, table.head = 0, 2
+    table.wait()
     path = table.save_html(tmp_path / "trigrams.html")
-    with saved_page_open(browser, path) as saved:  # the counts shown are kept, and another head's too
+    with saved_page_open(browser, path) as saved:  # the counts shown are kept, and those of a head counted
         assert shown_counts(saved) == expected
         saved.get_by_test_id("layer-picker").select_option("1")
-        table.layer, table.head = 1, 2
-        table.wait()
-        other = expected_counts(table, swept, model)
         saved.wait_for_function("() => document.querySelector('caption').textContent.includes('L1.H2')")
         assert shown_counts(saved) == other and any(isinstance(c, int) for c in other)
+        saved.get_by_test_id("head-picker").select_option("3")  # never counted: the page says so
+        saved.wait_for_function("() => document.querySelector('caption').textContent.includes('L1.H3')")
+        assert set(shown_counts(saved)) == {"not counted (a saved page keeps the heads counted in the kernel)"}
 
 
 def test_the_eigenvalue_plot_colours_by_a_corpus_head_score_with_its_legend(show, model, swept):

@@ -8,7 +8,7 @@ import traitlets
 from ...analysis.circuits import embedding_note
 from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_table, kept_head_table
 from ...corpus.sweeps import checked_sweep
-from ...corpus.trigram_counts import trigram_counts
+from ...corpus.trigram_counts import kept_trigram_counts, trigram_counts
 from ...models.tokenizer import visible_whitespace
 from ..core import offline
 from ..core.arrays import ArrayDict
@@ -178,8 +178,9 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
                                      f"(a running kernel computes the top {self.k}).")
 
         def tables():
-            for layer, head in offline.heads(self):
-                table = dict(offline.last(self._table_steps(layer, head, rows))["trigrams"])
+            for layer, head in offline.heads(self):  # corpus counts: the shown head's, and others' counted already
+                counting = "count" if (layer, head) == (self.layer, self.head) else "kept"
+                table = dict(offline.last(self._table_steps(layer, head, rows, counting))["trigrams"])
                 strings = table.pop("strings")
                 for name in ("exact", "progress"):
                     del table[name]
@@ -210,10 +211,11 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         self._runner.submit("token", lambda: self._related_steps(token, layer, head, n))
 
     # -- the work ------------------------------------------------------------------------
-    def _table_steps(self, layer, head, k):
+    def _table_steps(self, layer, head, k, counting="count"):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k
         (``analysis.skip_trigrams.head_table``, kept per model: a revisited head answers at once); with a
-        sweep, then the same table with its corpus counts (``pcw.trigram_counts``, kept per model too)."""
+        sweep, then the same table with its corpus counts (``pcw.trigram_counts``, kept per model too;
+        ``counting="kept"``: only counts the cache holds, none computed)."""
         window = self._window
         table = kept_head_table(self.model, layer, head, k, offset=window)
         if table is None and self.model.cfg.d_vocab > self.partial_above:
@@ -227,9 +229,12 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         yield {"trigrams": payload}
         if self._sweep is not None:
             yield GIVE_WAY  # a forward of every window holding a triple: the click's other views first
-            counts = trigram_counts(self._sweep, self.model, layer, head,
-                                    torch.stack([table.source, table.destination, table.out], 1),
-                                    max_windows=self.attention_windows)
+            count = trigram_counts if counting == "count" else kept_trigram_counts
+            counts = count(self._sweep, self.model, layer, head,
+                           torch.stack([table.source, table.destination, table.out], 1),
+                           max_windows=self.attention_windows)
+            if counts is None:
+                return
             attention = [float("nan") if a is None else a for a in counts.attention]
             yield {"trigrams": {**payload, "count": counts.count.to(torch.int32),
                                 "attention": torch.tensor(attention, dtype=torch.float32),
