@@ -29,7 +29,7 @@ SMALL_HEADS = 64
 measured composition matrices and each head's ablation loss change of a model of at most this many
 heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one forward
 each, ``SMALL_HEADS`` forwards in all)."""
-NO_SWEEP = "mean ablation needs a sweep (each head's mean output over a corpus: CircuitExplorer(model, text, sweep=...))"
+NO_SWEEP = "mean ablation needs a sweep: CircuitExplorer(model, text, sweep=...)"
 """Why ``ablation="mean"`` is unavailable to an explorer without one (``ablation_kinds``)."""
 ABLATED_NOTE = "0 (white) at the centre, symmetric: red = the ablation raised the loss, blue = lowered it"
 """The loss section's legend note while it shows an ablated run's loss change."""
