@@ -87,7 +87,7 @@ def test_two_asked_for_jobs_take_turns_one_piece_at_a_time():
     loop = ManualLoop()
     a, b = (runner.Runner(BareView(), loop=loop, requested=True) for _ in range(2))
     order, computing = [], []
-    b_waits = threading.Event()
+    a_computes, b_waits = threading.Event(), threading.Event()
 
     def steps(name):
         def run():
@@ -95,6 +95,7 @@ def test_two_asked_for_jobs_take_turns_one_piece_at_a_time():
                 computing.append(name)
                 assert len(computing) == 1, computing  # never two pieces at once
                 if (name, piece) == ("A", 0):
+                    a_computes.set()
                     assert b_waits.wait(WAIT)  # B queued behind A's first piece
                 order.append(f"{name}{piece}")
                 computing.remove(name)
@@ -102,6 +103,7 @@ def test_two_asked_for_jobs_take_turns_one_piece_at_a_time():
         return run
 
     a.submit("job", steps("A"))
+    assert a_computes.wait(WAIT)  # (A's worker thread first, however the threads are scheduled)
     b.submit("job", steps("B"))
     assert giving_way(b)
     b_waits.set()
@@ -128,6 +130,37 @@ def test_the_meter_counts_and_estimates_from_the_pieces_done():
     report = meter.report(1)
     assert report["done"] == 1 and report["left_s"] >= 0
     assert meter.at(4)["progress"]["left_s"] == 0  # the last report always goes
+
+
+def test_the_induction_verdicts_come_in_one_piece_per_layer_pair_and_offset():
+    """A rotary 3-layer model over 4 offsets: 4 x 3 layer pairs, equal pieces counted in order,
+    then the two score pieces; the verdicts are ``pair_verdicts``' (the same generator, run through)."""
+    from pycircuits_widgets.analysis.induction import pair_verdicts, pair_verdicts_steps
+    from random_models import custom_model
+
+    model = custom_model(n_layers=3, positional="rotary", dtype=torch.float32)
+    steps = pair_verdicts_steps(model, list(range(4)))
+    seen = []
+    while True:
+        try:
+            seen.append(next(steps))
+        except StopIteration as stop:
+            verdicts = stop.value
+            break
+    assert seen == [("positivity", i, 12) for i in range(1, 13)] + [("scores", 1, 2), ("scores", 2, 2)]
+    assert verdicts == pair_verdicts(model, list(range(4)))
+
+
+def test_virtual_heads_report_a_count_per_head(manual_kernel_loop):
+    model = paper_model(n_layers=2, n_heads=3, dtype=torch.float32, seed=11)
+    seen = []
+    view = pcw.VirtualHeads(model, k=5, n_copies=2, active=False)
+    view.observe(lambda change: seen.append(dict(change["new"])), ["progress"])
+    view.active = True
+    assert view.wait(WAIT) and len(view.heads) == 5 and view.progress == {}
+    counted = [p for p in seen if p]
+    assert counted[0] == {"text": "virtual heads", "done": 0, "total": 5, "unit": "heads", "left_s": None}
+    assert counted[-1]["done"] == 5 and counted[-1]["left_s"] == 0
 
 
 # -- the explorer, a real model ------------------------------------------------------------------
@@ -203,3 +236,17 @@ def test_explorer_cancel_refuses_an_unknown_section():
     ex = pcw.CircuitExplorer(model, TEXT)
     with pytest.raises(ValueError, match="cancel\\(\\) takes names from"):
         ex.cancel("trigrams")
+
+
+def test_a_notebook_saved_while_a_view_computed_shows_not_computed_in_its_page():
+    """The exporter's pages (``standalone.Page``, from a notebook's saved state): a view saved
+    busy is shown "not computed", never a spinner that cannot end."""
+    from pycircuits_widgets.widgets.sharing.standalone import SAVED_BUSY, Page, widget_state
+
+    model = paper_model(n_layers=2, n_heads=2, dtype=torch.float32, seed=3)
+    view = pcw.VirtualHeads(model, k=3, n_copies=2, active=False)
+    saved = widget_state([view])
+    saved[view.model_id]["state"]["busy"] = True  # as JupyterLab saves a view mid-computation
+    page = Page(saved)
+    state = page.saved[view.model_id]["state"]
+    assert state["busy"] is False and state["progress"] == {"state": NOT_COMPUTED, "text": SAVED_BUSY}

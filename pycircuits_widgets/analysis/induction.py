@@ -34,6 +34,7 @@ from .circuits import Head, check_earlier, k_composition_circuit
 from .composition import composition_detail, composition_scores
 from .eigen import eigenvalue_positivity, positivity, token_gram
 from .finite import naming_non_finite, require_finite
+from .pieces import drained
 from .rotary import offset_window, reduce_offsets, rotations
 
 MATCH_THRESHOLD = 0.5
@@ -157,7 +158,7 @@ def k_composition_positivity(model, offset=None, reduce: str = "max") -> torch.T
 def k_composition_positivity_offsets(model, offset=None, reduce: str = "max"):
     """``(positivity [L, H, L, H], offset [L, H, L, H] or None)``: ``k_composition_positivity`` and, for a
     rotary model reduced by "max" over a window, the offset of each pair's value (-1 where undefined)."""
-    return _drained(k_composition_positivity_steps(model, offset, reduce))
+    return drained(k_composition_positivity_steps(model, offset, reduce))
 
 
 def k_composition_positivity_steps(model, offset=None, reduce: str = "max"):
@@ -195,15 +196,6 @@ def k_composition_positivity_steps(model, offset=None, reduce: str = "max"):
     return values, None if at is None else at.masked_fill(values.isnan(), -1)
 
 
-def _drained(steps):
-    """The value a pieces generator returns, its pieces run through."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value
-
-
 @dataclass
 class PairVerdict:
     """One pair's numbers and verdict (``pair_verdicts``): its K-composition score (no baseline),
@@ -224,7 +216,7 @@ def pair_verdicts(model, offsets=None) -> dict[tuple[int, int, int, int], PairVe
     ``[L, H]``) and the K-composition score ``composition_scores(model, "K", baseline=False)``, each
     pair through ``classify_pair``. Rotary models: over the window ``offsets`` (None: not rotary),
     each pair's positivity at the offset where it is largest, and its score at that same offset."""
-    return _drained(pair_verdicts_steps(model, offsets))
+    return drained(pair_verdicts_steps(model, offsets))
 
 
 def pair_verdicts_steps(model, offsets=None):

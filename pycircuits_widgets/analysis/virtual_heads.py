@@ -23,6 +23,7 @@ from ..factored import eigenvalues_of_product, frobenius_norm_of_product, linalg
 from .circuits import Head, check_earlier, full_virtual_ov_circuit
 from .eigen import positivity, token_gram
 from .finite import naming_non_finite, require_finite
+from .pieces import drained
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,13 @@ def virtual_head_copies(model, h1: Head, h2: Head, n: int = 10) -> list[tuple[in
 
 def top_virtual_heads(model, k: int = 10, n_copies: int = 10) -> list[VirtualHead]:
     """The ``k`` virtual heads with the largest ``norm``, strongest first (module docstring)."""
+    return drained(top_virtual_heads_steps(model, k, n_copies))
+
+
+def top_virtual_heads_steps(model, k: int = 10, n_copies: int = 10):
+    """``top_virtual_heads`` in pieces (``analysis.pieces``): yields ``(done, total)`` after each
+    virtual head (its positivity and copied tokens: the same work for each), after every pair's
+    norm (not a piece of the count); returns the list."""
     norms = virtual_head_norms(model)
     defined = torch.nan_to_num(norms, nan=-1.0).flatten()
     n_pairs = int((defined >= 0).sum())
@@ -93,10 +101,12 @@ def top_virtual_heads(model, k: int = 10, n_copies: int = 10) -> list[VirtualHea
     with torch.no_grad():
         gram = token_gram(model, "OV")  # the vocab-sized product, once for all pairs
     heads = []
+    yield 0, len(order)
     for flat in order.tolist():
         l1, i1, l2, i2 = flat // (H * L * H), flat // (L * H) % H, flat // H % L, flat % H
         h1, h2 = (l1, i1), (l2, i2)
         heads.append(VirtualHead(h1=h1, h2=h2, norm=float(norms[l1, i1, l2, i2]),
                                  positivity=virtual_head_positivity(model, h1, h2, gram),
                                  copies=virtual_head_copies(model, h1, h2, n_copies)))
+        yield len(heads), len(order)
     return heads

@@ -42,3 +42,23 @@ class Meter:
         elapsed = (time.monotonic() if now is None else now) - self._start
         left = None if done <= 0 else elapsed / done * (self.total - done)
         return {"text": self.text, "done": done, "total": self.total, "unit": self.unit, "left_s": left}
+
+
+def metered(steps, names: dict):
+    """Runner steps of an analysis in pieces (``analysis.pieces``: yields ``(done, total)`` or
+    ``(stage, done, total)``): a report (or None, a chunk boundary) after each piece, one
+    :class:`Meter` per stage, named ``names[stage]`` = ``(text, unit)`` (stage None for pairs).
+    Returns the analysis's result: ``result = yield from metered(...)``."""
+    meters = {}
+    while True:
+        try:
+            item = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        stage, done, total = item if len(item) == 3 else (None, *item)
+        if stage not in meters:
+            text, unit = names[stage]
+            meters[stage] = Meter(text, total, unit)
+            yield meters[stage].first() if done == 0 else meters[stage].at(done)
+        else:
+            yield meters[stage].at(done)

@@ -191,6 +191,12 @@ def references(value) -> list[str]:
     return []
 
 
+NOT_COMPUTED = "not computed"
+"""``progress["state"]`` of a view saved while it was still computing (the page says so)."""
+SAVED_BUSY = ("Not computed: this view was still computing when its state was saved (a notebook saved "
+              "mid-computation); a running kernel computes it.")
+
+
 def _note_with(data: dict, note: str) -> str:
     """A placeholder: the output's own HTML (our static fallback; a notebook's is made inert by
     the exporter first) or its text, then a note."""
@@ -208,6 +214,10 @@ class Page:
 
     def __init__(self, saved: dict, picture=None):
         self.saved = saved
+        for model in saved.values():  # a notebook saved while a view computed: no spinner that never ends
+            state = model.get("state") if isinstance(model, dict) else None
+            if isinstance(state, dict) and is_ours(model) and state.get("busy") is True:
+                state.update(busy=False, progress={"state": NOT_COMPUTED, "text": SAVED_BUSY})
         self.picture = picture or (lambda model_id: saved_picture(saved, model_id))
         self.entries: list[dict] = []
         self.unsaved = 0
@@ -375,10 +385,6 @@ def _live_widgets(widgets) -> dict:
 
     visit(list(widgets))
     return found
-
-
-NOT_COMPUTED = "not computed"
-"""``progress["state"]`` of a view saved while it was still computing (the page says so)."""
 
 
 def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = True,

@@ -11,7 +11,7 @@ from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, k_compositio
 from ..core import offline
 from ..core.arrays import ArrayDict, id_dtype
 from ..core.base import CircuitWidget
-from ..core.meter import Meter
+from ..core.meter import Meter, metered
 from ..core.offset_window import OffsetWindow
 from ..core.on_demand import OnDemand
 from ..core.payload import JSON_BUFFER
@@ -167,19 +167,7 @@ class InductionMechanism(OffsetWindow, OnDemand, HeadSelection, TokenSelection, 
 
     def _verdicts_steps(self):
         """``pair_verdicts`` piece by piece (one layer pair at one offset each), reporting how far."""
-        steps = pair_verdicts_steps(self.model, self._offsets)
-        meters = {}
-        while True:
-            try:
-                stage, done, total = next(steps)
-            except StopIteration as stop:
-                verdicts = stop.value
-                break
-            if stage not in meters:
-                text, unit = STAGES[stage]
-                meters[stage] = Meter(text, total, unit)
-                yield meters[stage].first()
-            yield meters[stage].at(done)
+        verdicts = yield from metered(pair_verdicts_steps(self.model, self._offsets), STAGES)
         pairs = {}
         for key, v in verdicts.items():
             pairs[pair_key(key)] = {"k_score": v.k_score, "qk_positivity": v.qk_positivity,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import traitlets
 
-from ...analysis.virtual_heads import top_virtual_heads
+from ...analysis.virtual_heads import top_virtual_heads_steps
 from ..core.base import CircuitWidget
+from ..core.meter import metered
 from ..core.on_demand import OnDemand
 from ..core.payload import JSON_BUFFER
 from ..core.selection import HeadSelection, PairSelection, check_model
@@ -49,8 +50,11 @@ class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
         self._runner.submit("heads", self._heads_steps)
 
     def _heads_steps(self):
+        """``top_virtual_heads`` piece by piece (one virtual head each, metered)."""
+        heads = yield from metered(top_virtual_heads_steps(self.model, self._k, self._n_copies),
+                                   {None: ("virtual heads", "heads")})
         strings = self.model.token_strings
-        yield {"heads": [{
+        yield {"progress": {}, "heads": [{
             "pair": [*v.h1, *v.h2], "norm": v.norm, "positivity": v.positivity,
             "copies": [{"id": i, "str": strings[i], "score": s} for i, s in v.copies],
-        } for v in top_virtual_heads(self.model, self._k, self._n_copies)]}
+        } for v in heads]}

@@ -1,0 +1,15 @@
+"""Analyses in pieces: a generator that yields ``(done, total)`` (or a stage besides) after each
+piece and returns its result (``StopIteration.value``), so a caller (a view's runner) can report
+how far it is, give way or stop between pieces. The plain function is the generator run through
+(:func:`drained`), so both give the same numbers by construction."""
+
+from __future__ import annotations
+
+
+def drained(steps):
+    """The value a pieces generator returns, its pieces run through."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
