@@ -31,6 +31,7 @@ NEEDS = {
     "bench_build": ("transformers",),
     "bench_click": ("transformers",),
     "bench_composition": ("transformer_lens",),
+    "bench_examples": ("pyarrow",),
     "bench_explorer": ("jupyterlab", "playwright"),
     "bench_factored": ("transformer_lens",),
     "bench_interventions": ("transformers",),

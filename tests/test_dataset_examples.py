@@ -14,7 +14,9 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets import DatasetExamples
 from pycircuits_widgets.corpus import Corpus
 from pycircuits_widgets.models import load_pretrained
-from pycircuits_widgets.widgets.views.dataset_examples import AFTER, BEFORE
+from pycircuits_widgets.widgets.core import offline
+from pycircuits_widgets.widgets.views import dataset_examples
+from pycircuits_widgets.widgets.views.dataset_examples import AFTER, ATTENTION_DECIMALS, BEFORE
 from random_models import custom_model
 from tolerance import chain_tol, model_forward_length, pattern_tol
 
@@ -98,7 +100,7 @@ def test_a_heads_rows_are_its_sweep_examples_in_context_with_the_attention_of_it
         for s in r["segments"]:
             assert s["ids"] == swept.windows[w, s["start"]:s["start"] + len(s["ids"])].tolist()
             for t, v in enumerate(s["values"]):
-                assert abs(v - pattern[s["start"] + t]) <= tol + ROUNDING * abs(v)
+                assert abs(v - pattern[s["start"] + t]) <= tol + 0.5 * 10 ** -ATTENTION_DECIMALS
         assert r["attention"] == pytest.approx(float(pattern[source]), abs=tol + ROUNDING)
     strings = model.token_strings
     assert all(examples.strings[str(i)] == strings[i] for r in examples.rows for s in r["segments"] for i in s["ids"])
@@ -193,5 +195,62 @@ def test_a_neurons_rows_carry_its_activation_on_every_token_and_the_explorer_fol
         assert explorer.wait() and explorer.examples.shown == [1, explorer.head, 17]
         explorer.attention.set_state({"layer": 0, "head": 2})  # a head click: the head's examples again
         assert explorer.wait() and explorer.examples.shown == [0, 2, -1]
+    finally:
+        explorer.close()
+
+
+def test_a_saved_page_keeps_every_heads_examples_within_the_budget_and_says_when_it_cut(model, swept, monkeypatch):
+    view = DatasetExamples(swept, model, layer=1, head=3)
+    try:
+        state = offline.fill(view)
+        assert len(offline.rules(state)) == 1 and state["kernel"] == {"opened": offline.NEEDS_KERNEL["opened"]}
+        rule = offline.rules(state)[0]
+        assert rule["on"] == ["layer", "head"]
+        assert len(rule["patches"]) == 16  # every head of the model fits
+        assert len(state["rules"]["view"]) + len(state["data"]) <= offline.BUDGET
+        for (layer, head) in [(1, 3), (0, 6)]:
+            saved = rule["patches"][offline.key(layer, head)]["rows"]
+            table = swept.head_examples(layer, head)
+            assert [(r["window"], r["position"]) for r in saved] == list(zip(table["window"], table["position"]))
+            assert all(s["values"] is not None for r in saved for s in r["segments"])
+        assert view.cut == ""
+    finally:
+        view.close()
+    monkeypatch.setattr(dataset_examples, "SAVED", 3)
+    view = DatasetExamples(swept, model, layer=1, head=3)
+    try:
+        rule = offline.rules(offline.fill(view))[0]
+        assert {len(p["rows"]) for p in rule["patches"].values()} == {3}
+        assert view.cut == (f"Without a kernel this page keeps 3 of the {K} examples of each head (all of the head "
+                            "shown when it was saved).")
+    finally:
+        view.close()
+
+
+def test_hostile_corpus_text_is_inert_in_the_picture(model, tmp_path):
+    hostile = ("<script>alert(1)</script> \u202eevil\u202c <img src=x onerror=alert(2)> \ud800 " * 4
+               + "x" * 100_000)
+    corpus = Corpus.from_texts([hostile] * 3, errors="replace")  # the lone surrogate kept as U+FFFD
+    swept = pcw.sweep(model, corpus, tmp_path / "hostile", seq_len=T, k=4, max_windows=16, progress=False)
+    view = DatasetExamples(swept, model, layer=0, head=1)
+    try:
+        shown = {view.strings[str(i)] for r in view.rows for s in r["segments"] for i in s["ids"]}
+        assert any("<" in s for s in shown)  # the rows hold the hostile text's tokens
+        page = view._fallback_html()
+        assert "<script" not in page and "<img" not in page and "&lt;img" in page  # shown as text
+        assert not any(c in page for c in "\u202e\u202c\ud800\ufffd")
+        assert 'data-pcw-figure="dataset-examples"' in page
+    finally:
+        view.close()
+
+
+def test_the_explorers_picture_shows_the_selected_heads_top_examples(model, swept):
+    explorer = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept, layer=1, head=2)
+    try:
+        explorer.wait()
+        page = explorer._fallback_html()
+        assert 'data-pcw-figure="dataset-examples"' in page and "Dataset examples of head L1.H2" in page
+        table = swept.head_examples(1, 2)
+        assert f"w{table['window'][0]}:{table['position'][0]}" in page
     finally:
         explorer.close()

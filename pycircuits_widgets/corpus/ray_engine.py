@@ -29,6 +29,7 @@ import torch
 
 from ..models.circuit_model import weight_shapes
 from .accumulators import Accumulator
+from .memory import release_free_memory
 
 IN_FLIGHT_PER_WORKER = 2
 RESULT_SOURCES = ("models/circuit_model.py", "analysis/head_scores.py", "linalg.py", "corpus/record.py",
@@ -59,9 +60,10 @@ class ShardWorker:
             model_parts = ray.get(parts[0])
             model = CircuitModel(model_parts["cfg"], **model_parts["weights"])
             self.recorder = Recorder(model, self.settings["k"], self.settings["scores_only"], self.device)
-        acc = self.recorder.record(torch.tensor(windows), shard * self.settings["shard_size"],
-                                   self.settings["batch_size"])
-        return acc.tensors()
+        tensors = self.recorder.record(torch.tensor(windows), shard * self.settings["shard_size"],
+                                       self.settings["batch_size"]).tensors()
+        release_free_memory()  # memory.py: the actor lives for the whole sweep
+        return tensors
 
 
 def code_identity() -> str:

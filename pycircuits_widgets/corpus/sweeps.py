@@ -31,6 +31,7 @@ from ..analysis.head_scores import head_scores as analysis_head_scores
 from ..models.circuit_model import CircuitModel, weight_shapes
 from ..progress import progress as progress_bar
 from .documents import Corpus, CorpusError
+from .memory import release_free_memory
 from .store import Store, example_rows, read_manifest
 from .windows import RULE, separator_id, tokenizer_identity, window_blocks
 
@@ -176,6 +177,7 @@ def _run(model, corpus, store: Store, settings: dict, engine: str, device, progr
     try:
         for shard, windows, acc in run_engine(model, settings, prefetched(todo()), device=device, **options):
             store.record(shard, windows, acc, model.cfg.d_vocab)
+            release_free_memory()  # memory.py: else the heap's freed memory grows with the shards run
             n = len(windows) * seq_len
             tokens += n
             windows_done += len(windows)

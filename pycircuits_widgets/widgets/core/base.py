@@ -65,6 +65,8 @@ class CircuitWidget(anywidget.AnyWidget):
     """How the view's kernel-less answers (``offline_answers``) are shared: "" (none), "now" (cheap:
     computed in the constructor) or "runner" (in the background on the view's runner, see
     ``_share_offline``). An on-demand view shares them once it starts computing."""
+    _offline_budget: int | None = None
+    """Most bytes of this view's kernel-less answers (None: ``offline.BUDGET``)."""
     _offline_fresh = True
     _has_front_end = True
     """False for a view made without a built front end (it cannot be shown)."""
@@ -192,10 +194,11 @@ class CircuitWidget(anywidget.AnyWidget):
         script (nothing saves state before); "now" (cheap answers): at once. Reruns when an
         ``_offline_inputs`` trait changes."""
         if self._answers_offline == "now":
-            self._offline = offline.fill(self)
+            self._offline = offline.fill(self, self._offline_budget)
             self._offline_fresh = True
         else:
-            self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self), background=True)
+            self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self, self._offline_budget),
+                                                      background=True)
 
     def _saved_ready(self, deadline: float | None, offline: bool, tick=None) -> bool:
         """Before a page is written: wait for the view's work (its runner's jobs, up to ``deadline``,
@@ -218,7 +221,7 @@ class CircuitWidget(anywidget.AnyWidget):
         the answers on a bar)."""
         self.wait(None)
         if not self._offline_fresh:
-            answers = bars.steps(offline.steps(self), f"{type(self).__name__}: kernel-less answers", unit="answer")
+            answers = bars.steps(offline.steps(self, self._offline_budget), f"{type(self).__name__}: kernel-less answers", unit="answer")
             self._offline = offline.last(answers)["_offline"]
             self._offline_fresh = True
 

@@ -20,8 +20,14 @@ AFTER = 4
 SAVED = 20
 """Most examples of each head a saved page keeps (``save_html``, notebook export); the page says when
 the live view has more."""
+SAVED_BUDGET = 160_000
+"""Most bytes of the examples a saved page keeps (``offline.Answers``): ``SAVED`` examples of each of
+16 heads at 128-token windows; past it a head says it needs a kernel."""
 RERUN_BYTES = 64 << 20
 """Most bytes of attention patterns one re-run holds: the examples' windows run in batches under it."""
+
+ATTENTION_DECIMALS = 3
+"""The attention on a row's tokens is shown to this many decimals (``_attention``)."""
 
 CONTEXT_RULE = (f"Each row: up to {BEFORE} tokens before the destination (boxed) and {AFTER} after it, within "
                 "its window; a head's strongest source further back is shown before a gap (…).")
@@ -32,12 +38,19 @@ def _short(x: float) -> float | None:
     return float(f"{x:.4g}") if math.isfinite(x) else None
 
 
+def _attention(x: float) -> float:
+    """An attention weight for the page, to ``ATTENTION_DECIMALS`` decimals (finer is no shade a reader
+    sees; most of a row is then 0, which a saved page packs small)."""
+    return round(x, ATTENTION_DECIMALS)
+
+
 class DatasetExamples(HeadSelection, CircuitWidget):
     """A head's top ``k`` examples in a corpus sweep (``pcw.sweep``): the ``(window, position)`` where
     ``||head_out||`` is largest, each a row of the window's tokens around that destination position
     (``CONTEXT_RULE``: ``BEFORE`` tokens before, ``AFTER`` after), the destination marked and the
     head's attention from it shaded on every source in the row, with the score, the document and the
-    window. With ``neuron`` (>= 0), neuron ``neuron`` of layer ``layer``'s MLP: its top examples by
+    window (attention shown to ``ATTENTION_DECIMALS`` decimals, activations and scores to 4 significant digits). With
+    ``neuron`` (>= 0), neuron ``neuron`` of layer ``layer``'s MLP: its top examples by
     post-activation, its activation shaded on every token of the row.
 
     The rows come from the sweep at once; the attention (or activations) on the rows' tokens are the
@@ -45,7 +58,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
     most ``RERUN_BYTES`` of patterns), the same forward the sweep ran, and arrive right after. A
     window's document is counted from the separators in the sweep's windows
     (``Sweep.window_documents``). A saved page keeps ``SAVED`` examples of every head it can select,
-    within ``widgets.core.offline.BUDGET`` (current head first).
+    within ``SAVED_BUDGET`` bytes (current head first; a head past it says it needs a kernel).
 
     Args:
         sweep: a finished ``pcw.Sweep`` of ``model`` (a sweep of another model is refused, naming both).
@@ -58,6 +71,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
     _view = traitlets.Unicode("DatasetExamples").tag(sync=True)
     _browser_writable = frozenset({"layer", "head", "neuron", "opened"})
     _answers_offline = "runner"
+    _offline_budget = SAVED_BUDGET
 
     neuron = Index(-1).tag(sync=True)
     """int, default -1: a neuron of layer ``layer``'s MLP whose examples are shown; -1: the head's."""
@@ -126,10 +140,17 @@ class DatasetExamples(HeadSelection, CircuitWidget):
     # -- results (on the runner) ------------------------------------------------------------
     def _steps(self, layer: int, head: int, neuron: int):
         """The rows from the sweep (at once), then with the re-run's values."""
+        first = self.rows_patch(layer, head, neuron)
+        yield first
+        per_window: dict = {}
+        yield from self._rerun(first["rows"], layer, head, neuron, per_window)
+        yield {"rows": self._valued(first["rows"], per_window, neuron), "shown": first["shown"]}
+
+    def rows_patch(self, layer: int, head: int, neuron: int = -1) -> dict:
+        """What the page gets first for a unit: ``rows`` (no values yet), ``shown`` and ``strings``, from
+        the sweep alone (``benchmarks/bench_examples.py`` times it)."""
         rows, ids = self.examples(layer, head, neuron)
-        shown = [layer, head, neuron]
-        yield {"rows": rows, "shown": shown, "strings": self._strings_of(ids)}
-        yield {"rows": self._with_values(rows, layer, head, neuron), "shown": shown}
+        return {"rows": rows, "shown": [layer, head, neuron], "strings": self._strings_of(ids)}
 
     def examples(self, layer: int, head: int, neuron: int = -1, k: int | None = None) -> tuple[list[dict], set[int]]:
         """The rows of head ``(layer, head)`` (or ``neuron`` of ``layer``) without values, and the token ids
@@ -161,33 +182,37 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         strings = self.model.token_strings
         return {str(i): strings[i] for i in sorted(ids)}
 
-    def _with_values(self, rows: list[dict], layer: int, head: int, neuron: int) -> list[dict]:
-        """``rows`` with each segment's values: the window re-run, the attention from the destination on
-        each token (``[layer, head]`` pattern row) or the neuron's activation on each."""
-        if not rows:
-            return rows
-        windows = sorted({r["window"] for r in rows})
-        per_window = self._rerun(windows, layer, head, neuron)
+    def with_values(self, rows: list[dict], layer: int, head: int, neuron: int) -> list[dict]:
+        """``rows`` with each segment's values: the windows read again, the attention from the destination
+        on each token (``[layer, head]`` pattern row) or the neuron's activation on each."""
+        per_window: dict = {}
+        for _ in self._rerun(rows, layer, head, neuron, per_window):
+            pass
+        return self._valued(rows, per_window, neuron)
+
+    @staticmethod
+    def _valued(rows: list[dict], per_window: dict, neuron: int) -> list[dict]:
+        shown = _short if neuron >= 0 else _attention
         out = []
         for r in rows:
             values = per_window[r["window"]]
             if neuron < 0:
                 values = values[r["position"]]  # the destination's attention row [T]
-            segments = [{**s, "values": [_short(v) for v in values[s["start"]:s["start"] + len(s["ids"])].tolist()]}
+            segments = [{**s, "values": [shown(v) for v in values[s["start"]:s["start"] + len(s["ids"])].tolist()]}
                         for s in r["segments"]]
             out.append({**r, "segments": segments})
         return out
 
     @torch.inference_mode()
-    def _rerun(self, windows: list[int], layer: int, head: int, neuron: int) -> dict[int, torch.Tensor]:
-        """``{window: [T, T] attention of head (layer, head)}`` or ``{window: [T] activation of neuron}``:
-        the sweep's windows through ``model.run_with_cache``, as the sweep ran them, in batches whose
-        patterns stay under ``RERUN_BYTES``."""
+    def _rerun(self, rows: list[dict], layer: int, head: int, neuron: int, out: dict):
+        """Fill ``out`` with ``{window: [T, T] attention of head (layer, head)}`` or ``{window: [T] activation
+        of the neuron}`` for the rows' windows: the sweep's windows through ``model.run_with_cache``, as the
+        sweep ran them, in batches whose patterns stay under ``RERUN_BYTES``; yields None after each batch
+        (a runner checkpoint: a new selection stops the re-run there)."""
         cfg, T = self.model.cfg, self._sweep.seq_len
-        per_window = cfg.n_layers * cfg.n_heads * T * T * 4
-        batch = max(1, RERUN_BYTES // per_window)
+        batch = max(1, RERUN_BYTES // (cfg.n_layers * cfg.n_heads * T * T * 4))
+        windows = sorted({r["window"] for r in rows})
         tokens = self._sweep.windows[windows]
-        out = {}
         for start in range(0, len(windows), batch):
             _, cache = self.model.run_with_cache(tokens[start:start + batch].to(self.model.device),
                                                  mlp_post=neuron >= 0, logits=False)
@@ -196,12 +221,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             else:
                 picked = cache.mlp_post[:, layer, :, neuron].float().cpu()  # [b, T]
             out.update(zip(windows[start:start + batch], picked))
-        return out
-
-    # -- opening an example -----------------------------------------------------------------
-    def window_tokens(self, window: int) -> list[int]:
-        """The token ids of sweep window ``window`` (what the model read there)."""
-        return self._sweep.windows[window].tolist()
+            yield None
 
     # -- kernel-less answers --------------------------------------------------------------------
     def offline_answers(self, answers) -> None:
@@ -211,7 +231,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
 
         def answer(layer, head):
             rows, ids = self.examples(layer, head, -1, saved)
-            patch = {"rows": self._with_values(rows, layer, head, -1), "shown": [layer, head, -1], "neuron": -1}
+            patch = {"rows": self.with_values(rows, layer, head, -1), "shown": [layer, head, -1], "neuron": -1}
             return (layer, head), patch, {"strings": self._strings_of(ids)}
 
         answers.rule(["layer", "head"], (answer(l, h) for l, h in offline.heads(self)),
