@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import traitlets
+from runner_loop import WAIT, Blocker, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
 from test_interventions import oracle, set_heads, token_loss
 from tolerance import assert_within, logit_tol
 
@@ -171,3 +172,33 @@ def test_each_heads_ablation_loss_change(model):
     assert explorer.progress == {}
     explorer.text = "x = 1\n"
     assert explorer.head_loss_change is None  # of the old text: dropped
+
+
+def test_under_a_kernel_the_toggle_the_measured_matrix_and_the_head_table_run_off_the_kernel_thread(
+        model, manual_kernel_loop):
+    explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT, layer=1, head=6)
+    assert explorer.wait(WAIT) and explorer.wait_background(WAIT)  # the precompute, then each head's ablation
+    run = explorer.forward(model, explorer.text)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    expected = np.array([[pcw.ablate(model, run.tokens, heads=[(l, h)], clean=run).loss_change for h in range(H)]
+                         for l in range(L)], dtype=np.float32)
+    assert np.array_equal(explorer.head_loss_change, expected) and explorer.progress == {}
+
+    explorer.ablation = "zero"
+    assert explorer.ablated == ""  # computed on the explorer's runner, applied by wait()
+    assert explorer.wait(WAIT)
+    assert explorer.ablated == explorer.attention.run_label == "ablated: L1.H6 (zero)"
+    ref = pcw.ablate(model, run.tokens, heads=[(1, 6)], clean=run)
+    assert np.array_equal(explorer.loss.values, (ref.loss - ref.clean_loss)[0].numpy().astype(np.float32))
+
+    composition = explorer.composition
+    held = Blocker(explorer.eigen._runner)  # another view busy with a click's request
+    composition.source = "measured"
+    assert giving_way(composition._runner)  # the background measurement waits for it
+    assert composition.measured == {}
+    held.release.set()
+    assert composition.wait(WAIT)
+    expected = pcw.measured_composition(model, run.tokens, "K", clean=run).float()
+    torch.testing.assert_close(torch.as_tensor(composition.measured["K"]), expected, rtol=0, atol=0, equal_nan=True)
+    assert composition.progress == {}
+    explorer.close()

@@ -250,3 +250,29 @@ def test_a_notebook_saved_while_a_view_computed_shows_not_computed_in_its_page()
     page = Page(saved)
     state = page.saved[view.model_id]["state"]
     assert state["busy"] is False and state["progress"] == {"state": NOT_COMPUTED, "text": SAVED_BUSY}
+
+
+def test_a_stage_is_timed_from_its_first_piece(monkeypatch):
+    """``metered``: the first report of a stage counts the time its first piece took (a meter made
+    after that piece would say nothing is left). A stand-in clock: 10 s pass in each piece."""
+    import types
+
+    from pycircuits_widgets.widgets.core import meter
+
+    now = [100.0]
+    monkeypatch.setattr(meter, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+
+    def pieces():
+        for done in range(1, 4):
+            now[0] += 10.0  # the piece computes
+            yield done, 3
+        return "result"
+
+    steps = meter.metered(pieces(), {None: ("stage", "pieces")})
+    first = next(steps)["progress"]
+    assert (first["done"], first["left_s"]) == (1, 20.0)  # 10 s a piece, 2 left
+    assert next(steps)["progress"]["left_s"] == 10.0  # 10 s past the last report: due
+    assert next(steps)["progress"]["left_s"] == 0.0
+    with pytest.raises(StopIteration) as stop:
+        next(steps)
+    assert stop.value.value == "result"

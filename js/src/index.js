@@ -47,6 +47,11 @@ export function mountView({ model, el, host, select = null }) {
     on: (name, cb) => model.on(name, cb),
     off: (name, cb) => model.off(name, cb),
     widget_manager: model.widget_manager,
+    // whether a kernel answers (ipywidgets' comm_live; lib/host.js has it too): views read it
+    // through lib/offline.js isLive, which counts a model without it as live
+    get comm_live() {
+      return model.comm_live;
+    },
     // whether a kernel answers (lib/offline.js isLive): the kernel-less host says false; an
     // anywidget model says nothing (undefined), which counts as live
     get comm_live() {

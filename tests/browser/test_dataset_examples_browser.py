@@ -2,17 +2,21 @@
 model over 32 windows of 64 tokens of the Python stdlib corpus: a head clicked in the explorer shows
 its examples (the rows the sweep kept, checked against ``Sweep.head_examples``); an example clicked
 puts its window in the explorer's text and the views recompute on it; a saved page, opened with no
-kernel and the network cut, shows another head's examples on a click. ``PCW_EXAMPLES_SCREENSHOT``: a
+kernel and the network cut, shows another head's examples on a click, and so does the page exported from
+a notebook holding the explorer. ``PCW_EXAMPLES_SCREENSHOT``: a
 path to write a picture of the section to."""
 
 import os
 
+import nbformat
 import pytest
 
 import pycircuits_widgets as pcw
 from harness import HarnessComm, explorer_section, saved_page_open
 from pycircuits_widgets.corpus import Corpus
 from pycircuits_widgets.models import load_pretrained
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
+from pycircuits_widgets.widgets.sharing.standalone import widget_state
 
 pytestmark = pytest.mark.browser
 
@@ -100,3 +104,25 @@ def test_a_saved_page_shows_another_heads_examples_without_a_kernel(browser, mod
         assert shown_windows(examples) == kernel_windows(swept, 1, 2)
         button = examples.locator("[data-testid=open-example]").first
         assert button.is_disabled() and "needs a running kernel" in button.get_attribute("title")
+
+
+def test_an_exported_notebook_keeps_the_examples(browser, model, swept, tmp_path):
+    explorer = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept, layer=1, head=4)
+    try:
+        explorer.save_html(tmp_path / "first.html")  # every view's kernel-less answers made current, as a kernel does
+        nb = nbformat.v4.new_notebook()
+        data, _ = explorer._repr_mimebundle_()
+        nb.cells.append(nbformat.v4.new_code_cell("e", outputs=[nbformat.v4.new_output("display_data", data=data)]))
+        nb.metadata["widgets"] = {WIDGET_STATE: {"version_major": 2, "version_minor": 0,
+                                                 "state": widget_state([explorer])}}
+        src = tmp_path / "examples.ipynb"
+        nbformat.write(nb, str(src))
+    finally:
+        explorer.close()
+    assert 'data-pcw-figure="dataset-examples"' in data["text/html"]  # the no-JavaScript picture has them
+    with saved_page_open(browser, export_notebook(src)) as page:
+        examples = explorer_section(page, "examples")
+        assert shown_windows(examples) == kernel_windows(swept, 1, 4)
+        explorer_section(page, "attention").locator("button.thumb[data-layer='0'][data-head='3']").click()
+        examples.locator("[data-testid=examples-caption]", has_text="L0.H3").wait_for()
+        assert shown_windows(examples) == kernel_windows(swept, 0, 3)

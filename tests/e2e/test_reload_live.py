@@ -1,7 +1,8 @@
 """A page reloaded against a running kernel stays in sync (issue 43: once, after a reload, head and
 token clicks showed in the header but never reached the kernel): in a real JupyterLab 4, the
 explorer's notebook is saved, the page reloaded, and a head and a token clicked on the restored
-views reach the kernel's explorer; with the kernel gone, the restored page says so."""
+views reach the kernel's explorer; with the kernel gone, the page restored from the saved widget state says
+so and answers from the answers saved with it."""
 
 import pytest
 from playwright.sync_api import expect
@@ -59,10 +60,17 @@ def test_a_reloaded_page_whose_kernel_is_gone_says_so(lab_page, jupyter_lab):
     write_notebook(jupyter_lab.root, "gone.ipynb", CELLS)
     open_notebook(page, jupyter_lab, "gone.ipynb")
     run_all_cells(page)
+    expect(page.get_by_test_id("selected-head")).to_have_text("L0.H0")
+    expect(page.get_by_test_id("no-kernel")).to_have_count(0)  # live: nothing to say
     save(page)
     jupyter_lab.shutdown_kernels()
     page.reload()
-    page.wait_for_selector(".jp-OutputArea-output")
-    # JupyterLab cannot restore the views without their kernel: the output says so rather than
-    # showing a page that looks live
-    expect(page.locator(".jp-OutputArea-output").last).to_contain_text("kernel", timeout=60_000)
+    page.evaluate(_PANEL_IDLE)  # JupyterLab starts a new kernel, which holds no explorer
+    # the explorer comes back from the widget state saved with the notebook (no comm: the new kernel holds
+    # none of its views); a click says it has no kernel and is answered from the answers saved with it
+    expect(page.get_by_test_id("selected-head")).to_have_text("L0.H0", timeout=60_000)
+    thumb(page, 1, 2).click()
+    expect(page.get_by_test_id("no-kernel")).to_contain_text("No running kernel behind this explorer")
+    expect(page.get_by_test_id("selected-head")).to_have_text("L1.H2")
+    trigrams = page.locator(".pcw-explorer section[data-view=trigrams]")
+    expect(trigrams.locator("caption")).to_contain_text("skip-trigrams of head L1.H2")

@@ -20,9 +20,10 @@ class Meter:
     """The ``progress`` reports of one stage of ``total`` equal pieces. ``at(done)`` after each
     piece: ``{"progress": {...}}`` when a report is due, else None (the runner's chunk boundary)."""
 
-    def __init__(self, text: str, total: int, unit: str = ""):
+    def __init__(self, text: str, total: int, unit: str = "", start: float | None = None):
+        """``start``: when the stage's first piece began (``time.monotonic()``; default now)."""
         self.text, self.total, self.unit = text, total, unit
-        self._start = time.monotonic()
+        self._start = time.monotonic() if start is None else start
         self._sent = None  # when the last report went
 
     def first(self) -> dict:
@@ -51,6 +52,7 @@ def metered(steps, names: dict):
     Returns the analysis's result: ``result = yield from metered(...)``."""
     meters = {}
     while True:
+        began = time.monotonic()  # a stage's clock starts with its first piece, not after it
         try:
             item = next(steps)
         except StopIteration as stop:
@@ -58,7 +60,7 @@ def metered(steps, names: dict):
         stage, done, total = item if len(item) == 3 else (None, *item)
         if stage not in meters:
             text, unit = names[stage]
-            meters[stage] = Meter(text, total, unit)
+            meters[stage] = Meter(text, total, unit, start=began)
             yield meters[stage].first() if done == 0 else meters[stage].at(done)
         else:
             yield meters[stage].at(done)

@@ -229,12 +229,18 @@ class Runner:
     def current(self, job: _Job) -> bool:
         return job.generation == self._generation[job.kind] and not self._closed and not _shutting_down.is_set()
 
-    def wait(self, timeout: float | None = None, tick: Callable[[], None] | None = None) -> bool:
+    def wait(self, timeout: float | None = None, tick: Callable[[], None] | None = None, *,
+             background: bool = True) -> bool:
         """Block until every request is done and applied (True), or ``timeout`` s (False).
         Call it from the kernel thread (a cell, a test): it applies the results itself.
-        ``tick`` (a progress bar's) is called at least every ``TICK`` s meanwhile."""
+        ``tick`` (a progress bar's) is called at least every ``TICK`` s meanwhile.
+        ``background=False``: every request but background work (which may go on)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._drain():
+            if not background:
+                with self._lock:
+                    if self._shown():
+                        return True
             if tick is not None:
                 tick()
             with self._lock:

@@ -29,7 +29,7 @@ SMALL_HEADS = 64
 measured composition matrices and each head's ablation loss change of a model of at most this many
 heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one forward
 each, ``SMALL_HEADS`` forwards in all)."""
-NO_SWEEP = "mean ablation needs a sweep (each head's mean output over a corpus: CircuitExplorer(model, text, sweep=...))"
+NO_SWEEP = "mean ablation needs a sweep: CircuitExplorer(model, text, sweep=...)"
 """Why ``ablation="mean"`` is unavailable to an explorer without one (``ablation_kinds``)."""
 ABLATED_NOTE = "0 (white) at the centre, symmetric: red = the ablation raised the loss, blue = lowered it"
 """The loss section's legend note while it shows an ablated run's loss change."""
@@ -284,8 +284,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         return cancelled
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every view's kernel-side recomputes are done and applied (True if all are
-        idle); not the background precompute (:meth:`wait_background`). A result applied in one
+        """Wait until every view's kernel-side recomputes and the ablate toggle's run are done and
+        applied (True if all are idle); not the background precompute (:meth:`wait_background`). A result applied in one
         view can move the selection and start work in another, so this repeats until a full pass
         finds every view idle. A wait over a second shows a bar of the views done."""
         views = self.views()
@@ -302,6 +302,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                     if not view._runner.wait(timeout, tick=tick):
                         return False
                     bar.update()
+                # the ablate toggle's run (the explorer's own request; not its background work)
+                if not self._runner.wait(timeout, background=False):
+                    return False
                 if not busy_before and not any(v.busy for v in views.values()):
                     return True
 
