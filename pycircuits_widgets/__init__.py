@@ -4,6 +4,7 @@ The public API (see README) is exported lazily, so that ``import pycircuits_widg
 stays cheap and the analysis core can be used without IPython or anywidget.
 """
 
+import sys
 from importlib import import_module
 
 __version__ = "0.1.0"
@@ -52,11 +53,25 @@ _SUBMODULES = ("analysis", "corpus", "factored", "models", "widgets")
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the lazy exports' one list: _EXPORTS)
 
 
+def _import(module: str):
+    """``module``, imported. The first import that brings in torch takes seconds (13 s measured in a
+    fresh notebook on a cold disk), so it shows a bar while it runs: the first cell is not silent."""
+    if "torch" in sys.modules:
+        return import_module(module)
+    from .progress import progress
+
+    with progress("pycircuits_widgets", total=1, unit="step", delay=0) as bar:
+        bar.note("importing torch and the analysis core (first use; seconds on a cold start)")
+        imported = import_module(module)
+        bar.update()
+    return imported
+
+
 def __getattr__(name):
     if name in _SUBMODULES:
-        value = import_module(f"{__name__}.{name}")
+        value = _import(f"{__name__}.{name}")
     elif name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
+        value = getattr(_import(_EXPORTS[name]), name)
     else:
         raise AttributeError(f"module 'pycircuits_widgets' has no attribute {name!r}")
     globals()[name] = value

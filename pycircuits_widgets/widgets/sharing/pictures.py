@@ -248,11 +248,13 @@ def path_expansion(w) -> str:
 
 
 def positional(w) -> str:
-    """The selected head's positional score and measured attention against the offset."""
+    """The selected head's positional score and measured attention against the offset, over the head's
+    window (the offsets where its attention is on the text)."""
     if w.positional is None:
         return _pending("Attention by offset")
-    pos = w.positional[w.layer, w.head].astype(np.float64)
-    measured = w.measured[w.layer, w.head].astype(np.float64)
+    shown = slice(None) if w.window is None else slice(int(w.window[w.layer, w.head]) + 1)
+    pos = w.positional[w.layer, w.head, shown].astype(np.float64)
+    measured = w.measured[w.layer, w.head, shown].astype(np.float64)
     size_x, size_y, pad = 240, 120, 8
 
     def line(values: np.ndarray, colour: str, test_id: str) -> str:
