@@ -52,11 +52,6 @@ export function mountView({ model, el, host, select = null }) {
     get comm_live() {
       return model.comm_live;
     },
-    // whether a kernel answers (lib/offline.js isLive): the kernel-less host says false; an
-    // anywidget model says nothing (undefined), which counts as live
-    get comm_live() {
-      return model.comm_live;
-    },
     // anywidget >= 0.10 passes `host` to render: it resolves "IPY_MODEL_<id>" references
     // to child models. The kernel-less host (lib/host.js) provides the same call.
     host,
