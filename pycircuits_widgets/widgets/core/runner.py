@@ -49,11 +49,12 @@ class _GiveWay:
 
 
 GIVE_WAY = _GiveWay()
-_DONE = object()  # the end of a job's steps
 """Yielded by a request's steps where the rest of it can wait: under a kernel the job waits there
-while another runner has a request that is not itself giving way (the first, quick part of a
+while another runner has a click that is not itself giving way (the first, quick part of a
 click, say a partial table, is shown; the slow rest lets the other views of the click finish
-first instead of sharing the CPU with them). Ignored when run synchronously."""
+first instead of sharing the CPU with them); asked-for work and the fill never hold it up.
+Ignored when run synchronously."""
+_DONE = object()  # the end of a job's steps
 TICK = 0.25
 """Seconds between the calls of ``wait``'s ``tick`` (a progress bar's redraw)."""
 
