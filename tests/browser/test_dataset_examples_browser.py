@@ -6,6 +6,7 @@ kernel and the network cut, shows another head's examples on a click, and so doe
 a notebook holding the explorer. ``PCW_EXAMPLES_SCREENSHOT``: a
 path to write a picture of the section to."""
 
+import json
 import os
 
 import nbformat
@@ -15,6 +16,7 @@ import pycircuits_widgets as pcw
 from harness import HarnessComm, explorer_section, saved_page_open
 from pycircuits_widgets.corpus import Corpus
 from pycircuits_widgets.models import load_pretrained
+from pycircuits_widgets.widgets.core import offline
 from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
 from pycircuits_widgets.widgets.sharing.standalone import widget_state
 
@@ -126,3 +128,30 @@ def test_an_exported_notebook_keeps_the_examples(browser, model, swept, tmp_path
         explorer_section(page, "attention").locator("button.thumb[data-layer='0'][data-head='3']").click()
         examples.locator("[data-testid=examples-caption]", has_text="L0.H3").wait_for()
         assert shown_windows(examples) == kernel_windows(swept, 0, 3)
+
+
+def test_a_saved_page_greys_the_examples_of_a_head_it_has_none_for(browser, model, swept, tmp_path, monkeypatch):
+    """Never another head's examples under the selected head's label (issue 43): a head the saved page
+    holds no answer for (its budget spent) greys the last examples shown and names whose they are."""
+    monkeypatch.setattr(pcw.DatasetExamples, "_offline_budget", 12_000)  # the saved head's examples and few more
+    explorer = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept)
+    try:
+        path = explorer.save_html(tmp_path / "examples.html")
+        rules = offline.rules(explorer.examples._offline)
+    finally:
+        explorer.close()
+    rule = next(r for r in rules if r["on"] == ["layer", "head"])
+    kept = {tuple(json.loads(f"[{k}]")) for k in rule["patches"]}
+    cfg = model.cfg
+    missing = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if (l, h) not in kept]
+    assert (0, 0) in kept and missing, kept
+    layer, head = missing[-1]
+    with saved_page_open(browser, path) as page:
+        examples = explorer_section(page, "examples")
+        explorer_section(page, "attention").locator(f"button.thumb[data-layer='{layer}'][data-head='{head}']").click()
+        note = examples.locator("[data-testid=stale-note]")
+        note.wait_for()
+        assert f"No examples of the selected head L{layer}.H{head} here" in note.inner_text()
+        table = examples.locator("[data-testid=examples]")
+        assert table.get_attribute("data-stale") == "head L0.H0"
+        assert table.evaluate("n => Number(getComputedStyle(n).opacity) < 1")
