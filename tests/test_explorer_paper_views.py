@@ -48,8 +48,8 @@ def writer_oracle(model, layer, head):
 
 def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monkeypatch):
     calls = []
-    for name in ("top_virtual_heads", "k_composition_positivity_offsets", "path_expansion"):
-        module = {"top_virtual_heads": "widgets.views.virtual_heads", "k_composition_positivity_offsets": "analysis.induction",
+    for name in ("top_virtual_heads_steps", "k_composition_positivity_offsets", "path_expansion"):
+        module = {"top_virtual_heads_steps": "widgets.views.virtual_heads", "k_composition_positivity_offsets": "analysis.induction",
                   "path_expansion": "widgets.views.path_expansion"}[name]
         mod = __import__(f"pycircuits_widgets.{module}", fromlist=[name])
         real = getattr(mod, name)
@@ -63,7 +63,7 @@ def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monk
     e.paths.set_state({"active": True})  # the section's "compute" button
     assert e.wait() and calls == ["path_expansion"] and len(e.paths.terms) == 81
     e.compute("virtual")
-    assert e.wait() and calls == ["path_expansion", "top_virtual_heads"] and e.induction.pairs == {}
+    assert e.wait() and calls == ["path_expansion", "top_virtual_heads_steps"] and e.induction.pairs == {}
     with pytest.raises(ValueError, match="compute\\(\\) takes names"):
         e.compute("eigen")
 
@@ -156,8 +156,9 @@ def test_a_reading_head_brings_its_strongest_k_composition_writer(computed, m2, 
 def test_the_browser_gets_every_section_from_the_registry_in_order(computed):
     """The sections the browser lays out and links are the registry's, each with its followed
     keys (no list of views in js/src: tests/browser/test_selection_rules_browser.py)."""
-    assert [s["name"] for s in computed.sections] == [spec.name for spec in registry.VIEWS]
-    assert list(computed.views()) == [spec.name for spec in registry.VIEWS if spec.name != "neurons"]
+    without_sweep = [spec.name for spec in registry.VIEWS if not spec.needs_sweep]  # no sweep given: no examples
+    assert [s["name"] for s in computed.sections] == without_sweep
+    assert list(computed.views()) == [name for name in without_sweep if name != "neurons"]
     assert set(computed.notices) == {"neurons"}  # attention-only: no MLP neurons (tests/test_neurons.py)
     for section in computed.sections:
         spec = registry.BY_NAME[section["name"]]
