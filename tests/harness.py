@@ -157,7 +157,7 @@ class WidgetView:
         page.expose_binding("pcwSend", lambda source, mid, content: self._from_browser(mid, "custom", content))
         page.add_init_script(_BRIDGE_JS)
         path = tmp_path / "view.html"
-        path.write_text(render_html(widgets, offline=False), encoding="utf-8")  # the harness is the kernel
+        path.write_text(render_html(widgets, offline=False, wait=False), encoding="utf-8")  # the harness is the kernel
         self.html_path = path
         page.goto(path.as_uri())
         page.wait_for_selector("body[data-pcw-ready]", timeout=15000)

@@ -388,7 +388,7 @@ def _live_widgets(widgets) -> dict:
 
 
 def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = True,
-                budget: float | None = None) -> str:
+                budget: float | None = None, wait: bool = True) -> str:
     """One HTML page showing the given widgets (ours live; boxes laid out; others as a
     placeholder), the bundle inlined once. Each view's state carries the answers a reader's
     clicks need (its ``_offline`` trait, :mod:`.offline`), made current here unless
@@ -396,7 +396,9 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
 
     Views still computing are waited for up to ``budget`` seconds in all (None: no limit), on a
     bar naming each; one not done by then is saved as it stands with ``progress`` ``{"state":
-    NOT_COMPUTED, "text"}``, which the page shows, and ``busy`` off (no spinner that never ends)."""
+    NOT_COMPUTED, "text"}``, which the page shows, and ``busy`` off (no spinner that never ends).
+    ``wait=False``: the page is wired to a live kernel (a test harness standing in for one), which
+    sends the views' results as they come: nothing is waited for and nothing marked."""
     widgets = list(widgets)
     if not widgets:
         raise ValueError("render_html needs at least one widget")
@@ -404,7 +406,7 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
         if not isinstance(w, ipywidgets.Widget):
             raise TypeError(f"expected widgets, got {type(w).__name__}")
     live = _live_widgets(widgets)
-    unfinished = _wait_for_views(live, offline, budget)
+    unfinished = _wait_for_views(live, offline, budget) if wait else {}
     saved = widget_state(widgets)
     for model_id, text in unfinished.items():
         saved[model_id]["state"].update(busy=False, progress={"state": NOT_COMPUTED, "text": text})
