@@ -87,11 +87,13 @@ def _ray():
 def start_local_cluster(num_cpus: int | None = None, attempts: int = 3) -> None:
     """``ray.init`` of a local cluster (``num_cpus``: default all) whose workers get this package's code
     (``py_modules``). Tried ``attempts`` times: the raylet gives its dashboard agent a fixed 15 s to report
-    its ports and dies when it is late (ray-project/ray#65983), which a busy machine can cause."""
+    its ports and dies when it is late (ray-project/ray#65983), which a busy machine can cause.
+    ``address="local"``: a new cluster even where ``ray start`` left one's address on this machine
+    (``/tmp/ray/ray_current_cluster``), which a bare ``ray.init`` would join, refusing ``num_cpus``."""
     ray = _ray()
     for attempt in range(attempts):
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="warning",
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="warning",
                      runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])]})
             return
         except Exception as err:  # Ray raises a bare Exception for a node that did not start
