@@ -4,8 +4,9 @@ reviewer sees them all at once (as CircuitsVis's stories do for its components).
 Usage: ``python scripts/gallery.py OUT.html``
 
 The views are built from fixed inputs, no download: the explorer's views of the shipped
-``attn-only-2l`` on a short text, and the MLP neuron view of a small seeded random Llama
-(the shipped models are attention-only). Each view is its own top-level widget, under a
+``attn-only-2l`` on a short text (its dataset examples from a small sweep of the Python stdlib
+corpus), and the MLP neuron view of a small seeded random Llama (the shipped models are
+attention-only). Each view is its own top-level widget, under a
 heading with its section title; tests/browser/test_gallery_browser.py opens the page.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import html
 import pathlib
+import tempfile
 
 import torch
 import transformers
@@ -34,11 +36,14 @@ def mlp_model():
     return pcw.from_hf(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval())
 
 
-def gallery_views() -> dict[str, object]:
-    """Section name -> view widget, one per view of the registry, computed (on-demand ones too)."""
+def gallery_views(store: pathlib.Path) -> dict[str, object]:
+    """Section name -> view widget, one per view of the registry, computed (on-demand ones too);
+    ``store``: where the examples' sweep is written."""
+    attn_only = pcw.load_pretrained("attn-only-2l")
+    sweep = pcw.sweep(attn_only, pcw.Corpus.python_stdlib(), store, seq_len=32, k=6, max_windows=32)
     views = {}
-    for model, text in ((pcw.load_pretrained("attn-only-2l"), TEXT), (mlp_model(), NEURON_IDS)):
-        explorer = pcw.CircuitExplorer(model, text)
+    for model, text, corpus in ((attn_only, TEXT, sweep), (mlp_model(), NEURON_IDS, None)):
+        explorer = pcw.CircuitExplorer(model, text, sweep=corpus)
         explorer.compute()
         explorer.wait(timeout=600)
         for name, view in explorer.views().items():
@@ -48,8 +53,9 @@ def gallery_views() -> dict[str, object]:
 
 def gallery_html() -> str:
     """The gallery page: each view under an ``<h2 data-view=NAME>`` with its section title."""
-    views = gallery_views()
-    page = render_html(list(views.values()), title="pycircuits_widgets gallery")
+    with tempfile.TemporaryDirectory() as tmp:
+        views = gallery_views(pathlib.Path(tmp) / "sweep")
+        page = render_html(list(views.values()), title="pycircuits_widgets gallery")
     # render_html lays the views out in order, one cell each; a heading names each cell
     cells = page.split('<div class="pcw-cell"')
     if len(cells) != len(views) + 1:
