@@ -62,6 +62,9 @@ def test_a_reloaded_page_whose_kernel_is_gone_says_so(lab_page, jupyter_lab):
     run_all_cells(page)
     expect(page.get_by_test_id("selected-head")).to_have_text("L0.H0")
     expect(page.get_by_test_id("no-kernel")).to_have_count(0)  # live: nothing to say
+    # the kernel-less answers are filled in the background: saved before they are done, L1.H2's table
+    # would (rightly) say it needs a kernel
+    wait_for_kernel(page, "ex.wait(120)", True, timeout=150)
     save(page)
     jupyter_lab.shutdown_kernels()
     page.reload()
