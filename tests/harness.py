@@ -137,6 +137,15 @@ class HarnessComm:
         pass
 
 
+def show_explorer(show, explorer):
+    """Show ``explorer`` through the ``show`` fixture; its children's messages travel like the explorer's own."""
+    view = show(explorer)
+    for child in explorer.views().values():
+        view.widgets[child.model_id] = child
+        child.comm = HarnessComm(view, child.model_id)
+    return view
+
+
 class WidgetView:
     """Widgets rendered in one page, wired to their Python objects."""
 

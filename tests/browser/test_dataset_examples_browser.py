@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 import pycircuits_widgets as pcw
-from harness import HarnessComm, explorer_section, saved_page_open
+from harness import explorer_section, saved_page_open, show_explorer
 from pycircuits_widgets.corpus import Corpus
 from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.widgets.core import offline
@@ -35,14 +35,6 @@ def swept(model, tmp_path_factory):
     return pcw.sweep(model, Corpus.python_stdlib(), tmp_path_factory.mktemp("sweep") / "store", seq_len=T, k=K,
                      max_windows=N, progress=False)
 
-
-def show_explorer(show, explorer):
-    """Show the explorer; its children's messages travel like the explorer's own."""
-    view = show(explorer)
-    for child in explorer.views().values():
-        view.widgets[child.model_id] = child
-        child.comm = HarnessComm(view, child.model_id)
-    return view
 
 
 def shown_windows(section):

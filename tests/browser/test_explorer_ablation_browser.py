@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import pycircuits_widgets as pcw
-from harness import HarnessComm, explorer_section, saved_page_open
+from harness import explorer_section, saved_page_open, show_explorer
 from pycircuits_widgets.demo import SAMPLE_TEXT
 
 pytestmark = pytest.mark.browser
@@ -17,14 +17,6 @@ pytestmark = pytest.mark.browser
 def model():
     return pcw.load_pretrained("attn-only-2l")
 
-
-def show_explorer(show, explorer):
-    """Show the explorer; its children's messages travel like the explorer's own."""
-    view = show(explorer)
-    for child in explorer.views().values():
-        view.widgets[child.model_id] = child
-        child.comm = HarnessComm(view, child.model_id)
-    return view
 
 
 def test_ablate_a_head_see_the_loss_change_and_toggle_back(show, model, tmp_path):

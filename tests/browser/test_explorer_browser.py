@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pycircuits_widgets as pcw
-from harness import HarnessComm
+from harness import show_explorer
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser
@@ -27,14 +27,6 @@ VIEWS = {
     "eigen": "[data-testid=scatter] g.head",
 }
 
-
-def show_explorer(show, explorer):
-    """Show the explorer; its children's messages travel like the explorer's own."""
-    view = show(explorer)
-    for child in explorer.views().values():
-        view.widgets[child.model_id] = child
-        child.comm = HarnessComm(view, child.model_id)
-    return view
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import pycircuits_widgets as pcw
+from harness import show_explorer
 from random_models import custom_model, paper_model
 
 pytestmark = pytest.mark.browser
@@ -155,8 +156,6 @@ def test_explorer_has_no_sideways_scroll_and_no_hidden_table_column(show, page, 
     model = paper_model(n_layers=2, n_heads=3, n_ctx=64, dtype=torch.float32)
     explorer = pcw.CircuitExplorer(model, "t1 t2 t3 t4 t1 t2 t3 t4 " * 6)
     explorer.wait()
-    from test_explorer_browser import show_explorer
-
     view = show_explorer(show, explorer)
     page.locator(".pcw-explorer section[data-view=trigrams] tr.trigram").first.wait_for()
     assert page.evaluate("document.documentElement.scrollWidth") <= width
