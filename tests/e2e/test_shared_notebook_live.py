@@ -35,6 +35,10 @@ def views_rendered(page):
                            f"document.querySelectorAll('.jp-OutputArea-output .pcw-colored-tokens .token').length === "
                            f"{2 * N_TOKENS_VIEWS} + document.querySelectorAll('.pcw-explorer .pcw-colored-tokens .token').length")
     assert out.locator(".pcw-colored-tokens").count() == N_TOKENS_VIEWS + 1
+    # the bundle's CSS, packed in the carrier's _esm: added to the document once, styling the
+    # views (a token's rounded corners are widget.css's; a span has none)
+    assert page.evaluate("() => document.querySelectorAll('style[data-pcw-styles]').length") == 1
+    assert out.locator(".pcw-colored-tokens .token").first.evaluate("(el) => getComputedStyle(el).borderTopLeftRadius") == "2px"
 
 
 def test_views_render_from_stubs_and_the_saved_notebook_holds_the_bundle_once(lab_page, jupyter_lab):
