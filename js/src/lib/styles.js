@@ -32,7 +32,9 @@ export function useStyles(css) {
 export function applyStyles(el) {
   if (!styles) return;
   const root = el.getRootNode();
-  const parent = typeof ShadowRoot !== "undefined" && root instanceof ShadowRoot ? root : el.ownerDocument.head;
+  // a shadow root (checked by shape: one made in another frame is not this window's ShadowRoot)
+  const inShadow = root.nodeType === 11 && "host" in root;
+  const parent = inShadow ? root : el.ownerDocument.head;
   for (const child of parent.children) {
     if (child.localName === "style" && child.hasAttribute(STYLE_MARK) && child.textContent === styles) return;
   }
