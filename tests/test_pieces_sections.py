@@ -161,3 +161,49 @@ def test_the_neurons_view_meters_each_stage_and_is_cancelled_midway(manual_kerne
     view.active = True
     assert view.wait(WAIT) and view.progress == {} and view.ranking == "norm"
     assert view.neurons.tolist() == torch.topk(neuron_out_norms(rotary_mlp)[0], 10).indices.tolist()
+
+
+# -- path expansion --------------------------------------------------------------------------------
+def test_path_expansion_comes_one_term_a_piece_and_equals_the_plain_function(shipped, rotary_mlp):
+    from pycircuits_widgets.analysis.path_expansion import path_expansion, path_expansion_steps
+
+    for model, text in ((shipped, "def f(x): return x"), (rotary_mlp, TEXT)):
+        run = pcw.run(model, text)
+        pieces, pe = run_through(path_expansion_steps(model, run))
+        n = len(pe.terms)
+        assert pieces == [(i, n) for i in range(n + 1)]
+        plain = path_expansion(model, run)
+        assert [(t.source, t.heads) for t in pe.terms] == [(t.source, t.heads) for t in plain.terms]
+        pieces, stacked = run_through(pe.stacked_logits_steps())
+        assert pieces == [(i, n) for i in range(n + 1)]
+        assert pe.stacked_logits is stacked  # kept
+        assert same(stacked, plain.stacked_logits)
+        pieces, importance = run_through(pe.term_importance_steps())
+        assert pieces == [(i, n) for i in range(n + 1)]
+        assert same(importance, plain.term_importance())
+
+
+def test_the_path_expansion_view_meters_three_stages_and_is_cancelled_midway(manual_kernel_loop, monkeypatch,
+                                                                            rotary_mlp):
+    from pycircuits_widgets.analysis.path_expansion import PathExpansion
+
+    real = PathExpansion.term_importance_steps
+    held = Held(real, hold=2)
+    monkeypatch.setattr(PathExpansion, "term_importance_steps", lambda pe: held(pe))
+    view = pcw.PathExpansion(rotary_mlp, TEXT, active=False)
+    seen = counted(view)
+    view.active = True
+    assert held.held.wait(WAIT)  # terms and their logits done, 2 importances computed
+    view._runner._drain()
+    texts = [p["text"] for p in seen if p]
+    assert texts[0] == "path expansion: terms" and "path expansion: logits of each term" in texts
+    assert seen[-1]["text"] == "path expansion: loss without each term"
+    view.cancel()
+    held.release.set()
+    assert view.wait(WAIT) and not view.busy
+    assert held.seen[-1][0] == 2 and view.terms == [] and view.progress["state"] == "cancelled"
+    monkeypatch.setattr(PathExpansion, "term_importance_steps", real)
+    view.active = True
+    assert view.wait(WAIT) and view.progress == {} and view.terms
+    plain = pcw.analysis.path_expansion(rotary_mlp, pcw.run(rotary_mlp, TEXT), view._max_order)
+    assert same(view.importance, plain.term_importance().float())
