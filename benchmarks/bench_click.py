@@ -2,7 +2,10 @@
 forward pass of the same Hugging Face model measured in the same run.
 
 Run:  .venv/bin/python benchmarks/bench_click.py [--shapes gpt2-small] [--tokens 100] [--threads 2]
-      [--profile] [--fill-heads N] [--smoke]
+      [--profile] [--fill-heads N] [--busy N] [--smoke]
+
+``--busy N``: the whole measurement (forward included) runs beside N single-core busy processes
+(``busy.py``); the header says what fair CPU sharing alone would cost.
 
 ``--smoke``: ``bench_build``'s ``tiny`` shape (2 x 4 heads) on 20 tokens: checks that the script runs end to end.
 
@@ -32,14 +35,18 @@ worker threads and the clock stops when every view shows the new head (no view b
 Targets (issue 25): revisit <= 0.3 forwards; first visit <= 8 forwards, all but the exact
 table <= 1 forward.
 
-* screen floor: what the exact table's low-precision screens alone cost at this shape, measured
-  in the same run: one block of ``block_rows`` sources through ``screen.ProductScreen`` (this
-  machine's exact route) against all ``d_vocab`` columns, times the blocks of one OV screen and
-  one QK screen (rotary: of the window's bound, inner dimension d_head plus the rotary pairs;
-  the per-offset screens of the sources that bound leaves come on top). On random weights no
-  cheaper bound rules a source out (the norm and ellipsoid bounds are 2.6-7x above each source's
-  best score, while the k-th score is within 1.2x of 97% of them), so every source is screened:
-  the first visit cannot beat this floor with this kernel. ``--profile`` prints where the first visit and the revisit spend their time
+* screen floor: what the exact table's low-precision screens cost for the sources the first visit
+  cannot skip, measured in the same run on the clicked head's own factors. The search
+  (``analysis.skip_trigrams.top_skip_trigrams``) visits sources in order of their norm bound and
+  stops once that bound falls to its running k-th score, which never exceeds the final k-th score;
+  so every source whose norm bound beats the final k-th score (read from the head's exact table,
+  cached by the first visit) is screened, on the QK side (rotary: against the window's bound,
+  ``window_bound``, per destination tile) and on the OV side, by any run of this search. The floor
+  is those sources' blocks times one block of each screen (``screen.ProductScreen``, this machine's
+  exact route), best of 3; the per-offset screens of the sources the window bound leaves, the exact
+  rescoring and the other views come on top. (Before issue 43 the floor screened every source of
+  random factors, which the first visit does not: it read above the first visit it bounded.)
+``--profile`` prints where the first visit and the revisit spend their time
 (cProfile of this thread and the views' worker threads, cumulative).
 """
 
@@ -57,19 +64,24 @@ import torch
 
 import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
 from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
+from busy import busy, expected_slowdown  # noqa: E402
 from peaks import best_seconds  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
 import transformers  # noqa: E402
 from pycircuits_widgets.analysis import cache  # noqa: E402
+from pycircuits_widgets.analysis.rotary import rotations  # noqa: E402
+from pycircuits_widgets.analysis.skip_trigrams import centred_factors, kept_head_table, window_bound  # noqa: E402
+from pycircuits_widgets.linalg import spectral_norm  # noqa: E402
 from pycircuits_widgets.screen import ProductScreen  # noqa: E402
 
 SHAPES = {**bench_build.SHAPES, "gpt2-small": lambda: transformers.GPT2Config(vocab_size=49152)}
 """``bench_build``'s shapes, GPT-2 small with a vocabulary the explorer accepts with the shipped
 1024-token tokenizer (a multiple of 64)."""
-def click(explorer, layer: int, head: int) -> dict:
+def click(explorer, layer: int, head: int, tick=None) -> dict:
     """Select ``(layer, head)`` and apply the views' results until every view is final; returns
-    seconds until every view but the skip-trigram table is final ("others") and until all are."""
+    seconds until every view but the skip-trigram table is final ("others") and until all are.
+    ``tick()``, if given, is called after each round of applied results."""
     views = explorer.views()
     runners = [v._runner for v in views.values() if hasattr(v, "_runner")]
     table = views["trigrams"]
@@ -80,6 +92,8 @@ def click(explorer, layer: int, head: int) -> dict:
     while True:
         for runner in runners:
             runner._drain()
+        if tick is not None:
+            tick()
         if others is None and not any(v.busy for name, v in views.items() if name != "trigrams"):
             others = time.perf_counter() - t0
         if others is not None and not table.busy:
@@ -87,16 +101,25 @@ def click(explorer, layer: int, head: int) -> dict:
         time.sleep(0.002)
 
 
-def screen_floor(cfg, rotary: bool) -> float:
-    """Seconds of the exact table's screens at ``cfg``'s shape (module docstring, "screen floor")."""
-    g = torch.Generator().manual_seed(0)
-    V = cfg.d_vocab
-    seconds = 0.0
-    for r in (cfg.d_head, cfg.d_head + cfg.rotary_dim // 2 if rotary else cfg.d_head):  # OV, then QK
-        s = ProductScreen(torch.randn(V, r, generator=g), torch.randn(r, V, generator=g))
-        rows = torch.arange(min(s.block_rows, V))
-        seconds += V / rows.numel() * best_seconds(lambda: s.row_max_upper(rows), 3)
-    return seconds
+def screen_floor(model, layer: int, head: int, k: int, window) -> tuple[float, int]:
+    """``(seconds, sources)`` of the screens the first visit of ``(layer, head)`` cannot avoid (module
+    docstring, "screen floor"); call it after that visit (it reads the head's cached exact table)."""
+    table = kept_head_table(model, layer, head, k, offset=window)
+    if table is None:
+        raise RuntimeError(f"screen_floor: L{layer}.H{head}'s exact table is not cached: click the head first")
+    tau = float(table.score[-1]) if table.score.numel() == k else 0.0  # fewer triples: every source counts
+    with torch.no_grad():
+        q, kk, v, u = centred_factors(model, layer, head)
+        R = None if window is None else rotations(model.cfg, list(window), q.dtype, q.device, layer=layer)
+        q_max = q.norm(dim=1).max() * (1 if R is None else spectral_norm(R, "the rotary maps").max())
+        bound = kk.norm(dim=1) * q_max * v.norm(dim=1) * u.norm(dim=0).max()  # the search's norm bound
+        qw, kw = (q, kk) if R is None else window_bound(q, kk, R)
+        qk_screen, ov_screen = ProductScreen(kw, qw.T), ProductScreen(v, u)
+        sources = int((bound > tau).sum())
+        rows = torch.argsort(bound, descending=True)[:qk_screen.block_rows]
+        block = (best_seconds(lambda: qk_screen.tile_max_upper(rows), 3)
+                 + best_seconds(lambda: ov_screen.row_max_upper(rows), 3))
+    return sources / rows.numel() * block, sources
 
 
 def profiled(fn):
@@ -162,8 +185,9 @@ def measure(shape: str, tok, n_tokens: int, profile: bool, fill_heads: int | Non
     cache.discard(model, lambda key: target in key or key[1:3] == target)
     with torch.no_grad():  # again next to the clicks: the least disturbed of both runs is the yardstick
         forward = min(forward, best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False))
-    floor = screen_floor(cfg, explorer.views()["trigrams"]._window is not None)
     first = profiled(lambda: click(explorer, *target)) if profile else click(explorer, *target)
+    table = explorer.views()["trigrams"]
+    floor, floor_sources = screen_floor(model, *target, table.k, table._window)
     revisit = profiled(lambda: click(explorer, *start)) if profile else click(explorer, *start)
     filled, n_filled = fill(explorer, fill_heads)
     # a filled head never shown: in the last filled layer (a layer with writers before it when it can)
@@ -173,7 +197,7 @@ def measure(shape: str, tok, n_tokens: int, profile: bool, fill_heads: int | Non
     after_fill = click(explorer, *after)
     misses = cache.stats(model)["misses"] - hits["misses"]
     return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", d_model=cfg.d_model, vocab=cfg.d_vocab,
-                n=ids.shape[1], forward=forward, floor=floor, shown=shown, complete=complete, first=first, revisit=revisit,
+                n=ids.shape[1], forward=forward, floor=floor, floor_sources=floor_sources, shown=shown, complete=complete, first=first, revisit=revisit,
                 filled=filled, n_filled=n_filled, after_fill=after_fill, after=after, misses=misses,
                 cached=cache.stored_bytes(model))
 
@@ -186,9 +210,12 @@ def main():
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--fill-heads", type=int, default=None, help="heads the background fill runs over "
                         "(default: all)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="run beside N single-core busy processes")
     parser.add_argument("--smoke", action="store_true", help=f"{bench_build.SMOKE_SHAPE!r} shape, "
                         f"{bench_build.SMOKE_TOKENS} tokens: checks that the script runs end to end")
     args = parser.parse_args()
+    if args.busy < 0:
+        parser.error(f"--busy must be >= 0, got {args.busy}")
     if args.smoke:
         args.shapes, args.tokens = [bench_build.SMOKE_SHAPE], bench_build.SMOKE_TOKENS
     if args.fill_heads is not None and args.fill_heads < 2:  # the click after the fill needs a filled head never shown
@@ -200,26 +227,28 @@ def main():
     tok = tokenizer()
     print(f"CircuitExplorer head change vs one eager HF forward with attentions, {args.tokens} tokens, random weights; "
           f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, "
-          f"cache budget {cache.budget() >> 20} MiB")
+          f"cache budget {cache.budget() >> 20} MiB, {args.busy} busy processes (fair sharing alone: "
+          f"{expected_slowdown(args.threads, args.busy):.2f}x slower)")
     print("| shape | heads | d_model | vocab | tokens | forward (s) | first visit, all views (s / fwd) "
-          "| first visit, all but the exact table (s / fwd) | screen floor (s / fwd) | revisit (s / fwd) | build shown / complete (s) "
+          "| first visit, all but the exact table (s / fwd) | screen floor (s / fwd; sources it must screen) | revisit (s / fwd) | build shown / complete (s) "
           "| background fill (s, heads) | after the fill: click, all views (s / fwd) "
           "| cached (MiB) | load avg (1 min) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
-    for shape in args.shapes:
-        r = measure(shape, tok, args.tokens, args.profile, args.fill_heads)
-        f = r["forward"]
-        print(f"| {r['shape']} | {r['heads']} | {r['d_model']} | {r['vocab']} | {r['n']} | {f:.3f} "
-              f"| {r['first']['all']:.2f} ({r['first']['all'] / f:.1f}) "
-              f"| {r['first']['others']:.2f} ({r['first']['others'] / f:.1f}) "
-              f"| {r['floor']:.2f} ({r['floor'] / f:.1f}) "
-              f"| {r['revisit']['all']:.3f} ({r['revisit']['all'] / f:.2f}) "
-              f"| {r['shown']:.1f} / {r['complete']:.1f} "
-              f"| {r['filled']:.0f} ({r['n_filled']} heads, {r['filled'] / r['n_filled']:.1f} s each) "
-              f"| {r['after_fill']['all']:.3f} ({r['after_fill']['all'] / f:.2f}; L{r['after'][0]}.H{r['after'][1]}, "
-              f"{r['misses']} cache misses) "
-              f"| {r['cached'] / 2**20:.0f} "
-              f"| {os.getloadavg()[0]:.1f} |", flush=True)
+    with busy(args.busy):  # (0: none)
+        for shape in args.shapes:
+            r = measure(shape, tok, args.tokens, args.profile, args.fill_heads)
+            f = r["forward"]
+            print(f"| {r['shape']} | {r['heads']} | {r['d_model']} | {r['vocab']} | {r['n']} | {f:.3f} "
+                  f"| {r['first']['all']:.2f} ({r['first']['all'] / f:.1f}) "
+                  f"| {r['first']['others']:.2f} ({r['first']['others'] / f:.1f}) "
+                  f"| {r['floor']:.2f} ({r['floor'] / f:.1f}; {r['floor_sources']} of {r['vocab']} sources) "
+                  f"| {r['revisit']['all']:.3f} ({r['revisit']['all'] / f:.2f}) "
+                  f"| {r['shown']:.1f} / {r['complete']:.1f} "
+                  f"| {r['filled']:.0f} ({r['n_filled']} heads, {r['filled'] / r['n_filled']:.1f} s each) "
+                  f"| {r['after_fill']['all']:.3f} ({r['after_fill']['all'] / f:.2f}; L{r['after'][0]}.H{r['after'][1]}, "
+                  f"{r['misses']} cache misses) "
+                  f"| {r['cached'] / 2**20:.0f} "
+                  f"| {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

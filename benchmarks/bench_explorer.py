@@ -30,6 +30,9 @@ the page's share of a click from the kernel's.
 (``script_origins``: this package's bundle, JupyterLab and its extensions, the browser's own
 functions, garbage collection), with the five busiest functions of each.
 
+``--busy N``: the warm-up and timed clicks run beside N single-core busy processes (``busy.py``; the
+setup and the fill do not), as on a user's busy machine; the load average is printed at the end.
+
 ``--smoke``: one click after one warm-up, on the shipped model: checks that the script runs end to end.
 
 ``--model llama-135m``: ``bench_build``'s 30-layer LLaMA shape (30 x 9 heads, 3 key-value heads,
@@ -46,6 +49,7 @@ are first visits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -58,6 +62,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
+from busy import busy, expected_slowdown  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
 from harness import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from live_lab import JupyterLab, kernel_eval, kernel_exec, open_notebook, run_all_cells, write_notebook  # noqa: E402
 
@@ -251,6 +256,8 @@ def main():
     parser.add_argument("--fill-heads", type=int, default=None, help="with --fill: wait for the first N heads only")
     parser.add_argument("--trace", action="store_true", help="the page's main-thread work per click (module docstring)")
     parser.add_argument("--profile", action="store_true", help="the page's script time per click by origin (module docstring)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="click beside N single-core busy processes "
+                        "(module docstring)")
     parser.add_argument("--smoke", action="store_true", help="one click (after one warm-up) on the shipped model: "
                         "checks that the script runs end to end (its numbers mean nothing)")
     args = parser.parse_args()
@@ -280,6 +287,8 @@ def main():
             heads = heads[:filled]
             fill_load = os.getloadavg()[0]
         order = heads_to_click(heads, args.clicks + warmup, (0, 0))
+        loaded = contextlib.ExitStack()
+        loaded.enter_context(busy(args.busy))
         for head in order[:warmup]:
             click(page, head)
         if args.trace:
@@ -289,6 +298,8 @@ def main():
             cdp.send("Profiler.enable")
             cdp.send("Profiler.start")
         ms = np.array([click(page, head) for head in order[warmup:]])
+        click_load = os.getloadavg()[0]
+        loaded.close()
         work = page_work(json.loads(browser.stop_tracing()), args.clicks) if args.trace else None
         origins = script_origins(cdp.send("Profiler.stop")["profile"], args.clicks, "blob:") if args.profile else None
         version = browser.version
@@ -298,6 +309,9 @@ def main():
           f"{args.clicks} clicks (+{warmup} warm-up), {args.model} ({n_layers}x{n_heads} heads, d_vocab {d_vocab})")
     print(f"jupyterlab {jupyterlab.__version__}, anywidget {anywidget.__version__}, chromium {version}, "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f}")
+    if args.busy:
+        print(f"clicks beside {args.busy} busy processes (fair sharing alone: a 2-thread job "
+              f"{expected_slowdown(2, args.busy):.2f}x slower); load avg {click_load:.1f} at the last click")
     if filled is not None:
         print(f"background fill: {fill_s:.0f} s for {filled} of {n_layers * n_heads} heads "
               f"({fill_s / filled:.1f} s each, load avg {fill_load:.1f} at its end); clicks on filled heads only")

@@ -22,6 +22,7 @@ import torch
 from ..factored import linalg_dtype
 from ..models.circuit_model import ACTIVATIONS
 from .circuits import check_head, check_index, mlp_reader, require_mlp
+from .pieces import drained
 
 
 def mlp_input(model, cache, layer: int) -> torch.Tensor:
@@ -38,15 +39,31 @@ def mlp_input(model, cache, layer: int) -> torch.Tensor:
     return (x / cache.ln_scale_mlp[:, layer, :, None].to(x.dtype)).to(model.dtype)
 
 
-@torch.no_grad()
 def neuron_activations(model, cache, layer: int | None = None) -> torch.Tensor:
     """Every neuron's activation in layer ``layer``'s MLP on the cached text, ``[b, pos, d_mlp]``: what
     ``W_out`` reads, ``act(x W_in + b_in)``, or ``act(x W_gate + b_gate) * (x W_in + b_in)`` for a
     gated MLP (``x``: ``mlp_input``), times the routing weight of a mixture of experts. So
     ``activations @ W_out[l] + b_out[l]`` is ``cache.mlp_out[:, l]`` (before a post-norm).
-    ``layer=None``: every layer's, ``[b, n_layers, pos, d_mlp]``."""
+    ``layer=None``: every layer's, ``[b, n_layers, pos, d_mlp]`` (``neuron_activations_steps`` run through)."""
     if layer is None:
-        return torch.stack([neuron_activations(model, cache, l) for l in range(model.cfg.n_layers)], 1)
+        return drained(neuron_activations_steps(model, cache))
+    return _layer_activations(model, cache, layer)
+
+
+def neuron_activations_steps(model, cache):
+    """Every layer's ``neuron_activations`` in pieces (``analysis.pieces``): one layer each, yielding
+    ``(done, n_layers)``; returns ``[b, n_layers, pos, d_mlp]``."""
+    L = model.cfg.n_layers
+    layers = []
+    yield 0, L
+    for layer in range(L):
+        layers.append(_layer_activations(model, cache, layer))
+        yield layer + 1, L
+    return torch.stack(layers, 1)
+
+
+@torch.no_grad()
+def _layer_activations(model, cache, layer: int) -> torch.Tensor:
     xn = mlp_input(model, cache, layer)
     cfg, act = model.cfg, ACTIVATIONS[model.cfg.act_fn]
     b_in = model.b_in[layer] if model.b_in is not None else 0
@@ -94,15 +111,43 @@ def top_tokens(term: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.
     return top.values, top.indices
 
 
-@torch.no_grad()
 def neuron_out_norms(model, layer: int | None = None) -> torch.Tensor:
     """``||W_out[n] W_U||`` for every neuron of layer ``layer``, ``[d_mlp]`` (``None``: of every layer,
-    ``[n_layers, d_mlp]``): how strongly a unit of its activation moves the logits, from the Gram
-    matrix ``W_U W_U^T`` (never the dense ``[d_mlp, d_vocab]`` product)."""
-    require_mlp(model, 0 if layer is None else layer)
-    work = linalg_dtype(model.W_U.dtype)
-    W_out, W_U = (model.W_out if layer is None else model.W_out[layer]).to(work), model.W_U.to(work)
-    return ((W_out @ (W_U @ W_U.T)) * W_out).sum(-1).clamp_min(0).sqrt()
+    ``[n_layers, d_mlp]``, ``neuron_out_norms_steps`` run through): how strongly a unit of its activation
+    moves the logits, from the Gram matrix ``W_U W_U^T`` (never the dense ``[d_mlp, d_vocab]`` product)."""
+    if layer is None:
+        return drained(neuron_out_norms_steps(model))
+    require_mlp(model, layer)
+    return _layer_out_norms(model, layer, _unembedding_gram(model))
+
+
+def neuron_out_norms_steps(model):
+    """Every layer's ``neuron_out_norms`` in pieces (``analysis.pieces``): the Gram ``W_U W_U^T`` first
+    (``("gram", 1, 1)``: ``d_vocab`` times a layer's work at LLaMA-135M shapes), then one layer each
+    (``("layers", done, n_layers)``); returns ``[n_layers, d_mlp]``."""
+    require_mlp(model, 0)
+    L = model.cfg.n_layers
+    yield "gram", 0, 1
+    gram = _unembedding_gram(model)
+    yield "gram", 1, 1
+    norms = []
+    for layer in range(L):
+        norms.append(_layer_out_norms(model, layer, gram))
+        yield "layers", layer + 1, L
+    return torch.stack(norms)
+
+
+@torch.no_grad()
+def _unembedding_gram(model) -> torch.Tensor:
+    """``W_U W_U^T [d_model, d_model]`` in the weights' ``linalg_dtype``."""
+    W_U = model.W_U.to(linalg_dtype(model.W_U.dtype))
+    return W_U @ W_U.T
+
+
+@torch.no_grad()
+def _layer_out_norms(model, layer: int, gram: torch.Tensor) -> torch.Tensor:
+    W_out = model.W_out[layer].to(gram.dtype)
+    return ((W_out @ gram) * W_out).sum(-1).clamp_min(0).sqrt()
 
 
 def ranked_neurons(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

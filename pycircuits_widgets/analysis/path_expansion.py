@@ -50,6 +50,7 @@ from ..models.circuit_model import next_token_loss
 from .activations import RunResult
 from ..factored import FactoredMatrix
 from .circuits import TensorProductTerm
+from .pieces import drained
 
 
 LINEARISED = {
@@ -143,10 +144,27 @@ class PathExpansion:
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @functools.cached_property
-    @torch.no_grad()
     def stacked_logits(self) -> torch.Tensor:
-        """Every term's logits at once, ``[n_terms, batch, pos, d_vocab]`` (computed once, then reused)."""
-        return torch.stack([t.term(self.sources[t.source]) for t in self.terms])
+        """Every term's logits at once, ``[n_terms, batch, pos, d_vocab]`` (computed once, then reused;
+        ``stacked_logits_steps`` run through)."""
+        return drained(self.stacked_logits_steps())
+
+    @torch.no_grad()
+    def stacked_logits_steps(self):
+        """``stacked_logits`` in pieces (``analysis.pieces``): one term's logits each, yielding
+        ``(done, n_terms)``; returns them and keeps them (``stacked_logits`` then answers at once)."""
+        if "stacked_logits" in self.__dict__:  # (cached_property's own slot)
+            return self.__dict__["stacked_logits"]
+        out = None
+        yield 0, len(self.terms)
+        for i, t in enumerate(self.terms):
+            logits = t.term(self.sources[t.source])
+            if out is None:  # (one buffer: no list of every term's logits beside the stack)
+                out = logits.new_empty((len(self.terms), *logits.shape))
+            out[i] = logits
+            yield i + 1, len(self.terms)
+        self.__dict__["stacked_logits"] = out
+        return out
 
     def term_logits(self, i: int) -> torch.Tensor:
         return self.stacked_logits[i]
@@ -184,13 +202,21 @@ class PathExpansion:
 
     def term_importance(self) -> torch.Tensor:
         """Loss increase when one term is removed from the full sum: ``[n_terms]`` (ablation; a final
-        soft-cap applied to each sum)."""
+        soft-cap applied to each sum; ``term_importance_steps`` run through)."""
+        return drained(self.term_importance_steps())
+
+    @torch.no_grad()
+    def term_importance_steps(self):
+        """``term_importance`` in pieces (``analysis.pieces``): one term's ablated loss each, yielding
+        ``(done, n_terms)`` (after ``stacked_logits``, computed at once here if not yet)."""
         full = self.total()
         base = next_token_loss(self.capped(full), self.tokens).mean()
-        return torch.stack([
-            next_token_loss(self.capped(full - self.term_logits(i)), self.tokens).mean() - base
-            for i in range(len(self.terms))
-        ])
+        losses = []
+        yield 0, len(self.terms)
+        for i in range(len(self.terms)):
+            losses.append(next_token_loss(self.capped(full - self.term_logits(i)), self.tokens).mean() - base)
+            yield i + 1, len(self.terms)
+        return torch.stack(losses)
 
 
 def path_specs(cfg, max_order: int | None = None) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
@@ -218,7 +244,6 @@ def path_specs(cfg, max_order: int | None = None) -> list[tuple[str, tuple[tuple
     return specs + [("b_U", ())]
 
 
-@torch.no_grad()
 def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathExpansion:
     """Exact path expansion of ``model``'s logits on ``text_or_tokens`` (module docstring).
 
@@ -228,8 +253,17 @@ def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathE
     with that many heads reads the whole stream at its first head, so the terms always sum to the
     logits (before a final soft-cap). Terms of sources a model lacks (biases, MLPs) are left out.
     Raises ``NonlinearFeatureError`` naming a feature of the model that is not linear on this run
-    (``LINEARISED``).
+    (``LINEARISED``). ``path_expansion_steps`` run through.
     """
+    return drained(path_expansion_steps(model, text_or_tokens, max_order))
+
+
+@torch.no_grad()
+def path_expansion_steps(model, text_or_tokens, max_order: int | None = None):
+    """``path_expansion`` in pieces (``analysis.pieces``): the forward (unless given a ``RunResult``)
+    and the sources before the first piece, then one term each (its positions factor: the product of
+    its heads' patterns), yielding ``(done, n_terms)``; returns the ``PathExpansion``. Each term's
+    logits are ``PathExpansion.stacked_logits_steps``' pieces."""
     cfg = model.cfg
     check_path_features(cfg)
     if isinstance(text_or_tokens, RunResult):
@@ -286,15 +320,16 @@ def path_expansion(model, text_or_tokens, max_order: int | None = None) -> PathE
         return A, W
 
     terms = []
-    for source, path in path_specs(cfg, max_order):
-        if source not in sources:
-            continue
+    specs = [(source, path) for source, path in path_specs(cfg, max_order) if source in sources]
+    yield 0, len(specs)
+    for source, path in specs:
         if source == "b_U":
             terms.append(PathTerm((), TensorProductTerm(eye[None], model.b_U[None].to(dtype)), "b_U"))
-            continue
-        A, W = head_term(path)
-        terms.append(PathTerm(path, TensorProductTerm(inv[:, -1, :, None] * A, W_U if W is None else FactoredMatrix(W, W_U)),
-                              source))
+        else:
+            A, W = head_term(path)
+            terms.append(PathTerm(path, TensorProductTerm(inv[:, -1, :, None] * A,
+                                                          W_U if W is None else FactoredMatrix(W, W_U)), source))
+        yield len(terms), len(specs)
     return PathExpansion(tokens=tokens, x0=cache.resid[:, 0], terms=terms, logits=logits, sources=sources,
                          final_softcap=cfg.final_softcap)
 

@@ -6,10 +6,12 @@ import torch
 import traitlets
 
 from ...analysis.circuits import require_mlp
-from ...analysis.neurons import neuron_activations, neuron_out_norms, neuron_terms, ranked_neurons, top_tokens
+from ...analysis.neurons import (neuron_activations_steps, neuron_out_norms, neuron_out_norms_steps, neuron_terms,
+                                 ranked_neurons, top_tokens)
 from ..core import offline
 from ..core.arrays import Array, ArrayDict
 from ..core.base import CircuitWidget
+from ..core.meter import metered
 from ..core.selection import Bounded, HeadSelection, Index, PositionSelection, check_model
 from ..core.text_data import TextData
 
@@ -31,6 +33,10 @@ K = Bounded(min=1, max=lambda model: min(100, model.cfg.d_vocab))
 """Bounds of the constructor's ``k`` (tokens per table)."""
 N_NEURONS = Bounded(min=1, max=lambda model: model.cfg.d_mlp)
 """Bounds of the constructor's ``n_neurons`` (neurons listed)."""
+
+STAGES = {"activations": ("neurons: activations on the text", "layers"),
+          "gram": ("neurons: W_U W_U^T", "step"), "layers": ("neurons: ||W_out W_U|| per neuron", "layers")}
+"""The ``progress`` text and unit of each stage of the text's job (each metered apart)."""
 
 LIST_ANSWERS = 64
 """Most (layer, position) neuron lists a saved page holds (about 10 KB; the tables get the rest)."""
@@ -141,10 +147,15 @@ class NeuronView(TextData, HeadSelection, PositionSelection, CircuitWidget):
 
     # -- results (on the runner) ---------------------------------------------------------
     def _text_steps(self, text: str):
+        """The text's forward, every layer's activations (one layer a piece), the norms where the
+        list needs them, then the list; metered."""
         out = self._forward(self.model, text)
-        self._acts = neuron_activations(self.model, out.cache)[0].float()  # [L, pos, d_mlp] of the one text
+        acts = yield from metered(neuron_activations_steps(self.model, out.cache), {None: STAGES["activations"]})
+        self._acts = acts[0].float()  # [L, pos, d_mlp] of the one text
         position = self.position if self.position < out.tokens.shape[-1] else -1
-        yield self._list(*self._ranked(self.layer, position))
+        if position < 0 and self._norms is None:
+            self._norms = (yield from metered(neuron_out_norms_steps(self.model), STAGES)).float()
+        yield {**self._list(*self._ranked(self.layer, position)), "progress": {}}
 
     def _ranked(self, layer: int, position: int) -> tuple[list[int], list[int], torch.Tensor, str]:
         """``[layer, position]``, the listed neurons of ``layer`` for ``position`` (-1: by

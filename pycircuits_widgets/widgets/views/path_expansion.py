@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import traitlets
 
-from ...analysis.path_expansion import LINEARISED, NonlinearFeatureError, check_path_features, path_expansion, path_specs
+from ...analysis.path_expansion import (LINEARISED, NonlinearFeatureError, check_path_features, path_expansion_steps,
+                                        path_specs)
 from ..core.arrays import Array
 from ..core.base import CircuitWidget
+from ..core.meter import metered
 from ..core.payload import JSON_BUFFER
 from ..core.selection import Bounded, HeadSelection, PairSelection, PositionSelection, check_model
 from ..core.text_data import TextData
@@ -14,6 +16,10 @@ from ..core.text_data import TextData
 LADDER = ("direct path only", "+ single heads", "+ virtual heads", "full model")
 """Rungs of the loss ladder, by path order (for a 2-layer attention-only, bias-free model)."""
 
+
+STAGES = {"terms": ("path expansion: terms", "terms"), "logits": ("path expansion: logits of each term", "terms"),
+          "importance": ("path expansion: loss without each term", "terms")}
+"""The ``progress`` text and unit of each stage of a text's job."""
 
 MAX_TERMS = 2048
 """Most path terms the view computes (``prod_l (1 + n_heads)``; each is a [pos, d_vocab] logit table)."""
@@ -101,16 +107,19 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
             self.position = -1
 
     def _text_steps(self, text: str):
+        """The text's forward, then the terms, their logits and their importances, one term a piece
+        (each stage metered apart: ``STAGES``)."""
         out = self._forward(self.model, text)
         cleared = {"tokens": list(out.str_tokens[0]), "terms": [], "ladder": [], "importance": None,
-                   "contributions": None, "refusal": ""}
+                   "contributions": None, "refusal": "", "progress": {}}
         if out.tokens.shape[-1] < 2:  # nothing to predict
             yield cleared
             return
         try:
-            pe = path_expansion(self.model, out, self._max_order)
+            pe = yield from metered(path_expansion_steps(self.model, out, self._max_order), {None: STAGES["terms"]})
+            yield from metered(pe.stacked_logits_steps(), {None: STAGES["logits"]})
             by_order = pe.loss_by_order().tolist()
-            importance = pe.term_importance()
+            importance = yield from metered(pe.term_importance_steps(), {None: STAGES["importance"]})
             contributions = pe.next_token_contributions()[:, 0]
         except NonlinearFeatureError as exc:  # this text, not the view: no terms rather than wrong ones
             yield {**cleared, "refusal": str(exc)}
@@ -125,7 +134,7 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
             + [{"label": LADDER[-1], "loss": float(out.loss)}],
             "importance": importance,
             "contributions": contributions,
-            "refusal": "",
+            "refusal": "", "progress": {},
         }
 
     def _n_positions(self) -> int:

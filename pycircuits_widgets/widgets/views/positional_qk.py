@@ -7,9 +7,10 @@ import torch
 import traitlets
 
 from ...analysis.circuits import model_name
-from ...analysis.positional import attention_by_offset, positional_scores_by_offset
+from ...analysis.positional import attention_by_offset, positional_scores_by_offset_steps
 from ..core.arrays import Array
 from ..core.base import CircuitWidget
+from ..core.meter import metered
 from ..core.selection import HeadSelection, check_model
 from ..core.text_data import TextData
 
@@ -93,15 +94,18 @@ class PositionalQK(TextData, HeadSelection, CircuitWidget):
         return self.positional is not None
 
     def _text_steps(self, text: str):
+        """The text's forward, then the positional scores one layer at a time (metered), then the
+        measured attention and the windows."""
         out = self._forward(self.model, text)
         n = out.tokens.shape[-1]
         if n < 2:  # no offsets to show
             yield {"positional": None, "measured": None, "window": None, "n_tokens": n}
             return
         k = min(self._max_offset, n - 1)
-        positional = positional_scores_by_offset(self.model, n, k, cache=out.cache)
+        positional = yield from metered(positional_scores_by_offset_steps(self.model, n, k, cache=out.cache),
+                                        {None: ("positional: scores by offset", "layers")})
         measured = attention_by_offset(out.patterns[0], k)
-        yield {
+        yield {"progress": {},
             "positional": positional, "measured": measured, "window": head_windows(measured, n),
             "rule": RULES["rotary" if self.model.cfg.positional == "rotary" else "table"], "n_tokens": n,
         }

@@ -1,0 +1,277 @@
+"""Every section of the CircuitExplorer on a real model shape, as seconds and multiples of one forward
+pass of the same Hugging Face model measured in the same run: the build, a head click (first visit,
+revisit, each section's own time), each on-demand section asked for as the page asks for it, the
+measured composition, both ablations and ``save_html``.
+
+Run:  .venv/bin/python benchmarks/bench_sections.py [--shapes llama-135m gpt2-small] [--tokens 100]
+      [--threads 2] [--timeout 45] [--windows 4] [--busy N] [--smoke]
+
+``--smoke``: ``bench_build``'s ``tiny`` shape (2 x 4 heads) on 20 tokens: checks that the script runs.
+
+Models: ``bench_click``'s shapes with random weights (nothing downloaded); the default
+``llama-135m`` is SmolLM2-135M's shape (30 x 9 heads, 3 key-value heads, d_model 576, vocabulary
+49,152, rotary). The text is ``bench_build``'s (``--tokens`` tokens). The explorer is built with a
+tiny corpus sweep (``--windows`` windows of 64 tokens of the Python stdlib corpus, k = 8; setup, not
+timed) so that the dataset-examples section and mean ablation exist; ``--windows 0``: no sweep
+(those two rows then say so). The views' runners work as under a Jupyter kernel (``KernelLoop``)
+and the background fill is stopped: every number is what a user waits for with nothing else running.
+
+Rows (each a time from the request until the section shows something, "first shown", and until
+it is final, "complete"):
+
+* build: ``CircuitExplorer(model, text, sweep=...)`` until every view shows the initial head
+  (shown), then every background job of the views done (complete);
+* first visit: a click on a head never shown (its per-head cache entries dropped, as ``bench_click``),
+  every click view final ("all views") and every one but the exact skip-trigram table ("all but the
+  table"); each click view's own time to final is a row of its own (``click: <view>``);
+* revisit: back to the initial head, every view final;
+* each on-demand section (``registry.ON_DEMAND``: paths, induction, positional, neurons, virtual
+  heads, bigrams; those the model has) asked for as its "compute" button does (``active = True``):
+  first shown when the view has data to draw for the selection (``_ready()``: an induction section
+  showing its strongest pairs while the rest fill in counts), complete when it is no longer busy.
+  Work it then does for a saved page (its kernel-less answers) is cancelled before the next row;
+* measured composition: the composition section switched to ``source = "measured"`` (K), until the
+  matrix is in; ablation zero / mean: ``explorer.ablation`` set, until the ablated run is shown;
+* save_html: ``explorer.save_html(path)`` with its default budget (``SAVE_BUDGET``), and the size.
+
+A section not complete within ``--timeout`` seconds is recorded as "> T s" (with how far its count
+got) and cancelled, so the run stays bounded; that is a finding, not a failure of the script.
+``--busy N`` runs everything beside N single-core busy processes (``busy.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+import torch
+
+import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
+from bench_click import SHAPES, click  # noqa: E402
+from busy import busy, expected_slowdown  # noqa: E402
+from peaks import best_seconds  # noqa: E402
+
+import pycircuits_widgets as pcw  # noqa: E402
+from pycircuits_widgets.analysis import cache  # noqa: E402
+from pycircuits_widgets.corpus import Corpus  # noqa: E402
+from pycircuits_widgets.widgets.core.bundle import BundleMissing  # noqa: E402
+from pycircuits_widgets.widgets.views.registry import ON_DEMAND  # noqa: E402
+
+POLL = 0.005
+"""Seconds between two looks at the views (a benchmark polls; the kernel's loop would apply results)."""
+SWEEP_SEQ, SWEEP_K = 64, 8
+
+
+class Row:
+    """One row: ``first`` (first shown) and ``complete`` seconds, or ``over`` (the timeout hit) with a note."""
+
+    def __init__(self, name, first=None, complete=None, over=None, note=""):
+        self.name, self.first, self.complete, self.over, self.note = name, first, complete, over, note
+
+    def cells(self, forward: float) -> tuple[str, str]:
+        def cell(seconds):
+            return "" if seconds is None else f"{seconds:.2f} ({seconds / forward:.1f})"
+
+        done = f"> {self.over:.0f} s (> {self.over / forward:.0f})" if self.over is not None else cell(self.complete)
+        return cell(self.first), done
+
+
+def runners(explorer):
+    return [explorer._runner] + [v._runner for v in explorer.views().values()]
+
+
+def timed(explorer, start, shown, done, timeout: float, stop=None, count=None) -> Row:
+    """Call ``start()``, then apply every runner's results until ``done()``; ``shown()`` marks the first
+    result. Past ``timeout`` s: ``stop()`` and a row saying how far ``count()`` got."""
+    every = runners(explorer)
+    t0 = time.perf_counter()
+    start()
+    first = None
+    while True:
+        for runner in every:
+            runner._drain()
+        t = time.perf_counter() - t0
+        if first is None and shown():
+            first = t
+        if done():
+            return Row("", first, t)
+        if t > timeout:
+            note = count() if count else ""
+            if stop is not None:
+                stop()
+            return Row("", first, over=timeout, note=note)
+        time.sleep(POLL)
+
+
+def settle(explorer, view=None) -> None:
+    """Cancel what ``view`` still does for a saved page (its kernel-less answers: background work)
+    and wait until no runner computes, so the next row starts on an idle process."""
+    if view is not None:
+        view._runner.cancel_all()
+    for runner in runners(explorer):
+        runner.wait(None)
+
+
+def count_of(view):
+    def count():
+        p = view.progress or {}
+        return f"at {p['done']}/{p['total']} {p.get('unit', '')}".rstrip() if "total" in p else ""
+    return count
+
+
+def on_demand(explorer, name: str, timeout: float) -> Row:
+    view = explorer.views()[name]
+    row = timed(explorer, lambda: explorer.compute(name), view._ready, lambda: view._ready() and not view.busy,
+                timeout, stop=view.cancel, count=count_of(view))
+    settle(explorer, view)
+    return row
+
+
+def measured(explorer, timeout: float) -> Row:
+    view = explorer.composition
+
+    def start():
+        view.kind = "K"
+        view.source = "measured"
+
+    row = timed(explorer, start, lambda: "K" in view.measured, lambda: "K" in view.measured, timeout,
+                stop=lambda: view._runner.cancel("measured"), count=count_of(view))
+    view.source = "weights"
+    settle(explorer)
+    return row
+
+
+def ablation(explorer, kind: str, timeout: float) -> Row:
+    why = explorer.ablation_kinds.get(kind, "")
+    if why:
+        return Row("", note=f"n/a: {why}")
+    label = f"ablated: L{explorer.layer}.H{explorer.head} ({kind})"
+
+    def start():
+        explorer.ablation = kind
+
+    row = timed(explorer, start, lambda: explorer.ablated == label, lambda: explorer.ablated == label, timeout,
+                stop=lambda: explorer._runner.cancel("ablate"))
+    explorer.ablation = "off"
+    settle(explorer)
+    return row
+
+
+def save(explorer, folder: pathlib.Path) -> Row:
+    path = folder / "explorer.html"
+    t0 = time.perf_counter()
+    try:
+        explorer.save_html(path)
+    except BundleMissing as exc:
+        return Row("", note=f"n/a: {exc}")
+    seconds = time.perf_counter() - t0
+    return Row("", complete=seconds, note=f"{path.stat().st_size / 2**20:.1f} MiB")
+
+
+def tiny_sweep(model, folder: pathlib.Path, windows: int):
+    if windows == 0:
+        return None
+    return pcw.sweep(model, Corpus.python_stdlib(), folder / "sweep", seq_len=SWEEP_SEQ, k=SWEEP_K,
+                     max_windows=windows, progress=False)
+
+
+def measure(shape: str, tok, n_tokens: int, timeout: float, windows: int, folder: pathlib.Path):
+    hf, model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
+    sweep = tiny_sweep(model, folder, windows)
+    rows = []
+    t0 = time.perf_counter()
+    explorer = pcw.CircuitExplorer(model, text, sweep=sweep)
+    explorer.stop_background()  # a user's clicks and requests with nothing else running
+    until_shown(explorer)
+    shown = time.perf_counter() - t0
+    explorer.wait(None)
+    rows.append(Row("build", shown, time.perf_counter() - t0))
+    cfg = model.cfg
+    start = (explorer.layer, explorer.head)
+    target = (cfg.n_layers // 2, cfg.n_heads // 2 + 1)  # bench_click's: not the initial head
+    cache.discard(model, lambda key: target in key or key[1:3] == target)
+    with torch.no_grad():
+        forward = min(forward, best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False))
+    views = explorer.views()
+    final = {}
+
+    def each_view():  # a click view's own time to final, noted while the click is applied
+        t = time.perf_counter() - t_click
+        for name, view in views.items():
+            if name not in final and name not in ON_DEMAND and not view.busy:
+                final[name] = t
+
+    t_click = time.perf_counter()
+    first = click(explorer, *target, tick=each_view)
+    rows.append(Row("first visit: all views", complete=first["all"]))
+    rows.append(Row("first visit: all but the exact table", complete=first["others"]))
+    rows += [Row(f"click: {name}", complete=final.get(name)) for name in views if name not in ON_DEMAND]
+    settle(explorer)
+    rows.append(Row("revisit: all views", complete=click(explorer, *start)["all"]))
+    settle(explorer)
+    for name in ON_DEMAND:
+        if name in views:
+            rows.append(on_demand(explorer, name, timeout))
+            rows[-1].name = f"on demand: {name}"
+        else:
+            rows.append(Row(f"on demand: {name}", note="n/a: " + explorer.notices.get(name, "no such section")))
+    if explorer.composition is not None:
+        rows.append(measured(explorer, timeout))
+        rows[-1].name = "measured composition (K)"
+    for kind in ("zero", "mean"):
+        rows.append(ablation(explorer, kind, timeout))
+        rows[-1].name = f"ablation: {kind}"
+    rows.append(save(explorer, folder))
+    rows[-1].name = "save_html (default budget)"
+    explorer.close()
+    return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", vocab=cfg.d_vocab, n=ids.shape[1],
+                forward=forward, rows=rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["llama-135m"])
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--timeout", type=float, default=45.0, help="seconds a section may take before it is "
+                        "recorded as '> T s' and cancelled (default 45)")
+    parser.add_argument("--windows", type=int, default=4, help="corpus windows of the tiny sweep (default 4; "
+                        "0: no sweep)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="run beside N single-core busy processes")
+    parser.add_argument("--smoke", action="store_true", help=f"{bench_build.SMOKE_SHAPE!r} shape, "
+                        f"{bench_build.SMOKE_TOKENS} tokens, 2 windows: checks that the script runs end to end")
+    args = parser.parse_args()
+    if args.smoke:
+        args.shapes, args.tokens, args.windows = [bench_build.SMOKE_SHAPE], bench_build.SMOKE_TOKENS, 2
+    if args.windows < 0 or args.busy < 0 or args.timeout <= 0:
+        parser.error("--windows and --busy must be >= 0, --timeout > 0")
+    torch.set_num_threads(args.threads)
+    from pycircuits_widgets.widgets.core import runner  # the widget layer
+
+    runner._kernel_loop = KernelLoop  # every Runner: background worker, as in a notebook
+    tok = tokenizer()
+    with busy(args.busy), tempfile.TemporaryDirectory(prefix="pcw-bench-sections-") as tmp:
+        print(f"Every CircuitExplorer section vs one eager HF forward with attentions, {args.tokens} tokens, random "
+              f"weights, sweep of {args.windows} x {SWEEP_SEQ} tokens; torch {torch.__version__}, "
+              f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, {args.busy} busy processes "
+              f"(fair sharing alone: {expected_slowdown(args.threads, args.busy):.2f}x slower), "
+              f"load avg at start {os.getloadavg()[0]:.1f}", flush=True)
+        for shape in args.shapes:
+            r = measure(shape, tok, args.tokens, args.timeout, args.windows, pathlib.Path(tmp))
+            f = r["forward"]
+            print(f"\n{r['shape']} ({r['heads']} heads, vocabulary {r['vocab']}, {r['n']} tokens): forward {f:.3f} s")
+            print("| section | first shown (s / fwd) | complete (s / fwd) | note |")
+            print("|---|---|---|---|")
+            for row in r["rows"]:
+                shown, done = row.cells(f)
+                print(f"| {row.name} | {shown} | {done} | {row.note} |", flush=True)
+            print(f"load avg (1 min) at the end: {os.getloadavg()[0]:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The on-demand sections path expansion, positional and neurons, and the exact skip-trigram table,
+in pieces (issue 43): each analysis is a generator of ``(done, total)`` pieces whose run-through is the
+plain function (bit-equal by construction: checked here on a shipped model and a rotary MLP model);
+its view reports a count and an estimate, and stops between two pieces when cancelled, keeping what it
+had. Deterministic: a test holds a piece of the real analysis on an event, never on time."""
+
+import threading
+
+import pytest
+import torch
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis.neurons import (neuron_activations, neuron_activations_steps, neuron_out_norms,
+                                                 neuron_out_norms_steps)
+from pycircuits_widgets.analysis.positional import positional_scores_by_offset, positional_scores_by_offset_steps
+from random_models import custom_model
+from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
+
+TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return pcw.load_pretrained("attn-only-2l")
+
+
+@pytest.fixture(scope="module")
+def rotary_mlp():
+    return custom_model(n_layers=3, positional="rotary", attn_only=False, d_mlp=16, act_fn="gelu",
+                        dtype=torch.float32, seed=5)
+
+
+def run_through(steps):
+    """``(pieces, result)``: every item a pieces generator yields, and what it returns."""
+    pieces = []
+    while True:
+        try:
+            pieces.append(next(steps))
+        except StopIteration as stop:
+            return pieces, stop.value
+
+
+def same(a, b) -> bool:
+    """Bit-equal (NaN where NaN); ``a`` may be a view's numpy trait."""
+    a = torch.as_tensor(a)
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+
+
+class Held:
+    """Wraps a pieces generator: the ``hold``-th piece (1-based) waits, once computed, until
+    ``release`` is set (``held`` is set when it gets there); ``seen`` lists the pieces yielded."""
+
+    def __init__(self, steps_function, hold: int):
+        self.function, self.hold = steps_function, hold
+        self.held, self.release = threading.Event(), threading.Event()
+        self.seen = []
+
+    def __call__(self, *args, **kwargs):
+        steps = self.function(*args, **kwargs)
+        while True:
+            try:
+                item = next(steps)
+            except StopIteration as stop:
+                return stop.value
+            self.seen.append(item)
+            if item[-2] == self.hold:
+                self.held.set()
+                assert self.release.wait(WAIT)
+            yield item
+
+
+# -- the analyses: pieces run through are the plain function -----------------------------------
+def test_positional_scores_come_one_layer_a_piece_and_equal_the_plain_function(shipped, rotary_mlp):
+    for model, cache in ((shipped, None), (rotary_mlp, pcw.run(rotary_mlp, TEXT).cache)):
+        n_pos = 8 if cache is None else cache.tokens.shape[-1]
+        pieces, scores = run_through(positional_scores_by_offset_steps(model, n_pos, 5, cache=cache))
+        L = model.cfg.n_layers
+        assert pieces == [(i, L) for i in range(L + 1)]
+        assert same(scores, positional_scores_by_offset(model, n_pos, 5, cache=cache))
+
+
+def test_positional_pieces_refuse_bad_arguments_before_the_first_piece(shipped):
+    with pytest.raises(ValueError, match="max_offset must be in"):
+        next(positional_scores_by_offset_steps(shipped, 8, 8))
+
+
+def test_neuron_activations_and_norms_come_one_layer_a_piece_and_equal_the_plain_functions(rotary_mlp):
+    cache = pcw.run(rotary_mlp, TEXT).cache
+    pieces, acts = run_through(neuron_activations_steps(rotary_mlp, cache))
+    assert pieces == [(i, 3) for i in range(4)]
+    assert same(acts, neuron_activations(rotary_mlp, cache))
+    for layer in range(3):
+        assert same(acts[:, layer], neuron_activations(rotary_mlp, cache, layer))
+    pieces, norms = run_through(neuron_out_norms_steps(rotary_mlp))
+    assert pieces == [("gram", 0, 1), ("gram", 1, 1)] + [("layers", i, 3) for i in range(1, 4)]
+    assert same(norms, neuron_out_norms(rotary_mlp))
+    for layer in range(3):
+        assert same(norms[layer], neuron_out_norms(rotary_mlp, layer))
+
+
+def test_neuron_norms_are_the_dense_float64_ones(rotary_mlp):
+    dense = (rotary_mlp.W_out.double() @ rotary_mlp.W_U.double()).norm(dim=-1)
+    from tolerance import gamma
+
+    size = rotary_mlp.W_out.double().abs().norm(dim=-1) * rotary_mlp.W_U.double().abs().norm(dim=-1).max()
+    tol = gamma(2 * rotary_mlp.cfg.d_vocab, torch.float32) * size * 4
+    assert bool(((neuron_out_norms(rotary_mlp).double() - dense).abs() <= tol).all())
+
+
+# -- the views: count, estimate, cancel midway ----------------------------------------------------
+def counted(view) -> list[dict]:
+    seen = []
+    view.observe(lambda change: seen.append(dict(change["new"])), ["progress"])
+    return seen
+
+
+def test_the_positional_view_counts_layers_and_is_cancelled_midway(manual_kernel_loop, monkeypatch, rotary_mlp):
+    from pycircuits_widgets.widgets.views import positional_qk
+
+    held = Held(positional_scores_by_offset_steps, hold=1)
+    monkeypatch.setattr(positional_qk, "positional_scores_by_offset_steps", held)
+    view = pcw.PositionalQK(rotary_mlp, TEXT, active=False)
+    seen = counted(view)
+    view.active = True
+    assert held.held.wait(WAIT)  # layer 0 computed, layer 1 not begun
+    view._runner._drain()  # what the kernel's IO loop applies meanwhile: the count so far
+    assert seen[-1] == {"text": "positional: scores by offset", "done": 0, "total": 3, "unit": "layers",
+                        "left_s": None}
+    view.cancel()
+    held.release.set()
+    assert view.wait(WAIT) and not view.busy
+    assert held.seen == [(0, 3), (1, 3)]  # no piece after the cancel
+    assert view.positional is None
+    assert view.progress == {"text": "positional: scores by offset", "done": 0, "total": 3, "unit": "layers",
+                             "state": "cancelled"}
+    monkeypatch.setattr(positional_qk, "positional_scores_by_offset_steps", positional_scores_by_offset_steps)
+    view.active = True  # restart
+    assert view.wait(WAIT) and view.progress == {}
+    assert seen[-2]["done"] == 3 and seen[-2]["left_s"] == 0
+    assert same(view.positional, positional_scores_by_offset(rotary_mlp, 8, 7, cache=pcw.run(rotary_mlp, TEXT).cache))
+
+
+def test_the_neurons_view_meters_each_stage_and_is_cancelled_midway(manual_kernel_loop, monkeypatch, rotary_mlp):
+    from pycircuits_widgets.widgets.views import neurons
+
+    held = Held(neuron_out_norms_steps, hold=2)
+    monkeypatch.setattr(neurons, "neuron_out_norms_steps", held)
+    view = pcw.NeuronView(rotary_mlp, TEXT, active=False)
+    seen = counted(view)
+    view.active = True
+    assert held.held.wait(WAIT)  # the Gram and layers 0-1 of the norms
+    view._runner._drain()  # what the kernel's IO loop applies meanwhile
+    texts = {p.get("text") for p in seen if p}
+    assert {"neurons: activations on the text", "neurons: W_U W_U^T", "neurons: ||W_out W_U|| per neuron"} <= texts
+    view.cancel()
+    held.release.set()
+    assert view.wait(WAIT) and not view.busy
+    assert held.seen[-1] == ("layers", 2, 3)
+    assert view.neurons is None and view.progress["state"] == "cancelled"
+    monkeypatch.setattr(neurons, "neuron_out_norms_steps", neuron_out_norms_steps)
+    view.active = True
+    assert view.wait(WAIT) and view.progress == {} and view.ranking == "norm"
+    assert view.neurons.tolist() == torch.topk(neuron_out_norms(rotary_mlp)[0], 10).indices.tolist()
+
+
+# -- path expansion --------------------------------------------------------------------------------
+def test_path_expansion_comes_one_term_a_piece_and_equals_the_plain_function(shipped, rotary_mlp):
+    from pycircuits_widgets.analysis.path_expansion import path_expansion, path_expansion_steps
+
+    for model, text in ((shipped, "def f(x): return x"), (rotary_mlp, TEXT)):
+        run = pcw.run(model, text)
+        pieces, pe = run_through(path_expansion_steps(model, run))
+        n = len(pe.terms)
+        assert pieces == [(i, n) for i in range(n + 1)]
+        plain = path_expansion(model, run)
+        assert [(t.source, t.heads) for t in pe.terms] == [(t.source, t.heads) for t in plain.terms]
+        pieces, stacked = run_through(pe.stacked_logits_steps())
+        assert pieces == [(i, n) for i in range(n + 1)]
+        assert pe.stacked_logits is stacked  # kept
+        assert same(stacked, plain.stacked_logits)
+        pieces, importance = run_through(pe.term_importance_steps())
+        assert pieces == [(i, n) for i in range(n + 1)]
+        assert same(importance, plain.term_importance())
+
+
+def test_the_path_expansion_view_meters_three_stages_and_is_cancelled_midway(manual_kernel_loop, monkeypatch,
+                                                                            rotary_mlp):
+    from pycircuits_widgets.analysis.path_expansion import PathExpansion
+
+    real = PathExpansion.term_importance_steps
+    held = Held(real, hold=2)
+    monkeypatch.setattr(PathExpansion, "term_importance_steps", lambda pe: held(pe))
+    view = pcw.PathExpansion(rotary_mlp, TEXT, active=False)
+    seen = counted(view)
+    view.active = True
+    assert held.held.wait(WAIT)  # terms and their logits done, 2 importances computed
+    view._runner._drain()
+    texts = [p["text"] for p in seen if p]
+    assert texts[0] == "path expansion: terms" and "path expansion: logits of each term" in texts
+    assert seen[-1]["text"] == "path expansion: loss without each term"
+    view.cancel()
+    held.release.set()
+    assert view.wait(WAIT) and not view.busy
+    assert held.seen[-1][0] == 2 and view.terms == [] and view.progress["state"] == "cancelled"
+    monkeypatch.setattr(PathExpansion, "term_importance_steps", real)
+    view.active = True
+    assert view.wait(WAIT) and view.progress == {} and view.terms
+    plain = pcw.analysis.path_expansion(rotary_mlp, pcw.run(rotary_mlp, TEXT), view._max_order)
+    assert same(view.importance, plain.term_importance().float())
