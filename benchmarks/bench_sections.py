@@ -27,7 +27,8 @@ it is final, "complete"):
   table"); each click view's own time to final is a row of its own (``click: <view>``);
 * revisit: back to the initial head, every view final;
 * each on-demand section (``registry.ON_DEMAND``: paths, induction, positional, neurons, virtual
-  heads, bigrams; those the model has) asked for as its "compute" button does (``active = True``):
+  heads, bigrams; those the model has) asked for as its "compute" button does (``active = True``;
+  bigrams: with the text's last token selected, whose row it shows):
   first shown when the view has data to draw for the selection (``_ready()``: an induction section
   showing its strongest pairs while the rest fill in counts), complete when it is no longer busy.
   Work it then does for a saved page (its kernel-less answers) is cancelled before the next row;
@@ -143,7 +144,13 @@ def count_of(view):
 
 def on_demand(explorer, name: str, timeout: float) -> Row:
     view = explorer.views()[name]
-    row = timed(explorer, lambda: explorer.compute(name), view._ready, lambda: view._ready() and not view.busy,
+
+    def start():
+        if name == "bigrams" and view.token < 0:  # its rows are the selected token's: a token is clicked first
+            view.token = explorer.token_ids[-1]
+        explorer.compute(name)
+
+    row = timed(explorer, start, view._ready, lambda: view._ready() and not view.busy,
                 timeout, stop=view.cancel, count=count_of(view))
     late = settle(explorer, view, timeout)
     row.note = "; ".join(n for n in (row.note, late) if n)
