@@ -179,6 +179,19 @@ def test_virtual_heads_report_a_count_per_head(manual_kernel_loop):
     assert counted[-1]["done"] == 5 and counted[-1]["left_s"] == 0
 
 
+def test_virtual_heads_show_each_head_as_it_comes_strongest_first(manual_kernel_loop):
+    from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
+
+    model = paper_model(n_layers=2, n_heads=3, dtype=torch.float32, seed=11)
+    sizes = []
+    view = pcw.VirtualHeads(model, k=5, n_copies=2, active=False)
+    view.observe(lambda change: sizes.append([h["pair"] for h in change["new"]]), ["heads"])
+    view.active = True
+    assert view.wait(WAIT)
+    expected = [[*v.h1, *v.h2] for v in top_virtual_heads(model, 5, 2)]
+    assert sizes == [expected[:n] for n in range(1, 6)]  # one more each piece, strongest first, then no change
+
+
 # -- the explorer, a real model ------------------------------------------------------------------
 def explorer():
     model = paper_model(n_layers=2, n_heads=3, dtype=torch.float32, seed=11)
