@@ -28,8 +28,7 @@ serially in the caller, as before.
 **Priorities.** Concurrent calls are served by ``priority`` (a thread's level, lower first; the
 widgets' runner gives clicks 0, work the user asked for 1, the background fill 2), decided each
 time a worker takes a task: a fill's screen already running gives way to a click's at its next
-tile. ``one_thread()`` runs a block of the calling thread's own torch work at one intra-op thread
-(the fill's), the same way a worker is pinned.
+tile.
 
 Lifetime: the shared pool's workers start on first use (daemon threads, idle between calls); a
 call interrupted in its caller (Ctrl-C) starts none of its remaining tasks; a forked child (a Ray
@@ -128,27 +127,6 @@ def priority(level: int):
 def current_priority() -> int:
     """The priority of this thread's calls now (``priority``)."""
     return _thread.priority
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Within the block, the calling thread runs torch at one intra-op thread (as a worker does);
-    its own counts are restored after it. Other threads are untouched. Where a thread's count
-    cannot be set alone (``shared()`` is None), nothing changes."""
-    controls = _thread_controls()
-    if controls is None or _thread.pool is not None:
-        yield
-        return
-    omp, mkl = controls
-    before = torch.get_num_threads()  # (torch's lazy per-thread init first)
-    omp(1)
-    mkl_before = None if mkl is None else mkl(1)  # (the previous thread-local count; 0: none)
-    try:
-        yield
-    finally:
-        omp(before)
-        if mkl is not None:
-            mkl(mkl_before)
 
 
 class _Call:
@@ -308,6 +286,18 @@ def shared() -> ComputePool | None:
         return _shared[1]
 
 
+_serial = [False]  # use_pool(False): every call runs its loop in the caller
+
+
+def use_pool(enabled: bool) -> None:
+    """Process-wide: ``False`` makes every ``map_tasks`` call a serial loop in its calling thread (the
+    path before the pool), ``True`` (the default) undoes it. Only for a
+    benchmark comparing the two (``benchmarks/bench_contention.py``)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"use_pool takes True or False, got {enabled!r}")
+    _serial[0] = not enabled
+
+
 def worker_count() -> int:
     """How many tasks a ``map_tasks`` call from this thread runs at once: ``min(pool size,
     torch.get_num_threads())``, 1 where there is no pool."""
@@ -317,11 +307,11 @@ def worker_count() -> int:
 
 def map_tasks(task: Callable[[int], T], n: int, workers: int | None = None) -> list[T]:
     """``[task(0), ..., task(n - 1)]`` on the shared pool (``ComputePool.map``), at most ``workers``
-    at once (default ``worker_count()``); ``workers=0``, or no pool: a serial loop in the calling thread
-    at its own torch thread count (the path before the pool)."""
+    at once (default ``worker_count()``); ``workers=0``, no pool, or ``use_pool(False)``: a serial loop
+    in the calling thread at its own torch thread count (the path before the pool)."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ValueError(f"workers must be an int >= 0 or None, got {workers!r}")
-    pool = shared() if workers != 0 else None
+    pool = shared() if workers != 0 and not _serial[0] else None
     if pool is None:
         return [task(i) for i in range(n)]
     return pool.map(task, n, worker_count() if workers is None else workers)

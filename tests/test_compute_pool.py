@@ -189,17 +189,6 @@ def test_a_call_of_an_earlier_priority_goes_first_at_the_next_task():
     assert order == [("fill", 0), ("click", 0), ("click", 1), ("click", 2), ("fill", 1), ("fill", 2), ("fill", 3)]
 
 
-def test_one_thread_sets_only_the_calling_thread_and_restores_it():
-    if compute_pool.shared() is None:
-        pytest.skip("no compute pool here: torch's thread count cannot be set per thread")
-    main, new = torch.get_num_threads(), _new_thread_count()
-    with compute_pool.one_thread():
-        assert torch.get_num_threads() == 1
-        assert _new_thread_count() == new
-    assert torch.get_num_threads() == main
-    assert _new_thread_count() == new
-
-
 def test_a_closed_pool_says_so():
     if compute_pool.shared() is None:
         pytest.skip("no compute pool here: torch's thread count cannot be set per thread")
@@ -207,3 +196,14 @@ def test_a_closed_pool_says_so():
     pool.close()
     with pytest.raises(compute_pool.PoolError, match="closed"):
         pool.map(lambda i: i, 2)
+
+
+def test_use_pool_false_runs_every_call_serially_in_its_caller():
+    compute_pool.use_pool(False)
+    try:
+        names = compute_pool.map_tasks(lambda i: threading.current_thread().name, 3)
+    finally:
+        compute_pool.use_pool(True)
+    assert names == [threading.current_thread().name] * 3
+    with pytest.raises(TypeError, match="True or False"):
+        compute_pool.use_pool(1)

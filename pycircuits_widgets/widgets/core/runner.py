@@ -30,18 +30,18 @@ neither asked-for work nor the fill past its budget). ``cancel`` stops a job bet
 single-thread worker per core), shared by all three tiers and served by tier
 (:data:`PRIORITY`): a click's tiles first, then asked-for work's, then the fill's, decided at
 each tile, so a fill's table already started gives way to a click's within a tile (a few ms). The
-rest of a job's torch work runs on its runner's thread: clicks and asked-for pieces at torch's
-intra-op count (``torch.get_num_threads()``, one per core by default), background work at one
-thread (``compute_pool.one_thread``). So the screens alone never use more threads than cores; at
-most, at once: the pool's workers, the views of one click each at torch's count (they compute
+rest of a job's torch work (a forward, the exact table's exact GEMMs, eigenvalues) runs on its
+runner's thread at torch's intra-op count (``torch.get_num_threads()``, one per core by default),
+in every tier: the fill's results are then the very numbers a click computes (a GEMM's float32
+rounding can depend on its thread count). So the screens alone never use more threads than cores;
+at most, at once: the pool's workers, the views of one click each at torch's count (they compute
 together, each on its own runner's thread, while their screens wait for the pool), one asked-for
-piece already started at torch's count, and one background chunk at one thread.
+piece already started and one background chunk already started, each at torch's count.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import sys
 import threading
 import time
@@ -333,14 +333,9 @@ class Runner:
                 self._post()
 
     def _compute(self, job: _Job):
-        """How this job's next chunk computes (module docstring, "Compute threads"): its tier's
-        priority on the compute pool; background work also at one torch thread."""
-        if job.background:
-            stack = contextlib.ExitStack()
-            stack.enter_context(compute_pool.priority(PRIORITY["background"]))
-            stack.enter_context(compute_pool.one_thread())
-            return stack
-        return compute_pool.priority(PRIORITY["asked" if self.requested else "click"])
+        """This job's tier's priority on the compute pool (module docstring, "Compute threads")."""
+        tier = "background" if job.background else "asked" if self.requested else "click"
+        return compute_pool.priority(PRIORITY[tier])
 
     def _requested(self) -> bool:
         """Whether a request (not background work) is pending or running (hold ``_lock``)."""
