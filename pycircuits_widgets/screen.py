@@ -61,6 +61,8 @@ import functools
 
 import torch
 
+from . import compute_pool
+
 U_BF16 = 2.0**-8
 """Unit roundoff of bfloat16 (8 significand bits, 7 stored)."""
 U_FP32 = 2.0**-24
@@ -183,11 +185,20 @@ class ProductScreen:
     ``row_maps [n_maps, r, r]`` (optional): screen the rows of every ``a @ M.T`` instead, stacked:
     row ``i`` of map ``t`` is row ``t * m + i`` (a rotary key at each query - key offset, against one
     set of queries: the columns are quantised once). Memory: the quantised factors (rows: ``n_maps``
-    times) plus one ``[rows, TILE_COLS]`` tile.
+    times) plus one ``[rows, TILE_COLS]`` tile per worker.
+
+    **Threads.** On CPU each call's tiles are independent tasks on the process's single-thread compute
+    workers (``compute_pool``; the caller waits and assembles them in tile order): never one short
+    parallel region per tile, which collapses on a loaded host (module docstring there), and never
+    more threads than cores however many screens run at once. The tiles are the same GEMMs on the same
+    inputs as a serial loop, so the int8 routes' results are identical to it. ``workers``: tasks one
+    call runs at once (default ``compute_pool.worker_count()``); ``0``: the serial loop in the calling
+    thread at its torch thread count (the path before the pool, kept for ``bench_contention``'s
+    comparison). Other devices: always that loop.
     """
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, backend: str | None = None, tile_cols: int | None = None,
-                 row_maps: torch.Tensor | None = None):
+                 row_maps: torch.Tensor | None = None, workers: int | None = None):
         tile_cols = TILE_COLS if tile_cols is None else tile_cols  # (read at call time: tests narrow it)
         if backend is None:
             backend = exact_route(a.device.type)
@@ -197,6 +208,9 @@ class ProductScreen:
             raise ValueError(f"the {backend!r} screen is not exact on this machine (its int8 probe failed: "
                              f"oneDNN's kernel here does not return exact int32 products at that range); "
                              f"exact routes here: {exact_routes(a.device.type)}")
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+            raise ValueError(f"workers must be an int >= 0 or None (the compute pool's default), got {workers!r}")
+        self.workers = workers if a.device.type == "cpu" else 0
         # rows of bt are the columns of b: every reduction below runs along contiguous rows
         a, bt = a.float(), b.float().T.contiguous()
         int8 = backend in INT8_WEIGHT_MAX
@@ -241,6 +255,10 @@ class ProductScreen:
             return _qlinear(x, w, beta, self._scale)
         return x @ self._tiles[t]
 
+    def _map(self, task, n: int) -> list:
+        """``[task(0), ..., task(n - 1)]``: on the compute workers, or serially (``workers``, class docstring)."""
+        return compute_pool.map_tasks(task, n, self.workers)
+
     @property
     def n_tiles(self) -> int:
         """How many column tiles of ``tile_cols`` (default ``TILE_COLS``; the last may be shorter)."""
@@ -259,14 +277,16 @@ class ProductScreen:
         if need is None:
             x = self._x[rows]
             # each tile is reduced while still in cache; its [R] maxima are stacked (a strided out= is slower)
-            best = torch.stack([torch.amax(self._tile(x, t), 1) for t in range(self.n_tiles)], 1).float()
+            best = torch.stack(self._map(lambda t: torch.amax(self._tile(x, t), 1), self.n_tiles), 1).float()
         else:
             best = torch.full((rows.numel(), self.n_tiles), -torch.inf, device=self._x.device)
+            parts = []  # (tile, rows of it): a tile's rows go through its GEMM block_rows at a time
             for t in range(self.n_tiles):
                 at = need[:, t].nonzero().flatten()
-                for start in range(0, at.numel(), self.block_rows):
-                    part = at[start : start + self.block_rows]
-                    best[part, t] = torch.amax(self._tile(self._x[rows[part]], t), 1).float()
+                parts += [(t, at[start : start + self.block_rows]) for start in range(0, at.numel(), self.block_rows)]
+            found = self._map(lambda p: torch.amax(self._tile(self._x[rows[parts[p][1]]], parts[p][0]), 1), len(parts))
+            for (t, part), tile_max in zip(parts, found):
+                best[part, t] = tile_max.float()
         if self.backend not in INT8_WEIGHT_MAX:
             upper = best + self._margin[rows, None]
         else:
@@ -291,12 +311,14 @@ class ProductScreen:
                 keep_all = below[:, None]
         else:
             cut = floor[:, None]
-        found = []
-        for t, start in enumerate(self._starts):
+
+        def passed(t: int):
             tile = self._tile(x, t)
-            passed = tile > cut if int8 else tile.float() > cut
+            keep = tile > cut if int8 else tile.float() > cut
             if keep_all is not None:
-                passed |= keep_all
-            i, j = torch.nonzero(passed, as_tuple=True)
-            found.append((i, j + start))
+                keep |= keep_all
+            i, j = torch.nonzero(keep, as_tuple=True)
+            return i, j + self._starts[t]
+
+        found = self._map(passed, self.n_tiles)
         return torch.cat([f[0] for f in found]), torch.cat([f[1] for f in found])

@@ -1,11 +1,12 @@
 """ProductScreen: its bounds never fall below the truth (dense float64), on adversarial inputs."""
 
 import platform
+import threading
 
 import pytest
 import torch
 
-from pycircuits_widgets import screen
+from pycircuits_widgets import compute_pool, screen
 from pycircuits_widgets.screen import ProductScreen, bf16_relative_error, fp32_relative_error
 
 BACKENDS = screen.exact_routes()
@@ -239,3 +240,63 @@ def test_tile_bounds_hold_per_column_tile_and_only_where_needed(backend):
     part = s.tile_max_upper(rows, need).double()
     assert torch.equal(part[need], tiles[need])
     assert (part[~need] == -torch.inf).all()
+
+
+@pytest.mark.parametrize("backend", INT8)
+def test_tiles_on_the_compute_workers_give_exactly_the_serial_loops_results(backend):
+    # the same int8 GEMM on the same int8 tiles: each output is exact and does not depend on the thread
+    # that computes it, so the pool's results equal the serial loop's (workers=0) bit for bit, in order
+    g = torch.Generator().manual_seed(6)
+    a, b = _spread(600, 48, 3, 0, g).float(), _spread(48, 1100, 1, 1, g).float()
+    pooled, serial = (ProductScreen(a, b, backend, tile_cols=128, workers=w) for w in (None, 0))
+    rows = torch.randperm(600, generator=g)[:500]
+    assert torch.equal(pooled.tile_max_upper(rows), serial.tile_max_upper(rows))
+    need = torch.rand(500, pooled.n_tiles, generator=g) < 0.4
+    assert torch.equal(pooled.tile_max_upper(rows, need), serial.tile_max_upper(rows, need))
+    level = float(serial.row_max_upper(rows).median())
+    for got, want in zip(pooled.candidates(rows, level), serial.candidates(rows, level)):
+        assert torch.equal(got, want)
+
+
+def test_concurrent_screens_share_the_process_pool():
+    # a click's screen and the fill's at once: every tile runs on the one pool's workers, never more
+    # at once than it has; each screen's first tile waits for the other's, so they do overlap
+    pool = compute_pool.shared()
+    if pool is None or compute_pool.worker_count() < 2 or not INT8:
+        pytest.skip("needs a compute pool of 2 workers or more, and an int8 route (results equal by construction)")
+    lock, active, seen = threading.Lock(), [0, 0], set()
+    first = threading.Barrier(2, timeout=60)
+
+    class Counted(ProductScreen):
+        def _tile(self, x, t):
+            with lock:
+                active[0] += 1
+                active[1] = max(active)
+                seen.add(threading.current_thread().name)
+            try:
+                if t == 0:
+                    first.wait()
+                return super()._tile(x, t)
+            finally:
+                with lock:
+                    active[0] -= 1
+
+    g = torch.Generator().manual_seed(7)
+    factors = [(torch.randn(300, 32, generator=g), torch.randn(32, 900, generator=g)) for _ in range(2)]
+    screens = [Counted(a, b, INT8[0], tile_cols=100) for a, b in factors]
+    rows = torch.arange(300)
+    out = [None, None]
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, screens[i].row_max_upper(rows))) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (a, b), got in zip(factors, out):
+        assert torch.equal(got, ProductScreen(a, b, INT8[0], tile_cols=100, workers=0).row_max_upper(rows))
+    assert 2 <= active[1] <= pool.size
+    assert all(name.startswith(compute_pool.THREAD_PREFIX) for name in seen)
+
+
+def test_workers_must_be_a_count():
+    with pytest.raises(ValueError, match="workers must be an int >= 0"):
+        ProductScreen(torch.ones(4, 2), torch.ones(2, 4), workers=-1)

@@ -6,6 +6,7 @@ import { createHost } from "./lib/host.js";
 import { answerOffline, parseTagged } from "./lib/offline.js";
 import { SELECTION_KEYS } from "./lib/selection.js";
 import { mountTracked, publish } from "./lib/slot.js";
+import { applyStyles, useStyles } from "./lib/styles.js";
 
 const modules = import.meta.glob("./views/*.svelte", { eager: true });
 
@@ -38,6 +39,7 @@ export function mountView({ model, el, host, select = null }) {
   // anywidget may share one definition object between models, so each render builds its
   // own per-model bindings instead of keeping them in a closure set by initialize().
   const widget = viewFor(model);
+  applyStyles(el); // the bundle's CSS where this view is shown, once per root (lib/styles.js)
   const withHost = {
     get: (name) => model.get(name),
     set: (name, value) =>
@@ -89,5 +91,6 @@ const definition = {
 export default definition;
 
 // Kernel-less host (standalone HTML export and the browser test harness) and its JSON reader
-// (non-finite numbers tagged, pycircuits_widgets/widgets/core/offline.py NONFINITE).
-export { createHost, parseTagged };
+// (non-finite numbers tagged, pycircuits_widgets/widgets/core/offline.py NONFINITE); the
+// loaders of the packed bundle hand its CSS to `useStyles`.
+export { createHost, parseTagged, useStyles };

@@ -17,6 +17,8 @@ from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WID
 from pycircuits_widgets.analysis.eigen import eigenvalues
 from pycircuits_widgets.widgets.core import offline
 from pycircuits_widgets.widgets.core.offline import NEEDS_KERNEL, NONFINITE
+from pycircuits_widgets.widgets.core.bundle import bundle_code, carrier_esm
+from pycircuits_widgets.widgets.sharing import standalone
 from pycircuits_widgets.widgets.sharing.standalone import widget_state
 
 pytestmark = pytest.mark.browser
@@ -95,6 +97,49 @@ def test_export_of_a_notebook_whose_state_holds_bare_nan_renders(page, tmp_path)
     assert page_entries(out.read_text(encoding="utf-8"))[0]["state"]["vmax"] == {NONFINITE: "-Infinity"}
     attempted, errors = open_offline(page, out)
     assert page.locator(".pcw-colored-tokens .token").count() == 2
+    assert attempted == [] and errors == []
+
+
+# The widget.css rule the test reads back (ColoredTokens' tokens): a span's defaults otherwise.
+TOKEN_STYLE = "(el) => { const s = getComputedStyle(el); return [s.borderTopLeftRadius, s.whiteSpace, s.cursor]; }"
+STYLED = ["2px", "pre-wrap", "pointer"]
+
+
+def test_a_saved_page_styles_its_views_from_the_packed_css_once_and_inside_a_shadow_root(page, tmp_path):
+    """The bundle's CSS travels gzipped with its javascript: the page holds it in no <style>, its
+    boot adds it once however many views it shows, and the carrier's loader (a saved notebook's
+    front end) adds it inside the shadow root a host renders views in."""
+    widgets = [pcw.ColoredTokens(["a", " b"], [1.0, 2.0]), pcw.ColoredTokens(["c"], [3.0])]
+    path = standalone.save_html(widgets, tmp_path / "two.html")
+    text = path.read_text(encoding="utf-8")
+    assert bundle_code()[1][:200] not in text and "<style>" + bundle_code()[1][:50] not in text
+    attempted, errors = open_offline(page, path)
+    tokens = page.locator(".pcw-colored-tokens .token")
+    assert tokens.count() == 3
+    assert page.evaluate("() => [...document.querySelectorAll('style[data-pcw-styles]')].map((s) => "
+                         "s.parentNode === document.head && s.textContent)") == [bundle_code()[1]]
+    assert [tokens.nth(i).evaluate(TOKEN_STYLE) for i in range(3)] == [STYLED] * 3
+    # the styles are the packed CSS's: without it, a span's defaults
+    page.evaluate("() => document.querySelector('style[data-pcw-styles]').disabled = true")
+    assert tokens.first.evaluate(TOKEN_STYLE) == ["0px", "normal", "auto"]
+    page.evaluate("() => document.querySelector('style[data-pcw-styles]').disabled = false")
+
+    # the carrier's loader, rendering both views in one shadow root (as a host that shows
+    # widgets inside shadow DOM does): the CSS once in that root, the document's untouched
+    shadow = page.evaluate("""async ([esm, ids]) => {
+      const url = URL.createObjectURL(new Blob([esm], { type: "text/javascript" }));
+      const definition = (await import(url)).default;
+      const root = document.body.appendChild(document.createElement("div")).attachShadow({ mode: "open" });
+      for (const id of ids) {
+        const el = root.appendChild(document.createElement("div"));
+        definition.render({ model: window.pcwHost.models.get(id), el });
+      }
+      const tokens = [...root.querySelectorAll(".pcw-colored-tokens .token")];
+      return { styles: [...root.children].filter((c) => c.localName === "style").map((s) => s.textContent),
+               tokens: tokens.map(TOKEN_STYLE),
+               inDocument: document.querySelectorAll("style[data-pcw-styles]").length };
+    }""".replace("TOKEN_STYLE", TOKEN_STYLE), [carrier_esm(), [w.model_id for w in widgets]])
+    assert shadow == {"styles": [bundle_code()[1]], "tokens": [STYLED] * 3, "inDocument": 1}
     assert attempted == [] and errors == []
 
 

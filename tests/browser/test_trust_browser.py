@@ -266,7 +266,7 @@ def test_a_page_whose_bundle_is_a_gzip_bomb_stops_inflating_it(page, tmp_path):
     # gzip header, 1 GiB of deflated spaces, then a trailer whose checksum is never reached
     bomb_gz = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + bomb() + bytes(8)
     text = path.read_text(encoding="utf-8")
-    packed = re.search(r'(<script type="text/plain" class="pcw-bundle">)(.*?)(</script>)', text, re.S)
+    packed = re.search(r'(<script type="text/plain" class="pcw-bundle"[^>]*>)(.*?)(</script>)', text, re.S)
     path.write_text(text[: packed.start(2)] + base64.b64encode(bomb_gz).decode("ascii") + text[packed.end(2):],
                     encoding="utf-8")
     with page.expect_event("pageerror", timeout=30000) as error:

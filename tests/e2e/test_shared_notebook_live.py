@@ -35,6 +35,10 @@ def views_rendered(page):
                            f"document.querySelectorAll('.jp-OutputArea-output .pcw-colored-tokens .token').length === "
                            f"{2 * N_TOKENS_VIEWS} + document.querySelectorAll('.pcw-explorer .pcw-colored-tokens .token').length")
     assert out.locator(".pcw-colored-tokens").count() == N_TOKENS_VIEWS + 1
+    # the bundle's CSS, packed in the carrier's _esm: added to the document once, styling the
+    # views (a token's rounded corners are widget.css's; a span has none)
+    assert page.evaluate("() => document.querySelectorAll('style[data-pcw-styles]').length") == 1
+    assert out.locator(".pcw-colored-tokens .token").first.evaluate("(el) => getComputedStyle(el).borderTopLeftRadius") == "2px"
 
 
 def test_views_render_from_stubs_and_the_saved_notebook_holds_the_bundle_once(lab_page, jupyter_lab):
@@ -48,7 +52,7 @@ def test_views_render_from_stubs_and_the_saved_notebook_holds_the_bundle_once(la
     saved = json.loads(path.read_text(encoding="utf-8"))["metadata"]["widgets"][WIDGET_STATE]["state"]
     js, css = bundle_code()
     states = [m["state"] for m in saved.values()]
-    assert [s.get("_css") for s in states if s.get("_esm") == carrier_esm()] == [css]  # the bundle once (gzipped)
+    assert [s.get("_css") for s in states if s.get("_esm") == carrier_esm()] == [None]  # the bundle once (gzipped, CSS too)
     views = [s for s in states if "_view" in s]
     explorer = next(s for s in views if s["_view"] == "CircuitExplorer")
     children = [saved[v.removeprefix("IPY_MODEL_")]["state"] for v in explorer.values()
@@ -60,7 +64,7 @@ def test_views_render_from_stubs_and_the_saved_notebook_holds_the_bundle_once(la
     # beside the bundle: the data of the views (the explorer has 10 since the paper views joined it)
     # and their kernel-less answers (widgets/core/offline.py)
     answers = sum(len(b["data"]) for m in saved.values() for b in m.get("buffers", []) if b["path"][0] == "_offline")
-    assert path.stat().st_size < len(carrier_esm()) + len(css) + answers + 250_000 and len(carrier_esm()) < len(js) / 2
+    assert path.stat().st_size < len(carrier_esm()) + answers + 250_000 and len(carrier_esm()) < len(js + css) / 2
 
 
 def click_head(section, layer: int, head: int):

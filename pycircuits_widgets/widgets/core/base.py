@@ -88,13 +88,14 @@ class CircuitWidget(anywidget.AnyWidget):
             )
         if _in_marimo():
             # marimo renders each anywidget from its own `_esm` and never creates the hidden
-            # carrier, so a stub would wait forever: carry the whole front end instead.
+            # carrier, so a stub would wait forever: carry the whole front end instead (marimo
+            # adds the `_css` to the shadow root it renders the view in).
             self._esm, self._css = bundle_code()
         else:
             try:
                 # A stub that renders with the bundle of the kernel's one carrier (its comm
                 # opens before this view's): the bundle is sent and saved once, not once per
-                # view (no ``_css`` either: the carrier has it).
+                # view (no ``_css`` either: the carrier's bundle adds its own CSS).
                 self._esm = stub_esm(ensure_carrier().bundle_key)
             except BundleMissing:  # the analysis works without a front end; showing the view says how to build it
                 self._has_front_end = False

@@ -4,12 +4,13 @@ anywidget syncs ``_esm`` and ``_css`` as traits of every widget instance, so a n
 saved with widget state stored the 170 KB bundle once per view (six times for one
 explorer). Here one hidden :class:`BundleCarrier` widget per kernel carries the bundle;
 every view's ``_esm`` is a stub of a few hundred bytes that waits for it; the carrier's
-``_esm`` holds the bundle gzipped (:func:`carrier_esm`). In the browser the carrier's model
-loads the bundle when it is created (anywidget loads ``_esm`` at
+``_esm`` holds the bundle, its CSS and its javascript, gzipped together (:func:`carrier_esm`:
+the CSS costs a fifth of its 22 KB so, not all of it as a ``_css`` trait). In the browser
+the carrier's model loads the bundle when it is created (anywidget loads ``_esm`` at
 model creation, displayed or not), and the bundle's ``initialize`` resolves a slot on
 ``globalThis`` keyed by the bundle's hash (``js/src/lib/slot.js``); a stub's ``render``
-awaits that slot and renders with the bundle. The carrier also carries the CSS, which
-anywidget puts in the document once at model creation.
+awaits that slot and renders with the bundle, which adds its CSS to the root the view is
+shown in (``js/src/lib/styles.js``: the document once, or a shadow root).
 
 Nothing here reads the bundle at import: the analysis core and the widget classes work
 without a built front end, and the first view that needs it (its carrier, a page written by
@@ -22,7 +23,7 @@ themselves, which anywidget watches and re-sends on every change (``npm run dev`
 each new bundle re-mounts the views already shown, with their current state.
 
 Pages written by :mod:`.standalone` and :mod:`.notebook_export` inline the bundle
-(gzipped too) and never use the stub or the carrier.
+(packed the same way) and never use the stub or the carrier.
 """
 
 from __future__ import annotations
@@ -116,46 +117,57 @@ def stub_esm(key: str | None = None) -> str:
     return _STUB % {"key": key or bundle_key()}
 
 
-# The carrier's `_esm`: the bundle gzipped (a third of its size in a saved notebook, even
-# as base64), unpacked with the browser's DecompressionStream and imported from a Blob URL
-# as anywidget imports any `_esm`; its default export is the bundle's.
-_LOADER = """// pycircuits_widgets front end (gzip, base64)
+# The carrier's `_esm`: the bundle packed (a third of its size in a saved notebook, even as
+# base64), unpacked with the browser's DecompressionStream; the javascript imported from a
+# Blob URL as anywidget imports any `_esm`, its CSS handed to it for the views it mounts.
+# Its default export is the bundle's.
+_LOADER = """// pycircuits_widgets front end: CSS then javascript (gzip, base64)
 const packed = "%(packed)s";
+const cssBytes = %(css_bytes)d;
 const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
-const code = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
-const url = URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
+const both = await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).blob();
+const url = URL.createObjectURL(both.slice(cssBytes, both.size, "text/javascript"));
 const bundle = await import(url);
 URL.revokeObjectURL(url);
+bundle.useStyles(await both.slice(0, cssBytes).text());
 export default bundle.default;
 """
 
 
 def bundle_packed() -> str:
-    """The bundle's javascript gzipped, as base64 (unpacked with the browser's
+    """The bundle packed: its CSS (:func:`packed_css_bytes` bytes of UTF-8) then its
+    javascript, gzipped together, as base64 (unpacked with the browser's
     DecompressionStream): what the carrier and the pages written by :mod:`.standalone` hold."""
-    return _packed(bundle_code()[0])
+    return _packed(*bundle_code())
+
+
+def packed_css_bytes() -> int:
+    """Bytes of CSS at the start of the unpacked bundle (:func:`bundle_packed`); the rest is
+    the javascript."""
+    return len(bundle_code()[1].encode("utf-8"))
 
 
 @functools.lru_cache(maxsize=1)
-def _packed(js: str) -> str:
-    return base64.b64encode(gzip.compress(js.encode("utf-8"), 9, mtime=0)).decode("ascii")
+def _packed(js: str, css: str) -> str:
+    return base64.b64encode(gzip.compress((css + js).encode("utf-8"), 9, mtime=0)).decode("ascii")
 
 
 def carrier_esm() -> str:
-    """The carrier's ``_esm``: a loader holding the gzipped bundle."""
-    return _LOADER % {"packed": bundle_packed()}
+    """The carrier's ``_esm``: a loader holding the packed bundle, CSS and javascript."""
+    return _LOADER % {"packed": bundle_packed(), "css_bytes": packed_css_bytes()}
 
 
 class BundleCarrier(anywidget.AnyWidget):
-    """Hidden widget (never displayed) whose ``_esm``/``_css`` are the whole front end: the
-    bundle packed (:func:`carrier_esm`), read when the first view is made."""
+    """Hidden widget (never displayed) whose ``_esm`` is the whole front end, CSS included:
+    the bundle packed (:func:`carrier_esm`), read when the first view is made. No ``_css``:
+    the bundle adds its CSS where its views are shown."""
 
     bundle_key = traitlets.Unicode().tag(sync=True)
     """str: the key the views' stubs wait for (the bundle's hash, or :data:`DEV_KEY`)."""
 
     def __init__(self):
-        # instance attributes before anywidget's __init__, which makes synced traits of them
-        self._esm, self._css = carrier_esm(), bundle_code()[1]
+        # an instance attribute before anywidget's __init__, which makes a synced trait of it
+        self._esm = carrier_esm()
         super().__init__(bundle_key=bundle_key())
 
 

@@ -42,7 +42,7 @@ from ipywidgets.embed import dependency_state
 from ...models.tokenizer import escape_invisible
 from ...progress import progress
 from ..core.arrays import ARRAY_TRAITS
-from ..core.bundle import bundle_code, bundle_packed
+from ..core.bundle import bundle_packed, packed_css_bytes
 from ..core.offline import tag_nonfinite
 from ..core.payload import JSON_BUFFER
 
@@ -78,15 +78,17 @@ _PLACEHOLDER_CSS = """
 .pcw-placeholder > p { font-size: 12px; color: var(--jp-ui-font-color2, #666); margin: 2px 0; }
 """
 
-# Unpacks the inlined bundle (gzip, base64: a third of its size) and loads it the way
-# anywidget does (an ES module from a Blob URL), and
-# mounts every saved widget with its kernel-less host. `window.pcwBridge`, when a test
+# Unpacks the inlined bundle (its CSS then its javascript, gzipped together, base64: a third
+# of their size; bundle.py `bundle_packed`), loads the javascript the way anywidget does (an
+# ES module from a Blob URL), hands it the CSS (added to the page once, as the first view
+# mounts), and mounts every saved widget with its kernel-less host. `window.pcwBridge`, when a test
 # harness defines it, forwards changes to a live Python widget; a shared page has none
 # and runs without a kernel. A widget that fails to mount shows why; the others still
 # mount.
 _BOOT_JS = """
 const bridge = window.pcwBridge;
-const packed = document.querySelector("script.pcw-bundle").textContent;
+const carrier = document.querySelector("script.pcw-bundle");
+const packed = carrier.textContent;
 const bytes = Uint8Array.from(atob(packed), (c) => c.charCodeAt(0));
 // Inflated 16 KiB of input at a time, each step only when the last one's output was read
 // (a stream's transform inflates a whole input chunk at once), and stopped past 16 MiB (the
@@ -110,9 +112,14 @@ for (let size = 0; ; ) {
   }
   chunks.push(value);
 }
-const code = await new Blob(chunks).text();
-const url = URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
+const both = new Blob(chunks);
+const cssBytes = Number(carrier.dataset.cssBytes);
+if (!Number.isSafeInteger(cssBytes) || cssBytes < 0 || cssBytes > both.size) {
+  throw new Error(`pycircuits_widgets: the page's bundle says its CSS is ${carrier.dataset.cssBytes} of its ${both.size} bytes; not loaded`);
+}
+const url = URL.createObjectURL(both.slice(cssBytes, both.size, "text/javascript"));
 const mod = await import(url);
+mod.useStyles(await both.slice(0, cssBytes).text());
 const host = mod.createHost(mod.default, bridge ? bridge.hooks : {});
 const saved = mod.parseTagged(document.getElementById("pcw-state").textContent);
 window.pcwHost = { models: host.models };
@@ -274,8 +281,9 @@ class Page:
 
     def styles(self, *, theme: bool = True) -> str:
         """<style> tags: the host theme (JupyterLab's CSS variables) unless the page brings
-        its own (``theme=False``), placeholders, and the bundle's CSS if a view is shown."""
-        sheets = ([_THEME_CSS] if theme else []) + [_PLACEHOLDER_CSS] + ([bundle_code()[1]] if self.entries else [])
+        its own (``theme=False``), and placeholders. The views' own CSS travels packed with
+        the bundle (:meth:`scripts`), which adds it as they mount."""
+        sheets = ([_THEME_CSS] if theme else []) + [_PLACEHOLDER_CSS]
         return "\n".join(f"<style>{script_text(c)}</style>" for c in sheets)
 
     def scripts(self) -> str:
@@ -284,7 +292,7 @@ class Page:
             return ""
         return "\n".join([
             f'<script type="application/json" id="pcw-state">{strict_json({"widgets": self.entries})}</script>',
-            f'<script type="text/plain" class="pcw-bundle">{bundle_packed()}</script>',
+            f'<script type="text/plain" class="pcw-bundle" data-css-bytes="{packed_css_bytes()}">{bundle_packed()}</script>',
             f'<script type="module">{_BOOT_JS}</script>',
         ])
 
