@@ -54,6 +54,19 @@ while another runner has a click that is not itself giving way (the first, quick
 click, say a partial table, is shown; the slow rest lets the other views of the click finish
 first instead of sharing the CPU with them); asked-for work and the fill never hold it up.
 Ignored when run synchronously."""
+
+
+def give_way_between(steps):
+    """``steps`` (a request's updates, one per piece of a long computation) with ``GIVE_WAY`` after
+    each: the rest of a click waits, piece by piece, for other runners' clicks. Returns what
+    ``steps`` returns (``result = yield from give_way_between(...)``)."""
+    while True:
+        try:
+            item = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        yield item
+        yield GIVE_WAY
 _DONE = object()  # the end of a job's steps
 TICK = 0.25
 """Seconds between the calls of ``wait``'s ``tick`` (a progress bar's redraw)."""
@@ -287,7 +300,7 @@ class Runner:
                     job.steps = self._steps(job)
                 while True:
                     asked = self.requested and not job.background
-                    if asked and not self._take_turn(job):
+                    if not (self._take_turn(job) if asked else self.current(job)):
                         job.steps.close()  # cancelled or stale before its next piece: never computed
                         break
                     try:
