@@ -20,7 +20,8 @@ Rows (each a time from the request until the section shows something, "first sho
 it is final, "complete"):
 
 * build: ``CircuitExplorer(model, text, sweep=...)`` until every view shows the initial head
-  (shown), then every background job of the views done (complete);
+  (shown), then every background job of the views done (complete: the kernel-less answers of every
+  head for a saved page; past ``--timeout`` they are cancelled);
 * first visit: a click on a head never shown (its per-head cache entries dropped, as ``bench_click``),
   every click view final ("all views") and every one but the exact skip-trigram table ("all but the
   table"); each click view's own time to final is a row of its own (``click: <view>``);
@@ -54,7 +55,6 @@ import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a scrip
 from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
 from bench_click import SHAPES, click  # noqa: E402
 from busy import busy, expected_slowdown  # noqa: E402
-from peaks import best_seconds  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
 from pycircuits_widgets.analysis import cache  # noqa: E402
@@ -68,10 +68,10 @@ SWEEP_SEQ, SWEEP_K = 64, 8
 
 
 class Row:
-    """One row: ``first`` (first shown) and ``complete`` seconds, or ``over`` (the timeout hit) with a note."""
+    """One row's numbers: ``first`` (first shown) and ``complete`` seconds, or ``over`` (the timeout hit), and a note."""
 
-    def __init__(self, name, first=None, complete=None, over=None, note=""):
-        self.name, self.first, self.complete, self.over, self.note = name, first, complete, over, note
+    def __init__(self, first=None, complete=None, over=None, note=""):
+        self.first, self.complete, self.over, self.note = first, complete, over, note
 
     def cells(self, forward: float) -> tuple[str, str]:
         def cell(seconds):
@@ -79,6 +79,17 @@ class Row:
 
         done = f"> {self.over:.0f} s (> {self.over / forward:.0f})" if self.over is not None else cell(self.complete)
         return cell(self.first), done
+
+
+class Rows:
+    """The table being printed: a row is printed as soon as it is measured (a long run shows its progress)."""
+
+    def __init__(self, forward: float):
+        self.forward = forward
+
+    def add(self, name: str, row: Row) -> None:
+        shown, done = row.cells(self.forward)
+        print(f"| {name} | {shown} | {done} | {row.note} |", flush=True)
 
 
 def runners(explorer):
@@ -99,22 +110,27 @@ def timed(explorer, start, shown, done, timeout: float, stop=None, count=None) -
         if first is None and shown():
             first = t
         if done():
-            return Row("", first, t)
+            return Row(first, t)
         if t > timeout:
             note = count() if count else ""
             if stop is not None:
                 stop()
-            return Row("", first, over=timeout, note=note)
+            return Row(first, over=timeout, note=note)
         time.sleep(POLL)
 
 
-def settle(explorer, view=None) -> None:
+def settle(explorer, view=None, timeout: float | None = None) -> str:
     """Cancel what ``view`` still does for a saved page (its kernel-less answers: background work)
-    and wait until no runner computes, so the next row starts on an idle process."""
+    and wait until no runner computes, so the next row starts on an idle process; a piece that
+    cannot stop midway (one long piece) may hold that up: after ``timeout`` s more, go on and say so."""
     if view is not None:
         view._runner.cancel_all()
+    deadline = None if timeout is None else time.monotonic() + timeout
     for runner in runners(explorer):
-        runner.wait(None)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not runner.wait(left):
+            return f"its running piece did not stop within {timeout:.0f} s of the cancel: the rows below share the CPU with it"
+    return ""
 
 
 def count_of(view):
@@ -128,7 +144,8 @@ def on_demand(explorer, name: str, timeout: float) -> Row:
     view = explorer.views()[name]
     row = timed(explorer, lambda: explorer.compute(name), view._ready, lambda: view._ready() and not view.busy,
                 timeout, stop=view.cancel, count=count_of(view))
-    settle(explorer, view)
+    late = settle(explorer, view, timeout)
+    row.note = "; ".join(n for n in (row.note, late) if n)
     return row
 
 
@@ -142,14 +159,14 @@ def measured(explorer, timeout: float) -> Row:
     row = timed(explorer, start, lambda: "K" in view.measured, lambda: "K" in view.measured, timeout,
                 stop=lambda: view._runner.cancel("measured"), count=count_of(view))
     view.source = "weights"
-    settle(explorer)
+    settle(explorer, timeout=timeout)
     return row
 
 
 def ablation(explorer, kind: str, timeout: float) -> Row:
     why = explorer.ablation_kinds.get(kind, "")
     if why:
-        return Row("", note=f"n/a: {why}")
+        return Row(note=f"n/a: {why}")
     label = f"ablated: L{explorer.layer}.H{explorer.head} ({kind})"
 
     def start():
@@ -158,7 +175,7 @@ def ablation(explorer, kind: str, timeout: float) -> Row:
     row = timed(explorer, start, lambda: explorer.ablated == label, lambda: explorer.ablated == label, timeout,
                 stop=lambda: explorer._runner.cancel("ablate"))
     explorer.ablation = "off"
-    settle(explorer)
+    settle(explorer, timeout=timeout)
     return row
 
 
@@ -168,9 +185,9 @@ def save(explorer, folder: pathlib.Path) -> Row:
     try:
         explorer.save_html(path)
     except BundleMissing as exc:
-        return Row("", note=f"n/a: {exc}")
+        return Row(note=f"n/a: {exc}")
     seconds = time.perf_counter() - t0
-    return Row("", complete=seconds, note=f"{path.stat().st_size / 2**20:.1f} MiB")
+    return Row(complete=seconds, note=f"{path.stat().st_size / 2**20:.1f} MiB")
 
 
 def tiny_sweep(model, folder: pathlib.Path, windows: int):
@@ -180,23 +197,31 @@ def tiny_sweep(model, folder: pathlib.Path, windows: int):
                      max_windows=windows, progress=False)
 
 
-def measure(shape: str, tok, n_tokens: int, timeout: float, windows: int, folder: pathlib.Path):
+def measure(shape: str, tok, n_tokens: int, timeout: float, windows: int, folder: pathlib.Path) -> None:
+    """Print ``shape``'s table, a row as soon as it is measured."""
     hf, model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
     sweep = tiny_sweep(model, folder, windows)
-    rows = []
+    cfg = model.cfg
+    print(f"\n{shape} ({cfg.n_layers}x{cfg.n_heads} heads, vocabulary {cfg.d_vocab}, {ids.shape[1]} tokens): "
+          f"forward {forward:.3f} s (eager HF, attentions, best of 3)")
+    print("| section | first shown (s / fwd) | complete (s / fwd) | note |")
+    print("|---|---|---|---|", flush=True)
+    rows = Rows(forward)
     t0 = time.perf_counter()
     explorer = pcw.CircuitExplorer(model, text, sweep=sweep)
     explorer.stop_background()  # a user's clicks and requests with nothing else running
     until_shown(explorer)
     shown = time.perf_counter() - t0
-    explorer.wait(None)
-    rows.append(Row("build", shown, time.perf_counter() - t0))
-    cfg = model.cfg
+    if explorer.wait(timeout):
+        rows.add("build", Row(shown, time.perf_counter() - t0))
+    else:  # the kernel-less answers of every head: background work, stopped so the rows below run alone
+        rows.add("build", Row(shown, over=timeout, note="kernel-less answers still computing: cancelled"))
+        for view in explorer.views().values():
+            view._runner.cancel_all()
+        settle(explorer, timeout=timeout)
     start = (explorer.layer, explorer.head)
     target = (cfg.n_layers // 2, cfg.n_heads // 2 + 1)  # bench_click's: not the initial head
     cache.discard(model, lambda key: target in key or key[1:3] == target)
-    with torch.no_grad():
-        forward = min(forward, best_seconds(lambda: hf(ids, output_attentions=True), 3, warmup=False))
     views = explorer.views()
     final = {}
 
@@ -208,29 +233,26 @@ def measure(shape: str, tok, n_tokens: int, timeout: float, windows: int, folder
 
     t_click = time.perf_counter()
     first = click(explorer, *target, tick=each_view)
-    rows.append(Row("first visit: all views", complete=first["all"]))
-    rows.append(Row("first visit: all but the exact table", complete=first["others"]))
-    rows += [Row(f"click: {name}", complete=final.get(name)) for name in views if name not in ON_DEMAND]
-    settle(explorer)
-    rows.append(Row("revisit: all views", complete=click(explorer, *start)["all"]))
-    settle(explorer)
+    rows.add("first visit: all views", Row(complete=first["all"]))
+    rows.add("first visit: all but the exact table", Row(complete=first["others"]))
+    for name in views:
+        if name not in ON_DEMAND:
+            rows.add(f"click: {name}", Row(complete=final.get(name)))
+    settle(explorer, timeout=timeout)
+    rows.add("revisit: all views", Row(complete=click(explorer, *start)["all"]))
+    settle(explorer, timeout=timeout)
     for name in ON_DEMAND:
         if name in views:
-            rows.append(on_demand(explorer, name, timeout))
-            rows[-1].name = f"on demand: {name}"
+            rows.add(f"on demand: {name}", on_demand(explorer, name, timeout))
         else:
-            rows.append(Row(f"on demand: {name}", note="n/a: " + explorer.notices.get(name, "no such section")))
+            rows.add(f"on demand: {name}", Row(note="n/a: " + explorer.notices.get(name, "no such section")))
     if explorer.composition is not None:
-        rows.append(measured(explorer, timeout))
-        rows[-1].name = "measured composition (K)"
+        rows.add("measured composition (K)", measured(explorer, timeout))
     for kind in ("zero", "mean"):
-        rows.append(ablation(explorer, kind, timeout))
-        rows[-1].name = f"ablation: {kind}"
-    rows.append(save(explorer, folder))
-    rows[-1].name = "save_html (default budget)"
+        rows.add(f"ablation: {kind}", ablation(explorer, kind, timeout))
+    rows.add("save_html (default budget)", save(explorer, folder))
     explorer.close()
-    return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", vocab=cfg.d_vocab, n=ids.shape[1],
-                forward=forward, rows=rows)
+    print(f"load avg (1 min) at the end: {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main():
@@ -262,16 +284,7 @@ def main():
               f"(fair sharing alone: {expected_slowdown(args.threads, args.busy):.2f}x slower), "
               f"load avg at start {os.getloadavg()[0]:.1f}", flush=True)
         for shape in args.shapes:
-            r = measure(shape, tok, args.tokens, args.timeout, args.windows, pathlib.Path(tmp))
-            f = r["forward"]
-            print(f"\n{r['shape']} ({r['heads']} heads, vocabulary {r['vocab']}, {r['n']} tokens): forward {f:.3f} s")
-            print("| section | first shown (s / fwd) | complete (s / fwd) | note |")
-            print("|---|---|---|---|")
-            for row in r["rows"]:
-                shown, done = row.cells(f)
-                print(f"| {row.name} | {shown} | {done} | {row.note} |", flush=True)
-            print(f"load avg (1 min) at the end: {os.getloadavg()[0]:.1f}", flush=True)
-
+            measure(shape, tok, args.tokens, args.timeout, args.windows, pathlib.Path(tmp))
 
 if __name__ == "__main__":
     sys.exit(main())

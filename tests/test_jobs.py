@@ -133,23 +133,39 @@ def test_the_meter_counts_and_estimates_from_the_pieces_done():
     assert meter.at(4)["progress"]["left_s"] == 0  # the last report always goes
 
 
-def test_the_induction_verdicts_come_in_one_piece_per_layer_pair_and_offset():
-    """A rotary 3-layer model over 4 offsets: 4 x 3 layer pairs, equal pieces counted in order,
-    then the two score pieces; the verdicts are ``pair_verdicts``' (the same generator, run through)."""
-    from pycircuits_widgets.analysis.induction import pair_verdicts, pair_verdicts_steps
+def test_the_induction_verdicts_come_strongest_pairs_first_in_equal_pieces():
+    """A rotary 3-layer model over 4 offsets: the two score pieces, then equal pieces of head pairs
+    (``EIGS_PER_PIECE // 4`` pairs, every offset of each) counted in order; each piece's verdicts land
+    in ``into`` as it ends, in order of the pairs' largest K-composition score; the verdicts are
+    ``pair_verdicts``' (the same generator, run through), and a run given some verdicts computes only
+    the rest (a restart resumes)."""
+    from pycircuits_widgets.analysis.composition import composition_scores
+    from pycircuits_widgets.analysis.induction import EIGS_PER_PIECE, pair_verdicts, pair_verdicts_steps
     from random_models import custom_model
 
     model = custom_model(n_layers=3, positional="rotary", dtype=torch.float32)
-    steps = pair_verdicts_steps(model, list(range(4)))
-    seen = []
+    H, offsets = model.cfg.n_heads, list(range(4))
+    per_piece, n_pairs = EIGS_PER_PIECE // 4, 3 * H * H
+    pieces = -(-n_pairs // per_piece)
+    into, seen, sizes = {}, [], []
+    steps = pair_verdicts_steps(model, offsets, into=into)
     while True:
         try:
             seen.append(next(steps))
         except StopIteration as stop:
             verdicts = stop.value
             break
-    assert seen == [("positivity", i, 12) for i in range(1, 13)] + [("scores", 1, 2), ("scores", 2, 2)]
-    assert verdicts == pair_verdicts(model, list(range(4)))
+        sizes.append(len(into))
+    assert seen == [("scores", 1, 2), ("scores", 2, 2)] + [("positivity", i, pieces) for i in range(1, pieces + 1)]
+    assert sizes == [0, 0] + [min(i * per_piece, n_pairs) for i in range(1, pieces + 1)]
+    assert verdicts == pair_verdicts(model, offsets)
+    strongest = composition_scores(model, "K", baseline=False, offsets=offsets).nan_to_num(float("-inf")).amax(0)
+    order = [float(strongest[key]) for key in into]  # the order they were computed in
+    assert order == sorted(order, reverse=True)
+    some = dict(list(into.items())[:5])
+    resumed = pair_verdicts_steps(model, offsets, into=dict(some))
+    counted = [item for item in resumed if item[0] == "positivity"]
+    assert counted[-1][2] == -(-(n_pairs - 5) // per_piece)
 
 
 def test_virtual_heads_report_a_count_per_head(manual_kernel_loop):
@@ -184,6 +200,32 @@ def test_the_induction_section_reports_count_and_estimate_then_clears_it(manual_
     assert {"induction: K-composition eigenvalues", "induction: ranked tables"} <= stages
     counted = [p for p in seen if p and p["done"] > 0]
     assert counted and all(p["left_s"] is not None and p["left_s"] >= 0 and p["total"] >= p["done"] for p in counted)
+
+
+def test_the_induction_section_shows_the_strongest_pair_first_then_fills_in(manual_kernel_loop, monkeypatch):
+    """One head pair a piece: the verdicts show as their number doubles (1, 2, 4, 8, then all 9), the
+    first is the pair with the largest K-composition score, selected, with its table before the rest
+    of the verdicts; the final ``pairs`` are ``pair_verdicts``' numbers."""
+    from pycircuits_widgets.analysis import induction
+    from pycircuits_widgets.widgets.core.selection import pair_key
+
+    monkeypatch.setattr(induction, "EIGS_PER_PIECE", 1)
+    model = paper_model(n_layers=2, n_heads=3, dtype=torch.float32, seed=11)
+    view = pcw.InductionMechanism(model, active=False)  # (the explorer's section selects no pair itself)
+    sizes, tables_at = [], []
+    view.observe(lambda change: sizes.append(len(change["new"])), ["pairs"])
+    view.observe(lambda change: tables_at.append(sizes[-1] if sizes else 0), ["tables"])
+    view.active = True
+    assert view.wait(WAIT)
+    assert sizes[:5] == [1, 2, 4, 8, 9]
+    verdicts = induction.pair_verdicts(model)
+    strongest = max(verdicts, key=lambda key: verdicts[key].k_score)
+    assert view.selected_pair == list(strongest)
+    assert tables_at[0] == 1  # the strongest pair's table came with its verdict, before the others'
+    pairs = view.pairs
+    assert list(pairs) == [pair_key(key) for key in verdicts]
+    assert all(pairs[pair_key(key)]["qk_positivity"] == v.qk_positivity and pairs[pair_key(key)]["kind"] == v.kind
+               for key, v in verdicts.items())
 
 
 def test_a_long_asked_for_job_blocks_neither_a_click_on_another_head_nor_save_html(manual_kernel_loop, tmp_path):

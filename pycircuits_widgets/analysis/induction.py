@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..factored import eigenvalues_of_product, linalg_dtype
+from ..factored import chain_matmul, eigenvalues_of_product, linalg_dtype
 from .circuits import Head, check_earlier, k_composition_circuit
 from .composition import composition_detail, composition_scores
 from .eigen import eigenvalue_positivity, positivity, token_gram
@@ -210,6 +210,11 @@ class PairVerdict:
     offset: int | None = None
 
 
+EIGS_PER_PIECE = 128
+"""About how many ``d_head x d_head`` eigenproblems one piece of ``pair_verdicts_steps`` solves (a
+few hundredths of a second): ``EIGS_PER_PIECE // n_offsets`` head pairs a piece, at least one."""
+
+
 def pair_verdicts(model, offsets=None) -> dict[tuple[int, int, int, int], PairVerdict]:
     """The verdict of every pair ``(l1, h1, l2, h2)`` with ``l1 < l2``, in ``(l1, h1, l2, h2)`` order:
     ``k_composition_positivity`` ``[L, H, L, H]``, ``h2``'s OV positivity (``eigenvalue_positivity``
@@ -219,41 +224,63 @@ def pair_verdicts(model, offsets=None) -> dict[tuple[int, int, int, int], PairVe
     return drained(pair_verdicts_steps(model, offsets))
 
 
-def pair_verdicts_steps(model, offsets=None):
-    """``pair_verdicts`` in pieces: yields ``(stage, done, total)`` after each piece and returns the
-    verdicts. Stage "positivity": ``k_composition_positivity_steps``' equal pieces; then "scores",
-    one piece each (the OV positivity, the K-composition scores: each one batched call)."""
-    steps = k_composition_positivity_steps(model, offsets)
-    while True:
-        try:
-            done, total = next(steps)
-        except StopIteration as stop:
-            qk_pos, at = stop.value
-            break
-        yield "positivity", done, total
+def pair_verdicts_steps(model, offsets=None, into: dict | None = None):
+    """``pair_verdicts`` in pieces, strongest pairs first: yields ``(stage, done, total)`` after each
+    piece and returns the verdicts (in ``(l1, h1, l2, h2)`` order).
+
+    Stage "scores" (2 pieces): h2's OV positivity, then every pair's K-composition score (each one
+    batched call; rotary: at every offset of the window). Stage "positivity": the pairs' K-composition
+    QK positivities in pieces of ``EIGS_PER_PIECE // n_offsets`` head pairs (at least one, with all its
+    offsets), in order of their largest K-composition score, so the pairs most likely to matter get
+    their verdicts first (at SmolLM2-135M's shape and a 100-token window, all of them take about an
+    hour at 2 threads; the strongest, seconds). Each finished verdict is put in ``into`` (a dict the
+    caller reads between pieces to show what is done); a pair already in it is not computed again
+    (a restart after a cancel resumes). Every number equals ``pair_verdicts``' whatever the order: one
+    pair's positivity over its offsets is ``eig(P R(o))``, ``P = W_K^T W_O^{h1 T} W_V^{h1 T} (W_E^T W_E)
+    W_Q`` (the chain of ``k_composition_positivity`` rotated cyclically: the same spectrum)."""
+    into = {} if into is None else into
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    window = offset_window(model, offsets, "the K-composition QK circuit")
     with torch.no_grad():  # (never across a yield: grad mode is the consumer's thread's)
         ov_pos = eigenvalue_positivity(model, "OV")
     yield "scores", 1, 2
     with torch.no_grad():
-        scores = composition_scores(model, "K", baseline=False, offsets=offsets)
+        scores = composition_scores(model, "K", baseline=False, offsets=window)  # rotary: [n_offsets, L, H, L, H]
     yield "scores", 2, 2
-    if at is not None:  # [n_offsets, L, H, L, H] -> each pair's score at the offset its positivity is read at
-        index = torch.as_tensor([offsets.index(o) if o >= 0 else 0 for o in at.flatten().tolist()])
-        scores = scores.gather(0, index.view(1, *at.shape).to(scores.device))[0]
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    verdicts = {}
-    for l1 in range(L - 1):
-        for h1 in range(H):
-            for l2 in range(l1 + 1, L):
-                for h2 in range(H):
-                    q, o = float(qk_pos[l1, h1, l2, h2]), float(ov_pos[l2, h2])
-                    kind, sentence = classify_pair((l1, h1), (l2, h2), q, o)
-                    offset = None
-                    if at is not None:
-                        offset = int(at[l1, h1, l2, h2])
-                        sentence = f"At query - key offset {offset}: {sentence}"
-                    verdicts[l1, h1, l2, h2] = PairVerdict(float(scores[l1, h1, l2, h2]), q, o, kind, sentence, offset)
-    return verdicts
+    strongest = scores if window is None else scores.nan_to_num(float("-inf")).amax(0)
+    pairs = [(l1, h1, l2, h2) for l1 in range(L - 1) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)]
+    rank = torch.stack([strongest[p] for p in pairs]) if pairs else torch.zeros(0)
+    order = [pairs[i] for i in torch.argsort(rank.nan_to_num(float("-inf")), descending=True, stable=True).tolist()]
+    todo = [p for p in order if p not in into]
+    per_piece = max(1, EIGS_PER_PIECE // (1 if window is None else len(window)))
+    total = -(-len(todo) // per_piece)
+    with torch.no_grad():
+        G = token_gram(model, "QK")
+        W_Q, W_K, W_V, W_O = (w.double() for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
+        R = None if window is None else rotations(cfg, window, device=W_Q.device, layer=None)  # [n, L, d_head, d_head]
+    refusal = ("the K-composition token circuits' eigenvalues", model, ("W_E", "W_Q", "W_K", "W_V", "W_O"),
+               linalg_dtype(model.W_E.dtype))  # G's dtype
+    for done, start in enumerate(range(0, len(todo), per_piece), 1):
+        piece = todo[start:start + per_piece]
+        l1, h1, l2, h2 = (torch.as_tensor(i) for i in zip(*piece))
+        with torch.no_grad(), naming_non_finite(*refusal):
+            P = chain_matmul(W_K[l2, h2].mT, W_O[l1, h1].mT, W_V[l1, h1].mT, G, W_Q[l2, h2])  # [n, d_head, d_head]
+            eigs = eigenvalues_of_product(P) if R is None else eigenvalues_of_product(P[:, None], R[:, l2].transpose(0, 1))
+            qk_pos = positivity(require_finite(eigs, *refusal)).float()  # [n] or [n, n_offsets]
+        for i, (a, b, c, d) in enumerate(piece):
+            if R is None:
+                q, offset, score = float(qk_pos[i]), None, scores[a, b, c, d]
+            else:
+                best = int(qk_pos[i].argmax())  # the first offset of the largest (as reduce_offsets)
+                q, offset, score = float(qk_pos[i, best]), window[best], scores[best, a, b, c, d]
+            o = float(ov_pos[c, d])
+            kind, sentence = classify_pair((a, b), (c, d), q, o)
+            if offset is not None:
+                sentence = f"At query - key offset {offset}: {sentence}"
+            into[a, b, c, d] = PairVerdict(float(score), q, o, kind, sentence, offset)
+        yield "positivity", done, total
+    return {p: into[p] for p in pairs}
 
 
 def induction_pair(model, h1: Head, h2: Head, k: int = 20, ov_positivity: torch.Tensor | None = None,

@@ -70,6 +70,21 @@ first instead of sharing the CPU with them); asked-for work and the fill never h
 Ignored when run synchronously."""
 PRIORITY = {"click": 0, "asked": 1, "background": 2}
 """Each tier's priority on the compute pool (``compute_pool.priority``: lower goes first)."""
+
+
+def give_way_between(steps):
+    """``steps`` (a request's updates, one per piece of a long computation) with ``GIVE_WAY`` after
+    each: the rest of a click waits, piece by piece, for other runners' clicks. Returns what
+    ``steps`` returns (``result = yield from give_way_between(...)``)."""
+    while True:
+        try:
+            item = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        yield item
+        yield GIVE_WAY
+
+
 _DONE = object()  # the end of a job's steps
 TICK = 0.25
 """Seconds between the calls of ``wait``'s ``tick`` (a progress bar's redraw)."""
@@ -303,7 +318,7 @@ class Runner:
                     job.steps = self._steps(job)
                 while True:
                     asked = self.requested and not job.background
-                    if asked and not self._take_turn(job):
+                    if not (self._take_turn(job) if asked else self.current(job)):
                         job.steps.close()  # cancelled or stale before its next piece: never computed
                         break
                     try:
