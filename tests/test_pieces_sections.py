@@ -13,8 +13,12 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.neurons import (neuron_activations, neuron_activations_steps, neuron_out_norms,
                                                  neuron_out_norms_steps)
 from pycircuits_widgets.analysis.positional import positional_scores_by_offset, positional_scores_by_offset_steps
+from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.analysis.skip_trigrams import SEARCH_STAGES, head_table, head_table_steps, kept_head_table
+from pycircuits_widgets.widgets.core import runner
+from pycircuits_widgets.widgets.views import skip_trigram_table
 from random_models import custom_model
-from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
+from runner_loop import WAIT, BareView, Blocker, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
 
 TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
 
@@ -47,22 +51,29 @@ def same(a, b) -> bool:
 
 
 class Held:
-    """Wraps a pieces generator: the ``hold``-th piece (1-based) waits, once computed, until
-    ``release`` is set (``held`` is set when it gets there); ``seen`` lists the pieces yielded."""
+    """Wraps a pieces generator function: the piece that reports ``done == hold`` waits, once
+    computed, until ``release`` is set (``held`` is set when it gets there); ``calls`` lists, per
+    call, the pieces yielded (``seen``: the first call's)."""
 
     def __init__(self, steps_function, hold: int):
         self.function, self.hold = steps_function, hold
         self.held, self.release = threading.Event(), threading.Event()
-        self.seen = []
+        self.calls = []
+
+    @property
+    def seen(self) -> list:
+        return self.calls[0]
 
     def __call__(self, *args, **kwargs):
         steps = self.function(*args, **kwargs)
+        seen = []
+        self.calls.append(seen)
         while True:
             try:
                 item = next(steps)
             except StopIteration as stop:
                 return stop.value
-            self.seen.append(item)
+            seen.append(item)
             if item[-2] == self.hold:
                 self.held.set()
                 assert self.release.wait(WAIT)
@@ -207,3 +218,88 @@ def test_the_path_expansion_view_meters_three_stages_and_is_cancelled_midway(man
     assert view.wait(WAIT) and view.progress == {} and view.terms
     plain = pcw.analysis.path_expansion(rotary_mlp, pcw.run(rotary_mlp, TEXT), view._max_order)
     assert same(view.importance, plain.term_importance().float())
+
+
+# -- the exact skip-trigram table ------------------------------------------------------------------
+COLUMNS = ("source", "destination", "out", "qk", "ov", "score")
+
+
+@pytest.mark.parametrize("which", ["shipped", "rotary"])
+def test_the_exact_search_comes_block_by_block_and_equals_the_plain_function(which, shipped):
+    model = shipped if which == "shipped" else custom_model(n_layers=1, positional="rotary", d_vocab=2048, n_ctx=32,
+                                                            dtype=torch.float32, seed=2)
+    layer = model.cfg.n_layers - 1
+    small = model.cfg.d_vocab * 4 * 8  # 8 sources a recompute block: several pieces
+    cache.clear(model)
+    pieces, table = run_through(head_table_steps(model, layer, 1, 30, approximate=True, block_bytes=small))
+    stages = [p[0] for p in pieces]
+    assert stages == sorted(stages, key=SEARCH_STAGES.index) and len(pieces) >= 4
+    for stage in set(stages):  # each stage from 0 to its total
+        mine = [p for p in pieces if p[0] == stage]
+        assert mine[0][1] == 0 and mine[-1][1] == mine[-1][2]
+    assert (which == "rotary") == ("offsets" in stages)
+    assert kept_head_table(model, layer, 1, 30, block_bytes=small) is table  # kept
+    cache.clear(model)
+    plain = head_table(model, layer, 1, 30, approximate=True, block_bytes=small)
+    assert plain is not table
+    for name in COLUMNS + (("offset",) if which == "rotary" else ()):
+        assert same(getattr(table, name), getattr(plain, name)), name
+    pieces, kept = run_through(head_table_steps(model, layer, 1, 30, approximate=True, block_bytes=small))
+    assert pieces == [] and kept is plain  # the kept table: no piece
+
+
+@pytest.fixture
+def large_vocab(monkeypatch):
+    """A one-layer model whose vocabulary the view treats as large (a partial table first, then the
+    exact search in pieces), and the exact search held at its first block's end (``Held``)."""
+    monkeypatch.setattr(pcw.SkipTrigramTable, "partial_above", 1024)
+    held = Held(head_table_steps, hold=1)
+    monkeypatch.setattr(skip_trigram_table, "head_table_steps", held)
+    return custom_model(n_layers=1, d_vocab=2048, dtype=torch.float32, seed=2), held
+
+
+def test_a_click_on_another_head_stops_the_exact_table_at_its_next_block(manual_kernel_loop, large_vocab):
+    model, held = large_vocab
+    view = pcw.SkipTrigramTable(model, layer=0, head=0)
+    assert held.held.wait(WAIT)  # head 0: partial table shown, its exact search one block in
+    view._runner._drain()
+    assert view.trigrams["head"] == 0 and view.trigrams["exact"] is False
+    assert view.progress["text"] == "exact table: screening sources" and view.progress["unit"] == "source blocks"
+    view.head = 1  # a click on another head
+    held.release.set()
+    assert view.wait(WAIT)
+    assert held.calls[0] == [("screen", 0, 1), ("screen", 1, 1)]  # head 0's search: no block after the click
+    assert kept_head_table(model, 0, 0, view.k) is None
+    t = view.trigrams
+    assert (t["head"], t["exact"], view.progress) == (1, True, {})
+    assert same(t["score"], head_table(model, 0, 1, view.k, approximate=True).score)
+
+
+def test_the_exact_table_gives_way_to_another_views_click_between_blocks(manual_kernel_loop, large_vocab):
+    model, held = large_vocab
+    view = pcw.SkipTrigramTable(model, layer=0, head=2)
+    assert held.held.wait(WAIT)
+    click = Blocker(runner.Runner(BareView(), loop=manual_kernel_loop))  # another view's click, running
+    held.release.set()
+    assert giving_way(view._runner)  # the search waits at its next block boundary...
+    assert held.seen == [("screen", 0, 1), ("screen", 1, 1)]  # ...before computing it
+    click.release.set()
+    assert view.wait(WAIT) and view.trigrams["exact"] and view.trigrams["head"] == 2
+    assert len(held.seen) > 2
+
+
+def test_cancel_stops_the_exact_table_and_keeps_the_partial_one_labelled_partial(manual_kernel_loop, large_vocab):
+    model, held = large_vocab
+    view = pcw.SkipTrigramTable(model, layer=0, head=1)
+    assert held.held.wait(WAIT)
+    view._runner._drain()  # the partial table and the count, as the kernel's IO loop applies them
+    view.cancel()
+    held.release.set()
+    assert view.wait(WAIT) and not view.busy
+    assert held.seen == [("screen", 0, 1), ("screen", 1, 1)]
+    assert view.trigrams["exact"] is False and view.trigrams["progress"] < 1 and view.trigrams["head"] == 1
+    # the count last reported (the held block's own report was never sent: it was held before it)
+    assert view.progress == {"text": "exact table: screening sources", "done": 0, "total": 1,
+                             "unit": "source blocks", "state": "cancelled"}
+    view.recompute()  # computes it again
+    assert view.trigrams["exact"] is True and view.progress == {}

@@ -212,6 +212,44 @@ def stored(model, key: tuple):
         return entry[0]
 
 
+def holds(model, key: tuple) -> bool:
+    """Whether ``model``'s store holds ``key`` now (not counted as a lookup: for a computation in
+    pieces that checks between them whether another thread has kept its result meanwhile)."""
+    try:
+        store = _models.get(model)
+    except TypeError:  # not weakly referenceable: nothing is ever stored
+        return False
+    if store is None:
+        return False
+    with store.lock:
+        return key in store.entries
+
+
+def keeper(model, key: tuple, tier: int = RESULT):
+    """For a result computed in pieces (``analysis.pieces``), outside ``cached``: call it before the
+    first piece; ``keep(value)``, the function it returns, called after the last, stores ``value``
+    under ``key`` (a computed lookup, as ``cached`` counts it) unless the weights changed meanwhile,
+    and returns the value the store holds (one another thread kept first, or ``value``)."""
+    try:
+        store = _store(model)
+    except TypeError:  # not weakly referenceable: computed for every call
+        return lambda value: value
+    with store.lock:
+        stamp = store.stamp
+
+    def keep(value):
+        with store.lock:
+            entry = store.entries.get(key)
+            if entry is not None and store.stamp is stamp:
+                return entry[0]
+            store.misses += 1
+            if store.stamp is stamp and _matches(stamp, model):  # not a result of weights edited meanwhile
+                store.put(key, value, tier)
+        return value
+
+    return keep
+
+
 def stats(model) -> dict:
     """``{"hits", "misses"}``: lookups of ``model``'s entries answered from the store and computed,
     since its first one (a weight edit empties the store but keeps counting)."""

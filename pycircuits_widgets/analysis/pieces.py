@@ -13,3 +13,10 @@ def drained(steps):
             next(steps)
         except StopIteration as stop:
             return stop.value
+
+
+def whole(compute, *args, **kwargs):
+    """A pieces generator of no pieces that returns ``compute(*args, **kwargs)``: a quick computation
+    where a caller expects pieces."""
+    return compute(*args, **kwargs)
+    yield  # (makes this a generator)

@@ -52,9 +52,10 @@ import torch
 from ..linalg import spectral_norm
 from ..progress import steps
 from ..screen import ProductScreen
-from .cache import FACTORS, RESULT, cached, stored
+from .cache import FACTORS, RESULT, cached, holds, keeper, stored
 from .circuits import check_head, check_index, embedding, model_name
 from .finite import NonFiniteError, naming_non_finite, non_finite_error
+from .pieces import drained, whole
 from .rotary import check_reduce, offset_window, rotations
 
 WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_U")
@@ -303,8 +304,22 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
 
     Returns ``(score [n'], idx [n', 3] = (src, dest, out), at [n'])`` sorted by score, ``n' <= n``
     (fewer if fewer triples have both factors positive); ``at`` indexes ``R`` (zeros without it).
-    See module docstring for the method.
+    See module docstring for the method; ``top_skip_trigrams_steps`` run through.
     """
+    return drained(top_skip_trigrams_steps(q, k, v, u, n, block_bytes, R))
+
+
+SEARCH_STAGES = ("screen", "offsets", "exact")
+"""The stages of ``top_skip_trigrams_steps``, in order: the screen of every source's bounds, block by
+block; (rotary) the per-offset screen of the sources the window bound leaves; the full-precision
+recompute of the sources whose bound beats the k-th score."""
+
+
+def top_skip_trigrams_steps(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: torch.Tensor | None = None):
+    """``top_skip_trigrams`` in pieces (``analysis.pieces``): yields ``(stage, done, total)`` after each
+    block of sources (``SEARCH_STAGES``; a stage the bounds end early jumps to its total), and returns
+    its result. A caller can stop between blocks (a newer head, a cancel): the search holds no state
+    outside the generator."""
     V = k.shape[0]
     n_maps = 1 if R is None else R.shape[0]
     top = _TopTriples(n, k.device)
@@ -320,7 +335,9 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
     qw, kw = (q, k) if R is None else window_bound(q, k, R)
     qk_screen, ov_screen = ProductScreen(kw, qw.T), ProductScreen(v, u)
     uq, uo, visited = [], [], []
-    for start in steps(range(seed, V, qk_screen.block_rows), "skip-trigram screen", unit="block"):
+    blocks = range(seed, V, qk_screen.block_rows)
+    yield "screen", 0, len(blocks)
+    for done, start in enumerate(steps(blocks, "skip-trigram screen", unit="block"), 1):
         src = order[start : start + qk_screen.block_rows]
         if float(norm_bound[src[0]]) <= top.threshold:
             break  # every later source is bounded below the k-th score
@@ -329,6 +346,9 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
         uq.append(tiles if R is not None else tiles.amax(1))
         uo.append(ov_screen.row_max_upper(src).clamp_min(0))
         visited.append(src)
+        if done < len(blocks):
+            yield "screen", done, len(blocks)
+    yield "screen", len(blocks), len(blocks)
     if not visited:
         return _ranked(top)
     uq, uo, src = torch.cat(uq), torch.cat(uo), torch.cat(visited)
@@ -350,7 +370,8 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
             rows_before = (tiles_per_source.cumsum(0) - tiles_per_source) * n_maps
             _, sizes = torch.unique_consecutive(rows_before // (offset_screen.block_rows * n_tiles), return_counts=True)
             start = 0
-            for size in sizes.tolist():
+            yield "offsets", 0, len(sizes)
+            for done, size in enumerate(sizes.tolist(), 1):
                 local = torch.arange(start, start + size, device=src.device)
                 start += size
                 keys = (torch.arange(n_maps, device=src.device)[:, None] * m + local).flatten()
@@ -358,14 +379,20 @@ def top_skip_trigrams(q, k, v, u, n: int, block_bytes: int = BLOCK_BYTES, R: tor
                 per_offset = tiles.amax(1).reshape(n_maps, -1).amax(0).clamp_min(0)  # 0: every tile ruled out
                 at = live[local]
                 upper[at] = torch.minimum(upper[at], per_offset * uo[at])
+                yield "offsets", done, len(sizes)
     keep = upper > top.threshold
     upper, src = upper[keep], src[keep]
     ranked = torch.argsort(upper, descending=True)
-    for start in range(0, ranked.numel(), rows):
+    chunks = range(0, ranked.numel(), rows)
+    yield "exact", 0, len(chunks)
+    for done, start in enumerate(chunks, 1):
         chunk = ranked[start : start + rows]
         if float(upper[chunk[0]]) <= top.threshold:
             break
         _exact_sources(src[chunk], q, k, v, u, R, top)
+        if done < len(chunks):
+            yield "exact", done, len(chunks)
+    yield "exact", len(chunks), len(chunks)
     return _ranked(top)
 
 
@@ -413,8 +440,21 @@ def head_table(model, layer: int, head: int, k: int = 20, *, offset=None, reduce
     The whole vocabulary's exact table is computed once per model, head, ``k`` and window
     (``cache``). ``sources``: instead, a quick partial table: the exact top-``k`` among the ``sources``
     sources with the largest factor norms (``partial_skip_trigrams``; ``progress`` says what fraction
-    of the sources that is), not kept.
+    of the sources that is), not kept. ``head_table_steps`` run through.
     """
+    return drained(head_table_steps(model, layer, head, k, offset=offset, reduce=reduce, approximate=approximate,
+                                    vocab=vocab, block_bytes=block_bytes, sources=sources))
+
+
+def head_table_steps(model, layer: int, head: int, k: int = 20, *, offset=None, reduce: str = "max",
+                     approximate: bool = False, vocab=None, block_bytes: int = BLOCK_BYTES,
+                     sources: int | None = None):
+    """``head_table`` in pieces (``analysis.pieces``): the search's blocks of sources
+    (``top_skip_trigrams_steps``: ``(stage, done, total)``, stages ``SEARCH_STAGES``); none for a table
+    the cache holds, or a partial one (quick: one piece). Returns the ``HeadTable``; the exact table
+    of the whole vocabulary is kept once computed, and one kept meanwhile (the background fill, say,
+    finished it) is taken between blocks instead of searching on. The arguments are checked before
+    the first piece."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     layer, head = _check_exact(model, layer, head, approximate)
@@ -422,9 +462,25 @@ def head_table(model, layer: int, head: int, k: int = 20, *, offset=None, reduce
     check_reduce(reduce)
     ids = None if vocab is None else _check_vocab(model, vocab)
     if ids is not None or sources is not None:
-        return _head_table(model, layer, head, k, offsets, reduce, ids, block_bytes, sources)
-    return cached(model, _table_key(layer, head, k, offsets, reduce, block_bytes),
-                  lambda: _head_table(model, layer, head, k, offsets, reduce, None, block_bytes, None), tier=RESULT)
+        return (yield from _head_table_steps(model, layer, head, k, offsets, reduce, ids, block_bytes, sources))
+    key = _table_key(layer, head, k, offsets, reduce, block_bytes)
+    table = stored(model, key)
+    if table is not None:
+        return table
+    keep = keeper(model, key, tier=RESULT)
+    steps = _head_table_steps(model, layer, head, k, offsets, reduce, None, block_bytes, None)
+    while True:
+        try:
+            piece = next(steps)
+        except StopIteration as stop:
+            table = stop.value
+            break
+        yield piece
+        kept = stored(model, key) if holds(model, key) else None
+        if kept is not None:  # kept meanwhile (another thread's search): no need to go on
+            steps.close()
+            return kept
+    return keep(table)
 
 
 def kept_head_table(model, layer: int, head: int, k: int = 20, *, offset=None, reduce: str = "max",
@@ -441,22 +497,22 @@ def _table_key(layer: int, head: int, k: int, offsets: list[int] | None, reduce:
     return ("skip_trigram_table", layer, head, k, tuple(offsets or ()), reduce, block_bytes)
 
 
-def _head_table(model, layer: int, head: int, k: int, offsets: list[int] | None, reduce: str,
-                ids: torch.Tensor | None, block_bytes: int, sources: int | None) -> HeadTable:
-    """``head_table`` of the checked arguments (``ids``: the sub-vocabulary, or None for all of it)."""
-    with torch.no_grad():
-        q, kk, v, u = centred_factors(model, layer, head, ids)
-        R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
+@torch.no_grad()
+def _head_table_steps(model, layer: int, head: int, k: int, offsets: list[int] | None, reduce: str,
+                      ids: torch.Tensor | None, block_bytes: int, sources: int | None):
+    """``head_table_steps`` of the checked arguments (``ids``: the sub-vocabulary, or None for all of it)."""
+    q, kk, v, u = centred_factors(model, layer, head, ids)
+    R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
 
-        def search(qr, Rr):  # the exact search, or the partial one over the strongest sources
-            if sources is None:
-                return top_skip_trigrams(qr, kk, v, u, k, block_bytes, Rr)
-            return partial_skip_trigrams(qr, kk, v, u, k, sources, Rr, block_bytes)
+    def search(qr, Rr):  # the exact search, or the partial one over the strongest sources (one piece)
+        if sources is None:
+            return top_skip_trigrams_steps(qr, kk, v, u, k, block_bytes, Rr)
+        return whole(partial_skip_trigrams, qr, kk, v, u, k, sources, Rr, block_bytes)
 
-        with naming_non_finite(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype):
-            score, idx, at = top_over_offsets(search, q, R, reduce)
-        qk, ov = triple_entries(q, kk, v, u, idx, R, at)
-        tokens = idx if ids is None else ids[idx]
+    with naming_non_finite(f"the skip-trigram scores of L{layer}.H{head}", model, WEIGHTS, q.dtype):
+        score, idx, at = yield from top_over_offsets_steps(search, q, R, reduce)
+    qk, ov = triple_entries(q, kk, v, u, idx, R, at)
+    tokens = idx if ids is None else ids[idx]
     return HeadTable(
         layer=layer, head=head, source=tokens[:, 0], destination=tokens[:, 1], out=tokens[:, 2],
         qk=qk, ov=ov, score=score, offset=None if at is None else torch.as_tensor(offsets, device=at.device)[at],
@@ -465,19 +521,20 @@ def _head_table(model, layer: int, head: int, k: int, offsets: list[int] | None,
     )
 
 
-def top_over_offsets(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max"):
-    """``search(q', R') -> (score, idx, at)`` (an exact top-n search such as ``top_skip_trigrams``) on
-    the query factor ``q [V, d_head]`` as the rotary circuit reads it (module docstring).
+def top_over_offsets_steps(search, q: torch.Tensor, R: torch.Tensor | None, reduce: str = "max"):
+    """``search(q', R')`` (an exact top-n search in pieces such as ``top_skip_trigrams_steps``, returning
+    ``(score, idx, at)``) on the query factor ``q [V, d_head]`` as the rotary circuit reads it (module
+    docstring); its pieces, then ``(score, idx, at)``.
 
     ``R``: None (not rotary: ``search(q, None)``), or ``[n_offsets, d_head, d_head]`` rotations of a
     window: "max" searches the window at once, each triple at its best offset (``search(q, R)``);
-    "mean" searches the window-averaged circuit ``q R.mean(0)``. Returns ``(score, idx, at)``, ``at
-    [n']`` the index into ``R`` of each triple's offset (None unless "max" over ``R``)."""
+    "mean" searches the window-averaged circuit ``q R.mean(0)``. ``at [n']`` is the index into ``R`` of
+    each triple's offset (None unless "max" over ``R``)."""
     if R is None:
-        return (*search(q, None)[:2], None)
+        return (*(yield from search(q, None))[:2], None)
     if check_reduce(reduce) == "mean":
-        return (*search(q @ R.mean(0), None)[:2], None)
-    return search(q, R)
+        return (*(yield from search(q @ R.mean(0), None))[:2], None)
+    return (yield from search(q, R))
 
 
 def qk_entries(q, k, idx, R=None, at=None) -> torch.Tensor:

@@ -123,6 +123,10 @@ def test_marimo_anywidget_click_reaches_python_and_python_redraws(live_page, tmp
         }
         for name, root in views.items():
             thumb(root, 0, 0).wait_for()
+            # styled by the bundle's CSS (packed in the view's _esm), added once to the shadow
+            # root marimo renders the view in: a thumbnail button is a flex column only by it
+            styled = "(el) => [getComputedStyle(el).display, el.getRootNode().querySelectorAll('style[data-pcw-styles]').length]"
+            assert thumb(root, 0, 0).evaluate(styled) == ["flex", 1]
             python_side(page, name, head(0, 0))  # the initial selection, as Python has it
 
             thumb(root, *CLICKED).click()

@@ -24,7 +24,7 @@ import traitlets
 
 from ... import progress as bars
 from . import offline, runner
-from .bundle import BundleMissing, bundle_code, bundle_file, ensure_carrier, stub_esm
+from .bundle import BundleMissing, bundle_code, bundle_file, carrier_esm, ensure_carrier, stub_esm
 from .runner import Runner
 
 
@@ -88,9 +88,10 @@ class CircuitWidget(anywidget.AnyWidget):
             )
         if _in_marimo():
             # marimo renders each anywidget from its own `_esm` and never creates the hidden
-            # carrier, so a stub would wait forever: carry the whole front end instead (marimo
-            # adds the `_css` to the shadow root it renders the view in).
-            self._esm, self._css = bundle_code()
+            # carrier, so a stub would wait forever: carry the whole front end instead, packed
+            # as the carrier's (a third of its size; the bundle adds its CSS to the shadow root
+            # marimo renders the view in).
+            self._esm = carrier_esm()
         else:
             try:
                 # A stub that renders with the bundle of the kernel's one carrier (its comm

@@ -64,3 +64,10 @@ def metered(steps, names: dict):
             yield meters[stage].first() if done == 0 else meters[stage].at(done)
         else:
             yield meters[stage].at(done)
+
+
+def cancelled(progress: dict) -> dict:
+    """The ``progress`` value of a job cancelled after the report ``progress`` (its count kept:
+    "cancelled at 12/48 source blocks"; no estimate)."""
+    reached = {k: v for k, v in progress.items() if k in ("text", "done", "total", "unit")}
+    return {**reached, "state": "cancelled"}

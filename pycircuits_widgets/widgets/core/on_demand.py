@@ -21,6 +21,8 @@ import html
 
 import traitlets
 
+from .meter import cancelled
+
 
 class OnDemand(traitlets.HasTraits):
     """Mixin (before ``CircuitWidget``): ``active`` starts the view's jobs (``_start()``) on its
@@ -61,10 +63,9 @@ class OnDemand(traitlets.HasTraits):
         if change["new"] and not change["old"]:
             self._restart()
         elif change["old"] and not change["new"]:
-            reached = {k: v for k, v in self.progress.items() if k in ("text", "done", "total", "unit")}
             self._computing = False
             self._runner.cancel_all()
-            self.progress = {**reached, "state": "cancelled"}
+            self.progress = cancelled(self.progress)
 
     def _start(self) -> None:
         raise NotImplementedError

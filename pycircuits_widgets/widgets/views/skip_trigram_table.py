@@ -6,7 +6,7 @@ import torch
 import traitlets
 
 from ...analysis.circuits import embedding_note
-from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_table, kept_head_table
+from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_table, head_table_steps, kept_head_table
 from ...corpus.sweeps import checked_sweep
 from ...corpus.trigram_counts import kept_trigram_counts, trigram_counts
 from ...models.tokenizer import visible_whitespace
@@ -14,10 +14,15 @@ from ..core import offline
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.offset_window import OffsetWindow
-from ..core.runner import GIVE_WAY
+from ..core.meter import cancelled, metered
+from ..core.runner import GIVE_WAY, give_way_between
 from ..core.selection import Bounded, HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
 
+SEARCH = {"screen": ("exact table: screening sources", "source blocks"),
+          "offsets": ("exact table: screening offsets", "source blocks"),
+          "exact": ("exact table: recomputing sources", "source blocks")}
+"""The ``progress`` text and unit of each stage of a head's exact search (``head_table_steps``), metered apart."""
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
 
@@ -213,7 +218,8 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     # -- the work ------------------------------------------------------------------------
     def _table_steps(self, layer, head, k, counting="count"):
         """Yields (large vocabularies) the top-k over the strongest sources, then the exact top-k
-        (``analysis.skip_trigrams.head_table``, kept per model: a revisited head answers at once); with a
+        (``analysis.skip_trigrams.head_table_steps``, kept per model: a revisited head answers at once;
+        searched block by block, metered: ``SEARCH``); with a
         sweep, then the same table with its corpus counts (``pcw.trigram_counts``, kept per model too;
         ``counting="kept"``: only counts the cache holds, none computed)."""
         window = self._window
@@ -221,12 +227,13 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         if table is None and self.model.cfg.d_vocab > self.partial_above:
             partial = head_table(self.model, layer, head, k, offset=window, approximate=True,
                                  sources=self.partial_sources)
-            yield {"trigrams": self._payload(partial)}
+            yield {"trigrams": self._payload(partial), "progress": {}}  # (no count of the head before)
             yield GIVE_WAY  # the exact search takes seconds: the click's other views first
-        if table is None:
-            table = head_table(self.model, layer, head, k, offset=window, approximate=True)
+        if table is None:  # block by block (a newer head stops it at the next), each after other views' clicks
+            table = yield from give_way_between(metered(
+                head_table_steps(self.model, layer, head, k, offset=window, approximate=True), SEARCH))
         payload = self._payload(table)
-        yield {"trigrams": payload}
+        yield {"trigrams": payload, "progress": {}}
         if self._sweep is not None:
             yield GIVE_WAY  # a forward of every window holding a triple: the click's other views first
             count = trigram_counts if counting == "count" else kept_trigram_counts
@@ -242,9 +249,18 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
                                 "windows_holding": counts.windows_holding}}
 
     def fill_steps(self, selection):
-        """The exact table of ``selection``'s head into the per-model cache (no partial first)."""
-        head_table(self.model, selection["layer"], selection["head"], self.k, offset=self._window, approximate=True)
-        yield None
+        """The exact table of ``selection``'s head into the per-model cache (no partial first), block
+        by block: the fill gives way between blocks."""
+        for _ in head_table_steps(self.model, selection["layer"], selection["head"], self.k, offset=self._window,
+                                  approximate=True):
+            yield None
+
+    def cancel(self) -> None:
+        """Stop computing the head's exact table, between two blocks of sources: the table shown
+        stays (a partial one labelled partial) and ``progress`` says "cancelled" at the count reached.
+        Selecting a head (or ``recompute()``) computes again."""
+        self._runner.cancel("table")
+        self.progress = cancelled(self.progress) if self.progress else {}
 
     def _payload(self, table: HeadTable) -> dict:
         """The ``trigrams`` trait value of ``table``: its columns (ids sent as int32: ``ArrayDict``) and the
