@@ -190,7 +190,8 @@ class ProductScreen:
     **Threads.** On CPU each call's tiles are independent tasks on the process's single-thread compute
     workers (``compute_pool``; the caller waits and assembles them in tile order): never one short
     parallel region per tile, which collapses on a loaded host (module docstring there), and never
-    more threads than cores however many screens run at once. The tiles are the same GEMMs on the same
+    more threads than cores however many screens run at once (their tiles are served by each
+    calling thread's ``compute_pool.priority``: a click's before the background fill's). The tiles are the same GEMMs on the same
     inputs as a serial loop, so the int8 routes' results are identical to it. ``workers``: tasks one
     call runs at once (default ``compute_pool.worker_count()``); ``0``: the serial loop in the calling
     thread at its torch thread count (the path before the pool, kept for ``bench_contention``'s

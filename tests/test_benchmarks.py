@@ -30,6 +30,7 @@ NEEDS = {
     "bench_bf16_accuracy": ("transformers",),
     "bench_build": ("transformers",),
     "bench_click": ("transformers",),
+    "bench_contention": ("transformers",),
     "bench_sections": ("transformers",),
     "bench_composition": ("transformer_lens",),
     "bench_examples": ("pyarrow",),

@@ -151,3 +151,59 @@ def test_a_forked_child_gets_a_pool_of_its_own():
     finally:
         child.join(WAIT)
     assert child.exitcode == 0
+
+
+def test_a_call_of_an_earlier_priority_goes_first_at_the_next_task():
+    """One worker: the fill's call (priority 2) is running its first task when a click's call
+    (priority 0) arrives; the worker takes the click's tasks next, then the fill's rest."""
+    if compute_pool.shared() is None:
+        pytest.skip("no compute pool here: torch's thread count cannot be set per thread")
+    pool = ComputePool(1)
+    order, started, release = [], threading.Event(), threading.Event()
+
+    def fill_task(i):
+        if i == 0:
+            started.set()
+            assert release.wait(WAIT)
+        order.append(("fill", i))
+
+    def fill():
+        with compute_pool.priority(2):
+            pool.map(fill_task, 4)
+
+    def click():
+        pool.map(lambda i: order.append(("click", i)), 3)
+
+    try:
+        threads = [threading.Thread(target=fill)]
+        threads[0].start()
+        assert started.wait(WAIT)
+        threads.append(threading.Thread(target=click))
+        threads[1].start()
+        assert pool.wait_queued(2, WAIT)  # the fill's rest and the click's call
+        release.set()
+        for t in threads:
+            t.join()
+    finally:
+        pool.close()
+    assert order == [("fill", 0), ("click", 0), ("click", 1), ("click", 2), ("fill", 1), ("fill", 2), ("fill", 3)]
+
+
+def test_a_closed_pool_says_so():
+    if compute_pool.shared() is None:
+        pytest.skip("no compute pool here: torch's thread count cannot be set per thread")
+    pool = ComputePool(1)
+    pool.close()
+    with pytest.raises(compute_pool.PoolError, match="closed"):
+        pool.map(lambda i: i, 2)
+
+
+def test_use_pool_false_runs_every_call_serially_in_its_caller():
+    compute_pool.use_pool(False)
+    try:
+        names = compute_pool.map_tasks(lambda i: threading.current_thread().name, 3)
+    finally:
+        compute_pool.use_pool(True)
+    assert names == [threading.current_thread().name] * 3
+    with pytest.raises(TypeError, match="True or False"):
+        compute_pool.use_pool(1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets import compute_pool
 from pycircuits_widgets.widgets.core import runner
 from pycircuits_widgets.widgets.core.meter import Meter
 from pycircuits_widgets.widgets.sharing.standalone import NOT_COMPUTED
@@ -318,3 +319,27 @@ def test_a_stage_is_timed_from_its_first_piece(monkeypatch):
     with pytest.raises(StopIteration) as stop:
         next(steps)
     assert stop.value.value == "result"
+
+
+def test_each_tier_computes_at_its_compute_pool_priority():
+    """The screens' compute pool serves a click's tiles before asked-for work's, and those before
+    the fill's (``runner.PRIORITY``); every tier's own torch ops run at torch's thread count (the
+    fill's results are the numbers a click computes)."""
+    loop = ManualLoop()
+    seen = {}
+
+    def job(name):
+        def steps():
+            seen[name] = (compute_pool.current_priority(), torch.get_num_threads())
+            yield None
+        return steps
+
+    clicks, asked = runner.Runner(BareView(), loop=loop), runner.Runner(BareView(), loop=loop, requested=True)
+    clicks.submit("click", job("click"))
+    assert clicks.wait(WAIT)
+    asked.submit("pairs", job("asked"))
+    assert asked.wait(WAIT)
+    clicks.submit("fill", job("background"), background=True)
+    assert clicks.wait(WAIT)
+    threads = torch.get_num_threads()  # what a runner's new thread starts with
+    assert seen == {"click": (0, threads), "asked": (1, threads), "background": (2, threads)}

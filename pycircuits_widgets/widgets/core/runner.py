@@ -24,6 +24,19 @@ Three tiers of work, across all runners (:data:`GATE`):
 So a click waits for nothing, and shares the CPU with other work for at most one piece already
 started; a long job never blocks another head's views or a page save (``save_html`` waits for
 neither asked-for work nor the fill past its budget). ``cancel`` stops a job between pieces.
+
+**Compute threads.** Every low-precision screen (the exact skip-trigram table's, and
+``FactoredMatrix.topk``'s) runs its tiles on the process's one compute pool (``compute_pool``: a
+single-thread worker per core), shared by all three tiers and served by tier
+(:data:`PRIORITY`): a click's tiles first, then asked-for work's, then the fill's, decided at
+each tile, so a fill's table already started gives way to a click's within a tile (a few ms). The
+rest of a job's torch work (a forward, the exact table's exact GEMMs, eigenvalues) runs on its
+runner's thread at torch's intra-op count (``torch.get_num_threads()``, one per core by default),
+in every tier: the fill's results are then the very numbers a click computes (a GEMM's float32
+rounding can depend on its thread count). So the screens alone never use more threads than cores;
+at most, at once: the pool's workers, the views of one click each at torch's count (they compute
+together, each on its own runner's thread, while their screens wait for the pool), one asked-for
+piece already started and one background chunk already started, each at torch's count.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from ... import compute_pool
 from ... import progress as bars
 
 
@@ -54,6 +68,8 @@ while another runner has a click that is not itself giving way (the first, quick
 click, say a partial table, is shown; the slow rest lets the other views of the click finish
 first instead of sharing the CPU with them); asked-for work and the fill never hold it up.
 Ignored when run synchronously."""
+PRIORITY = {"click": 0, "asked": 1, "background": 2}
+"""Each tier's priority on the compute pool (``compute_pool.priority``: lower goes first)."""
 
 
 def give_way_between(steps):
@@ -67,6 +83,8 @@ def give_way_between(steps):
             return stop.value
         yield item
         yield GIVE_WAY
+
+
 _DONE = object()  # the end of a job's steps
 TICK = 0.25
 """Seconds between the calls of ``wait``'s ``tick`` (a progress bar's redraw)."""
@@ -304,7 +322,8 @@ class Runner:
                         job.steps.close()  # cancelled or stale before its next piece: never computed
                         break
                     try:
-                        item = next(job.steps, _DONE)
+                        with self._compute(job):
+                            item = next(job.steps, _DONE)
                     finally:
                         if asked:
                             self._end_turn()
@@ -327,6 +346,11 @@ class Runner:
                 if not job.background:
                     self._mark()
                 self._post()
+
+    def _compute(self, job: _Job):
+        """This job's tier's priority on the compute pool (module docstring, "Compute threads")."""
+        tier = "background" if job.background else "asked" if self.requested else "click"
+        return compute_pool.priority(PRIORITY[tier])
 
     def _requested(self) -> bool:
         """Whether a request (not background work) is pending or running (hold ``_lock``)."""
