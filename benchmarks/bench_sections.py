@@ -25,7 +25,7 @@ it is final, "complete"):
 * first visit: a click on a head never shown (its per-head cache entries dropped, as ``bench_click``),
   every click view final ("all views") and every one but the exact skip-trigram table ("all but the
   table"); each click view's own time to final is a row of its own (``click: <view>``);
-* revisit: back to the initial head, every view final;
+* revisit: back to the initial head, every view final (the note names the slowest view);
 * each on-demand section (``registry.ON_DEMAND``: paths, induction, positional, neurons, virtual
   heads, bigrams; those the model has) asked for as its "compute" button does (``active = True``;
   bigrams: with the text's last token selected, whose row it shows):
@@ -198,6 +198,20 @@ def save(explorer, folder: pathlib.Path) -> Row:
     return Row(complete=seconds, note=f"{path.stat().st_size / 2**20:.1f} MiB")
 
 
+def timed_click(explorer, head):
+    """``bench_click.click`` on ``head``, and each click view's own seconds to final."""
+    views = {name: view for name, view in explorer.views().items() if name not in ON_DEMAND}
+    final = {}
+    t0 = time.perf_counter()
+
+    def each_view():  # noted while the click's results are applied
+        for name, view in views.items():
+            if name not in final and not view.busy:
+                final[name] = time.perf_counter() - t0
+
+    return click(explorer, *head, tick=each_view), final
+
+
 def tiny_sweep(model, folder: pathlib.Path, windows: int):
     if windows == 0:
         return None
@@ -234,23 +248,16 @@ def measure(shape: str, tok, n_tokens: int, timeout: float, windows: int, folder
     target = (cfg.n_layers // 2, cfg.n_heads // 2 + 1)  # bench_click's: not the initial head
     cache.discard(model, lambda key: target in key or key[1:3] == target)
     views = explorer.views()
-    final = {}
-
-    def each_view():  # a click view's own time to final, noted while the click is applied
-        t = time.perf_counter() - t_click
-        for name, view in views.items():
-            if name not in final and name not in ON_DEMAND and not view.busy:
-                final[name] = t
-
-    t_click = time.perf_counter()
-    first = click(explorer, *target, tick=each_view)
+    first, final = timed_click(explorer, target)
     rows.add("first visit: all views", Row(complete=first["all"]))
     rows.add("first visit: all but the exact table", Row(complete=first["others"]))
     for name in views:
         if name not in ON_DEMAND:
             rows.add(f"click: {name}", Row(complete=final.get(name)))
     settle(explorer, timeout=timeout)
-    rows.add("revisit: all views", Row(complete=click(explorer, *start)["all"]))
+    again, final = timed_click(explorer, start)
+    slowest = max(final, key=final.get)
+    rows.add("revisit: all views", Row(complete=again["all"], note=f"slowest: {slowest} {final[slowest]:.3f} s"))
     settle(explorer, timeout=timeout)
     for name in ON_DEMAND:
         if name in views:

@@ -156,8 +156,9 @@ def test_the_induction_verdicts_come_strongest_pairs_first_in_equal_pieces():
             verdicts = stop.value
             break
         sizes.append(len(into))
-    assert seen == [("scores", 1, 2), ("scores", 2, 2)] + [("positivity", i, pieces) for i in range(1, pieces + 1)]
-    assert sizes == [0, 0] + [min(i * per_piece, n_pairs) for i in range(1, pieces + 1)]
+    counts = [min(i * per_piece, n_pairs) for i in range(1, pieces + 1)]  # head pairs done
+    assert seen == [("scores", 1, 2), ("scores", 2, 2)] + [("positivity", n, n_pairs) for n in counts]
+    assert sizes == [0, 0] + counts
     assert verdicts == pair_verdicts(model, offsets)
     strongest = composition_scores(model, "K", baseline=False, offsets=offsets).nan_to_num(float("-inf")).amax(0)
     order = [float(strongest[key]) for key in into]  # the order they were computed in
@@ -165,7 +166,7 @@ def test_the_induction_verdicts_come_strongest_pairs_first_in_equal_pieces():
     some = dict(list(into.items())[:5])
     resumed = pair_verdicts_steps(model, offsets, into=dict(some))
     counted = [item for item in resumed if item[0] == "positivity"]
-    assert counted[-1][2] == -(-(n_pairs - 5) // per_piece)
+    assert counted[-1][1:] == (n_pairs - 5, n_pairs - 5)
 
 
 def test_virtual_heads_report_a_count_per_head(manual_kernel_loop):
