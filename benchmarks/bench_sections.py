@@ -150,8 +150,12 @@ def on_demand(explorer, name: str, timeout: float) -> Row:
             view.token = explorer.token_ids[-1]
         explorer.compute(name)
 
+    def count():  # how far it got, and which click work it was giving way to
+        others = [n for n, v in explorer.views().items() if v is not view and v.busy]
+        return "; ".join(filter(None, [count_of(view)(), others and "busy meanwhile: " + ", ".join(others)]))
+
     row = timed(explorer, start, view._ready, lambda: view._ready() and not view.busy,
-                timeout, stop=view.cancel, count=count_of(view))
+                timeout, stop=view.cancel, count=count)
     late = settle(explorer, view, timeout)
     row.note = "; ".join(n for n in (row.note, late) if n)
     return row
@@ -213,16 +217,17 @@ def timed_click(explorer, head):
 
 
 def tiny_sweep(model, folder: pathlib.Path, windows: int):
+    """The sweep of ``windows`` windows in ``folder`` (one per model: a store refuses another's), or None."""
     if windows == 0:
         return None
-    return pcw.sweep(model, Corpus.python_stdlib(), folder / "sweep", seq_len=SWEEP_SEQ, k=SWEEP_K,
+    return pcw.sweep(model, Corpus.python_stdlib(), folder, seq_len=SWEEP_SEQ, k=SWEEP_K,
                      max_windows=windows, progress=False)
 
 
 def measure(shape: str, tok, n_tokens: int, timeout: float, windows: int, folder: pathlib.Path) -> None:
     """Print ``shape``'s table, a row as soon as it is measured."""
     hf, model, text, ids, forward = model_and_forward(SHAPES[shape](), tok, n_tokens)
-    sweep = tiny_sweep(model, folder, windows)
+    sweep = tiny_sweep(model, folder / f"sweep-{shape}", windows)
     t0 = time.perf_counter()
     explorer = pcw.CircuitExplorer(model, text, sweep=sweep)
     explorer.stop_background()  # a user's clicks and requests with nothing else running
