@@ -36,6 +36,7 @@ NEEDS = {
     "bench_examples": ("pyarrow",),
     "bench_explorer": ("jupyterlab", "playwright"),
     "bench_factored": ("transformer_lens",),
+    "bench_give_way": ("transformers",),
     "bench_interventions": ("transformers",),
     "bench_roundtrip": ("jupyterlab", "playwright"),
     "bench_safetensors": ("safetensors", "transformers"),
