@@ -106,6 +106,21 @@ def test_a_heads_rows_are_its_sweep_examples_in_context_with_the_attention_of_it
     assert all(examples.strings[str(i)] == strings[i] for r in examples.rows for s in r["segments"] for i in s["ids"])
 
 
+def test_a_head_shown_before_answers_with_its_values_at_once(model, swept):
+    """A revisit runs no window again: its first update already carries the values it showed."""
+    view = DatasetExamples(swept, model, layer=1, head=0)
+    assert view.wait()
+    shown = view.rows
+    view.head = 3
+    assert view.wait()
+    updates = []
+    view.observe(lambda change: updates.append(change["new"]), ["rows"])
+    view.head = 0
+    assert view.wait()
+    assert updates == [shown]  # one update, the rows with their values
+    view.close()
+
+
 def test_bad_arguments_are_refused_naming_what_was_expected(model, swept, other_model):
     with pytest.raises(ValueError, match=r"layer must be an int in 0\.\.1, got 2"):
         DatasetExamples(swept, model, layer=2, head=0)

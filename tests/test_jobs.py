@@ -156,8 +156,9 @@ def test_the_induction_verdicts_come_strongest_pairs_first_in_equal_pieces():
             verdicts = stop.value
             break
         sizes.append(len(into))
-    assert seen == [("scores", 1, 2), ("scores", 2, 2)] + [("positivity", i, pieces) for i in range(1, pieces + 1)]
-    assert sizes == [0, 0] + [min(i * per_piece, n_pairs) for i in range(1, pieces + 1)]
+    counts = [min(i * per_piece, n_pairs) for i in range(1, pieces + 1)]  # head pairs done
+    assert seen == [("scores", 1, 2), ("scores", 2, 2)] + [("positivity", n, n_pairs) for n in counts]
+    assert sizes == [0, 0] + counts
     assert verdicts == pair_verdicts(model, offsets)
     strongest = composition_scores(model, "K", baseline=False, offsets=offsets).nan_to_num(float("-inf")).amax(0)
     order = [float(strongest[key]) for key in into]  # the order they were computed in
@@ -165,7 +166,7 @@ def test_the_induction_verdicts_come_strongest_pairs_first_in_equal_pieces():
     some = dict(list(into.items())[:5])
     resumed = pair_verdicts_steps(model, offsets, into=dict(some))
     counted = [item for item in resumed if item[0] == "positivity"]
-    assert counted[-1][2] == -(-(n_pairs - 5) // per_piece)
+    assert counted[-1][1:] == (n_pairs - 5, n_pairs - 5)
 
 
 def test_virtual_heads_report_a_count_per_head(manual_kernel_loop):
@@ -178,6 +179,19 @@ def test_virtual_heads_report_a_count_per_head(manual_kernel_loop):
     counted = [p for p in seen if p]
     assert counted[0] == {"text": "virtual heads", "done": 0, "total": 5, "unit": "heads", "left_s": None}
     assert counted[-1]["done"] == 5 and counted[-1]["left_s"] == 0
+
+
+def test_virtual_heads_show_each_head_as_it_comes_strongest_first(manual_kernel_loop):
+    from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
+
+    model = paper_model(n_layers=2, n_heads=3, dtype=torch.float32, seed=11)
+    sizes = []
+    view = pcw.VirtualHeads(model, k=5, n_copies=2, active=False)
+    view.observe(lambda change: sizes.append([h["pair"] for h in change["new"]]), ["heads"])
+    view.active = True
+    assert view.wait(WAIT)
+    expected = [[*v.h1, *v.h2] for v in top_virtual_heads(model, 5, 2)]
+    assert sizes == [expected[:n] for n in range(1, 6)]  # one more each piece, strongest first, then no change
 
 
 # -- the explorer, a real model ------------------------------------------------------------------

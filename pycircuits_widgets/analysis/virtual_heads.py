@@ -85,10 +85,11 @@ def top_virtual_heads(model, k: int = 10, n_copies: int = 10) -> list[VirtualHea
     return drained(top_virtual_heads_steps(model, k, n_copies))
 
 
-def top_virtual_heads_steps(model, k: int = 10, n_copies: int = 10):
+def top_virtual_heads_steps(model, k: int = 10, n_copies: int = 10, into: list | None = None):
     """``top_virtual_heads`` in pieces (``analysis.pieces``): yields ``(done, total)`` after each
-    virtual head (its positivity and copied tokens: the same work for each), after every pair's
-    norm (not a piece of the count); returns the list."""
+    virtual head (its positivity and copied tokens: the same work for each), strongest first, after
+    every pair's norm (not a piece of the count); returns the list. ``into`` (a list, optional) is
+    that list, filled as the pieces end, for a caller that shows the strongest while the rest come."""
     norms = virtual_head_norms(model)
     defined = torch.nan_to_num(norms, nan=-1.0).flatten()
     n_pairs = int((defined >= 0).sum())
@@ -100,7 +101,7 @@ def top_virtual_heads_steps(model, k: int = 10, n_copies: int = 10):
     L, H = model.cfg.n_layers, model.cfg.n_heads
     with torch.no_grad():
         gram = token_gram(model, "OV")  # the vocab-sized product, once for all pairs
-    heads = []
+    heads = [] if into is None else into
     yield 0, len(order)
     for flat in order.tolist():
         l1, i1, l2, i2 = flat // (H * L * H), flat // (L * H) % H, flat // H % L, flat % H

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -23,6 +24,8 @@ the live view has more."""
 SAVED_BUDGET = 160_000
 """Most bytes of the examples a saved page keeps (``offline.Answers``): ``SAVED`` examples of each of
 16 heads at 128-token windows; past it a head says it needs a kernel."""
+KEPT_UNITS = 64
+"""Heads (or neurons) whose rows with values the view keeps, the latest shown: a revisit re-runs no window."""
 RERUN_BYTES = 64 << 20
 """Most bytes of attention patterns one re-run holds: the examples' windows run in batches under it."""
 
@@ -110,6 +113,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= sweep.k):
             raise ValueError(f"DatasetExamples: k must be an int in 1..{sweep.k} (the examples the sweep kept), got {k!r}")
         self._sweep, self._k = sweep, k or sweep.k
+        self._kept: collections.OrderedDict = collections.OrderedDict()  # unit -> rows with values (``_steps``)
         info = sweep.manifest["info"]["corpus"]
         corpus = {"model": sweep.model_name, "windows": sweep.n_windows, "seq_len": sweep.seq_len, "k": self._k,
                   "description": info["description"], "documents": info["documents"]}
@@ -139,12 +143,21 @@ class DatasetExamples(HeadSelection, CircuitWidget):
 
     # -- results (on the runner) ------------------------------------------------------------
     def _steps(self, layer: int, head: int, neuron: int):
-        """The rows from the sweep (at once), then with the re-run's values."""
+        """The rows from the sweep (at once), then with the re-run's values; a unit shown before
+        answers with its values at once (the last ``KEPT_UNITS`` are kept: a revisit runs nothing)."""
         first = self.rows_patch(layer, head, neuron)
+        unit = (layer, head, neuron)
+        if unit in self._kept:
+            self._kept.move_to_end(unit)
+            yield {**first, "rows": self._kept[unit]}
+            return
         yield first
         per_window: dict = {}
         yield from self._rerun(first["rows"], layer, head, neuron, per_window)
-        yield {"rows": self._valued(first["rows"], per_window, neuron), "shown": first["shown"]}
+        rows = self._kept[unit] = self._valued(first["rows"], per_window, neuron)
+        while len(self._kept) > KEPT_UNITS:
+            self._kept.popitem(last=False)
+        yield {"rows": rows, "shown": first["shown"]}
 
     def rows_patch(self, layer: int, head: int, neuron: int = -1) -> dict:
         """What the page gets first for a unit: ``rows`` (no values yet), ``shown`` and ``strings``, from

@@ -22,7 +22,7 @@ N_TABLES = 16
 """Ranked tables embedded up front (the strongest K-composition pairs) for small vocabularies."""
 EMBED_TABLES_MAX_VOCAB = 8192
 """Above this vocabulary size only the selected pair's table is computed up front."""
-STAGES = {"positivity": ("induction: K-composition eigenvalues", "layer pairs"),
+STAGES = {"positivity": ("induction: K-composition eigenvalues", "head pairs"),
           "scores": ("induction: OV positivity, K-composition scores", "steps")}
 """The ``progress`` text and unit of each stage of ``pair_verdicts_steps`` (each metered apart)."""
 K = Bounded(min=1, max=lambda model: min(200, model.cfg.d_vocab))

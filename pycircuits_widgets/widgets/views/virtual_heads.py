@@ -18,7 +18,8 @@ class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
     ``W_E W_OV^{h1} W_OV^{h2} W_U`` (copying) and the tokens it copies most
     (``pcw.analysis.virtual_heads``). Clicking a row selects the pair (and its later head).
     Everything is embedded: works without a kernel. Computed on the widget's runner
-    (``on_demand``; two minutes at GPT-2-small shapes), once ``active``.
+    (``on_demand``; two minutes at GPT-2-small shapes), once ``active``; each virtual head is
+    shown as it comes, strongest first.
 
     Args:
         model: a weight view with at least 2 layers.
@@ -50,11 +51,26 @@ class VirtualHeads(OnDemand, HeadSelection, PairSelection, CircuitWidget):
         self._runner.submit("heads", self._heads_steps)
 
     def _heads_steps(self):
-        """``top_virtual_heads`` piece by piece (one virtual head each, metered)."""
-        heads = yield from metered(top_virtual_heads_steps(self.model, self._k, self._n_copies),
-                                   {None: ("virtual heads", "heads")})
+        """``top_virtual_heads`` piece by piece (one virtual head each, metered, strongest first),
+        each shown as it comes."""
+        done = []
+        steps = metered(top_virtual_heads_steps(self.model, self._k, self._n_copies, into=done),
+                        {None: ("virtual heads", "heads")})
+        shown = 0
+        while True:
+            try:
+                report = next(steps)
+            except StopIteration as stop:
+                heads = stop.value
+                break
+            if len(done) > shown:
+                shown = len(done)
+                yield {"heads": self._payload(done), **(report or {})}
+            else:
+                yield report
+        yield {"progress": {}, "heads": self._payload(heads)}
+
+    def _payload(self, heads) -> list[dict]:
         strings = self.model.token_strings
-        yield {"progress": {}, "heads": [{
-            "pair": [*v.h1, *v.h2], "norm": v.norm, "positivity": v.positivity,
-            "copies": [{"id": i, "str": strings[i], "score": s} for i, s in v.copies],
-        } for v in heads]}
+        return [{"pair": [*v.h1, *v.h2], "norm": v.norm, "positivity": v.positivity,
+                 "copies": [{"id": i, "str": strings[i], "score": s} for i, s in v.copies]} for v in heads]
