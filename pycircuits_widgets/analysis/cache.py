@@ -22,7 +22,10 @@ head, or a second view of the same head, gets the stored result.
   stay next to the model-level results (token Grams 2.4 MB each in float32, spectra and score
   tables under 1 MB) and every head's OV diagonal (0.2 MB each).
 * **Computed once under threads**: views compute on worker threads; a second request for a
-  key being computed waits for the first instead of repeating it.
+  key being computed waits for the first instead of repeating it. A result computed in pieces
+  that a caller may stop between (the exact skip-trigram table: ``keeper``) never makes another
+  thread wait for it: each computes, and takes between its pieces a result the other kept
+  (``holds``), so a click never waits behind the background fill's search of the same head.
 * **Counted**: ``stats(model)`` says how many lookups were answered from the store (``hits``)
   and how many computed (``misses``), so a benchmark or a test sees what a revisit recomputed.
 
