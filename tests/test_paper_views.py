@@ -179,6 +179,21 @@ def test_bigram_table_embeds_every_row_for_small_vocabularies_and_computes_other
     assert small.wait(10) and small.active and small.complete and small.row_tokens() == list(range(m0.cfg.d_vocab))
 
 
+def test_bigram_rows_computed_by_a_superseded_request_are_shown_by_the_next(monkeypatch):
+    """A token clicked, then "compute": the first request's rows, computed but its answer dropped as
+    stale, are what the second answers with (it computed nothing new and had answered nothing)."""
+    m0 = pcw.load_pretrained("attn-only-0l")
+    from pycircuits_widgets.widgets.views import bigram_table
+    monkeypatch.setattr(bigram_table, "EMBED_ALL_MAX_VOCAB", 100)
+    w = pcw.BigramTable(m0, k=4, active=False)
+    for _ in w._rows_steps([300]):  # the first request ran to the end; its answer never applied
+        pass
+    answers = list(w._rows_steps([300]))
+    _, ids = bigram_top(m0, 4)
+    assert len(answers) == 1 and answers[0]["rows"] == [300]
+    np.testing.assert_array_equal(answers[0]["top_ids"], ids[[300]].numpy())
+
+
 def test_the_readme_paper_views_example_runs_as_written():
     """The README's "Path expansion ..." block is self-contained: it defines what it uses."""
     from pathlib import Path

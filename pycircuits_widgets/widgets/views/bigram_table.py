@@ -89,12 +89,15 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
             self.active = True
 
     def _rows_steps(self, wanted: list[int]):
-        """Add the rows of ``wanted`` not computed yet (on the runner's thread, one job at a time)."""
+        """Add the rows of ``wanted`` not computed yet (on the runner's thread, one job at a time), and
+        answer with every row computed: an earlier request superseded after computing (its answer
+        dropped, e.g. a token clicked, then "compute") leaves its rows here, and they are shown now."""
         rows, values, ids = self._computed
         new = [t for t in dict.fromkeys(wanted) if t >= 0 and t not in rows]
-        if not new:
+        if new:
+            new_values, new_ids = bigram_top(self.model, self._k, new)
+            new_values, new_ids = new_values.float(), new_ids.to(torch.int32)
+            self._computed = rows, values, ids = (rows + new, torch.cat([values, new_values]), torch.cat([ids, new_ids]))
+        if not rows:
             return
-        new_values, new_ids = bigram_top(self.model, self._k, new)
-        new_values, new_ids = new_values.float(), new_ids.to(torch.int32)
-        self._computed = rows, values, ids = (rows + new, torch.cat([values, new_values]), torch.cat([ids, new_ids]))
         yield {"top_ids": ids.numpy().astype(id_dtype(self.model.cfg.d_vocab)), "top_logits": values, "rows": [] if self.complete else rows}
