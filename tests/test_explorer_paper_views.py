@@ -48,9 +48,9 @@ def writer_oracle(model, layer, head):
 
 def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monkeypatch):
     calls = []
-    for name in ("top_virtual_heads_steps", "k_composition_positivity_offsets", "path_expansion"):
+    for name in ("top_virtual_heads_steps", "k_composition_positivity_offsets", "path_expansion_steps"):
         module = {"top_virtual_heads_steps": "widgets.views.virtual_heads", "k_composition_positivity_offsets": "analysis.induction",
-                  "path_expansion": "widgets.views.path_expansion"}[name]
+                  "path_expansion_steps": "widgets.views.path_expansion"}[name]
         mod = __import__(f"pycircuits_widgets.{module}", fromlist=[name])
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _real=real, _n=name, **k: calls.append(_n) or _real(*a, **k))
@@ -61,9 +61,9 @@ def test_paper_views_are_built_inactive_and_compute_nothing_until_asked(m2, monk
     e.set_state({"text": "a b a b"})  # a new text reaches the inactive views without computing them
     assert e.wait() and e.paths.text == "a b a b" and calls == []
     e.paths.set_state({"active": True})  # the section's "compute" button
-    assert e.wait() and calls == ["path_expansion"] and len(e.paths.terms) == 81
+    assert e.wait() and calls == ["path_expansion_steps"] and len(e.paths.terms) == 81
     e.compute("virtual")
-    assert e.wait() and calls == ["path_expansion", "top_virtual_heads_steps"] and e.induction.pairs == {}
+    assert e.wait() and calls == ["path_expansion_steps", "top_virtual_heads_steps"] and e.induction.pairs == {}
     with pytest.raises(ValueError, match="compute\\(\\) takes names"):
         e.compute("eigen")
 

@@ -303,3 +303,25 @@ def test_cancel_stops_the_exact_table_and_keeps_the_partial_one_labelled_partial
                              "unit": "source blocks", "state": "cancelled"}
     view.recompute()  # computes it again
     assert view.trigrams["exact"] is True and view.progress == {}
+
+
+# -- a forward that stops early (the dataset examples' re-run) ------------------------------------
+def test_a_forward_of_the_first_layers_is_the_whole_forwards_first_layers_bit_for_bit(rotary_mlp):
+    tokens = torch.tensor([[1, 2, 3, 1, 2, 3, 7, 1], [4, 5, 6, 4, 5, 6, 8, 4]])
+    _, full = rotary_mlp.run_with_cache(tokens, mlp_post=True, logits=False)
+    for layers in (1, 2):
+        _, early = rotary_mlp.run_with_cache(tokens, mlp_post=True, logits=False, layers=layers)
+        assert same(early.patterns, full.patterns[:, :layers]) and same(early.mlp_post, full.mlp_post[:, :layers])
+        assert same(early.resid, full.resid[:, :layers + 1]) and same(early.ln_scale, full.ln_scale[:, :layers])
+    _, all_layers = rotary_mlp.run_with_cache(tokens, mlp_post=True, logits=False, layers=3)
+    assert same(all_layers.ln_scale, full.ln_scale) and same(all_layers.resid, full.resid)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"layers": 0, "logits": False}, "layers must be an int in 1..3"),
+    ({"layers": 2.0, "logits": False}, "layers must be an int"),
+    ({"layers": 2}, "pass logits=False"),
+])
+def test_a_forward_that_stops_early_refuses_what_it_cannot_give(rotary_mlp, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        rotary_mlp.run_with_cache(torch.tensor([[1, 2, 3]]), **kwargs)

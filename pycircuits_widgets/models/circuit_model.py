@@ -594,12 +594,18 @@ class CircuitModel:
 
     def run_with_cache(self, tokens, interventions: Interventions | None = None,
                        resume: ActivationCache | None = None, *, mlp_post: bool = False,
-                       logits: bool = True) -> tuple[torch.Tensor | None, ActivationCache]:
+                       logits: bool = True, layers: int | None = None) -> tuple[torch.Tensor | None, ActivationCache]:
         """``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids) -> (``logits [batch, pos, d_vocab]``,
         ``ActivationCache``; see its docstring for shapes and the sum identity).
 
         ``mlp_post``: also record every neuron's post-activation (``cache.mlp_post``). ``logits=False``:
         skip the unembedding and return None for the logits (a corpus sweep reads only the cache).
+        ``layers`` (with ``logits=False``, without ``resume``): run only the first ``layers`` layers
+        (``1..n_layers``), for a caller that reads an early layer's entries (the dataset examples of a
+        head in layer ``l``: ``layers=l + 1``); their entries are the whole forward's, bit for bit,
+        and the cache holds only them: ``resid [b, layers + 1, ...]`` (the stream before each, then
+        after the last), per-layer entries ``[b, layers, ...]``, and ``ln_scale [b, layers, pos]``
+        (no final norm is read).
 
         ``interventions`` (``models.interventions.Interventions``): heads' outputs, neurons'
         activations or heads' inputs changed in this forward; the cache records the changed run.
@@ -613,6 +619,13 @@ class CircuitModel:
             tokens = tokens[None]
         b, pos = tokens.shape
         cfg = self.cfg
+        complete = layers is None or layers == cfg.n_layers
+        if layers is not None:
+            if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= cfg.n_layers:
+                raise ValueError(f"run_with_cache: layers must be an int in 1..{cfg.n_layers}, got {layers!r}")
+            if (logits or resume is not None) and not complete:
+                raise ValueError("run_with_cache: layers (a forward that stops early) reads no logits and resumes "
+                                 "no run: pass logits=False and no resume")
         if interventions is not None:
             if not isinstance(interventions, Interventions):
                 raise TypeError(f"run_with_cache: interventions must be an Interventions, got "
@@ -637,7 +650,7 @@ class CircuitModel:
         resid, patterns, zs, mlp_outs = before("resid"), before("patterns"), before("z"), before("mlp_out")
         post_scales, posts = before("post_scale_attn"), before("mlp_post") if mlp_post else []
         scales = {"attn": before("ln_scale"), "mlp": before("ln_scale_mlp")}
-        for layer in range(start or 0, cfg.n_layers):
+        for layer in range(start or 0, cfg.n_layers if layers is None else layers):
             resid.append(x)
             edits = interventions.at(layer) if interventions else None
             clean = None
@@ -662,8 +675,11 @@ class CircuitModel:
                 scales["mlp"].append(scale)
                 x = x + mlp_out
         resid.append(x)
-        xn, final_scale = self.read(x)
+        final = []  # the final norm's division, read by the unembedding: only after the last layer
         out = None
+        if complete:
+            xn, final_scale = self.read(x)
+            final.append(final_scale)
         if logits:
             out = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
             if cfg.final_softcap is not None:
@@ -671,7 +687,7 @@ class CircuitModel:
 
         d = cfg.d_model
         x, embed, resid = x.to(self.dtype), embed.to(self.dtype), [r.to(self.dtype) for r in resid]
-        ln_scale = torch.stack(scales["attn"] + [final_scale], 1)
+        ln_scale = torch.stack(scales["attn"] + final, 1)
         ln_scale_mlp = None
         if not cfg.attn_only:
             ln_scale_mlp = torch.stack(scales["mlp"], 1) if scales["mlp"] else x.new_zeros(b, 0, pos)

@@ -219,16 +219,17 @@ class DatasetExamples(HeadSelection, CircuitWidget):
     @torch.inference_mode()
     def _rerun(self, rows: list[dict], layer: int, head: int, neuron: int, out: dict):
         """Fill ``out`` with ``{window: [T, T] attention of head (layer, head)}`` or ``{window: [T] activation
-        of the neuron}`` for the rows' windows: the sweep's windows through ``model.run_with_cache``, as the
-        sweep ran them, in batches whose patterns stay under ``RERUN_BYTES``; yields None after each batch
+        of the neuron}`` for the rows' windows: the sweep's windows through ``model.run_with_cache`` up to
+        the unit's layer, as the sweep ran them, in batches whose patterns stay under ``RERUN_BYTES``; yields None after each batch
         (a runner checkpoint: a new selection stops the re-run there)."""
         cfg, T = self.model.cfg, self._sweep.seq_len
         batch = max(1, RERUN_BYTES // (cfg.n_layers * cfg.n_heads * T * T * 4))
         windows = sorted({r["window"] for r in rows})
         tokens = self._sweep.windows[windows]
         for start in range(0, len(windows), batch):
+            # the layers up to the unit's: later layers change nothing it reads
             _, cache = self.model.run_with_cache(tokens[start:start + batch].to(self.model.device),
-                                                 mlp_post=neuron >= 0, logits=False)
+                                                 mlp_post=neuron >= 0, logits=False, layers=layer + 1)
             if neuron < 0:
                 picked = cache.patterns[:, layer, head].float().cpu()  # [b, T, T]
             else:
