@@ -185,10 +185,11 @@ def test_path_expansion_comes_one_term_a_piece_and_equals_the_plain_function(shi
         assert pieces == [(i, n) for i in range(n + 1)]
         plain = path_expansion(model, run)
         assert [(t.source, t.heads) for t in pe.terms] == [(t.source, t.heads) for t in plain.terms]
-        pieces, stacked = run_through(pe.stacked_logits_steps())
+        pieces, readout = run_through(pe.readout_steps())
         assert pieces == [(i, n) for i in range(n + 1)]
-        assert pe.stacked_logits is stacked  # kept
-        assert same(stacked, plain.stacked_logits)
+        assert pe.readout is readout  # kept
+        assert same(readout.by_order, plain.readout.by_order)
+        assert same(readout.contributions, plain.next_token_contributions())
         pieces, importance = run_through(pe.term_importance_steps())
         assert pieces == [(i, n) for i in range(n + 1)]
         assert same(importance, plain.term_importance())

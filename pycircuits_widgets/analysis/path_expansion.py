@@ -119,6 +119,17 @@ def _source_name(source: str) -> str:
 
 
 @dataclass(frozen=True)
+class Readout:
+    """What one pass over the terms of a ``PathExpansion`` keeps (``PathExpansion.readout_steps``).
+
+    ``by_order [top + 1, batch, pos, d_vocab]``: the sum of the terms of each order ``0..top``;
+    ``contributions [n_terms, batch, pos - 1]``: ``PathExpansion.next_token_contributions``."""
+
+    by_order: torch.Tensor
+    contributions: torch.Tensor
+
+
+@dataclass(frozen=True)
 class PathExpansion:
     """All path terms of one batch; ``logits [batch, pos, d_vocab]`` is the model's own linear readout
     for comparison: its logits, or, for a model with a final soft-cap (``final_softcap`` not None),
@@ -126,8 +137,11 @@ class PathExpansion:
 
     ``x0 [batch, pos, d_model]`` embeddings; ``sources``: what each term's ``source`` names, as
     ``[batch, pos, d_in]`` (``d_in`` 1 for ``b_U``); ``term_logits(i)`` -> ``[batch, pos, d_vocab]``.
-    The terms' logits are computed once (``stacked_logits``, ``n_terms x batch x pos x d_vocab``
-    floats: 42 MB for the shipped 2-layer model on a full context).
+
+    **Memory.** Every term's logits at once would be ``n_terms x batch x pos x d_vocab`` floats: 42 MB for the shipped 2-layer model on a full context, but 5.9 GB for SmolLM2-135M's 301
+    terms on 100 tokens. So the sums, the loss ladder, the importances and the contributions are
+    computed term by term (``readout_steps``, then ``term_importance_steps``, each term's logits
+    computed again: twice the GEMMs, a ``[batch, pos, d_vocab]`` table per order in memory).
     """
 
     tokens: torch.Tensor
@@ -143,40 +157,49 @@ class PathExpansion:
         cap = self.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    @torch.no_grad()
+    def term_logits(self, i: int) -> torch.Tensor:
+        """Term ``i``'s logits ``[batch, pos, d_vocab]``, computed on each call (nothing kept)."""
+        t = self.terms[i]
+        return t.term(self.sources[t.source])
+
     @functools.cached_property
-    def stacked_logits(self) -> torch.Tensor:
-        """Every term's logits at once, ``[n_terms, batch, pos, d_vocab]`` (computed once, then reused;
-        ``stacked_logits_steps`` run through)."""
-        return drained(self.stacked_logits_steps())
+    def readout(self) -> Readout:
+        """The sums by order and the next-token contributions (``readout_steps`` run through, kept)."""
+        return drained(self.readout_steps())
 
     @torch.no_grad()
-    def stacked_logits_steps(self):
-        """``stacked_logits`` in pieces (``analysis.pieces``): one term's logits each, yielding
-        ``(done, n_terms)``; returns them and keeps them (``stacked_logits`` then answers at once)."""
-        if "stacked_logits" in self.__dict__:  # (cached_property's own slot)
-            return self.__dict__["stacked_logits"]
-        out = None
-        yield 0, len(self.terms)
+    def readout_steps(self):
+        """``readout`` in pieces (``analysis.pieces``): one term's logits each, added to its order's
+        sum and read at the next tokens, then dropped; yields ``(done, n_terms)``; returns the
+        ``Readout`` and keeps it (``readout`` then answers at once)."""
+        if "readout" in self.__dict__:  # (cached_property's own slot)
+            return self.__dict__["readout"]
+        n = len(self.terms)
+        top = max(t.order for t in self.terms)
+        by_order = contributions = None
+        nxt = self.tokens[:, 1:, None]
+        yield 0, n
         for i, t in enumerate(self.terms):
-            logits = t.term(self.sources[t.source])
-            if out is None:  # (one buffer: no list of every term's logits beside the stack)
-                out = logits.new_empty((len(self.terms), *logits.shape))
-            out[i] = logits
-            yield i + 1, len(self.terms)
-        self.__dict__["stacked_logits"] = out
+            logits = self.term_logits(i)
+            if by_order is None:
+                by_order = logits.new_zeros((top + 1, *logits.shape))
+                contributions = logits.new_empty((n, *nxt.shape[:2]))
+            by_order[t.order] += logits
+            head = logits[:, :-1]
+            contributions[i] = head.gather(-1, nxt)[..., 0] - head.mean(-1)
+            yield i + 1, n
+        out = Readout(by_order=by_order, contributions=contributions)
+        self.__dict__["readout"] = out
         return out
-
-    def term_logits(self, i: int) -> torch.Tensor:
-        return self.stacked_logits[i]
 
     def logits_up_to_order(self, order: int) -> torch.Tensor:
         """Sum of the terms of order ``<= order`` ``[batch, pos, d_vocab]``."""
-        keep = torch.tensor([t.order <= order for t in self.terms], device=self.stacked_logits.device)
-        return self.stacked_logits[keep].sum(0)
+        return self.readout.by_order[:order + 1].sum(0)
 
     def total(self) -> torch.Tensor:
         """Sum of all terms; equals ``logits`` (before any final soft-cap) up to rounding."""
-        return self.stacked_logits.sum(0)
+        return self.readout.by_order.sum(0)
 
     def loss_by_order(self) -> torch.Tensor:
         """Mean next-token loss using only terms of order ``<= n``, for ``n = 0..max order`` ``[n + 1]``.
@@ -184,7 +207,7 @@ class PathExpansion:
         The paper's marginal effect of the ``n``-th order terms is ``loss[n - 1] - loss[n]``. A final
         soft-cap is applied to each partial sum, as the model applies it to its logits.
         """
-        top = max(t.order for t in self.terms)
+        top = self.readout.by_order.shape[0] - 1
         return torch.stack([next_token_loss(self.capped(self.logits_up_to_order(n)), self.tokens).mean()
                             for n in range(top + 1)])
 
@@ -196,9 +219,7 @@ class PathExpansion:
         token's (the softmax ignores a shift shared by every token, so the raw logit would mislead).
         With a final soft-cap these are contributions to the logits before the cap.
         """
-        logits = self.stacked_logits[:, :, :-1]
-        nxt = self.tokens[None, :, 1:, None].expand(len(self.terms), -1, -1, 1)
-        return logits.gather(-1, nxt)[..., 0] - logits.mean(-1)
+        return self.readout.contributions
 
     def term_importance(self) -> torch.Tensor:
         """Loss increase when one term is removed from the full sum: ``[n_terms]`` (ablation; a final
@@ -207,8 +228,8 @@ class PathExpansion:
 
     @torch.no_grad()
     def term_importance_steps(self):
-        """``term_importance`` in pieces (``analysis.pieces``): one term's ablated loss each, yielding
-        ``(done, n_terms)`` (after ``stacked_logits``, computed at once here if not yet)."""
+        """``term_importance`` in pieces (``analysis.pieces``): one term's ablated loss each (its logits
+        computed again), yielding ``(done, n_terms)`` (after ``readout``, computed at once here if not yet)."""
         full = self.total()
         base = next_token_loss(self.capped(full), self.tokens).mean()
         losses = []
@@ -263,7 +284,7 @@ def path_expansion_steps(model, text_or_tokens, max_order: int | None = None):
     """``path_expansion`` in pieces (``analysis.pieces``): the forward (unless given a ``RunResult``)
     and the sources before the first piece, then one term each (its positions factor: the product of
     its heads' patterns), yielding ``(done, n_terms)``; returns the ``PathExpansion``. Each term's
-    logits are ``PathExpansion.stacked_logits_steps``' pieces."""
+    logits are ``PathExpansion.readout_steps``' pieces."""
     cfg = model.cfg
     check_path_features(cfg)
     if isinstance(text_or_tokens, RunResult):

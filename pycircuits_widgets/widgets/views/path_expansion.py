@@ -22,7 +22,8 @@ STAGES = {"terms": ("path expansion: terms", "terms"), "logits": ("path expansio
 """The ``progress`` text and unit of each stage of a text's job."""
 
 MAX_TERMS = 2048
-"""Most path terms the view computes (``prod_l (1 + n_heads)``; each is a [pos, d_vocab] logit table)."""
+"""Most path terms the view computes (``prod_l (1 + n_heads)``; each a [pos, d_vocab] logit table, computed
+twice and never all kept: ``analysis.path_expansion.PathExpansion``, "Memory")."""
 
 
 class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, CircuitWidget):
@@ -117,7 +118,7 @@ class PathExpansion(TextData, HeadSelection, PositionSelection, PairSelection, C
             return
         try:
             pe = yield from metered(path_expansion_steps(self.model, out, self._max_order), {None: STAGES["terms"]})
-            yield from metered(pe.stacked_logits_steps(), {None: STAGES["logits"]})
+            yield from metered(pe.readout_steps(), {None: STAGES["logits"]})
             by_order = pe.loss_by_order().tolist()
             importance = yield from metered(pe.term_importance_steps(), {None: STAGES["importance"]})
             contributions = pe.next_token_contributions()[:, 0]
