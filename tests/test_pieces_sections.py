@@ -125,16 +125,26 @@ def counted(view) -> list[dict]:
     return seen
 
 
+def started_and_held(monkeypatch, module, name: str, hold: int, make_view):
+    """``(held, view, seen)``: ``module.name`` (a pieces analysis the view calls) replaced by a ``Held``
+    one that stops after ``hold`` pieces; the view made inactive, then started; returns once the
+    analysis is held and the runner has applied what came meanwhile (the kernel IO loop's part)."""
+    held = Held(getattr(module, name), hold=hold)
+    monkeypatch.setattr(module, name, held)
+    view = make_view()
+    seen = counted(view)
+    view.active = True
+    assert held.held.wait(WAIT)
+    view._runner._drain()
+    return held, view, seen
+
+
 def test_the_positional_view_counts_layers_and_is_cancelled_midway(manual_kernel_loop, monkeypatch, rotary_mlp):
     from pycircuits_widgets.widgets.views import positional_qk
 
-    held = Held(positional_scores_by_offset_steps, hold=1)
-    monkeypatch.setattr(positional_qk, "positional_scores_by_offset_steps", held)
-    view = pcw.PositionalQK(rotary_mlp, TEXT, active=False)
-    seen = counted(view)
-    view.active = True
-    assert held.held.wait(WAIT)  # layer 0 computed, layer 1 not begun
-    view._runner._drain()  # what the kernel's IO loop applies meanwhile: the count so far
+    held, view, seen = started_and_held(monkeypatch, positional_qk, "positional_scores_by_offset_steps", 1,
+                                        lambda: pcw.PositionalQK(rotary_mlp, TEXT, active=False))
+    # layer 0 computed, layer 1 not begun: the count so far
     assert seen[-1] == {"text": "positional: scores by offset", "done": 0, "total": 3, "unit": "layers",
                         "left_s": None}
     view.cancel()
@@ -154,13 +164,9 @@ def test_the_positional_view_counts_layers_and_is_cancelled_midway(manual_kernel
 def test_the_neurons_view_meters_each_stage_and_is_cancelled_midway(manual_kernel_loop, monkeypatch, rotary_mlp):
     from pycircuits_widgets.widgets.views import neurons
 
-    held = Held(neuron_out_norms_steps, hold=2)
-    monkeypatch.setattr(neurons, "neuron_out_norms_steps", held)
-    view = pcw.NeuronView(rotary_mlp, TEXT, active=False)
-    seen = counted(view)
-    view.active = True
-    assert held.held.wait(WAIT)  # the Gram and layers 0-1 of the norms
-    view._runner._drain()  # what the kernel's IO loop applies meanwhile
+    held, view, seen = started_and_held(monkeypatch, neurons, "neuron_out_norms_steps", 2,
+                                        lambda: pcw.NeuronView(rotary_mlp, TEXT, active=False))
+    # the Gram and layers 0-1 of the norms
     texts = {p.get("text") for p in seen if p}
     assert {"neurons: activations on the text", "neurons: W_U W_U^T", "neurons: ||W_out W_U|| per neuron"} <= texts
     view.cancel()
