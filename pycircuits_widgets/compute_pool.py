@@ -305,12 +305,18 @@ def worker_count() -> int:
     return 1 if pool is None else max(1, min(pool.size, torch.get_num_threads()))
 
 
+def check_workers(workers) -> None:
+    """Refuse (``ValueError``) a ``workers`` argument of ``map_tasks`` that is not an int >= 0 or None."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ValueError(f"workers must be an int >= 0 or None (None: worker_count(); 0: a serial loop), "
+                         f"got {workers!r}")
+
+
 def map_tasks(task: Callable[[int], T], n: int, workers: int | None = None) -> list[T]:
     """``[task(0), ..., task(n - 1)]`` on the shared pool (``ComputePool.map``), at most ``workers``
     at once (default ``worker_count()``); ``workers=0``, no pool, or ``use_pool(False)``: a serial loop
     in the calling thread at its own torch thread count (the path before the pool)."""
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
-        raise ValueError(f"workers must be an int >= 0 or None, got {workers!r}")
+    check_workers(workers)
     pool = shared() if workers != 0 and not _serial[0] else None
     if pool is None:
         return [task(i) for i in range(n)]

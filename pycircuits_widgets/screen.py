@@ -209,8 +209,7 @@ class ProductScreen:
             raise ValueError(f"the {backend!r} screen is not exact on this machine (its int8 probe failed: "
                              f"oneDNN's kernel here does not return exact int32 products at that range); "
                              f"exact routes here: {exact_routes(a.device.type)}")
-        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
-            raise ValueError(f"workers must be an int >= 0 or None (the compute pool's default), got {workers!r}")
+        compute_pool.check_workers(workers)  # (refused here, not at the first screen)
         self.workers = workers if a.device.type == "cpu" else 0
         # rows of bt are the columns of b: every reduction below runs along contiguous rows
         a, bt = a.float(), b.float().T.contiguous()
