@@ -9,7 +9,7 @@ peak memory (``ru_maxrss`` minus the RSS after the weights were built) is its ow
 the table gives medians and the load average seen during the run. Peers run on all the work,
 except where stated with ``~`` and the fraction measured. "% peak" = the minimum work of the
 kernel (stated per row) over the measured GEMM peak of its precision (``peaks.py``, same run)
-and our cold median; skip-trigrams also against ``int8-thin``, the measured roofline of their
+and our cold median; skip-trigrams also against ``screen-thin``, the measured roofline of their
 int8 screen at inner dimension d_head = 64 (``peaks.py``). ``--smoke``: tiny shapes, one round,
 every case in this process: checks that the script runs end to end (its numbers mean nothing).
 """
@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart  # noqa: E402
+from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart, screen_route  # noqa: E402
 
 SHAPES = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
 
@@ -210,7 +210,7 @@ def rows_to_run(a):
             peer = "TL FM rows + topk" + ("" if fraction == 1 else f" ({fraction:g} of sources)")
             rows.append(("skip", f"exact skip-trigram top-100, d_vocab {vocab}", ("op_skip_ours", 100, vocab),
                          ("op_skip_tl", 100, vocab, fraction), peer, 4 * vocab * vocab * dh / 1e9,
-                         ("int8", "int8-thin")))
+                         ("int8", "screen-thin")))
     return rows
 
 
@@ -237,8 +237,7 @@ def main():
     print(f"torch {torch.__version__}, transformer-lens {version('transformer-lens')}, python "
           f"{platform.python_version()}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}; {load_average()}")
     peaks = measure_peaks(256, repeats=1) if a.smoke else measure_peaks_apart()
-    print(f"measured peaks: {format_peaks(peaks)}; {load_average()}",
-          flush=True)
+    print(f"measured peaks: {format_peaks(peaks)}; {load_average()}\n{screen_route()}", flush=True)
     rows = rows_to_run(a)
     results = {r[1]: ([], []) for r in rows}
     loads = []

@@ -65,7 +65,7 @@ import torch
 import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
 from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
 from busy import busy, expected_slowdown  # noqa: E402
-from peaks import best_seconds  # noqa: E402
+from peaks import best_seconds, screen_route  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
 import transformers  # noqa: E402
@@ -229,6 +229,7 @@ def main():
           f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, "
           f"cache budget {cache.budget() >> 20} MiB, {args.busy} busy processes (fair sharing alone: "
           f"{expected_slowdown(args.threads, args.busy):.2f}x slower)")
+    print(screen_route())
     print("| shape | heads | d_model | vocab | tokens | forward (s) | first visit, all views (s / fwd) "
           "| first visit, all but the exact table (s / fwd) | screen floor (s / fwd; sources it must screen) | revisit (s / fwd) | build shown / complete (s) "
           "| background fill (s, heads) | after the fill: click, all views (s / fwd) "

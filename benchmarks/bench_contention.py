@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from busy import busy, expected_slowdown  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+from peaks import screen_route  # noqa: E402
 
 SETTLE_S = 1.0
 """Seconds for the busy processes to start spinning before the first timing."""
@@ -151,6 +152,7 @@ def main():
           f"beside N busy processes; torch {torch.__version__}, {torch.get_num_threads()} torch threads, "
           f"{_cores()} cores, compute pool of {0 if pool is None else pool.size} workers; median of {args.repeats}")
     print(f"load average (1 min) before: {os.getloadavg()[0]:.1f}")
+    print(screen_route())
     print("| what | busy N | seconds | slowdown vs N=0 | expected (fair share) | slowdown / expected (target <= 1.5) "
           "| load avg |")
     print("|---|---|---|---|---|---|---|", flush=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from peaks import screen_route  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
 
 D_VOCAB, D_MODEL, N_LAYERS, N_HEADS, D_HEAD = 50257, 768, 12, 12, 64
 TOPK_BLOCK_ROWS = 333  # ours uses 64 MiB blocks = 333 rows of 50257 floats; TL gets the same
@@ -183,6 +184,7 @@ def main(smoke=False):
     print(f"{shapes}; torch {torch.__version__}, {results['ours_eig']['threads']} threads; "
           f"peak RSS per process (all GPT-2-small weights + interpreter alone: {floor:.0f} MiB); load average "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; ~ = scaled up from the fraction named")
+    print(screen_route())
     header = (f"| {'operation':30} | {'ours s':>8} | {'ours CPU s':>10} | {'peer':32} | {'peer s':>8} | "
               f"{'peer CPU s':>10} | {'peer/ours':>9} | {'ours peak MiB':>13} | {'peer peak MiB':>13} |")
     print(header)

@@ -56,7 +56,7 @@ import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a scrip
 from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
 from bench_click import SHAPES, click  # noqa: E402
 from busy import busy, expected_slowdown  # noqa: E402
-from peaks import best_seconds  # noqa: E402
+from peaks import best_seconds, screen_route  # noqa: E402
 
 import pycircuits_widgets as pcw  # noqa: E402
 from pycircuits_widgets.analysis import cache  # noqa: E402
@@ -305,7 +305,7 @@ def main():
               f"weights, sweep of {args.windows} x {SWEEP_SEQ} tokens; torch {torch.__version__}, "
               f"{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, {args.busy} busy processes "
               f"(fair sharing alone: {expected_slowdown(args.threads, args.busy):.2f}x slower), "
-              f"load avg at start {os.getloadavg()[0]:.1f}", flush=True)
+              f"load avg at start {os.getloadavg()[0]:.1f}\n{screen_route()}", flush=True)
         for shape in args.shapes:
             measure(shape, tok, args.tokens, args.timeout, args.windows, pathlib.Path(tmp))
 

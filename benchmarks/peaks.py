@@ -3,13 +3,15 @@
     .venv/bin/python benchmarks/peaks.py [--threads 2] [--size 4096] [--smoke]
 
 Each peak is the best of a few large square matmuls (``size`` x ``size``; int8 via
-``torch._int_mm``, exact int32 products), in GOP/s (a multiply-add counts 2). ``int8-thin`` is
-the roofline of the skip-trigram screen: its own int8 step (``screen.ProductScreen``: oneDNN's
-quantised GEMM with int8 output, inner dimension ``d_head`` = 64, then the row max) on one
-``[4096, 1024]`` tile called over and over, the best that kernel does here; with only 64 products
-per output the per-output work (scaling, rounding, the store and the max) bounds it. The other
-benchmarks import ``measure_peaks_apart`` and print these beside their own figures, measured in the
-same run, with the load average: on a shared machine both move together.
+``torch._int_mm``, exact int32 products), in GOP/s (a multiply-add counts 2). ``screen-thin`` is
+the roofline of the skip-trigram screen: its own step on the route this process measured fastest
+(``screen.describe()``, printed first: ``int8`` is oneDNN's quantised GEMM with int8 output,
+``int_mm`` the int8 GEMM with int32 output), inner dimension ``d_head`` = 64, then the row max, on
+one tile of the route's rows x 1024 called over and over, the best that kernel does here; with only
+64 products per output the per-output work (scaling, rounding, the store and the max) bounds it.
+(``int8-thin`` in older tables: the same on the int8 routes, before the route was chosen by timing.)
+The other benchmarks import ``measure_peaks_apart`` and print these beside their own figures, measured
+in the same run, with the load average: on a shared machine both move together.
 """
 
 from __future__ import annotations
@@ -72,9 +74,7 @@ def measure_peaks(size: int = 4096, repeats: int = 3) -> dict[str, float]:
                       ("bf16", matmul(torch.bfloat16)), ("int8", int_mm)):
         key, rate = _sized_rate(name, run, size, repeats)
         peaks[key] = rate
-    thin = thin_int8_peak(repeats=repeats)
-    if thin is not None:
-        peaks["int8-thin"] = thin
+    peaks["screen-thin"] = thin_screen_peak(repeats=repeats)
     return peaks
 
 
@@ -87,15 +87,13 @@ def measure_peaks_apart() -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def thin_int8_peak(rows: int = 4096, cols: int = 1024, inner: int = 64, repeats: int = 3) -> float | None:
-    """GOP/s of one int8 screening step (GEMM + row max) on a hot ``[rows, inner] @ [inner, cols]``
-    tile, on the int8 route this machine's probe chose (``screen.exact_route``); None where no int8
-    route is exact here."""
-    from pycircuits_widgets.screen import INT8_WEIGHT_MAX, ProductScreen, exact_route
+def thin_screen_peak(cols: int = 1024, inner: int = 64, repeats: int = 3) -> float:
+    """GOP/s of one screening step (GEMM + row max) on a hot ``[rows, inner] @ [inner, cols]`` tile
+    (``rows``: the route's ``SCREEN_ROWS``), on the route this process chose (``screen.exact_route``)."""
+    from pycircuits_widgets.screen import SCREEN_ROWS, ProductScreen, exact_route
 
     route = exact_route()
-    if route not in INT8_WEIGHT_MAX:
-        return None
+    rows = SCREEN_ROWS[route]
     g = torch.Generator().manual_seed(0)
     s = ProductScreen(torch.randn(rows, inner, generator=g), torch.randn(inner, cols, generator=g), route,
                       tile_cols=cols)
@@ -106,6 +104,14 @@ def thin_int8_peak(rows: int = 4096, cols: int = 1024, inner: int = 64, repeats:
 def format_peaks(peaks: dict[str, float]) -> str:
     """``fp32 400 GOP/s | fp64 200 GOP/s | ...``: how every benchmark prints the peaks."""
     return " | ".join(f"{k} {v:,.0f} GOP/s" for k, v in peaks.items())
+
+
+def screen_route() -> str:
+    """This process's screen route and every route's measured rate (``screen.describe()``), as a table:
+    every benchmark that screens prints it, since the route decides its speed."""
+    from pycircuits_widgets import screen
+
+    return str(screen.describe())
 
 
 def load_average() -> str:
@@ -130,6 +136,7 @@ def main():
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.size}^2 GEMMs; "
           f"{before} (before), {load_average()} (after)")
+    print(screen_route())
     print(format_peaks(peaks))
 
 

@@ -48,7 +48,7 @@ _EXPORTS = {
 }
 
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import
-_SUBMODULES = ("analysis", "corpus", "factored", "models", "widgets")
+_SUBMODULES = ("analysis", "corpus", "factored", "models", "screen", "widgets")
 
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the lazy exports' one list: _EXPORTS)
 

@@ -31,9 +31,8 @@ from itertools import product as _index_product
 import numpy as np
 import torch
 
-from . import linalg
+from . import linalg, screen
 from .linalg import linalg_dtype
-from .screen import ProductScreen
 
 DENSE_LIMIT_BYTES = 1 << 30
 """Default byte limit for ``FactoredMatrix.dense()``; override per call with ``max_bytes``."""
@@ -773,26 +772,31 @@ def _topk_all(A, B, k, largest, block_bytes):
 
     On CPU in float32, blocks after the first are screened by ``screen.ProductScreen`` (a
     low-precision GEMM with a proven error bound): only entries that may beat the running
-    k-th value are recomputed exactly from the float32 factors.
+    k-th value are recomputed exactly from the float32 factors. Where this CPU's fastest exact
+    route is float32 itself, every block is the exact GEMM (the dense product's cost, no more).
     """
     if not largest:  # bottom-k of M is top-k of -M; negating a factor is exact in IEEE
         values, r, c = _topk_all(A, -B, k, True, block_bytes)
         return -values, r, c
     m, n = A.shape[0], B.shape[1]
     step = max(1, block_bytes // (n * A.element_size()))
-    screen = ProductScreen(A, B) if A.dtype == torch.float32 and A.device.type == "cpu" else None
+    # a small exact first block sets the threshold; its torch.topk is the memory peak
+    first = max(1, step // 8)
+    # a screen pays for its quantised factors only over rows after the first block, and float32's GEMM
+    # costs what the exact block's does: there it would only add work
+    screened = (m > first and A.dtype == torch.float32 and A.device.type == "cpu"
+                and screen.exact_route() != "float32")
+    screening = screen.ProductScreen(A, B) if screened else None
     values = A.new_empty(0)
     flat_idx = torch.empty(0, dtype=torch.long, device=A.device)
     threshold = None
-    # a small exact first block sets the threshold; its torch.topk is the memory peak
-    first = max(1, step // 8)
-    starts = [0, *range(first, m, step if screen is None else screen.block_rows)]
+    starts = [0, *range(first, m, step if screening is None else screening.block_rows)]
     for start, stop in zip(starts, [*starts[1:], m]):
         rows = A[start:stop]
-        if threshold is None or screen is None:
+        if threshold is None or screening is None:
             cand_v, cand_pos = _candidates(rows @ B, k, threshold)
         else:
-            i, j = screen.candidates(torch.arange(start, stop), float(threshold))
+            i, j = screening.candidates(torch.arange(start, stop), float(threshold))
             if i.numel() * 32 > rows.shape[0] * n:  # barely pruned: exact GEMMs beat gathers
                 # in blocks of `step` rows: a screening block (screen.SCREEN_ROWS) can exceed block_bytes
                 subs = range(0, rows.shape[0], step)

@@ -22,7 +22,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
 PARALLEL = 2
-TIMEOUT_S = 900  # a safety net for a hung run, not a speed check (benchmarks/README.md has the speeds)
+TIMEOUT_S = 300  # a safety net for a hung run, not a speed check (benchmarks/README.md has the speeds)
+
+# Each smoke run has its own limit (TIMEOUT_S, naming the script); the suite's per-test limit would
+# otherwise count the shared fixture's whole pool of runs against the first test that asks for it.
+pytestmark = pytest.mark.timeout(func_only=True)
 
 NEEDS = {
     "bench_analysis": ("transformer_lens",),
@@ -64,7 +68,8 @@ def run(script: str, args: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), *args], check=False, cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        return subprocess.CompletedProcess(e.cmd, -1, e.stdout or "", f"timed out after {TIMEOUT_S} s")
+        return subprocess.CompletedProcess(e.cmd, -1, e.stdout or "", f"{script} {' '.join(args)} hung: killed after "
+                                                                     f"{TIMEOUT_S} s (TIMEOUT_S)")
 
 
 @pytest.fixture(scope="module")

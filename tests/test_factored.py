@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tolerance import assert_within, factorization_tol, gamma, product_tol, reduction_tol
 
-from pycircuits_widgets import factored
+from pycircuits_widgets import factored, screen
 from pycircuits_widgets.factored import (
     FactoredMatrix,
     chain_matmul,
@@ -255,7 +255,15 @@ def test_topk_matches_dense_on_3000_square_product(dtype):
         assert len(set(zip(rows.tolist(), cols.tolist()))) == 100
 
 
-def test_topk_with_ties_equals_dense_exactly():
+@pytest.fixture(params=screen.describe().usable())
+def route(request, monkeypatch):
+    """Every screen route measured usable here (not only the chosen one) as the top-k's route; float32
+    runs the exact blocks with no screen."""
+    monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": request.param)
+    return request.param
+
+
+def test_topk_with_ties_equals_dense_exactly(route):
     # small integers: every summation order is exact, and the product has massive ties
     gen = torch.Generator().manual_seed(2)
     A = torch.randint(-2, 3, (3000, 4), generator=gen).float()
@@ -270,21 +278,20 @@ def test_topk_with_ties_equals_dense_exactly():
     assert torch.equal(M.gather(-1, row_cols), row_values)
 
 
-def test_topk_dense_blocks_stay_within_block_bytes(monkeypatch):
-    # massive ties defeat the screen, so its (large) screening blocks fall back to exact GEMMs:
-    # those must still come in blocks of at most block_bytes
+def test_topk_dense_blocks_stay_within_block_bytes(route, monkeypatch):
+    # every entry ties at the level, which defeats any screen (an exact one too: a tie is a candidate),
+    # so its (large) screening blocks fall back to exact GEMMs: those must still come in blocks of at
+    # most block_bytes
     sizes, candidates = [], factored._candidates
     monkeypatch.setattr(factored, "_candidates",
                         lambda block, k, t: sizes.append(block.numel() * block.element_size()) or candidates(block, k, t))
-    gen = torch.Generator().manual_seed(2)
-    A = torch.randint(-2, 3, (3000, 4), generator=gen).float()
-    B = torch.randint(-2, 3, (4, 3000), generator=gen).float()
+    A, B = torch.full((3000, 4), 2.0), torch.full((4, 3000), -1.0)
     values, _, _ = FactoredMatrix(A, B).topk(500, block_bytes=1 << 20)
     assert torch.equal(values, torch.topk((A @ B).flatten(), 500).values)
     assert len(sizes) > 3 and max(sizes) <= 1 << 20
 
 
-def test_topk_keeps_entries_that_bf16_screening_cannot_tell_apart():
+def test_topk_keeps_entries_that_bf16_screening_cannot_tell_apart(route):
     # the top entries differ by ~1e-6 relative: equal in bf16, distinct in float32; the rest
     # are small, so the screened path (not its exact-block fallback) must keep them all
     a = torch.full((3000,), 0.1)
@@ -296,7 +303,7 @@ def test_topk_keeps_entries_that_bf16_screening_cannot_tell_apart():
     assert torch.equal(M[rows, cols], values)
 
 
-def test_bottom_k_of_a_positive_matrix_with_rows_of_very_different_norms():
+def test_bottom_k_of_a_positive_matrix_with_rows_of_very_different_norms(route):
     """The smallest entries come from the rows of smallest norm, whose screened int8 outputs all sit at
     the bottom of their range while the running level (of the negated matrix) lies far below what their
     scale can express: the screen must keep them (found by the property test below on an AVX2 host)."""

@@ -14,7 +14,9 @@ from pycircuits_widgets.analysis.neurons import (neuron_activations, neuron_acti
                                                  neuron_out_norms_steps)
 from pycircuits_widgets.analysis.positional import positional_scores_by_offset, positional_scores_by_offset_steps
 from pycircuits_widgets.analysis import cache
-from pycircuits_widgets.analysis.skip_trigrams import SEARCH_STAGES, head_table, head_table_steps, kept_head_table
+from pycircuits_widgets.analysis.skip_trigrams import (SEARCH_STAGES, SEED_SOURCES, head_table, head_table_steps,
+                                                     kept_head_table)
+from pycircuits_widgets import screen
 from pycircuits_widgets.widgets.core import runner
 from pycircuits_widgets.widgets.views import skip_trigram_table
 from random_models import custom_model
@@ -255,14 +257,21 @@ def test_the_exact_search_comes_block_by_block_and_equals_the_plain_function(whi
     assert pieces == [] and kept is plain  # the kept table: no piece
 
 
+LARGE_VOCAB = 2048
+BLOCKS = len(range(SEED_SOURCES, LARGE_VOCAB, screen.SCREEN_ROWS["float32"]))
+"""Source blocks of ``large_vocab``'s exact search after its seed: 2 (a click can stop it between them)."""
+
+
 @pytest.fixture
 def large_vocab(monkeypatch):
     """A one-layer model whose vocabulary the view treats as large (a partial table first, then the
-    exact search in pieces), and the exact search held at its first block's end (``Held``)."""
+    exact search in pieces), and the exact search held at its first block's end (``Held``). The screen
+    runs on the float32 route, usable on every CPU, so the search has ``BLOCKS`` blocks everywhere."""
     monkeypatch.setattr(pcw.SkipTrigramTable, "partial_above", 1024)
+    monkeypatch.setattr(screen, "exact_route", lambda device_type="cpu": "float32")
     held = Held(head_table_steps, hold=1)
     monkeypatch.setattr(skip_trigram_table, "head_table_steps", held)
-    return custom_model(n_layers=1, d_vocab=2048, dtype=torch.float32, seed=2), held
+    return custom_model(n_layers=1, d_vocab=LARGE_VOCAB, dtype=torch.float32, seed=2), held
 
 
 def test_a_click_on_another_head_stops_the_exact_table_at_its_next_block(manual_kernel_loop, large_vocab):
@@ -275,7 +284,7 @@ def test_a_click_on_another_head_stops_the_exact_table_at_its_next_block(manual_
     view.head = 1  # a click on another head
     held.release.set()
     assert view.wait(WAIT)
-    assert held.calls[0] == [("screen", 0, 1), ("screen", 1, 1)]  # head 0's search: no block after the click
+    assert held.calls[0] == [("screen", 0, BLOCKS), ("screen", 1, BLOCKS)]  # head 0's search: no block after the click
     assert kept_head_table(model, 0, 0, view.k) is None
     t = view.trigrams
     assert (t["head"], t["exact"], view.progress) == (1, True, {})
@@ -289,7 +298,7 @@ def test_the_exact_table_gives_way_to_another_views_click_between_blocks(manual_
     click = Blocker(runner.Runner(BareView(), loop=manual_kernel_loop))  # another view's click, running
     held.release.set()
     assert giving_way(view._runner)  # the search waits at its next block boundary...
-    assert held.seen == [("screen", 0, 1), ("screen", 1, 1)]  # ...before computing it
+    assert held.seen == [("screen", 0, BLOCKS), ("screen", 1, BLOCKS)]  # ...before computing it
     click.release.set()
     assert view.wait(WAIT) and view.trigrams["exact"] and view.trigrams["head"] == 2
     assert len(held.seen) > 2
@@ -303,10 +312,10 @@ def test_cancel_stops_the_exact_table_and_keeps_the_partial_one_labelled_partial
     view.cancel()
     held.release.set()
     assert view.wait(WAIT) and not view.busy
-    assert held.seen == [("screen", 0, 1), ("screen", 1, 1)]
+    assert held.seen == [("screen", 0, BLOCKS), ("screen", 1, BLOCKS)]
     assert view.trigrams["exact"] is False and view.trigrams["progress"] < 1 and view.trigrams["head"] == 1
     # the count last reported (the held block's own report was never sent: it was held before it)
-    assert view.progress == {"text": "exact table: screening sources", "done": 0, "total": 1,
+    assert view.progress == {"text": "exact table: screening sources", "done": 0, "total": BLOCKS,
                              "unit": "source blocks", "state": "cancelled"}
     view.recompute()  # computes it again
     assert view.trigrams["exact"] is True and view.progress == {}

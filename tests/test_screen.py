@@ -9,8 +9,13 @@ import torch
 from pycircuits_widgets import compute_pool, screen
 from pycircuits_widgets.screen import ProductScreen, bf16_relative_error, fp32_relative_error
 
-BACKENDS = screen.exact_routes()
+BACKENDS = screen.describe().usable()
+"""The routes measured here and not refused: the ones a screen can run on this machine (a route oneDNN runs
+on its reference kernel would take minutes for these tests, and is never chosen)."""
 INT8 = [b for b in BACKENDS if b in screen.INT8_WEIGHT_MAX]
+QLINEAR = [b for b in screen.exact_routes() if b in screen.QLINEAR]
+"""The quantised-linear routes exact here, measured fast or not: their saturation test is small enough
+for a reference kernel."""
 
 
 def _spread(rows, cols, log_spread, dim, gen):
@@ -131,7 +136,7 @@ def test_int8_bound_holds_when_quantisation_errors_align_with_the_column(backend
         assert (cols == j).any(), f"row {i}: its entry {float(exact[i, j]):.3f} at column {j} was screened out"
 
 
-@pytest.mark.parametrize("backend", INT8)
+@pytest.mark.parametrize("backend", QLINEAR)
 def test_int8_saturated_rows_get_no_finite_bound(backend):
     # a row parallel to a column reaches Cauchy-Schwarz, twice the int8 output range
     g = torch.Generator().manual_seed(5)
@@ -166,17 +171,18 @@ def test_unknown_backend_is_refused():
 
 
 def test_an_exact_int8_route_exists_on_x86():
-    # every x86-64 CPU torch supports has AVX2 at least, where int8-narrow is exact
+    # every x86-64 CPU torch supports has AVX2 at least, where int8-narrow and int_mm-narrow are exact
     if platform.machine().lower() in ("x86_64", "amd64"):
-        assert INT8, f"no int8 route passed the probe on {platform.processor() or platform.machine()}"
-        assert screen.exact_route() == INT8[0]
+        assert set(screen.exact_routes()) & set(screen.INT8_WEIGHT_MAX), \
+            f"no int8 route passed the probe on {platform.processor() or platform.machine()}"
 
 
 @pytest.mark.parametrize("route", list(screen.INT8_WEIGHT_MAX))
 def test_probe_decision_matches_an_independent_check_of_the_kernel(route):
     # the oracle: 600 random rows at full range (a tenth of them at ±127 with random signs) times
     # 500 random weight columns at the route's range, through the kernel the screen calls, against
-    # float64 at per-column scales; the probe (a handful of structured rows) must agree with it
+    # float64 (the quantised linear at per-column scales, within its output step; int_mm exactly);
+    # the probe (a handful of structured rows) must agree with it
     q = screen.INT8_WEIGHT_MAX[route]
     g = torch.Generator().manual_seed(21)
     x = torch.randint(-127, 128, (600, 64), generator=g, dtype=torch.int32)
@@ -184,12 +190,16 @@ def test_probe_decision_matches_an_independent_check_of_the_kernel(route):
     w = torch.randint(-q, q + 1, (500, 64), generator=g, dtype=torch.int32)
     w[::10] = q * (torch.randint(0, 2, (50, 64), generator=g, dtype=torch.int32) * 2 - 1)
     truth = x.double() @ w.double().T
-    col = (truth.abs().amax(0) / 100).clamp_min(1)
-    packed = torch.ops.onednn.qlinear_prepack(w.to(torch.int8), [600, 64])
-    got = screen._qlinear(x.to(torch.int8), packed, 1 / col.float(), 1.0).double()
-    kernel_exact = bool(((got - truth / col).abs() <= 1).all())
-    assert (route in BACKENDS) == kernel_exact, f"probe says {route in BACKENDS}, the kernel check {kernel_exact}"
-    if route not in BACKENDS:
+    if route in screen.QLINEAR:
+        col = (truth.abs().amax(0) / 100).clamp_min(1)
+        packed = torch.ops.onednn.qlinear_prepack(w.to(torch.int8), [600, 64])
+        got = screen._qlinear(x.to(torch.int8), packed, 1 / col.float(), 1.0).double()
+        kernel_exact = bool(((got - truth / col).abs() <= 1).all())
+    else:
+        kernel_exact = torch.equal(torch._int_mm(x.to(torch.int8), w.to(torch.int8).T.contiguous()).double(), truth)
+    exact = route in screen.exact_routes()
+    assert exact == kernel_exact, f"probe says {exact}, the kernel check {kernel_exact}"
+    if not exact:
         with pytest.raises(ValueError, match="not exact on this machine"):
             ProductScreen(torch.randn(4, 8), torch.randn(8, 4), route)
 
@@ -204,7 +214,7 @@ def test_float32_bound_holds_on_sums_that_round_badly():
         assert err.max() <= fp32_relative_error(r)
 
 
-@pytest.mark.parametrize("backend", screen.exact_routes())
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_row_maps_screen_every_mapped_row_stacked_map_by_map(backend):
     # row t * m + i is row i of a @ M_t^T: bounds hold for each map, and they are that map's (not
     # another map's) rows: a bound far above the truth would hide a mixed-up index
@@ -219,7 +229,7 @@ def test_row_maps_screen_every_mapped_row_stacked_map_by_map(backend):
     assert ((upper - true_max) <= 0.1 * true_max.abs().max()).all()
 
 
-@pytest.mark.parametrize("backend", screen.exact_routes())
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_tile_bounds_hold_per_column_tile_and_only_where_needed(backend):
     # each [row, tile] bound is above that tile's true max (tiles of 128 columns, the last short) and
     # near it (int8's output step leaves up to ~10% of the row's largest |entry|; a bound read from the
@@ -300,3 +310,118 @@ def test_concurrent_screens_share_the_process_pool():
 def test_workers_must_be_a_count():
     with pytest.raises(ValueError, match="workers must be an int >= 0"):
         ProductScreen(torch.ones(4, 2), torch.ones(2, 4), workers=-1)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in screen.INT_MM])
+def test_int_mm_bounds_stay_finite_and_tight_where_int8_output_saturates(backend):
+    # the row that saturates the quantised linear's int8 output (above) reaches Cauchy-Schwarz; int32
+    # products have no such ceiling, so its bound is finite, above the truth and near it
+    g = torch.Generator().manual_seed(5)
+    b = torch.randn(64, 400, generator=g)
+    a = torch.randn(50, 64, generator=g)
+    a[7] = b[:, 3] / b[:, 3].abs().max() * b.abs().max()
+    s = ProductScreen(a, b, backend)
+    upper = s.row_max_upper(torch.arange(50)).double()
+    true_max = (a.double() @ b.double()).amax(1)
+    assert torch.isfinite(upper).all() and (upper >= true_max).all()
+    assert upper[7] - true_max[7] < 0.05 * true_max[7]
+
+
+def _report(route, rate, exact=True, reference="", refused=""):
+    return screen.RouteReport(route, exact, rate, reference, refused)
+
+
+def test_choose_takes_the_fastest_exact_route_and_never_a_reference_kernel():
+    # injected measurements: the choice is the fastest exact route that is not a reference kernel
+    float32 = _report("float32", 30.0)
+    assert screen.choose([_report("int8", 0.05, reference="ref_int8:any", refused="refused"),
+                          _report("int_mm", 70.0), _report("bfloat16", 45.0), float32]) == "int_mm"
+    # a reference kernel is refused however its rate came out (a noisy timing cannot bring it back)
+    assert screen.choose([_report("int8", 500.0, reference="ref_int8:any"), _report("bfloat16", 40.0),
+                          float32]) == "bfloat16"
+    # an inexact route is never taken, however fast
+    assert screen.choose([_report("int8", 400.0, exact=False), float32]) == "float32"
+    # float32 is the floor: every other route slower, or none timed
+    assert screen.choose([_report("int8-narrow", 20.0), _report("bfloat16", 3.0), float32]) == "float32"
+    assert screen.choose([_report("int8", None), _report("bfloat16", None), float32]) == "float32"
+
+
+def test_describe_refuses_what_probe_and_timing_refuse(monkeypatch):
+    # the measurement end to end with injected probe verdicts, kernels and rates (describe's cache aside): an
+    # inexact route is not timed; a route oneDNN reports as its reference kernel, or timed at a
+    # reference kernel's speed on the small tile, is refused before its big tile; a narrow twin of an
+    # exact route is not timed; the fastest remaining route is chosen
+    small = {"float32": 10.0, "int8": 9.0, "int_mm": 0.5, "bfloat16": 8.0}  # int_mm: 20x below float32
+    big = {"float32": 30.0, "int8": 90.0, "bfloat16": 40.0}
+    kernels = {"int8": ["ref_int8:any"]}
+    timed = []
+
+    def rate(route, rows, cols, repeats):
+        timed.append((route, (rows, cols) == screen.SMALL_TILE))
+        return (small if (rows, cols) == screen.SMALL_TILE else big)[route]
+
+    def implementations(fn):
+        fn()
+        return kernels.get(timed[-1][0], ["brg_matmul:avx512_core"])
+
+    monkeypatch.setattr(screen, "exact_routes", lambda device_type="cpu": ("int8", "int8-narrow", "int_mm",
+                                                                            "bfloat16", "float32"))
+    monkeypatch.setattr(screen, "_screen_rate", rate)
+    monkeypatch.setattr(screen, "_onednn_implementations", implementations)
+    choice = screen._choose_route("cpu")
+    reports = {r.route: r for r in choice.reports}
+    assert choice.route == "bfloat16"
+    assert reports["int8"].reference == "ref_int8:any" and "reference kernel" in reports["int8"].refused
+    assert reports["int_mm"].reference == "timing" and "10x slower than float32" in reports["int_mm"].refused
+    assert not reports["int_mm-narrow"].exact and reports["int_mm-narrow"].rate is None
+    assert "int8, the same kernel" in reports["int8-narrow"].refused and reports["int8-narrow"].rate is None
+    assert ("int8", False) not in timed and ("int_mm", False) not in timed  # refused on the small tile
+    assert ("int_mm-narrow", True) not in timed and ("int8-narrow", True) not in timed
+    assert choice.usable() == ("bfloat16", "float32")
+    text = str(choice)
+    assert "bfloat16" in text.splitlines()[0] and "ref_int8:any" in text
+
+
+def test_the_chosen_route_is_measured_at_least_as_fast_as_float32_here():
+    # the real measurement on this CPU (run again under ONEDNN_MAX_CPU_ISA caps by tests/run.sh):
+    # the chosen route's own rate is float32's or better, and no refused route is chosen
+    choice = screen.describe()
+    reports = {r.route: r for r in choice.reports}
+    chosen, floor = reports[choice.route], reports["float32"]
+    assert chosen.exact and not chosen.refused and not chosen.reference
+    assert chosen.rate is not None and floor.rate is not None and chosen.rate >= floor.rate, str(choice)
+    assert choice.route in screen.exact_routes() and choice.route == screen.exact_route()
+
+
+def test_onednn_reports_the_kernel_the_int8_screen_runs():
+    # the verbose log is read for real: the quantised linear's primitive is a oneDNN matmul, named
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    x = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
+    packed = torch.ops.onednn.qlinear_prepack(torch.randint(-64, 65, (16, 64), dtype=torch.int8), [8, 64])
+    names = screen._onednn_implementations(lambda: screen._qlinear(x, packed, torch.ones(16), 1.0))
+    assert names and all(":" in n for n in names), names
+
+
+def test_threads_asking_at_once_share_one_measurement(monkeypatch):
+    # a click's screen and the fill's may both be the first to ask: one measurement, one answer for both
+    monkeypatch.setattr(screen, "_choices", {})
+    calls, entered, release = [], threading.Event(), threading.Event()
+
+    def measured(device_type):
+        calls.append(device_type)
+        entered.set()
+        assert release.wait(60), "the test never released the measurement"
+        return screen.RouteChoice(device_type, "float32", (_report("float32", 1.0),))
+
+    monkeypatch.setattr(screen, "_choose_route", measured)
+    got = [None, None]
+    first = threading.Thread(target=lambda: got.__setitem__(0, screen.describe()))
+    first.start()
+    assert entered.wait(60)
+    second = threading.Thread(target=lambda: got.__setitem__(1, screen.describe()))
+    second.start()
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert calls == ["cpu"] and got[0] is got[1] and got[0].route == "float32"

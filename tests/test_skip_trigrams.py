@@ -146,7 +146,7 @@ def test_vocab_subset_equals_the_model_restricted_to_those_tokens(model):
         skip_trigrams(model, 0, 0, vocab=[70])
 
 
-@pytest.fixture(params=screen.exact_routes())
+@pytest.fixture(params=screen.describe().usable())
 def screened(request, monkeypatch):
     """Every screen route this machine's probe accepts (not only the default one), with a small
     seed so the low-precision screen, not the exact seed, decides most sources, and column tiles
