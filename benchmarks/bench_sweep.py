@@ -190,7 +190,7 @@ def measure(case: str, name: str, n: int) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             pcw.sweep(model, corpus, pathlib.Path(tmp) / "s", seq_len=SEQ, k=K, max_windows=n, batch_size=BATCH,
-                      shard_size=SHARD[name], progress=mark, **options)
+                      shard_windows=SHARD[name], progress=mark, **options)
             out["seconds"] = time.perf_counter() - start
             out["store_bytes"] = sum(p.stat().st_size for p in pathlib.Path(tmp).rglob("*") if p.is_file())
         # shards finish in waves, one per worker each: the rate from the end of the first wave to the last shard

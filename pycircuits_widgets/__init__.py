@@ -29,6 +29,7 @@ _EXPORTS = {
     "Corpus": "pycircuits_widgets.corpus",
     "CorpusError": "pycircuits_widgets.corpus",
     "StoreMismatch": "pycircuits_widgets.corpus",
+    "StoreCorrupt": "pycircuits_widgets.corpus",
     "sweep": "pycircuits_widgets.corpus",
     "Sweep": "pycircuits_widgets.corpus",
     "trigram_counts": "pycircuits_widgets.corpus",

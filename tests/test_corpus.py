@@ -3,7 +3,10 @@ source (texts, files, JSON lines, a datasets.Dataset, the stdlib), and hostile i
 undecodable files, lone surrogates, empty documents, a 100 MB line, missing files, bad JSON, a file
 changed between the scan and the sweep): a counted skip or a clear error, in bounded memory."""
 
+import codecs
+import errno
 import json
+import os
 import tracemalloc
 
 import datasets
@@ -212,3 +215,70 @@ def test_the_stdlib_corpus_and_the_tokenizer_identity(tok, stdlib_docs):
     first = windows(corpus, tok, 32, stop=3)
     assert first.reshape(-1).tolist() == hand_stream(tok, stdlib_docs[:1])[:96]
     assert tokenizer_identity(tok) == f"Tokenizer:{tok.fingerprint()}"
+
+
+def test_fifos_links_and_link_cycles_are_refused_or_counted_never_read_twice_or_waited_on(tmp_path, tok):
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "a.txt").write_text("first file\n")
+    (tmp_path / "docs" / "sub" / "b.txt").write_text("second file\n")
+    (tmp_path / "docs" / "sub" / "loop").symlink_to(tmp_path / "docs")  # a directory cycle under **
+    (tmp_path / "docs" / "again.txt").symlink_to(tmp_path / "docs" / "a.txt")  # the same file by another name
+    (tmp_path / "docs" / "dangling.txt").symlink_to(tmp_path / "nowhere.txt")
+    os.mkfifo(tmp_path / "docs" / "pipe.txt")
+    corpus = Corpus.from_files(str(tmp_path / "docs" / "**" / "*.txt"))
+    assert corpus.documents == 2
+    assert dict(corpus.skipped) == {"not_a_file": 2, "duplicate": 1}  # the pipe and the dangling link; again.txt
+    stream = windows(corpus, tok, 1)[:, 0].tolist()
+    assert stream == hand_stream(tok, ["first file\n", "second file\n"])  # each file once, whatever the cycle holds
+    with pytest.raises(CorpusError, match=r"pipe\.txt is a FIFO, not a regular file"):
+        Corpus.from_files(tmp_path / "docs" / "pipe.txt")  # refused: its open would wait for a writer forever
+    (tmp_path / "self").symlink_to(tmp_path / "self")
+    with pytest.raises(CorpusError, match="self is a symbolic-link loop, not a regular file"):
+        Corpus.from_files(tmp_path / "self")
+    with pytest.raises(CorpusError, match="self is a symbolic-link loop, not a regular file"):
+        Corpus.from_jsonl(tmp_path / "self")
+
+
+def test_jsonl_lines_that_cannot_be_read_are_refused_naming_the_file_and_line(tmp_path, tok):
+    path = tmp_path / "docs.jsonl"
+    good = json.dumps({"text": "one\n"}) + "\n"
+    for line, message in (("[" * 200_000 + "]" * 200_000, "docs.jsonl:2: the JSON nests too deep to read"),
+                          ('{"text": "x", "n": ' + "9" * 5000 + "}", r"docs.jsonl:2: a value on the line cannot be read"
+                                                                     r" \(Exceeds the limit")):
+        path.write_text(good + line + "\n")
+        with pytest.raises(CorpusError, match=message):
+            Corpus.from_jsonl(path).scan()
+    # a byte-order mark before the first line (Windows editors write one) is not part of the JSON
+    path.write_bytes(codecs.BOM_UTF8 + good.encode())
+    corpus = Corpus.from_jsonl(path)
+    assert corpus.documents == 1 and windows(corpus, tok, 1)[:, 0].tolist() == hand_stream(tok, ["one\n"])
+    # the description names the file, not the folders of the author's machine (a store and a page carry it)
+    assert corpus.description == "docs.jsonl ['text']" and str(tmp_path) not in corpus.description
+
+
+def test_a_read_error_is_refused_naming_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "doc.txt"
+    path.write_text("text\n" * 10)
+    corpus = Corpus.from_files(path)
+    real_open = open
+
+    class Failing:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, n=-1):
+            raise OSError(errno.EIO, "Input/output error")
+
+        def tell(self):
+            return 0
+
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: Failing(real_open(p, *a, **k)) if str(p) == str(path)
+                        else real_open(p, *a, **k))
+    with pytest.raises(CorpusError, match=r"doc\.txt: read error at byte 0 \(Input/output error\)"):
+        corpus.scan()

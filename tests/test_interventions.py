@@ -221,12 +221,12 @@ def test_mean_ablation_equals_the_oracle_with_those_heads_outputs_replaced(gpt2_
 
 
 def test_mean_ablation_of_the_shipped_model_with_a_corpus_sweep(shipped, tmp_path):
-    """``means=`` a real ``pcw.Sweep`` over stdlib-corpus windows: the oracle with the head's output
-    replaced by the sweep's mean output."""
-    sweep = pcw.sweep(shipped, pcw.Corpus.from_texts(corpus_documents("pydoc")[:4]), tmp_path, seq_len=32,
+    """``means=`` a real ``pcw.Sweep`` over stdlib-corpus windows (of the model ablated: a sweep is of one
+    model, dtype included): the oracle with the head's output replaced by the sweep's mean output."""
+    model64 = shipped.to(torch.float64)
+    sweep = pcw.sweep(model64, pcw.Corpus.from_texts(corpus_documents("pydoc")[:4]), tmp_path, seq_len=32,
                       max_windows=8, progress=False)
     tokens = shipped.to_tokens(SAMPLE_TEXT)[None]
-    model64 = shipped.to(torch.float64)
     mean = pcw.ablate(model64, tokens, heads=[(1, 3)], kind="mean", means=sweep)
     ref = oracle(model64, tokens, head_out=set_heads({1: [3]}, sweep.head_means().double()))
     assert_within(mean.logits, ref["logits"], logit_tol(model64, mean.cache, tokens.shape[1], torch.float64))
@@ -536,11 +536,51 @@ def test_measured_composition_of_a_one_layer_model_has_no_pairs():
     (lambda m, t: m.run_with_cache(t, interventions=Interventions(head_inputs={(1, 0, "Q"): torch.zeros(3)})),
      ValueError, r"stream must be a tensor \[batch, pos, d_model\]"),
     (lambda m, t: m.run_with_cache(t, resume=pcw.ablate(m, t, heads=[(0, 1)]).cache), ValueError, "clean run"),
+    (lambda m, t: pcw.ablate(None, t, heads=[(0, 1)]), TypeError, "ablate: model must be a CircuitModel.*NoneType"),
+    (lambda m, t: pcw.path_patch(None, t, (0, 0), (1, 2), "Q"), TypeError, "path_patch: model must be a CircuitModel"),
+    (lambda m, t: pcw.measured_composition("gpt2", t, "K"), TypeError,
+     "measured_composition: model must be a CircuitModel.*str"),
+    # a clean run of another text: refused by every caller, measured composition included (it resumes no forward)
+    (lambda m, t: pcw.measured_composition(m, t, "K", clean=pcw.run(m, "x = [1, 2, 3] + y")), ValueError,
+     "measured_composition: clean is a run of other tokens"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], clean=pcw.run(m, "x = [1, 2, 3] + y")), ValueError,
+     "ablate: clean is a run of other tokens"),
+    (lambda m, t: pcw.measured_composition(m, t, "K", clean=pcw.run(pcw.load_pretrained("attn-only-1l"), t)),
+     ValueError, "measured_composition: clean is the cache of another model"),
 ])
 def test_bad_input_is_refused_by_name(shipped, call, error, match):
     tokens = shipped.to_tokens("def f(x):\n    return x")
     with pytest.raises(error, match=match):
         call(shipped, tokens)
+
+
+def test_another_models_sweep_is_refused_as_means(shipped, tmp_path):
+    # a model of the same shape (another checkpoint, say): the sweep's means are not its means, as the
+    # explorer already says for the same sweep
+    sweep = pcw.sweep(shipped, pcw.Corpus.from_texts(corpus_documents("pydoc")[:2]), tmp_path, seq_len=32,
+                      max_windows=4, progress=False)
+    other = copy.copy(shipped)
+    other.W_O = shipped.W_O * 1.5
+    tokens = shipped.to_tokens("def f(x):\n    return x")
+    for call in (lambda: pcw.ablate(other, tokens, heads=[(0, 1)], kind="mean", means=sweep),
+                 lambda: pcw.path_patch(other, tokens, (0, 1), (1, 2), "K", kind="mean", means=sweep),
+                 lambda: pcw.measured_composition(other, tokens, "K", kind="mean", means=sweep)):
+        with pytest.raises(ValueError, match="was made with model 'attn-only-2l', not with this model"):
+            call()
+    # the swept model itself is taken
+    assert pcw.ablate(shipped, tokens, heads=[(0, 1)], kind="mean", means=sweep).loss.isfinite().all()
+
+
+def test_non_finite_weights_are_refused_by_name_not_returned_as_nan(shipped):
+    broken = copy.copy(shipped)
+    broken.W_K = shipped.W_K.clone()
+    broken.W_K[1, 2, 0, 0] = float("nan")
+    tokens = shipped.to_tokens("def f(x):\n    return x")
+    for call in (lambda: pcw.ablate(broken, tokens, heads=[(0, 1)]),
+                 lambda: pcw.path_patch(broken, tokens, (0, 1), (1, 2), "K"),
+                 lambda: pcw.measured_composition(broken, tokens, "K")):
+        with pytest.raises(pcw.NonFiniteError, match=r"clean run's logits are not finite: weight W_K .* 1 NaN/inf"):
+            call()
 
 
 def test_the_readme_causal_checks_example_runs_as_written(tmp_path, monkeypatch):

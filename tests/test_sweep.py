@@ -29,12 +29,14 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.head_scores import head_scores as analysis_head_scores
 from pycircuits_widgets.corpus import Corpus, CorpusError, StoreMismatch
 from pycircuits_widgets.models import load_pretrained
+from pycircuits_widgets.corpus.windows import PIECE_CHARS
+from pycircuits_widgets.models.corpus import corpus_documents
 from random_models import custom_model
 from tolerance import chain_tol, model_forward_length, pattern_tol
 
 ROOT = Path(__file__).resolve().parent.parent
 N, T, K = 2000, 32, 20
-SETTINGS = dict(seq_len=T, k=K, max_windows=N, batch_size=50, shard_size=250, progress=False)
+SETTINGS = dict(seq_len=T, k=K, max_windows=N, batch_size=50, shard_windows=250, progress=False)
 
 
 @contextlib.contextmanager
@@ -236,7 +238,7 @@ def kill_after_two(progress):  # the process kills itself, as an interrupt or an
 
 torch.set_num_threads(1)
 pcw.sweep(pcw.load_pretrained("attn-only-2l"), pcw.Corpus.python_stdlib(), sys.argv[1], seq_len=32, k=20,
-          max_windows=2000, batch_size=50, shard_size=250, progress=kill_after_two)
+          max_windows=2000, batch_size=50, shard_windows=250, progress=kill_after_two)
 """
 
 
@@ -280,6 +282,21 @@ def test_an_interrupted_ray_sweep_resumes_to_the_serial_store(model, corpus, ref
     assert ray_cluster.is_initialized()  # the session's cluster is left running
 
 
+def test_two_ray_nodes_with_a_worker_killed_mid_sweep_end_with_the_serial_store(reference, tmp_path):
+    """A head and a worker node started with Ray's own commands (separate raylets and object stores), in a
+    network namespace holding only the loopback interface (``ray_two_nodes.py``); one actor's process is
+    killed after the second shard is kept: the sweep finishes (the shard retried) or says to run it again,
+    and the store equals the uninterrupted serial one, bit for bit."""
+    path = tmp_path / "two_nodes"
+    run = subprocess.run(["unshare", "-n", sys.executable, str(ROOT / "tests" / "ray_two_nodes.py"), str(path)],
+                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PCW_PROGRESS": "0"}, timeout=900)
+    assert run.returncode == 0, f"stdout: {run.stdout[-2000:]}\nstderr: {run.stderr[-3000:]}"
+    result = json.loads(next(line for line in reversed(run.stdout.splitlines()) if line.startswith('{"nodes"')))
+    assert result["nodes"] == [["127.0.0.1", 1.0], ["127.0.0.1", 1.0]] and len(result["killed"]) == 1
+    assert result["first_run"] == "finished" or "run the same sweep again" in result["first_run"]
+    assert_same_store(pcw.Sweep.open(path), reference)
+
+
 def test_a_store_made_by_another_sweep_is_refused_naming_what_differs(model, corpus, reference, tmp_path):
     with pytest.raises(StoreMismatch, match=r"settings\.k: 20 in the store, 10 now"):
         pcw.sweep(model, corpus, reference.path, **{**SETTINGS, "k": 10})
@@ -321,7 +338,7 @@ def test_bad_arguments_are_refused_before_any_work(model, mlp_model, corpus, tmp
     for kwargs, error, message in (
             (dict(engine="spark"), ValueError, "engine must be one of"),
             (dict(seq_len=129), ValueError, "longer than the model's context"),
-            (dict(batch_size=3, shard_size=10), ValueError, "multiple of batch_size"),
+            (dict(batch_size=3, shard_windows=10), ValueError, "multiple of batch_size"),
             (dict(k=0), ValueError, "k must be a positive int"),
             (dict(workers=2), TypeError, "engine options are for engine='ray'")):
         with pytest.raises(error, match=message):
@@ -359,3 +376,200 @@ def test_the_readme_corpus_sweeps_examples_run_as_written(tmp_path, monkeypatch)
     exec(compile(blocks[1], "README.md (corpus sources)", "exec"), sources)
     assert sources["lines"].documents == 2 and sources["rows"].documents == 2 and sources["texts"].documents == 2
     assert sources["files"].documents >= 3 and sources["files"].skipped == {}
+
+
+# -- a store that checks itself (issue 52) ------------------------------------------------------------
+SMALL = dict(seq_len=16, k=5, batch_size=4, shard_windows=8, progress=False)
+
+
+@pytest.fixture(scope="module")
+def small_texts():
+    return [doc for doc in corpus_documents("pydoc")[:6] if doc.strip()]
+
+
+def small_sweep(model, path, texts):
+    with threads(1):
+        return pcw.sweep(model, Corpus.from_texts(texts), path, max_windows=40, **SMALL)
+
+
+def edit_manifest(path: Path, edit, redigest: bool = True) -> None:
+    """Change the manifest at ``path`` as a hand (or a script) would; ``redigest``: recompute its digest
+    too, as a deliberate edit would, so that only the schema and the files' records can catch it."""
+    from pycircuits_widgets.corpus.store import _content_digest
+
+    m = json.loads((path / "manifest.json").read_text())
+    edit(m)
+    if redigest:
+        m["digest"] = _content_digest(m)
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def flip_byte(file: Path, at: int = -5) -> None:
+    data = bytearray(file.read_bytes())
+    data[at] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_any_stored_file_is_refused_naming_it(model, small_texts, tmp_path):
+    for name in ("stats.safetensors", "windows/000001.safetensors", "heads.parquet"):
+        path = tmp_path / name.replace("/", "_")
+        small_sweep(model, path, small_texts)
+        flip_byte(path / name)
+        with pytest.raises(pcw.StoreCorrupt, match=f"{name} is not the file the sweep wrote .its sha256 differs"):
+            s = pcw.Sweep.open(path)
+            s.windows  # noqa: B018 (read on first use)
+            s.head_examples(0, 0)
+
+
+def test_an_edited_manifest_is_refused_by_its_digest_and_by_its_schema(model, small_texts, tmp_path):
+    path = tmp_path / "s"
+    reference = small_sweep(model, path, small_texts)
+    assert reference.n_windows == 40 and reference.manifest["shards"] == 5
+    original = (path / "manifest.json").read_text()
+    cases = [
+        (lambda m: m.update(shards=2, windows=16), False, "edited or damaged after the sweep wrote it"),
+        # the same edit with its digest redone: the files it still names give it away
+        (lambda m: m.update(shards=2, windows=16), True, r"complete must be true only once every shard is merged"),
+        (lambda m: m.update(shards=2, windows=16, merged_through=1), True,
+         r"files must be the files its progress implies, got .*'unexpected': \['windows/000002"),
+        (lambda m: m.update(windows=41), True, r"windows must be in 33\.\.40 for 5 shards of 8 windows"),
+        (lambda m: m["settings"].update(seq_len=8), True, "is not the file|window files hold"),
+        (lambda m: m["settings"].update(seq_len="16"), True, "settings.seq_len must be an int >= 1, got '16'"),
+        (lambda m: m.update(complete="yes"), True, "complete must be true or false"),
+        (lambda m: m["files"].update({"../other/stats.safetensors": m["files"]["stats.safetensors"]}), True,
+         "files must be names of the store's layout"),
+        (lambda m: m.update(format="pycircuits_widgets.sweep/1"), True, "made by an earlier version"),
+    ]
+    for edit, redigest, message in cases:
+        (path / "manifest.json").write_text(original)
+        edit_manifest(path, edit, redigest)
+        with pytest.raises((pcw.StoreCorrupt, ValueError), match=message):
+            pcw.Sweep.open(path).windows  # noqa: B018 (read on first use)
+    (path / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match=r"manifest.json is not a sweep manifest \(not JSON: RecursionError"):
+        pcw.Sweep.open(path)
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_after(n: int):
+    def progress(p):
+        if p.shards_done == n:
+            raise Stop
+    return progress
+
+
+def test_a_resume_checks_every_file_and_trusts_no_file_name_as_a_path(model, small_texts, tmp_path):
+    other = small_sweep(model, tmp_path / "other", small_texts)
+    other_stats = (other.path / "stats.safetensors").read_bytes()
+    path = tmp_path / "s"
+    with pytest.raises(Stop), threads(1):
+        pcw.sweep(model, Corpus.from_texts(small_texts), path, max_windows=40, **{**SMALL, "progress": stop_after(3)})
+    original = (path / "manifest.json").read_text()
+    assert json.loads(original)["merged"] == "000002.safetensors"
+    # another store's file named as this one's merge: refused by name, nothing of the other store touched
+    edit_manifest(path, lambda m: m.update(merged="../../other/stats.safetensors"))
+    with pytest.raises(pcw.StoreCorrupt, match="merged must be null or a shard file name"):
+        small_sweep(model, path, small_texts)
+    assert (other.path / "stats.safetensors").read_bytes() == other_stats
+    # a damaged window file: refused before the resume builds on it
+    (path / "manifest.json").write_text(original)
+    flip_byte(path / "windows" / "000001.safetensors")
+    with pytest.raises(pcw.StoreCorrupt, match="windows/000001.safetensors is not the file the sweep wrote"):
+        small_sweep(model, path, small_texts)
+    flip_byte(path / "windows" / "000001.safetensors")  # restored: the resume ends where the whole sweep does
+    assert_same_store(small_sweep(model, path, small_texts), other)
+
+
+def test_a_file_changed_during_a_sweep_leaves_no_shard_of_its_changed_text(model, tmp_path):
+    # one document of three tokenisation pieces (windows.PIECE_CHARS) changes at its start after the corpus is
+    # scanned: windows are cut from its changed first piece before its end shows the change. None of them may
+    # be kept, so the run after the file is restored ends with the store of a sweep that never saw the change
+    source = "\n".join(corpus_documents("all")[-200:])
+    long_doc = source[:3 * PIECE_CHARS - 1000]
+    assert len(long_doc) > 2 * PIECE_CHARS
+    files = []
+    for i, text in enumerate(["x = 1\n" * 30, long_doc, "def f():\n    return 2\n" * 20]):
+        files.append(tmp_path / f"doc{i}.py")
+        files[-1].write_text(text)
+    settings = dict(seq_len=32, k=5, batch_size=64, shard_windows=128, progress=False)
+    corpus = Corpus.from_files([str(f) for f in files])
+    corpus.scan()
+    files[1].write_text(long_doc[:5000].replace("e", "E") + long_doc[5000:])
+    with pytest.raises(CorpusError, match="doc1.py changed since the corpus was scanned"), threads(1):
+        pcw.sweep(model, corpus, tmp_path / "s", **settings)
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    kept = manifest["merged_through"] + 1 + len(manifest["pending"])
+    first_window_of_doc1 = len(model.tokenizer.encode("x = 1\n" * 30)) // settings["seq_len"]
+    assert kept * settings["shard_windows"] <= first_window_of_doc1 + 1  # nothing of the changed document kept
+    files[1].write_text(long_doc)
+    with threads(1):
+        resumed = pcw.sweep(model, corpus, tmp_path / "s", **settings)
+        whole = pcw.sweep(model, Corpus.from_files([str(f) for f in files]), tmp_path / "whole", **settings)
+    assert resumed.n_windows > 10 * settings["shard_windows"]
+    assert_same_store(resumed, whole)
+
+
+def test_a_store_killed_before_its_first_manifest_is_taken_again(model, small_texts, tmp_path):
+    path = tmp_path / "s"
+    for part in ("windows", "shards", "merged"):
+        (path / part).mkdir(parents=True)
+    (path / ".lock").touch()
+    (path / ".manifest.json.123.0a1b2c3d.tmp").write_text("{")
+    assert small_sweep(model, path, small_texts).n_windows == 40
+
+
+def test_a_finished_store_reads_back_from_read_only_media(model, small_texts, tmp_path):
+    path = tmp_path / "s"
+    reference = small_sweep(model, path, small_texts)
+    (path / ".lock").unlink()
+    modes = {p: p.stat().st_mode for p in [path, *path.rglob("*")]}
+    try:
+        for p in modes:
+            p.chmod(modes[p] & ~0o222)
+        assert_same_store(small_sweep(model, path, small_texts), reference)
+        assert not (path / ".lock").exists()
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def test_arguments_with_a_unit_or_a_range_are_refused_not_defaulted(model, corpus, tmp_path):
+    store = tmp_path / "s"
+    for kwargs, error, message in (
+            (dict(seq_len=0), ValueError, "seq_len must be a positive int, got 0"),
+            (dict(batch_size=0), ValueError, "batch_size must be a positive int, got 0"),
+            (dict(shard_windows=0), ValueError, "shard_windows must be a positive int, got 0"),
+            (dict(scores_only="no"), TypeError, "scores_only must be True or False, got 'no'"),
+            (dict(k=100_000), ValueError, "k must be at most 1000 examples per head and neuron, got 100000")):
+        with pytest.raises(error, match=message):
+            pcw.sweep(model, corpus, store, **kwargs)
+    with pytest.raises(ValueError, match="seq_len must be a positive int, got 0"):
+        pcw.head_scores(model, corpus, seq_len=0)
+    assert not store.exists()  # refused before the store was made
+
+
+def test_a_ray_cluster_that_cannot_start_or_be_reached_names_the_serial_engine(monkeypatch):
+    # a busy 2-core machine has made Ray's own start-up deadlines expire (issue 52): after its retries the
+    # sweep says what else makes the same store
+    import ray
+
+    from pycircuits_widgets.corpus import ray_engine
+
+    calls = []
+
+    def init(*args, **kwargs):
+        calls.append(kwargs)
+        raise (ConnectionError if "address" in kwargs and kwargs["address"] != "local" else Exception)(
+            "The current node timed out during startup")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match=r"did not start in 3 attempts .*engine='serial' makes the same store"):
+        ray_engine.start_local_cluster()
+    assert len(calls) == 3
+    with pytest.raises(RuntimeError, match=r"could not connect to the Ray cluster at '127.0.0.1:1'.*engine='serial'"):
+        next(ray_engine.run(None, {}, iter([]), address="127.0.0.1:1"))

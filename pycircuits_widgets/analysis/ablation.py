@@ -11,8 +11,8 @@ Every later layer is recomputed on the changed stream (post-norms divide the cha
 model's own forward (``run_with_cache(interventions=...)``). It resumes from the clean run's residual
 stream at the first ablated layer, so the layers before it are not run again.
 
-The helpers here (``clean_run``, ``check_head``, ``check_kind``, ``head_mean_table``) are shared with
-``path_patching``.
+The helpers here (``check_model``, ``clean_run``, ``check_head``, ``check_kind``, ``head_mean_table``)
+are shared with ``path_patching``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..models.circuit_model import next_token_loss
+from ..models.circuit_model import CircuitModel, next_token_loss, weight_shapes
 from ..models.interventions import Interventions
 from .activations import RunResult, run
+from .finite import require_finite
 
 KINDS = ("zero", "mean")
 
@@ -59,6 +60,13 @@ def check_kind(kind, means, where: str) -> None:
         raise ValueError(f"{where}(kind='mean') needs each head's mean output over a corpus: pass "
                          "means=pcw.sweep(model, corpus, store) (a Sweep), or means={'heads': [n_layers, n_heads, "
                          "d_model], 'neurons': [n_layers, d_mlp]} tensors")
+
+
+def check_model(model, where: str) -> None:
+    """Refuse (``TypeError`` naming ``where``) anything but a ``CircuitModel``."""
+    if not isinstance(model, CircuitModel):
+        raise TypeError(f"{where}: model must be a CircuitModel (pcw.load_pretrained, pcw.from_hf, ...), got "
+                        f"{type(model).__name__}")
 
 
 def check_head(model, head, where: str) -> tuple[int, int]:
@@ -102,6 +110,8 @@ def _mean_table(means, name: str, method: str, shape: tuple[int, ...], model, wh
             raise ValueError(f"{where}: means has unknown keys {unknown}; expected 'heads' and/or 'neurons'")
         table = means.get(name)
     elif hasattr(means, method):
+        if hasattr(means, "check_model"):  # a Sweep: of this model only, as the explorer requires
+            means.check_model(model, where)
         table = getattr(means, method)()
     elif isinstance(means, (torch.Tensor, np.ndarray)) and name == "heads":
         table = means
@@ -126,15 +136,21 @@ def head_mean_table(model, means, where: str) -> torch.Tensor:
 
 
 def clean_run(model, tokens, clean: RunResult | None, where: str, min_tokens: int = 2) -> RunResult:
-    """``clean`` (the caller's ``pcw.run(model, tokens)``, checked against the tokens by the resumed
-    forward) or a new clean run; refuses fewer than ``min_tokens`` tokens per sequence."""
+    """``clean`` (the caller's ``pcw.run(model, tokens)``, refused unless it is this model's clean run of
+    these tokens) or a new clean run; refuses fewer than ``min_tokens`` tokens per sequence."""
     if clean is None:
         clean = run(model, tokens)
     elif not isinstance(clean, RunResult):
         raise TypeError(f"{where}: clean must be the RunResult of pcw.run(model, tokens), got {type(clean).__name__}")
+    else:  # checked here, not only by a resumed forward: measured composition reads it without one
+        ids = model._as_tokens(tokens)
+        model.check_clean_cache(clean.cache, ids[None] if ids.ndim == 1 else ids, f"{where}: clean")
     if clean.tokens.shape[1] < min_tokens:
         raise ValueError(f"{where}: needs at least {min_tokens} tokens per sequence (the next token's loss), got "
                          f"{clean.tokens.shape[1]}")
+    # NaN/inf weights would make every measured change NaN: refused here, naming the weight
+    weights = [name for name in weight_shapes(model.cfg) if getattr(model, name) is not None]
+    require_finite(clean.logits, f"{where}: the clean run's logits", model, weights)
     return clean
 
 
@@ -152,6 +168,7 @@ def ablate(model, tokens, heads=(), neurons=(), kind: str = "zero", means=None,
     or the heads' tensor alone. ``clean``: ``pcw.run(model, tokens)`` when the caller has it (not run again).
     Returns an ``AblationResult`` (``.clean_loss``, ``.loss`` ``[batch, pos - 1]``, ``.logits``, ``.cache``,
     ``.loss_change``)."""
+    check_model(model, "ablate")
     c = model.cfg
     heads = _pairs(heads, (c.n_layers, c.n_heads), ("layer", "head"), "ablate: heads")
     if neurons and c.attn_only:

@@ -34,7 +34,7 @@ import torch
 from ..models.circuit_model import next_token_loss, widened
 from ..models.interventions import VIAS, Interventions
 from ..progress import progress
-from .ablation import check_head, check_kind, clean_run, head_mean_table
+from .ablation import check_head, check_kind, check_model, clean_run, head_mean_table
 from .activations import RunResult
 
 BLOCK_BYTES = 64 << 20
@@ -101,6 +101,7 @@ def path_patch(model, tokens, writer, reader, via: str, kind: str = "zero", mean
     least 2 tokens): module docstring. ``kind="mean"`` replaces the writer's output by its mean from
     ``means`` (as ``ablate``: a ``Sweep``, ``{"heads": [L, H, d_model]}`` or that tensor). ``clean``:
     ``pcw.run(model, tokens)`` when the caller has it. Returns a ``PathPatchResult``."""
+    check_model(model, "path_patch")
     l1, h1 = check_head(model, writer, "path_patch: writer")
     l2, h2 = check_head(model, reader, "path_patch: reader")
     if l1 >= l2:
@@ -147,6 +148,7 @@ def measured_composition_steps(model, tokens, via: str, kind: str = "zero", mean
     total, table)``, first ``(0, total, all NaN)`` once the input is checked, then after each layer pair
     (``total = n_layers (n_layers - 1) / 2``); the last ``table`` is the whole matrix. Each yield
     holds the same tensor, filled in place."""
+    check_model(model, "measured_composition")
     via = check_via(via, "measured_composition")
     check_kind(kind, means, "measured_composition")
     head_means = head_mean_table(model, means, "measured_composition") if kind == "mean" else None

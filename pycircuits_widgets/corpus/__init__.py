@@ -5,9 +5,9 @@ the widgets; views read a ``Sweep``, never run one. ``trigram_counts``: a head's
 over a sweep's windows."""
 
 from .documents import Corpus, CorpusError
-from .store import StoreMismatch
+from .store import StoreCorrupt, StoreMismatch
 from .sweeps import Sweep, SweepProgress, head_scores, model_fingerprint, sweep
 from .trigram_counts import TrigramCounts, trigram_counts
 
-__all__ = ["Corpus", "CorpusError", "StoreMismatch", "Sweep", "SweepProgress", "TrigramCounts", "head_scores",
+__all__ = ["Corpus", "CorpusError", "StoreCorrupt", "StoreMismatch", "Sweep", "SweepProgress", "TrigramCounts", "head_scores",
            "model_fingerprint", "sweep", "trigram_counts"]

@@ -17,19 +17,26 @@ naming the file and line):
                    ``"skip"`` (default) the document is skipped, ``"replace"`` keeps it with
                    U+FFFD in place of each bad byte, ``"strict"`` refuses it naming the offset
 ``too_long``       a JSON line longer than ``max_line_bytes`` (parsing one needs it whole)
+``not_a_file``     a glob's match that is no regular file: a FIFO, a socket, a device, a dangling link
+``duplicate``      a glob's match that is a file already in the corpus, reached again through a link
 =================  ==========================================================================
 
-A path that does not exist, a directory, a glob that matches nothing, a line that is not a JSON
-object or lacks the field: ``CorpusError`` (or ``FileNotFoundError``) before anything is swept.
+A path that does not exist, a directory, a FIFO or other non-file, a symbolic-link loop, a glob that
+matches nothing, a line that is not a JSON object or lacks the field, nests too deep or holds a number
+too long to read, a read error: ``CorpusError`` (or ``FileNotFoundError``) naming the file (and line),
+before anything is swept. A JSON-lines file may start with a UTF-8 byte-order mark.
 """
 
 from __future__ import annotations
 
 import codecs
+import errno
 import glob as globbing
 import hashlib
 import json
+import os
 import re
+import stat
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -111,77 +118,133 @@ def _text_chunks(text: str, name: str, errors: str) -> Iterator[str]:
 
 
 def _file_blocks(path: Path) -> Iterator[bytes]:
+    kind = _kind(path)
+    if kind not in ("file", "missing"):  # (checked again: a FIFO's open would block until a writer came)
+        raise CorpusError(f"{path} is no longer a regular file ({kind}); build the Corpus again")
     try:
         f = open(path, "rb")  # noqa: SIM115 (entered below: only the open's own error is the corpus's to name)
     except OSError as err:
         raise CorpusError(f"{path} cannot be read ({err.strerror or err})") from None
     with f:
-        head = f.read(BINARY_PROBE)
-        if b"\0" in head:
-            raise Skip("binary")
-        if head:
-            yield head
-        while block := f.read(CHUNK_BYTES):
-            yield block
+        try:
+            head = f.read(BINARY_PROBE)
+            if b"\0" in head:
+                raise Skip("binary")
+            if head:
+                yield head
+            while block := f.read(CHUNK_BYTES):
+                yield block
+        except OSError as err:
+            raise CorpusError(f"{path}: read error at byte {f.tell()} ({err.strerror or err})") from None
+
+
+def _kind(path: Path) -> str:
+    """``"file"`` for a regular file (through links), else what ``path`` is, for a message or a skip."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symbolic-link loop"
+        return "a dangling link" if os.path.islink(path) else "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device or other non-file"
 
 
 def _file_document(path: Path, errors: str) -> Document:
     return Document(str(path), lambda: _decode_stream(_file_blocks(path), str(path), errors))
 
 
-def _expand(paths_or_glob) -> list[Path]:
-    """Files named by a path, a glob or a list of them: globs sorted, duplicates kept once, in order."""
+def _expand(paths_or_glob) -> tuple[list[Path], Counter]:
+    """Files named by a path, a glob or a list of them: globs sorted, each file once (the first path that
+    reaches it, links followed), in order; and what the globs matched and left out (``skipped`` reasons).
+    A directory entry reached by several paths (a link cycle under ``**``) counts once."""
     items = [paths_or_glob] if isinstance(paths_or_glob, (str, Path)) else paths_or_glob
     try:
         items = list(items)
     except TypeError:
         raise TypeError("from_files takes a path, a glob or a list of them, got "
                         f"{type(paths_or_glob).__name__}") from None
-    files: list[Path] = []
+    files: dict[tuple[int, int], Path] = {}  # (device, inode) -> the first path to it
+    entries: set[tuple[str, str]] = set()  # (real folder, name) of every entry met
+    skipped: Counter = Counter()
     for item in items:
         if not isinstance(item, (str, Path)):
             raise TypeError(f"from_files: {item!r} is a {type(item).__name__}, expected a path or a glob (str)")
         if isinstance(item, str) and globbing.has_magic(item):
-            matched = sorted(Path(p) for p in globbing.glob(item, recursive=True) if Path(p).is_file())
-            if not matched:
+            matched = sorted(Path(p) for p in globbing.glob(item, recursive=True))
+            found = []
+            for path in matched:
+                entry = (os.path.realpath(path.parent), path.name)
+                if entry in entries:
+                    continue
+                entries.add(entry)
+                kind = _kind(path)
+                if kind == "file":
+                    found.append(path)
+                elif kind != "a directory":
+                    skipped["not_a_file"] += 1
+            if not found and not any(_kind(Path(p)) == "file" for p in matched):
                 raise CorpusError(f"from_files: no file matches {item!r}")
-            files += matched
-            continue
-        path = Path(item)
-        if not path.exists():
-            raise FileNotFoundError(f"from_files: {path} does not exist")
-        if path.is_dir():
-            raise CorpusError(f"from_files: {path} is a directory; pass a glob such as '{path}/**/*.txt'")
-        files.append(path)
-    return list(dict.fromkeys(files))
+        else:
+            path, kind = Path(item), _kind(Path(item))
+            if kind == "missing":
+                raise FileNotFoundError(f"from_files: {path} does not exist")
+            if kind == "a directory":
+                raise CorpusError(f"from_files: {path} is a directory; pass a glob such as '{path}/**/*.txt'")
+            if kind != "file":
+                raise CorpusError(f"from_files: {path} is {kind}, not a regular file")
+            entries.add((os.path.realpath(path.parent), path.name))
+            found = [path]
+        for path in found:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) not in files:
+                files[st.st_dev, st.st_ino] = path
+            elif path != files[st.st_dev, st.st_ino]:  # (the same path given twice is no duplicate document)
+                skipped["duplicate"] += 1
+    return list(files.values()), skipped
 
 
 def _jsonl_documents(path: Path, field: str, errors: str, max_line_bytes: int) -> Iterator[Document]:
     """One document per line of ``path``: the string at ``field`` of the line's JSON object."""
-    with open(path, "rb") as f:
-        for number, line in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), 1):
-            where = f"{path}:{number}"
-            if len(line) > max_line_bytes and not line.endswith(b"\n"):
-                while (rest := f.readline(CHUNK_BYTES)) and not rest.endswith(b"\n"):
-                    pass  # the rest of the long line, read in bounded pieces
-                yield Document(where, _raise(Skip("too_long")))
-                continue
-            if not line.strip():
-                yield Document(where, _raise(Skip("empty")))
-                continue
-            try:
-                text = line.decode("utf-8", "replace" if errors == "replace" else "strict")
-            except UnicodeDecodeError as err:
-                if errors == "skip":
-                    yield Document(where, _raise(Skip("undecodable")))
-                    continue
-                raise CorpusError(f"{where}: byte {err.start} of the line is not UTF-8; pass errors='skip' or "
-                                  "errors='replace'") from None
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{where}: not a JSON line ({err.msg} at column {err.colno})") from None
-            yield Document(where, _field_text(row, field, where, errors))
+    number = 0
+    try:
+        with open(path, "rb") as f:
+            for number, line in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), 1):
+                yield _jsonl_line(f, line, number, f"{path}:{number}", field, errors, max_line_bytes)
+    except OSError as err:
+        raise CorpusError(f"{path}: read error after line {number} ({err.strerror or err})") from None
+
+
+def _jsonl_line(f, line: bytes, number: int, where: str, field: str, errors: str, max_line_bytes: int) -> Document:
+    """The document of one JSON line read from ``f`` (``_jsonl_documents``; a too long line's rest is read
+    from ``f`` in bounded pieces and dropped)."""
+    if number == 1 and line.startswith(codecs.BOM_UTF8):
+        line = line[len(codecs.BOM_UTF8):]
+    if len(line) > max_line_bytes and not line.endswith(b"\n"):
+        while (rest := f.readline(CHUNK_BYTES)) and not rest.endswith(b"\n"):
+            pass
+        return Document(where, _raise(Skip("too_long")))
+    if not line.strip():
+        return Document(where, _raise(Skip("empty")))
+    try:
+        text = line.decode("utf-8", "replace" if errors == "replace" else "strict")
+    except UnicodeDecodeError as err:
+        if errors == "skip":
+            return Document(where, _raise(Skip("undecodable")))
+        raise CorpusError(f"{where}: byte {err.start} of the line is not UTF-8; pass errors='skip' or "
+                          "errors='replace'") from None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CorpusError(f"{where}: not a JSON line ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise CorpusError(f"{where}: the JSON nests too deep to read") from None
+    except ValueError as err:  # e.g. an integer longer than Python reads (sys.get_int_max_str_digits)
+        raise CorpusError(f"{where}: a value on the line cannot be read ({err})") from None
+    return Document(where, _field_text(row, field, where, errors))
 
 
 def _field_text(row, field: str, where: str, errors: str) -> Callable[[], Iterator[str]]:
@@ -235,9 +298,10 @@ class Corpus:
     ``fingerprint`` (sha256 of the kept documents' own sha256s, in order), ``documents`` (how many were
     kept) and ``skipped`` (``{reason: count}``) come from one pass over the corpus, run on first use."""
 
-    def __init__(self, documents: Callable[[], Iterator[Document]], description: str):
+    def __init__(self, documents: Callable[[], Iterator[Document]], description: str, skipped: Counter | None = None):
         self._documents = documents
         self.description = description
+        self._found_skipped = Counter(skipped)  # what the source left out before any document (``_expand``)
         # per document: the first 8 bytes of its sha256 (0: skipped), 8 bytes a document whatever its size
         self._digests: array | None = None
         self.skipped: Counter = Counter()
@@ -261,10 +325,10 @@ class Corpus:
         """One document per file: a path, a glob (``"docs/**/*.md"``, expanded now and sorted) or a list of
         them, read as UTF-8 in chunks (a file of any size in bounded memory)."""
         errors = _check_errors(errors)
-        files = _expand(paths_or_glob)
+        files, skipped = _expand(paths_or_glob)
         if not files:
             raise CorpusError("from_files: no files given")
-        return cls(lambda: (_file_document(p, errors) for p in files), f"{len(files)} files")
+        return cls(lambda: (_file_document(p, errors) for p in files), f"{len(files)} files", skipped)
 
     @classmethod
     def from_jsonl(cls, path, field: str = "text", *, errors: str = "skip", max_line_bytes: int = 64 << 20) -> Corpus:
@@ -272,11 +336,15 @@ class Corpus:
         longer than ``max_line_bytes`` are skipped (``too_long``), never read whole."""
         errors = _check_errors(errors)
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"from_jsonl: {path} is not a file")
+        kind = _kind(path)
+        if kind == "missing":
+            raise FileNotFoundError(f"from_jsonl: {path} does not exist")
+        if kind != "file":
+            raise CorpusError(f"from_jsonl: {path} is {kind}, not a regular file")
         if not isinstance(field, str):
             raise TypeError(f"from_jsonl: field must be a str, got {type(field).__name__}")
-        return cls(lambda: _jsonl_documents(path, field, errors, max_line_bytes), f"{path} [{field!r}]")
+        # the file's name, not its path: a store and a saved page must not carry the author's folders
+        return cls(lambda: _jsonl_documents(path, field, errors, max_line_bytes), f"{path.name} [{field!r}]")
 
     @classmethod
     def from_dataset(cls, dataset, field: str = "text", *, errors: str = "skip") -> Corpus:
@@ -305,7 +373,7 @@ class Corpus:
         """Read every document once: hash the kept ones and count the skipped (module docstring)."""
         if self._digests is not None:
             return
-        digests, skipped, whole = array("Q"), Counter(), hashlib.sha256()
+        digests, skipped, whole = array("Q"), Counter(self._found_skipped), hashlib.sha256()
         for doc in self._documents():
             digest = document_digest(doc)
             if isinstance(digest, str):

@@ -21,5 +21,5 @@ def serial(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *,
     """Each shard of ``todo`` recorded here, on ``device`` (default: where the model is)."""
     recorder = Recorder(model, settings["k"], settings["scores_only"], device)
     for shard, windows in todo:
-        acc = recorder.record(torch.from_numpy(windows), shard * settings["shard_size"], settings["batch_size"])
+        acc = recorder.record(torch.from_numpy(windows), shard * settings["shard_windows"], settings["batch_size"])
         yield shard, windows, acc

@@ -32,6 +32,7 @@ from .accumulators import Accumulator
 from .memory import release_free_memory
 
 IN_FLIGHT_PER_WORKER = 2
+SERIAL = "engine='serial' makes the same store in this process, without Ray"
 RESULT_SOURCES = ("models/circuit_model.py", "analysis/head_scores.py", "linalg.py", "corpus/record.py",
                   "corpus/accumulators.py")
 
@@ -60,7 +61,7 @@ class ShardWorker:
             model_parts = ray.get(parts[0])
             model = CircuitModel(model_parts["cfg"], **model_parts["weights"])
             self.recorder = Recorder(model, self.settings["k"], self.settings["scores_only"], self.device)
-        tensors = self.recorder.record(torch.tensor(windows), shard * self.settings["shard_size"],
+        tensors = self.recorder.record(torch.tensor(windows), shard * self.settings["shard_windows"],
                                        self.settings["batch_size"]).tensors()
         release_free_memory()  # memory.py: the actor lives for the whole sweep
         return tensors
@@ -99,8 +100,8 @@ def start_local_cluster(num_cpus: int | None = None, attempts: int = 3) -> None:
         except Exception as err:  # Ray raises a bare Exception for a node that did not start
             ray.shutdown()
             if attempt == attempts - 1:
-                raise RuntimeError(f"a local Ray cluster did not start in {attempts} attempts ({err}); on a busy "
-                                   "machine try again, or start one yourself with ray.init()") from err
+                raise RuntimeError(f"a local Ray cluster did not start in {attempts} attempts ({err}); {SERIAL}, or "
+                                   "on a busy machine try again, or start one yourself (ray start --head)") from err
 
 
 def run(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *, device=None, address: str | None = None,
@@ -118,7 +119,10 @@ def run(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *, device
     started = False
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, logging_level="warning")
+            try:
+                ray.init(address=address, logging_level="warning")
+            except (ConnectionError, TimeoutError, RuntimeError) as err:
+                raise RuntimeError(f"could not connect to the Ray cluster at {address!r} ({err}); {SERIAL}") from err
         else:
             start_local_cluster()
             started = True

@@ -95,12 +95,20 @@ class Recorder:
 
     def _neurons(self, post: torch.Tensor, first_window: int, sums: dict) -> TopK:
         b, L, T, d_mlp = post.shape
-        # one copy into rows (neuron l * d_mlp + n, column window * T + t): top-k and sums read rows
-        scores = post.to(self.work).permute(1, 3, 0, 2).reshape(L * d_mlp, b * T)
-        sums["neuron_sum"] = scores.sum(-1).to(torch.float64).view(L, d_mlp)
+        totals, positives, values, index = [], [], [], []
+        for layer in range(L):
+            # one layer at a time, one copy into rows (neuron n, column window * T + t) that top-k and the
+            # sums read: half the time of one permuted copy of every layer (GPT-2 small, 16 windows of 128)
+            scores = post[:, layer].permute(2, 0, 1).reshape(d_mlp, b * T).to(self.work)
+            totals.append(scores.sum(-1))
+            positives.append((scores > 0).sum(-1))
+            top = top_k_first(scores, self.k)
+            values.append(top[0])
+            index.append(top[1])
+        sums["neuron_sum"] = torch.stack(totals).to(torch.float64)  # [L, d_mlp]
         self._check_finite(sums["neuron_sum"], "MLP post-activations", first_window, b)
-        sums["neuron_positive"] = (scores > 0).sum(-1).view(L, d_mlp)
-        values, index = top_k_first(scores, self.k)
+        sums["neuron_positive"] = torch.stack(positives)
+        values, index = torch.cat(values), torch.cat(index)  # row l * d_mlp + n
         return TopK(values + 0.0, index // T + first_window, index % T).padded(self.k)
 
     @staticmethod

@@ -25,12 +25,21 @@ same order and writes the same store. No pickle: JSON, safetensors and Parquet o
 
 A store is refused (``StoreMismatch``) when it was made with another model, corpus, tokenisation or
 settings, naming what differs; and, where the platform has ``fcntl``, while another process writes it.
+
+Self-checking (``StoreCorrupt`` names what is wrong): the manifest records every file it names, by path
+relative to the store (only the layout's own names are taken: no other folder is ever read or written
+through it), with its size and sha256, and a sha256 of its own content (``digest``). On open the manifest
+is checked against its digest and its schema (types, ranges, and counts that agree: shards, windows and
+``shard_windows``; a finished store names exactly its shards' windows). A file is checked against its record
+before it is read: every file before a resume, a finished store's lazily, each file on first use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -43,11 +52,20 @@ from safetensors.torch import load_file, save_file
 
 from .accumulators import EMPTY, Accumulator
 
-FORMAT = "pycircuits_widgets.sweep/1"
+FORMAT = "pycircuits_widgets.sweep/2"
+PARTS = ("windows", "shards", "merged")
+_SHARD_FILE = re.compile(r"\d{6}\.safetensors")
+_FILE = re.compile(r"(windows|shards|merged)/\d{6}\.safetensors|stats\.safetensors|(heads|neurons)\.parquet")
+"""The files a manifest may name (module docstring, "Layout"), relative to the store."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class StoreMismatch(ValueError):
     """The store was made by another sweep (the message names what differs)."""
+
+
+class StoreCorrupt(ValueError):
+    """A store's manifest or file is not what the sweep wrote (the message names the file or field)."""
 
 
 def _name(shard: int) -> str:
@@ -66,6 +84,12 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
+def _content_digest(manifest: dict) -> str:
+    """sha256 (hex) of the manifest's content less its ``digest``, in one canonical JSON form."""
+    content = {key: value for key, value in manifest.items() if key != "digest"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
 def _write_json(path: Path, value: dict) -> None:
     def write(tmp):
         with open(tmp, "w", encoding="utf-8") as f:
@@ -75,18 +99,126 @@ def _write_json(path: Path, value: dict) -> None:
     _atomic(path, write)
 
 
+def file_record(path: Path) -> dict:
+    """``{"size", "sha256"}`` of the file at ``path``, as a manifest records it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def check_file(store: Path, manifest: dict, name: str) -> Path:
+    """``store / name``, refused (``StoreCorrupt``) unless the manifest records it and the file's size and
+    sha256 are the recorded ones (module docstring)."""
+    path = Path(store) / name
+    record = manifest["files"].get(name)
+    if record is None:
+        raise StoreCorrupt(f"store {store}: the manifest names no file {name!r}; the store is incomplete or its "
+                           "manifest was edited: sweep again into a new folder")
+    if not path.is_file():
+        raise StoreCorrupt(f"store {store}: {name} is missing (the manifest records it, {record['size']} bytes); "
+                           "sweep again into a new folder")
+    found = file_record(path)
+    if found != record:
+        what = "size" if found["size"] != record["size"] else "sha256"
+        raise StoreCorrupt(f"store {store}: {name} is not the file the sweep wrote (its {what} differs from the "
+                           f"manifest's: {found[what]!r}, recorded {record[what]!r}); it was changed or damaged: "
+                           "sweep again into a new folder")
+    return path
+
+
 def read_manifest(path: Path) -> dict:
-    """The manifest of the store at ``path`` (``FileNotFoundError`` / ``ValueError`` if there is none)."""
+    """The manifest of the store at ``path``, checked (module docstring): ``FileNotFoundError`` if there is
+    none, ``ValueError`` for a file that is no sweep manifest, ``StoreCorrupt`` for one edited or damaged."""
     file = Path(path) / "manifest.json"
     if not file.is_file():
         raise FileNotFoundError(f"{path} is not a sweep store (no manifest.json); make one with pcw.sweep")
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file} is not a sweep manifest (not JSON: {err})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as err:
+        raise ValueError(f"{file} is not a sweep manifest (not JSON: {type(err).__name__}: {err})"[:2000]) from None
+    if not isinstance(manifest, dict) or not str(manifest.get("format", "")).startswith("pycircuits_widgets.sweep/"):
         raise ValueError(f"{file} is not a sweep manifest of format {FORMAT!r}")
+    if manifest["format"] != FORMAT:
+        raise ValueError(f"{file} is a sweep store of format {manifest['format']!r}, made by an earlier version "
+                         f"(this one reads {FORMAT!r}, whose files are checked against recorded digests): sweep "
+                         "again into a new folder")
+    if manifest.get("digest") != _content_digest(manifest):
+        raise StoreCorrupt(f"{file} was edited or damaged after the sweep wrote it (its digest does not match its "
+                           "content); sweep again into a new folder")
+    _check_schema(manifest, file)
     return manifest
+
+
+def _check_schema(m: dict, file: Path) -> None:
+    """Refuse (``StoreCorrupt``, naming the field, what was expected and what was found) a manifest whose
+    fields have the wrong types or ranges, or whose counts disagree (module docstring)."""
+    def fail(field: str, expected: str, got):
+        raise StoreCorrupt(f"{file}: {field} must be {expected}, got {repr(got)[:200]}")
+
+    def integer(value, low: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    for key in ("model", "corpus", "tokenization", "settings", "info", "files"):
+        if not isinstance(m.get(key), dict):
+            fail(key, "an object", m.get(key))
+    for part, field in (("model", "fingerprint"), ("model", "name"), ("corpus", "fingerprint")):
+        if not isinstance(m[part].get(field), str):
+            fail(f"{part}.{field}", "a string", m[part].get(field))
+    settings = m["settings"]
+    for field in ("seq_len", "k", "batch_size", "shard_windows"):
+        if not integer(settings.get(field), 1):
+            fail(f"settings.{field}", "an int >= 1", settings.get(field))
+    if settings.get("max_windows") is not None and not integer(settings["max_windows"], 1):
+        fail("settings.max_windows", "null or an int >= 1", settings["max_windows"])
+    for where, value in (("settings.scores_only", settings.get("scores_only")), ("complete", m.get("complete"))):
+        if not isinstance(value, bool):
+            fail(where, "true or false", value)
+    if m.get("merged") is not None and not (isinstance(m["merged"], str) and _SHARD_FILE.fullmatch(m["merged"])):
+        fail("merged", "null or a shard file name (six digits, .safetensors)", m["merged"])
+    if not integer(m.get("merged_through"), -1):
+        fail("merged_through", "an int >= -1", m.get("merged_through"))
+    pending = m.get("pending")
+    if not (isinstance(pending, list) and all(integer(s, m["merged_through"] + 2) for s in pending)
+            and pending == sorted(set(pending))):
+        fail("pending", "a sorted list of distinct shard numbers after merged_through + 1", pending)
+    for field in ("shards", "windows"):
+        if m.get(field) is not None and not integer(m[field], 1):
+            fail(field, "null or an int >= 1", m.get(field))
+    for name, record in m["files"].items():
+        if not _FILE.fullmatch(name):
+            fail("files", "names of the store's layout (windows/, shards/ or merged/ then six digits and "
+                          ".safetensors; stats.safetensors; heads.parquet, neurons.parquet)", name)
+        if not (isinstance(record, dict) and set(record) == {"size", "sha256"} and integer(record["size"], 0)
+                and isinstance(record["sha256"], str) and _SHA256.fullmatch(record["sha256"])):
+            fail(f"files[{name!r}]", '{"size": bytes, "sha256": 64 hex digits}', record)
+    shards, windows, shard_windows = m["shards"], m["windows"], settings["shard_windows"]
+    if (shards is None) != (windows is None):
+        fail("shards and windows", "both null (the corpus not yet at its end) or both set", (shards, windows))
+    if shards is not None and not (shards - 1) * shard_windows < windows <= shards * shard_windows:
+        fail("windows", f"in {(shards - 1) * shard_windows + 1}..{shards * shard_windows} for {shards} shards of "
+                        f"{shard_windows} windows", windows)
+    if windows is not None and settings.get("max_windows") is not None and windows > settings["max_windows"]:
+        fail("windows", f"at most settings.max_windows = {settings['max_windows']}", windows)
+    recorded = set(range(m["merged_through"] + 1)) | set(pending)
+    wanted = {f"windows/{_name(s)}" for s in recorded}
+    optional = set()
+    if m["complete"]:
+        if shards is None or m["merged"] is not None or pending or m["merged_through"] + 1 != shards:
+            fail("complete", "true only once every shard is merged and written out (shards set, merged null, "
+                             "pending empty, merged_through = shards - 1)",
+                 {k: m[k] for k in ("shards", "merged", "pending", "merged_through")})
+        wanted.add("stats.safetensors")
+        if not settings["scores_only"]:
+            wanted.add("heads.parquet")
+            optional.add("neurons.parquet")  # attention-only models have no neurons
+    else:
+        wanted |= {f"shards/{_name(s)}" for s in pending} | ({f"merged/{m['merged']}"} if m["merged"] else set())
+    named = set(m["files"])
+    if not wanted <= named or named - wanted - optional:
+        fail("files", "the files its progress implies", {"missing": sorted(wanted - named),
+                                                         "unexpected": sorted(named - wanted - optional)})
 
 
 def differences(recorded: dict, wanted: dict, where: str = "") -> list[str]:
@@ -113,26 +245,38 @@ class Store:
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = _lock(self.path)
         self._merged: Accumulator | None = None
-        file = self.path / "manifest.json"
-        if file.exists():
+        self._unchecked: dict[int, tuple[int, dict]] = {}  # shard -> (its windows, its files' records)
+        try:
+            self._open(identity, info)
+        except BaseException:
+            self.close()
+            raise
+        self._tidy()
+
+    def _open(self, identity: dict, info: dict | None) -> None:
+        if (self.path / "manifest.json").exists():
             self.manifest = read_manifest(self.path)
             recorded = {key: self.manifest.get(key) for key in identity}
             diff = differences(recorded, identity)
             if diff:
-                self.close()
                 raise StoreMismatch(f"store {self.path} was made by another sweep: " + "; ".join(diff)
                                     + ". Use another folder, or delete this one to start over")
-        else:
-            if any(p.name != ".lock" for p in self.path.iterdir()):
-                self.close()
-                raise StoreMismatch(f"store {self.path} is a folder with files and no sweep manifest; "
-                                    "pass an empty or new folder")
-            self.manifest = {"format": FORMAT, **identity, "info": info or {}, "merged": None, "merged_through": -1,
-                             "pending": [], "shards": None, "windows": None, "complete": False}
-            for part in ("windows", "shards", "merged"):
-                (self.path / part).mkdir(exist_ok=True)
-            self._save()
-        self._tidy()
+            if not self.complete:  # before a resume builds on them: every file as the sweep wrote it
+                for name in self.manifest["files"]:
+                    check_file(self.path, self.manifest, name)
+            return
+        # what a sweep killed before its first manifest leaves: its lock, its empty folders, temporaries
+        leftovers = [p for p in self.path.iterdir() if not (
+            p.name == ".lock" or (p.name in PARTS and p.is_dir() and not any(p.iterdir()))
+            or (p.name.startswith(".") and p.name.endswith(".tmp")))]
+        if leftovers:
+            raise StoreMismatch(f"store {self.path} is a folder with files and no sweep manifest "
+                                f"({', '.join(sorted(p.name for p in leftovers)[:5])}); pass an empty or new folder")
+        self.manifest = {"format": FORMAT, **identity, "info": info or {}, "merged": None, "merged_through": -1,
+                         "pending": [], "shards": None, "windows": None, "complete": False, "files": {}}
+        for part in PARTS:
+            (self.path / part).mkdir(exist_ok=True)
+        self._save()
 
     # --- progress ---------------------------------------------------------------------------------
     @property
@@ -143,18 +287,47 @@ class Store:
         """Shards recorded so far (merged or pending)."""
         return set(range(self.manifest["merged_through"] + 1)) | set(self.manifest["pending"])
 
-    def record(self, shard: int, windows: np.ndarray, acc: Accumulator, vocab: int) -> None:
+    def _write(self, name: str, write) -> dict:
+        """Write the store's file ``name`` (``write(tmp)``, atomically); its record for the manifest."""
+        path = self.path / name
+        _atomic(path, write)
+        return {name: file_record(path)}
+
+    def record(self, shard: int, windows: np.ndarray, acc: Accumulator, vocab: int, checked: bool = True) -> None:
         """Keep shard ``shard``: its windows, then its accumulator, merged at once when it follows the merged
-        shards (with any pending ones it unblocks), else kept as a pending shard file; then the manifest."""
+        shards (with any pending ones it unblocks), else kept as a pending shard file; then the manifest.
+
+        ``checked=False``: its windows hold text of a document not yet checked against the corpus's scan
+        (``windows.window_blocks``): its files are written but the manifest does not name them (a crash
+        leaves files the next open removes) until ``confirm`` reaches it."""
         dtype = np.uint16 if vocab <= 1 << 16 else np.int32
-        _atomic(self.path / "windows" / _name(shard),
-                lambda tmp: save_numpy({"windows": np.ascontiguousarray(windows, dtype=dtype)}, tmp))
-        if shard == self.manifest["merged_through"] + 1:
+        files = self._write(f"windows/{_name(shard)}",
+                            lambda tmp: save_numpy({"windows": np.ascontiguousarray(windows, dtype=dtype)}, tmp))
+        if checked and shard == self.manifest["merged_through"] + 1:
+            self.manifest["files"].update(files)
             self._fold(acc)
             return
-        _atomic(self.path / "shards" / _name(shard), lambda tmp: save_file(acc.tensors(), tmp))
+        files.update(self._write(f"shards/{_name(shard)}", lambda tmp: save_file(acc.tensors(), tmp)))
+        if not checked:
+            self._unchecked[shard] = (len(windows), files)
+            return
+        self.manifest["files"].update(files)
         self.manifest["pending"] = sorted(set(self.manifest["pending"]) | {shard})
         self._save()
+
+    def confirm(self, checked_windows: float) -> None:
+        """Every shard recorded unchecked whose windows all lie below ``checked_windows`` (windows of checked
+        documents, counted from 0; ``math.inf`` once the corpus was read to its end) is named by the
+        manifest as a pending shard, and merged where it can be."""
+        size = self.manifest["settings"]["shard_windows"]
+        ready = [s for s, (n, _) in self._unchecked.items() if s * size + n <= checked_windows]
+        if not ready:
+            return
+        for shard in ready:
+            self.manifest["files"].update(self._unchecked.pop(shard)[1])
+        self.manifest["pending"] = sorted(set(self.manifest["pending"]) | set(ready))
+        self._save()
+        self.fold()
 
     def end(self, shards: int, windows: int) -> None:
         """The corpus ended: ``shards`` shards holding ``windows`` windows in all."""
@@ -185,7 +358,9 @@ class Store:
             pending.discard(through)
             folded.append(through)
         name = _name(through)
-        _atomic(self.path / "merged" / name, lambda tmp: save_file(self._merged.tensors(), tmp))
+        self.manifest["files"].update(self._write(f"merged/{name}", lambda tmp: save_file(self._merged.tensors(), tmp)))
+        for gone in [f"shards/{_name(s)}" for s in folded] + ([] if old is None else [f"merged/{old}"]):
+            self.manifest["files"].pop(gone, None)
         self.manifest.update(merged=name, merged_through=through, pending=sorted(pending))
         self._save()
         # removed once the manifest no longer names them (a crash before leaves files _tidy removes)
@@ -198,11 +373,15 @@ class Store:
     def finish(self, tables: dict, stats: dict[str, torch.Tensor]) -> None:
         """Write the final tables (Parquet) and statistics (safetensors), mark the store complete and
         drop the accumulators."""
+        files = self.manifest["files"]
         for name, table in tables.items():
             import pyarrow.parquet as pq
 
-            _atomic(self.path / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
-        _atomic(self.path / "stats.safetensors", lambda tmp: save_file({k: v.contiguous() for k, v in stats.items()}, tmp))
+            files.update(self._write(f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp)))
+        files.update(self._write("stats.safetensors",
+                                 lambda tmp: save_file({k: v.contiguous() for k, v in stats.items()}, tmp)))
+        for name in [n for n in files if n.startswith(("shards/", "merged/"))]:
+            del files[name]
         self.manifest.update(complete=True, merged=None, pending=[])
         self._save()
         for part in ("shards", "merged"):
@@ -213,6 +392,7 @@ class Store:
 
     # --- housekeeping -------------------------------------------------------------------------------
     def _save(self) -> None:
+        self.manifest["digest"] = _content_digest(self.manifest)
         _write_json(self.path / "manifest.json", self.manifest)
 
     def _tidy(self) -> None:

@@ -3,7 +3,7 @@ what a researcher reads to decide what it does; ``Sweep`` reads the result back.
 
 What is recorded is described in ``record.py`` (per batch), how it merges in ``accumulators.py`` and
 how it is kept in ``store.py``. The windows are cut by the rule of ``windows.py``. Windows are
-grouped into shards of ``shard_size`` windows (a multiple of ``batch_size``); a shard is the unit of
+grouped into shards of ``shard_windows`` windows (a multiple of ``batch_size``); a shard is the unit of
 work an engine runs, of resumption and of merging. Engines: ``"serial"`` (this process, ``device=``)
 and ``"ray"`` (``ray_engine.py``: actors on a Ray cluster); both write the same store.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import queue
 import tempfile
 import threading
@@ -26,13 +27,14 @@ import torch
 from safetensors.torch import load_file
 
 from ..analysis.cache import MODEL, cached
+from ..analysis.circuits import model_name
 from ..analysis.head_scores import SCORE_NAMES
 from ..analysis.head_scores import head_scores as analysis_head_scores
 from ..models.circuit_model import CircuitModel, weight_shapes
 from ..progress import progress as progress_bar
 from .documents import Corpus, CorpusError
 from .memory import release_free_memory
-from .store import Store, example_rows, read_manifest
+from .store import Store, StoreCorrupt, check_file, differences, example_rows, read_manifest
 from .windows import RULE, separator_id, tokenizer_identity, window_blocks
 
 ENGINES = ("serial", "ray")
@@ -40,6 +42,8 @@ BATCH_TOKENS = 2048
 """Default tokens per batch: ``batch_size = max(1, BATCH_TOKENS // seq_len)``."""
 SHARD_TOKENS = 1 << 15
 """Default tokens per shard (rounded to whole batches)."""
+MAX_K = 1000
+"""The most examples a sweep keeps per head and per neuron (``k``)."""
 
 
 @dataclass(frozen=True)
@@ -87,21 +91,31 @@ def _check_model(model) -> None:
         raise ValueError(f"model {model.cfg.name!r} has no tokenizer: a corpus of text cannot be cut into its tokens")
 
 
-def _settings(model, seq_len, k, max_windows, batch_size, shard_size, scores_only) -> dict:
-    for name, value in (("seq_len", seq_len), ("k", k), ("batch_size", batch_size), ("shard_size", shard_size),
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _settings(model, seq_len, k, max_windows, batch_size, shard_windows, scores_only) -> dict:
+    """The sweep's settings, checked (``batch_size`` and ``shard_windows`` given or defaulted by the caller)."""
+    for name, value in (("k", k), ("batch_size", batch_size), ("shard_windows", shard_windows),
                         ("max_windows", 1 if max_windows is None else max_windows)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _positive(name, value)
+    if k > MAX_K:
+        raise ValueError(f"k must be at most {MAX_K} examples per head and neuron, got {k} (each example costs "
+                         "memory and merge time in every shard)")
+    if not isinstance(scores_only, bool):
+        raise TypeError(f"scores_only must be True or False, got {scores_only!r}")
     if seq_len > model.cfg.n_ctx:
         raise ValueError(f"seq_len {seq_len} is longer than the model's context (n_ctx={model.cfg.n_ctx})")
-    if shard_size % batch_size:
-        raise ValueError(f"shard_size ({shard_size}) must be a multiple of batch_size ({batch_size})")
+    if shard_windows % batch_size:
+        raise ValueError(f"shard_windows ({shard_windows}) must be a multiple of batch_size ({batch_size})")
     return {"seq_len": seq_len, "k": k, "max_windows": max_windows, "batch_size": batch_size,
-            "shard_size": shard_size, "scores_only": bool(scores_only)}
+            "shard_windows": shard_windows, "scores_only": scores_only}
 
 
 def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_windows: int | None = None,
-          engine: str = "serial", batch_size: int | None = None, shard_size: int | None = None, device=None,
+          engine: str = "serial", batch_size: int | None = None, shard_windows: int | None = None, device=None,
           progress: bool | Callable[[SweepProgress], None] = True, scores_only: bool = False,
           **engine_options) -> Sweep:
     """Sweep ``model`` over ``corpus``'s windows of ``seq_len`` tokens (the first ``max_windows``), keeping
@@ -117,8 +131,15 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     same store. Run again with the same arguments, an interrupted sweep resumes where its store ends; a
     store made with another model, corpus or settings is refused (``StoreMismatch``) naming what differs.
     ``progress``: a bar in the cell (tokens/s) if True; a callable also receives a ``SweepProgress``
-    after every recorded shard. ``batch_size`` defaults to ``2048 // seq_len`` windows, ``shard_size``
-    to about 32768 tokens of whole batches."""
+    after every recorded shard.
+
+    Both sizes count windows: ``batch_size``, the windows of one forward pass (memory: one batch's
+    activations; default ``2048 // seq_len``, 2,048 tokens); ``shard_windows``, the windows of one shard,
+    the unit of work, of resuming and of progress, a multiple of ``batch_size`` (default: whole batches
+    making about 32,768 tokens, 256 windows of 128)."""
+    if "shard_size" in engine_options:
+        raise TypeError("sweep: shard_size is now shard_windows: it counts windows of seq_len tokens, not tokens "
+                        "(the default, about 32,768 tokens, is 256 windows of 128)")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if engine == "serial" and engine_options:
@@ -126,12 +147,17 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     if not isinstance(corpus, Corpus):
         raise TypeError(f"sweep takes a pcw.Corpus (Corpus.from_texts, .from_files, ...), got {type(corpus).__name__}")
     _check_model(model)
-    batch_size = batch_size or max(1, BATCH_TOKENS // seq_len)
-    shard_size = shard_size or batch_size * max(1, SHARD_TOKENS // (batch_size * seq_len))
-    settings = _settings(model, seq_len, k, max_windows, batch_size, shard_size, scores_only)
+    _positive("seq_len", seq_len)
+    # None: the default; anything else is checked as given (a 0 is refused, not taken for the default)
+    batch_size = max(1, BATCH_TOKENS // seq_len) if batch_size is None else batch_size
+    if shard_windows is None:
+        _positive("batch_size", batch_size)
+        shard_windows = batch_size * max(1, SHARD_TOKENS // (batch_size * seq_len))
+    settings = _settings(model, seq_len, k, max_windows, batch_size, shard_windows, scores_only)
     tokenizer = model.tokenizer
     identity = {
-        "model": {"fingerprint": model_fingerprint(model), "name": model.cfg.name},
+        # the name as its user calls it (no folder of the author's machine: a store is shared)
+        "model": {"fingerprint": model_fingerprint(model), "name": model_name(model)},
         "corpus": {"fingerprint": corpus.fingerprint},
         "tokenization": {"tokenizer": tokenizer_identity(tokenizer), "separator": separator_id(tokenizer), "rule": RULE},
         "settings": settings,
@@ -139,6 +165,9 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     info = {"corpus": {"description": corpus.description, "documents": corpus.documents,
                        "skipped": dict(corpus.skipped)},
             "model": {k: getattr(model.cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")}}
+    finished = _finished(store, identity)
+    if finished is not None:
+        return finished
     store = Store(store, identity, info)
     try:
         if not store.complete:
@@ -149,21 +178,36 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     return Sweep(store.path)
 
 
+def _finished(path, identity: dict) -> Sweep | None:
+    """The finished sweep of ``identity`` kept at ``path``, read without the writer's lock or any write (a
+    store on read-only media reads back); None where there is none to read (``Store`` then says why)."""
+    try:
+        manifest = read_manifest(Path(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if not manifest["complete"] or differences({key: manifest.get(key) for key in identity}, identity):
+        return None
+    return Sweep(path)
+
+
 def _run(model, corpus, store: Store, settings: dict, engine: str, device, progress, options) -> None:
-    seq_len, shard_size, stop = settings["seq_len"], settings["shard_size"], settings["max_windows"]
+    seq_len, shard_windows, stop = settings["seq_len"], settings["shard_windows"], settings["max_windows"]
+    checked = [0]  # windows made only of documents checked against the corpus's scan (windows.window_blocks)
     recorded = store.recorded()
     first = min(set(range(len(recorded) + 1)) - recorded)
     known = store.manifest["windows"]
     todo_windows = (known if known is not None else stop) or None
-    remaining = None if todo_windows is None else max(0, todo_windows - len(recorded) * shard_size) * seq_len
+    remaining = None if todo_windows is None else max(0, todo_windows - len(recorded) * shard_windows) * seq_len
     last = [None]  # (shard, windows in it) of the last shard the stream produced
 
     def todo():
-        blocks = window_blocks(corpus, model.tokenizer, seq_len, shard_size, start=first * shard_size, stop=stop)
+        blocks = window_blocks(corpus, model.tokenizer, seq_len, shard_windows, start=first * shard_windows, stop=stop,
+                               on_checked=lambda n: checked.__setitem__(0, n))
         for shard, block in enumerate(blocks, start=first):
             last[0] = (shard, len(block))
             if shard not in recorded:
                 yield shard, block
+        checked[0] = math.inf  # read to its end: every document checked
 
     if known is not None and len(recorded) == store.manifest["shards"]:
         return
@@ -173,10 +217,13 @@ def _run(model, corpus, store: Store, settings: dict, engine: str, device, progr
         from .ray_engine import run as run_engine
     bar = progress_bar("sweep", total=remaining, unit="tok") if progress else None
     start, tokens = time.monotonic(), 0
-    windows_done = len(recorded) * shard_size if known is None else min(len(recorded) * shard_size, known)
+    windows_done = len(recorded) * shard_windows if known is None else min(len(recorded) * shard_windows, known)
     try:
         for shard, windows, acc in run_engine(model, settings, prefetched(todo()), device=device, **options):
-            store.record(shard, windows, acc, model.cfg.d_vocab)
+            # a shard is kept for good only once its documents are checked: a file changed mid-sweep
+            # must leave no shard of its changed text behind to resume from
+            store.record(shard, windows, acc, model.cfg.d_vocab, checked=shard * shard_windows + len(windows) <= checked[0])
+            store.confirm(checked[0])
             release_free_memory()  # memory.py: else the heap's freed memory grows with the shards run
             n = len(windows) * seq_len
             tokens += n
@@ -189,14 +236,15 @@ def _run(model, corpus, store: Store, settings: dict, engine: str, device, progr
     finally:
         if bar is not None:
             bar.close()
+    store.confirm(math.inf)  # the engine took every shard: the stream, and its checks, ended without error
     if last[0] is None:
         if first == 0:
             raise CorpusError(f"the corpus has no window: fewer than seq_len={seq_len} tokens in all")
         shards = first  # the stream ended where the recorded shards do
-        windows = (shards - 1) * shard_size + len(store.windows_of(shards - 1))
+        windows = (shards - 1) * shard_windows + len(store.windows_of(shards - 1))
     else:
         shards = last[0][0] + 1
-        windows = last[0][0] * shard_size + last[0][1]
+        windows = last[0][0] * shard_windows + last[0][1]
     store.end(shards, windows)
 
 
@@ -255,30 +303,30 @@ def _finish(model, store: Store) -> None:
         import pyarrow as pa
 
         strings = np.array(model.token_strings, dtype=object)
-        shard_size = m["settings"]["shard_size"]
+        shard_windows = m["settings"]["shard_windows"]
         W_O = model.W_O.detach().to("cpu", torch.float64)
         stats["head_out_mean"] = torch.einsum("lhe,lhed->lhd", sums["z"] / positions, W_O)
         cols = example_rows(merged.heads, ("layer", "head"), H)
-        cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_size)]
-        cols["source_token"] = strings[_tokens_at(store, cols["window"], cols["source"], shard_size)]
+        cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_windows)]
+        cols["source_token"] = strings[_tokens_at(store, cols["window"], cols["source"], shard_windows)]
         tables["heads"] = pa.table(cols)
         if merged.neurons is not None:
             stats["neuron_mean"] = sums["neuron_sum"] / positions
             stats["neuron_fraction_positive"] = sums["neuron_positive"].to(torch.float64) / positions
             cols = example_rows(merged.neurons, ("layer", "neuron"), model.cfg.d_mlp)
-            cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_size)]
+            cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_windows)]
             tables["neurons"] = pa.table(cols)
     store.finish(tables, stats)
 
 
-def _tokens_at(store: Store, windows: np.ndarray, positions: np.ndarray, shard_size: int) -> np.ndarray:
+def _tokens_at(store: Store, windows: np.ndarray, positions: np.ndarray, shard_windows: int) -> np.ndarray:
     """Token ids at ``(windows[i], positions[i])``, reading one shard's windows at a time."""
     out = np.zeros(len(windows), dtype=np.int64)
-    shards = windows // shard_size
+    shards = windows // shard_windows
     for shard in np.unique(shards):
         at = shards == shard
         block = store.windows_of(int(shard))
-        out[at] = block[windows[at] - shard * shard_size, positions[at]]
+        out[at] = block[windows[at] - shard * shard_windows, positions[at]]
     return out
 
 
@@ -293,12 +341,20 @@ class Sweep:
             m = self.manifest
             raise ValueError(f"the sweep in {self.path} is not finished ({m['merged_through'] + 1 + len(m['pending'])} "
                              "shards recorded); run pcw.sweep with the same arguments again to resume it")
-        self._stats = load_file(self.path / "stats.safetensors")
+        self._verified: set[str] = set()  # files checked against the manifest (``_checked``)
+        self._stats = load_file(self._checked("stats.safetensors"))
         self._tables: dict = {}
         self._windows: torch.Tensor | None = None
         self._documents: np.ndarray | None = None
         info = self.manifest["info"]["model"]
         self.n_layers, self.n_heads, self.d_mlp = info["n_layers"], info["n_heads"], info["d_mlp"]
+
+    def _checked(self, name: str) -> Path:
+        """The store's file ``name``, checked against its manifest record once per ``Sweep`` (``store.py``)."""
+        if name not in self._verified:
+            check_file(self.path, self.manifest, name)
+            self._verified.add(name)
+        return self.path / name
 
     @classmethod
     def open(cls, store) -> Sweep:
@@ -338,7 +394,7 @@ class Sweep:
         mine = cached(model, ("model_fingerprint",), lambda: model_fingerprint(model), tier=MODEL)
         if mine != self.manifest["model"]["fingerprint"]:
             raise ValueError(f"{who}: the sweep in {self.path} was made with model {self.model_name!r}, not with "
-                             f"this model {model.cfg.name!r} (their configs or weights differ); sweep this model "
+                             f"this model {model_name(model)!r} (their configs or weights differ); sweep this model "
                              "(pcw.sweep(model, corpus, store))")
 
     @property
@@ -352,9 +408,13 @@ class Sweep:
         if self._windows is None:
             from safetensors.numpy import load_file as load_numpy
 
-            parts = [load_numpy(self.path / "windows" / f"{s:06d}.safetensors")["windows"]
+            parts = [load_numpy(self._checked(f"windows/{s:06d}.safetensors"))["windows"]
                      for s in range(self.manifest["shards"])]
             self._windows = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+            expected = (self.n_windows, self.seq_len)
+            if tuple(self._windows.shape) != expected:  # files as written, counts edited with the digest redone
+                raise StoreCorrupt(f"store {self.path}: its window files hold {list(self._windows.shape)} windows x "
+                                   f"tokens, the manifest says {list(expected)}; sweep again into a new folder")
         return self._windows
 
     def window_documents(self) -> np.ndarray | None:
@@ -409,7 +469,7 @@ class Sweep:
         if table not in self._tables:
             import pandas as pd
 
-            self._tables[table] = pd.read_parquet(self.path / f"{table}.parquet")
+            self._tables[table] = pd.read_parquet(self._checked(f"{table}.parquet"))
         df = self._tables[table]
         rows = df[(df["layer"] == layer) & (df[unit] == index)].sort_values("rank")
         return rows.drop(columns=["layer", unit, "rank"]).reset_index(drop=True)
@@ -466,7 +526,7 @@ def head_scores(model, tokens=None, *, seq_len: int | None = None, max_windows: 
             raise TypeError("head_scores: max_windows and store are for a Corpus (pcw.Corpus...), got "
                             f"{type(tokens).__name__} tokens")
         return analysis_head_scores(model, tokens, seq_len=seq_len, **options)
-    seq_len = seq_len or min(128, model.cfg.n_ctx)
+    seq_len = min(128, model.cfg.n_ctx) if seq_len is None else seq_len
     if store is not None:
         return sweep(model, tokens, store, seq_len=seq_len, max_windows=max_windows, scores_only=True,
                      **options).head_scores()

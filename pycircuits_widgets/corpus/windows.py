@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -88,30 +88,49 @@ def _encode(tokenizer, text: str, prefix: list[int], first: bool) -> list[int]:
     return ids
 
 
-def token_stream(corpus, tokenizer) -> Iterator[list[int]]:
+def token_stream(corpus, tokenizer, checked: Callable[[], None] = lambda: None,
+                 more: Callable[[], bool] = lambda: True) -> Iterator[list[int]]:
     """The corpus's token stream (module docstring) in pieces: each kept document's pieces, then the
-    separator. A document whose text differs from the scan's is refused."""
+    separator. A document whose text differs from the scan's is refused (``CorpusError``) once read to
+    its end; ``checked()`` is called after each document that passed. ``more()``, asked before each piece:
+    False ends the stream, the current document's rest read (not tokenised) so that it is checked too."""
     sep = separator_id(tokenizer)
     prefix = tokenizer.encode("")
     for doc, digest in corpus.kept():
-        yield from document_tokens(tokenizer, _checked(doc, digest), prefix)
+        if not more():
+            return
+        chunks = _checked(doc, digest)
+        for ids in document_tokens(tokenizer, chunks, prefix):
+            if not more():
+                for _ in chunks:  # the rest of this document, hashed only
+                    pass
+                checked()
+                return
+            yield ids
+        checked()
         if sep is not None:
             yield [sep]
 
 
-def window_blocks(corpus, tokenizer, seq_len: int, block: int, start: int = 0,
-                  stop: int | None = None) -> Iterator[np.ndarray]:
+def window_blocks(corpus, tokenizer, seq_len: int, block: int, start: int = 0, stop: int | None = None,
+                  on_checked: Callable[[int], None] = lambda n: None) -> Iterator[np.ndarray]:
     """Windows ``start`` to ``stop`` (exclusive; None: to the end) of the corpus (module docstring), as
     int64 arrays ``[block, seq_len]`` (the last may be shorter). Windows before ``start`` are tokenised,
-    not kept; the stream stops being read at ``stop``. Memory: a block, a piece and less than a window."""
+    not kept; the stream stops being read at ``stop`` (the document in progress read to its end, hashed
+    only). Memory: a block, a piece and less than a window.
+
+    ``on_checked(n)``: called each time a document's text is found to be the scan's, with ``n`` the
+    windows (from window 0) made only of checked documents' tokens. A window cut before its documents
+    are checked may hold a changed document's text: a caller that keeps windows keeps only those below
+    the last ``n`` for good (``sweeps.py``), or all of them once the generator has ended."""
     if seq_len < 1 or block < 1:
         raise ValueError(f"seq_len and block must be >= 1, got {seq_len} and {block}")
     rest, index = np.zeros(0, np.int64), 0  # tokens short of a window; windows cut so far
     held: list[np.ndarray] = []
     n_held = 0
-    for ids in token_stream(corpus, tokenizer):
-        if stop is not None and index >= stop:
-            break
+    stream = token_stream(corpus, tokenizer, checked=lambda: on_checked(index),
+                          more=lambda: stop is None or index < stop)
+    for ids in stream:
         flat = np.concatenate([rest, np.asarray(ids, dtype=np.int64)])
         m = len(flat) // seq_len
         rest = flat[m * seq_len:]

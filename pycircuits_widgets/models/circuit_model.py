@@ -570,24 +570,29 @@ class CircuitModel:
         normed, scale = self.read(out)
         return normed * w, scale
 
+    def check_clean_cache(self, cache, tokens: torch.Tensor, where: str) -> None:
+        """Refuse (naming ``where``) a ``cache`` that is not this model's clean run on ``tokens``
+        (``[batch, pos]`` ids): not an ``ActivationCache``, a run with interventions, another model's
+        (or of weights modified since), or a run of other tokens."""
+        if not isinstance(cache, ActivationCache):
+            raise TypeError(f"{where} must be the ActivationCache of a clean run, got {type(cache).__name__}")
+        if cache.interventions:
+            raise ValueError(f"{where} must be a clean run (run_with_cache without interventions); "
+                             "this cache is of a run with interventions")
+        if cache.W_O is not self.W_O or cache.W_O._version != cache._W_O_version:
+            raise ValueError(f"{where} is the cache of another model, or of weights modified since; "
+                             "pass this model's clean run of these tokens")
+        if cache.tokens.shape != tokens.shape or not torch.equal(cache.tokens, tokens):
+            raise ValueError(f"{where} is a run of other tokens (shape {list(cache.tokens.shape)}) "
+                             f"than these ({list(tokens.shape)}); pass the clean run of these tokens")
+
     def _resume_layer(self, resume: ActivationCache, tokens: torch.Tensor, interventions: Interventions | None,
                       mlp_post: bool) -> int | None:
         """The layer a forward with ``interventions`` starts at when ``resume`` (a clean run of this
         model on ``tokens``) gives it the layers before: the first intervened one; None (no resuming)
         for a half-precision model, whose cache holds the stream rounded to its dtype, or when
         ``mlp_post`` is asked of a run that did not record it."""
-        if not isinstance(resume, ActivationCache):
-            raise TypeError(f"run_with_cache: resume must be the ActivationCache of a clean run, got "
-                            f"{type(resume).__name__}")
-        if resume.interventions:
-            raise ValueError("run_with_cache: resume must be a clean run (run_with_cache without interventions); "
-                             "this cache is of a run with interventions")
-        if resume.W_O is not self.W_O or resume.W_O._version != resume._W_O_version:
-            raise ValueError("run_with_cache: resume is the cache of another model, or of weights modified since; "
-                             "pass this model's clean run of these tokens")
-        if resume.tokens.shape != tokens.shape or not torch.equal(resume.tokens, tokens):
-            raise ValueError(f"run_with_cache: resume is a run of other tokens (shape {list(resume.tokens.shape)}) "
-                             f"than these ({list(tokens.shape)}); pass the clean run of these tokens")
+        self.check_clean_cache(resume, tokens, "run_with_cache: resume")
         if self.dtype in HALF or (mlp_post and resume.mlp_post is None and not self.cfg.attn_only):
             return None
         return interventions.first_layer(self.cfg.n_layers) if interventions else self.cfg.n_layers
