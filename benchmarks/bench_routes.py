@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,20 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from bench_analysis import gpt2_like, uncached  # noqa: E402
-from peaks import load_average, screen_route  # noqa: E402
+from peaks import best_seconds, load_average, screen_route  # noqa: E402
 from pycircuits_widgets import screen  # noqa: E402
 from pycircuits_widgets.analysis import skip_trigrams  # noqa: E402
 from pycircuits_widgets.factored import FactoredMatrix  # noqa: E402
-
-
-def best_of(call, repeats: int) -> float:
-    call()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def on_route(route: str, call):
@@ -85,8 +74,8 @@ def main():
         searches.append((f"FactoredMatrix.topk(100), {n} x {n}", lambda A=A, B=B: FactoredMatrix(A, B).topk(100),
                          lambda A=A, B=B: torch.topk((A @ B).flatten(), 100)))
     for label, search, dense in searches:
-        dense_s = None if dense is None else best_of(dense, a.repeats)
-        times = {route: best_of(on_route(route, search), a.repeats) for route in choice.usable()}
+        dense_s = None if dense is None else best_seconds(dense, a.repeats)
+        times = {route: best_seconds(on_route(route, search), a.repeats) for route in choice.usable()}
         for route, seconds in times.items():
             mark = " (chosen)" if route == choice.route else ""
             vs_dense = "" if dense_s is None else f"{seconds / dense_s:.2f}x"

@@ -264,7 +264,7 @@ def _onednn_implementations(fn) -> list[str]:
     if not torch.backends.mkldnn.is_available():
         fn()
         return []
-    libc = ctypes.CDLL(None)
+    libc = ctypes.CDLL(None) if os.name == "posix" else None
     sys.stdout.flush()
     saved = os.dup(1)
     with tempfile.TemporaryFile() as log:
@@ -272,7 +272,8 @@ def _onednn_implementations(fn) -> list[str]:
             os.dup2(log.fileno(), 1)
             with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
                 fn()
-            libc.fflush(None)  # oneDNN prints through C's buffered stdout
+            if libc is not None:
+                libc.fflush(None)  # oneDNN prints through C's buffered stdout
         finally:
             os.dup2(saved, 1)
             os.close(saved)
@@ -290,7 +291,8 @@ def _onednn_implementations(fn) -> list[str]:
 def _screen_rate(route: str, rows: int, cols: int, repeats: int) -> float:
     """GOP/s of one ``row_max_upper`` pass of ``route`` over a random ``[rows, MEASURE_INNER] @
     [MEASURE_INNER, cols]`` tile (one column tile), best of ``repeats`` after a warm-up, in the calling
-    thread's CPU time where it runs torch at one thread (a compute worker), else in wall time."""
+    thread's CPU time where it runs torch at one thread (``describe``'s timing thread, pinned as a compute
+    worker is), else in wall time."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(rows, MEASURE_INNER, generator=g), torch.randn(MEASURE_INNER, cols, generator=g)
     s = ProductScreen(a, b, route, tile_cols=cols, workers=0)
@@ -305,13 +307,13 @@ def _screen_rate(route: str, rows: int, cols: int, repeats: int) -> float:
     return 2 * rows * cols * MEASURE_INNER / max(best, 1e-9) / 1e9
 
 
-def _measure(route: str, floor_small: float | None) -> RouteReport:
+def _measure(route: str, floor_small: float) -> RouteReport:
     """Time ``route`` (module docstring, "Choosing a route by measurement"): its small tile under
     oneDNN's verbose log, then, unless that shows a reference kernel, its own screening tile."""
     small = []
     kernels = _onednn_implementations(lambda: small.append(_screen_rate(route, *SMALL_TILE, repeats=1)))
     reference = next((k for k in kernels if re.search(r"(^|:)ref", k)), "")
-    if not reference and floor_small is not None and small[0] * REFERENCE_SLOWDOWN < floor_small:
+    if not reference and small[0] * REFERENCE_SLOWDOWN < floor_small:
         reference = "timing"
     if reference:
         why = (f"oneDNN runs it on its reference kernel ({reference})" if reference != "timing" else

@@ -136,13 +136,19 @@ def test_int8_bound_holds_when_quantisation_errors_align_with_the_column(backend
         assert (cols == j).any(), f"row {i}: its entry {float(exact[i, j]):.3f} at column {j} was screened out"
 
 
-@pytest.mark.parametrize("backend", QLINEAR)
-def test_int8_saturated_rows_get_no_finite_bound(backend):
-    # a row parallel to a column reaches Cauchy-Schwarz, twice the int8 output range
+def _row_parallel_to_a_column():
+    """``a [50, 64]``, ``b [64, 400]`` with row 7 of ``a`` parallel to column 3 of ``b``: their product
+    reaches Cauchy-Schwarz, twice the int8 output's range."""
     g = torch.Generator().manual_seed(5)
     b = torch.randn(64, 400, generator=g)
     a = torch.randn(50, 64, generator=g)
     a[7] = b[:, 3] / b[:, 3].abs().max() * b.abs().max()
+    return a, b
+
+
+@pytest.mark.parametrize("backend", QLINEAR)
+def test_int8_saturated_rows_get_no_finite_bound(backend):
+    a, b = _row_parallel_to_a_column()
     s = ProductScreen(a, b, backend)
     upper = s.row_max_upper(torch.arange(50))
     assert torch.isinf(upper[7]) and torch.isfinite(upper[torch.arange(50) != 7]).all()
@@ -312,14 +318,11 @@ def test_workers_must_be_a_count():
         ProductScreen(torch.ones(4, 2), torch.ones(2, 4), workers=-1)
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in screen.INT_MM])
+@pytest.mark.parametrize("backend", [b for b in screen.exact_routes() if b in screen.INT_MM])
 def test_int_mm_bounds_stay_finite_and_tight_where_int8_output_saturates(backend):
-    # the row that saturates the quantised linear's int8 output (above) reaches Cauchy-Schwarz; int32
-    # products have no such ceiling, so its bound is finite, above the truth and near it
-    g = torch.Generator().manual_seed(5)
-    b = torch.randn(64, 400, generator=g)
-    a = torch.randn(50, 64, generator=g)
-    a[7] = b[:, 3] / b[:, 3].abs().max() * b.abs().max()
+    # the row that saturates the quantised linear's int8 output (above); int32 products have no such
+    # ceiling, so its bound is finite, above the truth and near it (any exact int_mm route: a small test)
+    a, b = _row_parallel_to_a_column()
     s = ProductScreen(a, b, backend)
     upper = s.row_max_upper(torch.arange(50)).double()
     true_max = (a.double() @ b.double()).amax(1)
