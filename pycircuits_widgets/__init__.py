@@ -26,6 +26,8 @@ _EXPORTS = {
     "ablate": "pycircuits_widgets.analysis",
     "path_patch": "pycircuits_widgets.analysis",
     "measured_composition": "pycircuits_widgets.analysis",
+    "Task": "pycircuits_widgets.analysis",
+    "activation_patch": "pycircuits_widgets.analysis",
     "Corpus": "pycircuits_widgets.corpus",
     "CorpusError": "pycircuits_widgets.corpus",
     "StoreMismatch": "pycircuits_widgets.corpus",

@@ -6,7 +6,8 @@ terms), ``eigen`` (eigenvalue positivity), ``composition`` (Q/K/V composition sc
 pair's induction mechanism), ``positional`` (attention by relative offset), ``virtual_heads``
 (V-composition), ``bigrams`` (the direct path's top next tokens), ``neurons`` (MLP neuron activations and token circuits),
 ``ablation`` (heads and neurons removed from a forward, the loss change), ``path_patching`` (one head's
-output removed from one later head's query, key or value; measured composition).
+output removed from one later head's query, key or value; measured composition), ``patching`` (a
+counterfactual ``Task`` and exact activation patching between its clean and corrupted runs).
 """
 
 from .ablation import AblationResult, ablate
@@ -36,14 +37,16 @@ from .head_scores import head_scores
 from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
 from .path_expansion import NonlinearFeatureError, PathExpansion, PathTerm, path_expansion
 from .path_patching import PathPatchResult, measured_composition, path_patch
+from .patching import PatchResult, Task, activation_patch
 from .neurons import neuron_activations, neuron_out_norms, neuron_terms
 from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PathExpansion",
-    "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "TensorProductTerm", "VirtualHead", "ablate",
+    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PatchResult",
+    "PathExpansion", "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "Task", "TensorProductTerm",
+    "VirtualHead", "ablate", "activation_patch",
     "attention_by_offset", "bigram_top", "circuit_query", "classify_pair", "composition_detail", "composition_scores",
     "direct_path", "eigenvalue_positivity", "eigenvalues", "embedding", "embedding_note", "full_ov_circuit",
     "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores", "induction_pair",

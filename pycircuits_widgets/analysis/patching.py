@@ -1,0 +1,237 @@
+"""Task circuits, first part: a counterfactual task and exact activation patching.
+
+A **task** (``Task``) is the field's counterfactual set-up: clean prompts that show a behaviour,
+corrupted prompts that differ in the one thing the behaviour needs (pairwise of the same token length),
+an answer pair per prompt (the correct token and the wrong one, read at ``position``, the last by
+default) and a metric of the logits: ``"logit_diff"``, the mean over prompts of
+``logits[correct] - logits[wrong]``, or a callable ``(logits [batch, pos, d_vocab], task) -> scalar``.
+Both runs are made once, with their caches.
+
+**Exact activation patching** (``activation_patch``): for each cell of a site, the forward of the base
+run (the corrupted one to *denoise*, the clean one to *noise*) with that cell's activation taken from
+the other run, through the model's own interventions (``models.interventions``), resumed from the base
+run at the cell's layer: one resumed forward per cell. The result is normalised so that 0 is the
+corrupted run's metric and 1 the clean run's (``Task.normalise``). Sites, and the result's shape:
+
+==================  ============  ==============================================================
+``"head_out"``      ``[L, H]``    head ``(l, h)``'s output ``z @ W_O`` at every position
+``"head_out_pos"``  ``[L, H, P]`` the same at one position
+``"q_input"``       ``[L, H]``    the stream head ``(l, h)``'s query reads (the residual stream
+``"k_input"``                     before layer ``l``, through the layer's own norm: TransformerLens's
+``"v_input"``                     split inputs), its key's, its value's, at every position
+``"attn_out"``      ``[L, P]``    every head of layer ``l`` at position ``p`` (the attention block's output)
+==================  ============  ==============================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..models.interventions import Interventions
+from .ablation import check_model
+
+METRICS = ("logit_diff",)
+SITES = {"head_out": ("layer", "head"), "head_out_pos": ("layer", "head", "position"),
+         "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head"),
+         "attn_out": ("layer", "position")}
+"""Each site's cells, by the names of the result's dimensions (module docstring)."""
+DIRECTIONS = ("denoise", "noise")
+
+
+def _prompts(model, prompts, which: str) -> tuple[list[torch.Tensor], list[str]]:
+    """Each prompt of ``prompts`` (a text, a list of texts, or ids ``[pos]`` / ``[batch, pos]`` / a list of
+    id lists) as ``[pos]`` ids, with its display for messages."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    elif isinstance(prompts, torch.Tensor) and prompts.ndim == 2:
+        prompts = list(prompts)
+    elif isinstance(prompts, torch.Tensor) or (isinstance(prompts, (list, tuple)) and prompts
+                                               and all(isinstance(p, int) for p in prompts)):
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"Task: {which} must be one or more prompts (texts or token ids), got "
+                         f"{type(prompts).__name__ if not isinstance(prompts, (list, tuple)) else 'none'}")
+    ids = [model._as_tokens(p) for p in prompts]
+    for i, p in enumerate(ids):
+        if p.ndim != 1:
+            raise ValueError(f"Task: {which} prompt {i} must be one sequence of token ids, got shape {list(p.shape)}")
+    return ids, [repr(model.to_str_tokens(p)) for p in ids]
+
+
+def _answer_id(model, answer, where: str) -> int:
+    """One answer token: an id in the vocabulary, or a text that is exactly one token."""
+    if isinstance(answer, str):
+        ids = model.to_tokens(answer).tolist()
+        if len(ids) != 1:
+            raise ValueError(f"Task: {where} {answer!r} is {len(ids)} tokens {model.to_str_tokens(answer)}; an answer "
+                             "must be one token (the logit read is one token's)")
+        return ids[0]
+    if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < model.cfg.d_vocab:
+        raise ValueError(f"Task: {where} must be a token id in 0..{model.cfg.d_vocab - 1} or a one-token text, "
+                         f"got {answer!r}")
+    return answer
+
+
+class Task:
+    """A counterfactual task (module docstring). ``clean``, ``corrupted``: prompts, texts or token ids,
+    pairwise of the same token length and all of one length (one batch); ``answers``: one ``(correct,
+    wrong)`` pair per prompt (ids or one-token texts), read at ``position`` (default the last); ``metric``:
+    ``"logit_diff"`` or a callable ``(logits [batch, pos, d_vocab], task) -> scalar``.
+
+    ``tokens_clean``, ``tokens_corrupted`` ``[batch, pos]``; ``answer_ids [batch, 2]`` (correct, wrong);
+    ``clean``, ``corrupted``: their runs' ``ActivationCache``; ``metric_clean``, ``metric_corrupted``:
+    the metric of each run (floats)."""
+
+    def __init__(self, model, clean, corrupted, answers=None, metric="logit_diff", position: int = -1):
+        check_model(model, "Task")
+        ids_clean, shown_clean = _prompts(model, clean, "clean")
+        ids_corrupted, shown_corrupted = _prompts(model, corrupted, "corrupted")
+        if len(ids_clean) != len(ids_corrupted):
+            raise ValueError(f"Task: {len(ids_clean)} clean prompts but {len(ids_corrupted)} corrupted ones; they "
+                             "come in pairs")
+        for i, (a, b) in enumerate(zip(ids_clean, ids_corrupted)):
+            if len(a) != len(b):
+                raise ValueError(f"Task: pair {i} differs in token length: the clean prompt is {len(a)} tokens "
+                                 f"{shown_clean[i]}, the corrupted one {len(b)} tokens {shown_corrupted[i]}")
+        lengths = sorted({len(a) for a in ids_clean})
+        if len(lengths) > 1:
+            first = next(i for i, a in enumerate(ids_clean) if len(a) != len(ids_clean[0]))
+            raise ValueError(f"Task: prompts are run as one batch and must be of one token length; prompt 0 is "
+                             f"{len(ids_clean[0])} tokens, prompt {first} {len(ids_clean[first])} "
+                             f"{shown_clean[first]}")
+        n_pos = lengths[0]
+        if isinstance(position, bool) or not isinstance(position, int) or not -n_pos <= position < n_pos:
+            raise ValueError(f"Task: position must be an int in {-n_pos}..{n_pos - 1} (the prompts are {n_pos} "
+                             f"tokens), got {position!r}")
+        if callable(metric):
+            metric_fn = metric
+        elif metric in METRICS:
+            if answers is None:
+                raise ValueError("Task: metric='logit_diff' needs answers: a (correct, wrong) pair per prompt")
+            metric_fn = logit_diff
+        else:
+            raise ValueError(f"Task: metric must be one of {METRICS} or a callable (logits, task) -> scalar, "
+                             f"got {metric!r}")
+        pairs = []
+        if answers is not None:
+            if not isinstance(answers, (list, tuple)) or len(answers) != len(ids_clean):
+                raise ValueError(f"Task: answers must be a list of one (correct, wrong) pair per prompt "
+                                 f"({len(ids_clean)}), got {answers!r}"[:300])
+            for i, pair in enumerate(answers):
+                if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                    raise ValueError(f"Task: answers[{i}] must be a (correct, wrong) pair, got {pair!r}")
+                pairs.append([_answer_id(model, a, f"answers[{i}][{j}]") for j, a in enumerate(pair)])
+        self.model, self.position, self.metric_fn = model, position, metric_fn
+        self.tokens_clean, self.tokens_corrupted = torch.stack(ids_clean), torch.stack(ids_corrupted)
+        self.answer_ids = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+        with torch.no_grad():
+            logits_clean, self.clean = model.run_with_cache(self.tokens_clean)
+            logits_corrupted, self.corrupted = model.run_with_cache(self.tokens_corrupted)
+        self.metric_clean = self.metric(logits_clean, "the clean run")
+        self.metric_corrupted = self.metric(logits_corrupted, "the corrupted run")
+        if abs(self.metric_clean - self.metric_corrupted) <= 1e-6 * max(1.0, abs(self.metric_clean)):
+            raise ValueError(f"Task: the metric is {self.metric_clean:.6g} on both the clean and the corrupted run: "
+                             "there is no behaviour to patch (the corruption changes nothing the metric reads)")
+
+    def metric(self, logits: torch.Tensor, where: str = "a patched run") -> float:
+        """The task's metric of ``logits [batch, pos, d_vocab]`` (a float; refused unless a finite scalar)."""
+        value = self.metric_fn(logits, self)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"Task: the metric must give a scalar, got a tensor of shape {list(value.shape)} on "
+                                 f"{where}")
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"Task: the metric must give a number, got {type(value).__name__} on {where}")
+        if not math.isfinite(value):
+            raise ValueError(f"Task: the metric is {value} on {where}; it must be finite")
+        return float(value)
+
+    def normalise(self, value: float) -> float:
+        """``value`` on the scale where the corrupted run's metric is 0 and the clean run's 1."""
+        return (value - self.metric_corrupted) / (self.metric_clean - self.metric_corrupted)
+
+    @property
+    def n_pos(self) -> int:
+        return self.tokens_clean.shape[1]
+
+    def __repr__(self) -> str:
+        return (f"Task({len(self.tokens_clean)} prompt pairs of {self.n_pos} tokens, metric clean "
+                f"{self.metric_clean:.4g}, corrupted {self.metric_corrupted:.4g})")
+
+
+def logit_diff(logits: torch.Tensor, task: Task) -> torch.Tensor:
+    """``"logit_diff"``: the mean over prompts of ``logits[i, position, correct_i] - logits[i, position,
+    wrong_i]``, in float64."""
+    at = logits[:, task.position].double()  # [batch, d_vocab]
+    rows = torch.arange(at.shape[0], device=at.device)
+    ids = task.answer_ids.to(at.device)
+    return (at[rows, ids[:, 0]] - at[rows, ids[:, 1]]).mean()
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """``scores`` (float64, the site's shape, normalised: 0 the corrupted run, 1 the clean one) of patching
+    ``site`` in ``direction``; ``dims`` names its dimensions (``SITES``)."""
+
+    site: str
+    direction: str
+    scores: torch.Tensor
+    dims: tuple[str, ...]
+
+
+def _head_outs(model, cache, layer: int) -> torch.Tensor:
+    """``[b, H, pos, d_model]``: what each head of ``layer`` writes (``z @ W_O``, without ``b_O``)."""
+    return torch.einsum("bhpe,hed->bhpd", cache.z[:, layer], model.W_O[layer])
+
+
+@torch.no_grad()
+def activation_patch(model, task: Task, site: str, direction: str = "denoise") -> PatchResult:
+    """Exact activation patching of ``site`` (module docstring) for ``task``: one resumed forward per cell.
+    ``direction="denoise"``: the corrupted run with one activation from the clean run; ``"noise"``: the
+    clean run with one from the corrupted run. Returns a ``PatchResult`` (normalised scores)."""
+    check_model(model, "activation_patch")
+    if not isinstance(task, Task) or task.model is not model:
+        raise TypeError("activation_patch: task must be the pcw.Task of this model (pcw.Task(model, clean, "
+                        f"corrupted, answers)), got {type(task).__name__ if not isinstance(task, Task) else 'another model'}")
+    if site not in SITES:
+        raise ValueError(f"activation_patch: site must be one of {tuple(SITES)}, got {site!r}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"activation_patch: direction must be one of {DIRECTIONS}, got {direction!r}")
+    base, source = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
+    tokens = task.tokens_corrupted if direction == "denoise" else task.tokens_clean
+    c = model.cfg
+    sizes = {"layer": c.n_layers, "head": c.n_heads, "position": task.n_pos}
+    dims = SITES[site]
+    scores = torch.full([sizes[d] for d in dims], float("nan"), dtype=torch.float64)
+    for layer in range(c.n_layers):
+        ours, theirs = _head_outs(model, base, layer), _head_outs(model, source, layer)  # [b, H, pos, d]
+        for cell, edits in _cells(site, layer, ours, theirs, source, c.n_heads, task.n_pos):
+            logits, _ = model.run_with_cache(tokens, interventions=edits, resume=base)
+            scores[cell] = task.normalise(task.metric(logits, f"{site} {cell}"))
+    return PatchResult(site, direction, scores, dims)
+
+
+def _cells(site: str, layer: int, ours: torch.Tensor, theirs: torch.Tensor, source, n_heads: int, n_pos: int):
+    """``(cell index, Interventions)`` of each cell of ``site`` in ``layer``: what the patched forward changes."""
+    if site == "head_out":
+        for h in range(n_heads):
+            yield (layer, h), Interventions(heads={(layer, h): theirs[:, h]})
+    elif site == "head_out_pos":
+        for h in range(n_heads):
+            for p in range(n_pos):
+                value = ours[:, h].clone()
+                value[:, p] = theirs[:, h, p]
+                yield (layer, h, p), Interventions(heads={(layer, h): value})
+    elif site == "attn_out":
+        for p in range(n_pos):
+            value = ours.clone()
+            value[:, :, p] = theirs[:, :, p]
+            yield (layer, p), Interventions(heads={(layer, h): value[:, h] for h in range(n_heads)})
+    else:  # the q, k or v input: the other run's stream before this layer
+        via = site[0].upper()
+        for h in range(n_heads):
+            yield (layer, h), Interventions(head_inputs={(layer, h, via): source.resid[:, layer]})
