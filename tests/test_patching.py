@@ -18,6 +18,7 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.patching import SITES, Task, activation_patch, logit_diff
 
 N_PROMPTS, HALF = 6, 8
+TL_VOCAB = 50
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +168,52 @@ def test_the_readme_task_example_runs_as_written():
     scores = namespace["heads"].scores
     assert scores.shape == (2, 8) and bool(torch.isfinite(scores).all())
     assert namespace["task"].metric_clean > namespace["task"].metric_corrupted
+
+
+def test_equal_to_transformer_lens_patching_on_its_bridge():
+    # TransformerLens's own patching functions (transformer_lens.patching) on a TransformerBridge of a
+    # random GPT-2 (MLPs, every bias), ours on pcw.from_transformer_lens of it. A q/k/v input patched with
+    # the clean stream gives exactly the clean run's q/k/v (the norm and W_Q are the same), so our
+    # q/k/v_input sites are TL's q/k/v sites. Both float32 forwards: within 2 logit_tol, normalised
+    import transformer_lens.patching as tl_patching
+    import transformers
+    from transformer_lens import TransformerBridge
+
+    config = transformers.GPT2Config(vocab_size=TL_VOCAB, n_positions=32, n_embd=32, n_layer=3, n_head=4)
+    torch.manual_seed(0)
+    bridge = TransformerBridge.boot_transformers("gpt2", hf_model=transformers.GPT2LMHeadModel(config).eval(),
+                                                 tokenizer=word_tokenizer())
+    model = pcw.from_transformer_lens(bridge)
+    g = torch.Generator().manual_seed(0)
+    clean, corrupted = (torch.randint(1, TL_VOCAB, (3, 9), generator=g) for _ in range(2))
+    answers = torch.randint(1, TL_VOCAB, (3, 2), generator=g)
+    task = Task(model, clean, corrupted, answers=[tuple(map(int, a)) for a in answers])
+    with torch.no_grad():
+        _, clean_cache = bridge.run_with_cache(clean)
+
+    def metric(logits):  # TL's patching metric: the task's logit difference, normalised
+        at, rows = logits[:, -1].detach().double(), torch.arange(3)
+        return task.normalise(float((at[rows, answers[:, 0]] - at[rows, answers[:, 1]]).mean()))
+
+    tol = 2 * logit_tol(model, task.clean, task.n_pos) / abs(task.metric_clean - task.metric_corrupted)
+    for site, theirs in (("head_out", tl_patching.get_act_patch_attn_head_out_all_pos),
+                         ("q_input", tl_patching.get_act_patch_attn_head_q_all_pos),
+                         ("k_input", tl_patching.get_act_patch_attn_head_k_all_pos),
+                         ("v_input", tl_patching.get_act_patch_attn_head_v_all_pos),
+                         ("attn_out", tl_patching.get_act_patch_attn_out),
+                         ("head_out_pos", tl_patching.get_act_patch_attn_head_out_by_pos)):
+        want = theirs(bridge, corrupted, clean_cache, metric).double()
+        if site == "head_out_pos":
+            want = want.permute(0, 2, 1)  # TL's [layer, pos, head]
+        got = activation_patch(model, task, site).scores
+        assert got.shape == want.shape and float((got - want).abs().max()) <= tol, (site, got, want)
+
+
+def word_tokenizer():
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>"] + [f"w{i}" for i in range(TL_VOCAB - 1)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
