@@ -42,6 +42,7 @@ NEEDS = {
     "bench_factored": ("transformer_lens",),
     "bench_give_way": ("transformers",),
     "bench_interventions": ("transformers",),
+    "bench_patching": ("transformer_lens",),
     "bench_roundtrip": ("jupyterlab", "playwright"),
     "bench_safetensors": ("safetensors", "transformers"),
     "bench_sharing": ("nbclient",),

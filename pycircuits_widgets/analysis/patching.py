@@ -138,7 +138,11 @@ class Task:
 
     def metric(self, logits: torch.Tensor, where: str = "a patched run") -> float:
         """The task's metric of ``logits [batch, pos, d_vocab]`` (a float; refused unless a finite scalar)."""
-        value = self.metric_fn(logits, self)
+        return self._number(self.metric_fn(logits, self), where)
+
+    @staticmethod
+    def _number(value, where: str) -> float:
+        """A metric's value as a float, refused unless a finite scalar (naming ``where``)."""
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise ValueError(f"Task: the metric must give a scalar, got a tensor of shape {list(value.shape)} on "
@@ -149,6 +153,20 @@ class Task:
         if not math.isfinite(value):
             raise ValueError(f"Task: the metric is {value} on {where}; it must be finite")
         return float(value)
+
+    def run_metric(self, tokens: torch.Tensor, interventions: Interventions, resume, where: str) -> float:
+        """The metric of the forward of ``tokens`` with ``interventions``, resumed from ``resume``. The
+        logit difference reads two logits per prompt: that forward then stops at the final stream and
+        unembeds only the answers' columns at ``position``, not ``[batch, pos, d_vocab]`` (a half-precision
+        model, whose cache holds the stream rounded, and any other metric read the whole logits)."""
+        if self.metric_fn is logit_diff and self.model.dtype in (torch.float32, torch.float64):
+            _, cache = self.model.run_with_cache(tokens, interventions=interventions, resume=resume, logits=False)
+            xn = self.model.read(cache.resid[:, -1, self.position])[0]  # [batch, d_model]
+            every = self.model.unembed(xn, self.answer_ids.flatten().to(xn.device))  # [batch, 2 * batch]
+            rows = torch.arange(len(xn), device=xn.device)
+            return self._number(_mean_difference(every.view(len(xn), -1, 2)[rows, rows]), where)
+        logits, _ = self.model.run_with_cache(tokens, interventions=interventions, resume=resume)
+        return self.metric(logits, where)
 
     def normalise(self, value: float) -> float:
         """``value`` on the scale where the corrupted run's metric is 0 and the clean run's 1."""
@@ -166,10 +184,15 @@ class Task:
 def logit_diff(logits: torch.Tensor, task: Task) -> torch.Tensor:
     """``"logit_diff"``: the mean over prompts of ``logits[i, position, correct_i] - logits[i, position,
     wrong_i]``, in float64."""
-    at = logits[:, task.position].double()  # [batch, d_vocab]
+    at = logits[:, task.position]  # [batch, d_vocab]
     rows = torch.arange(at.shape[0], device=at.device)
-    ids = task.answer_ids.to(at.device)
-    return (at[rows, ids[:, 0]] - at[rows, ids[:, 1]]).mean()
+    return _mean_difference(at[rows[:, None], task.answer_ids.to(at.device)])
+
+
+def _mean_difference(answers: torch.Tensor) -> torch.Tensor:
+    """The mean over prompts of ``correct - wrong``, of their logits ``answers [batch, 2]``, in float64."""
+    answers = answers.double()
+    return (answers[:, 0] - answers[:, 1]).mean()
 
 
 @dataclass(frozen=True)
@@ -210,8 +233,7 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise") -
     for layer in range(c.n_layers):
         ours, theirs = _head_outs(model, base, layer), _head_outs(model, source, layer)  # [b, H, pos, d]
         for cell, edits in _cells(site, layer, ours, theirs, source, c.n_heads, task.n_pos):
-            logits, _ = model.run_with_cache(tokens, interventions=edits, resume=base)
-            scores[cell] = task.normalise(task.metric(logits, f"{site} {cell}"))
+            scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
     return PatchResult(site, direction, scores, dims)
 
 

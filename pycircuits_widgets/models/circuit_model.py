@@ -387,6 +387,17 @@ class CircuitModel:
         in float32; an analysis widening 16-bit weights asks for its working dtype)."""
         return _normalize(x, self.cfg.normalization, self.cfg.eps, dtype or self.dtype)
 
+    def unembed(self, xn: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of the final-normed stream ``xn [..., d_model]``: ``xn @ W_U + b_U``, soft-capped where
+        the model caps, ``[..., d_vocab]``; with ``columns`` (token ids ``[n]``) only those, ``[..., n]``."""
+        W_U = self.W_U if columns is None else self.W_U[:, columns]
+        out = xn @ W_U
+        if self.b_U is not None:
+            out = out + (self.b_U if columns is None else self.b_U[columns])
+        if self.cfg.final_softcap is not None:
+            out = torch.tanh(out / self.cfg.final_softcap) * self.cfg.final_softcap
+        return out
+
     def _rotary_tables(self, layer: int, pos: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin) [pos, rotary_dim]`` of layer ``layer``'s rotary angles (``rotary.rotary_frequencies``,
         the attention scaling multiplied in), float32 on ``like``'s device. Kept per frequency rule for
@@ -686,9 +697,7 @@ class CircuitModel:
             xn, final_scale = self.read(x)
             final.append(final_scale)
         if logits:
-            out = xn @ self.W_U + (self.b_U if self.b_U is not None else 0)
-            if cfg.final_softcap is not None:
-                out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
+            out = self.unembed(xn)
 
         d = cfg.d_model
         x, embed, resid = x.to(self.dtype), embed.to(self.dtype), [r.to(self.dtype) for r in resid]

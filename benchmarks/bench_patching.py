@@ -1,0 +1,90 @@
+"""Exact head-output patching against TransformerLens's, at GPT-2-small's shape.
+
+    .venv/bin/python benchmarks/bench_patching.py [--prompts 4] [--tokens 20] [--repeats 2] [--smoke]
+
+One random GPT-2-small (``transformers.GPT2Config()``: 12 layers of 12 heads, d_model 768, vocabulary
+50,257) as a TransformerBridge, and ours from it (``pcw.from_transformer_lens``); a task of ``--prompts``
+random clean and corrupted prompts of ``--tokens`` tokens with a logit-difference metric. Timed, best of
+``--repeats`` after a warm-up, in one process, alternating: ``pcw.activation_patch(model, task,
+"head_out")`` (one forward resumed at the head's layer per head) and TransformerLens's
+``patching.get_act_patch_attn_head_out_all_pos`` (a whole hooked forward per head), both over all 144
+heads; and one plain forward of the corrupted prompts, the unit of the "forwards" column. The target
+(issue 53): ours >= 3x TransformerLens, <= 1 forward per head. ``--smoke``: 2 layers of 2 heads, 2 prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from peaks import best_seconds, load_average  # noqa: E402
+
+
+def word_tokenizer(size: int):
+    """A local tokenizer of ``size`` words ``w0 w1 ...`` (nothing downloaded: the bridge needs one)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="2 layers of 2 heads, 2 prompts: checks that it runs")
+    a = ap.parse_args()
+    os.environ.setdefault("PCW_PROGRESS", "0")
+    import transformer_lens.patching as tl_patching
+    import transformers
+    from transformer_lens import TransformerBridge
+
+    import pycircuits_widgets as pcw
+
+    shape = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=1000) if a.smoke else {}
+    if a.smoke:
+        a.prompts, a.repeats = 2, 1
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape)).eval()
+    bridge = TransformerBridge.boot_transformers("gpt2", hf_model=hf, tokenizer=word_tokenizer(hf.config.vocab_size))
+    model = pcw.from_transformer_lens(bridge)
+    c = model.cfg
+    g = torch.Generator().manual_seed(0)
+    clean, corrupted = (torch.randint(0, c.d_vocab, (a.prompts, a.tokens), generator=g) for _ in range(2))
+    answers = torch.randint(0, c.d_vocab, (a.prompts, 2), generator=g)
+    task = pcw.Task(model, clean, corrupted, answers=[tuple(map(int, pair)) for pair in answers])
+    with torch.no_grad():
+        _, clean_cache = bridge.run_with_cache(clean)
+    rows = torch.arange(a.prompts)
+
+    def metric(logits):
+        at = logits[:, -1].detach().double()
+        return task.normalise(float((at[rows, answers[:, 0]] - at[rows, answers[:, 1]]).mean()))
+
+    def tl():
+        with torch.no_grad():
+            return tl_patching.get_act_patch_attn_head_out_all_pos(bridge, corrupted, clean_cache, metric)
+
+    forward = best_seconds(lambda: model.run_with_cache(corrupted), a.repeats)
+    ours = best_seconds(lambda: pcw.activation_patch(model, task, "head_out"), a.repeats)
+    theirs = best_seconds(tl, a.repeats)
+    heads = c.n_layers * c.n_heads
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {c.n_layers} layers x {c.n_heads} heads, "
+          f"d_model {c.d_model}, vocab {c.d_vocab}; {a.prompts} prompts of {a.tokens} tokens; {load_average()}")
+    print("| operation | ours (s) | TransformerLens (s) | TL / ours | ours in forwards per head |")
+    print("|---|---|---|---|---|")
+    print(f"| head_out patching, all {heads} heads | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x | "
+          f"{ours / forward / heads:.2f} (one forward {forward * 1000:.1f} ms) |")
+
+
+if __name__ == "__main__":
+    main()
