@@ -50,9 +50,10 @@ from pycircuits_widgets.models.interventions import Interventions
 
 # --- the float64 oracle ----------------------------------------------------------------------
 
-def oracle(model, tokens, *, inputs=None, z=None, head_out=None, neurons=None) -> dict:
+def oracle(model, tokens, *, resid=None, inputs=None, z=None, head_out=None, neurons=None) -> dict:
     """A float64 forward of ``model``'s folded tensors, each head on its own. Hooks, each
-    ``(layer, tensor) -> tensor``: ``inputs(layer, via, x [b, H, pos, d_model])`` each head's query,
+    ``(layer, tensor) -> tensor``: ``resid(layer, x [b, pos, d_model])`` the stream before each layer,
+    ``inputs(layer, via, x [b, H, pos, d_model])`` each head's query,
     key or value input stream (before its norm), ``z(layer, z [b, H, pos, d_head])``,
     ``head_out(layer, out [b, H, pos, d_model])``, ``neurons(layer, act [b, pos, d_mlp])``.
     Returns logits, patterns ``[b, L, H, pos, pos]``, z ``[b, L, H, pos, d_head]`` and the
@@ -86,6 +87,7 @@ def oracle(model, tokens, *, inputs=None, z=None, head_out=None, neurons=None) -
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     patterns, zs, outs = [], [], []
     for layer in range(c.n_layers):
+        x = resid(layer, x) if resid else x
         per_head = x[:, None].expand(b, c.n_heads, n, c.d_model)
         streams = {via: inputs(layer, via, per_head) if inputs else per_head for via in "QKV"}
         q, k, v = (torch.einsum("bhpd,hde->bhpe", norm(streams[via]) + (qk_pos if via != "V" else 0),
@@ -536,6 +538,10 @@ def test_measured_composition_of_a_one_layer_model_has_no_pairs():
     (lambda m, t: m.run_with_cache(t, interventions=Interventions(head_inputs={(1, 0, "Q"): torch.zeros(3)})),
      ValueError, r"stream must be a tensor \[batch, pos, d_model\]"),
     (lambda m, t: m.run_with_cache(t, resume=pcw.ablate(m, t, heads=[(0, 1)]).cache), ValueError, "clean run"),
+    (lambda m, t: m.run_with_cache(t, interventions=Interventions(resid={2: torch.zeros(1, 10, 128)})), ValueError,
+     r"Interventions.resid: key 2 must be a layer in 0\.\.1"),
+    (lambda m, t: m.run_with_cache(t, interventions=Interventions(resid={1: torch.zeros(3)})), ValueError,
+     r"Interventions.resid\[1\]: the stream must be a tensor \[batch, pos, d_model\]"),
     (lambda m, t: pcw.ablate(None, t, heads=[(0, 1)]), TypeError, "ablate: model must be a CircuitModel.*NoneType"),
     (lambda m, t: pcw.path_patch(None, t, (0, 0), (1, 2), "Q"), TypeError, "path_patch: model must be a CircuitModel"),
     (lambda m, t: pcw.measured_composition("gpt2", t, "K"), TypeError,

@@ -82,6 +82,14 @@ def test_every_site_equals_the_oracle_with_that_activation_from_the_other_run(mo
             return out
         return hook
 
+    def resid_pre(layer, position):
+        def hook(at, x):  # x [b, pos, d_model]
+            if at == layer:
+                x = x.clone()
+                x[:, position] = streams[layer][:, position]
+            return x
+        return hook
+
     def head_input(layer, head, via):
         def hook(at, v, x):  # x [b, H, pos, d_model]
             if at == layer and v == via:
@@ -96,7 +104,8 @@ def test_every_site_equals_the_oracle_with_that_activation_from_the_other_run(mo
         L, H = model.cfg.n_layers, model.cfg.n_heads
         cells = {"head_out": [(l, h) for l in range(L) for h in range(H)],
                  "head_out_pos": [(l, h, p) for l, h, p in ((0, 4, 3), (1, 6, 14), (1, 2, 0), (0, 0, 9))],
-                 "attn_out": [(l, p) for l in range(L) for p in (0, 7, 8, 14)]}.get(site,
+                 "attn_out": [(l, p) for l in range(L) for p in (0, 7, 8, 14)],
+                 "resid_pre": [(l, p) for l in range(L) for p in (0, 3, 8, 14)]}.get(site,
                 [(l, h) for l in range(L) for h in range(H)])
         for cell in cells:
             if site == "head_out":
@@ -105,6 +114,8 @@ def test_every_site_equals_the_oracle_with_that_activation_from_the_other_run(mo
                 hooks = {"head_out": head_out(cell[0], cell[1], cell[2])}
             elif site == "attn_out":
                 hooks = {"head_out": head_out(cell[0], None, cell[1])}
+            elif site == "resid_pre":
+                hooks = {"resid": resid_pre(*cell)}
             else:
                 hooks = {"inputs": head_input(*cell, site[0].upper())}
             want = task.normalise(oracle_metric(model, task, base, **hooks))
@@ -196,7 +207,8 @@ def test_equal_to_transformer_lens_patching_on_its_bridge():
         return task.normalise(float((at[rows, answers[:, 0]] - at[rows, answers[:, 1]]).mean()))
 
     tol = 2 * logit_tol(model, task.clean, task.n_pos) / abs(task.metric_clean - task.metric_corrupted)
-    for site, theirs in (("head_out", tl_patching.get_act_patch_attn_head_out_all_pos),
+    for site, theirs in (("resid_pre", tl_patching.get_act_patch_resid_pre),
+                         ("head_out", tl_patching.get_act_patch_attn_head_out_all_pos),
                          ("q_input", tl_patching.get_act_patch_attn_head_q_all_pos),
                          ("k_input", tl_patching.get_act_patch_attn_head_k_all_pos),
                          ("v_input", tl_patching.get_act_patch_attn_head_v_all_pos),

@@ -14,6 +14,7 @@ run at the cell's layer: one resumed forward per cell. The result is normalised 
 corrupted run's metric and 1 the clean run's (``Task.normalise``). Sites, and the result's shape:
 
 ==================  ============  ==============================================================
+``"resid_pre"``     ``[L, P]``    the residual stream before layer ``l`` at position ``p``
 ``"head_out"``      ``[L, H]``    head ``(l, h)``'s output ``z @ W_O`` at every position
 ``"head_out_pos"``  ``[L, H, P]`` the same at one position
 ``"q_input"``       ``[L, H]``    the stream head ``(l, h)``'s query reads (the residual stream
@@ -34,7 +35,7 @@ from ..models.interventions import Interventions
 from .ablation import check_model
 
 METRICS = ("logit_diff",)
-SITES = {"head_out": ("layer", "head"), "head_out_pos": ("layer", "head", "position"),
+SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"), "head_out_pos": ("layer", "head", "position"),
          "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head"),
          "attn_out": ("layer", "position")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
@@ -232,12 +233,13 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise") -
     scores = torch.full([sizes[d] for d in dims], float("nan"), dtype=torch.float64)
     for layer in range(c.n_layers):
         ours, theirs = _head_outs(model, base, layer), _head_outs(model, source, layer)  # [b, H, pos, d]
-        for cell, edits in _cells(site, layer, ours, theirs, source, c.n_heads, task.n_pos):
+        for cell, edits in _cells(site, layer, ours, theirs, base, source, c.n_heads, task.n_pos):
             scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
     return PatchResult(site, direction, scores, dims)
 
 
-def _cells(site: str, layer: int, ours: torch.Tensor, theirs: torch.Tensor, source, n_heads: int, n_pos: int):
+def _cells(site: str, layer: int, ours: torch.Tensor, theirs: torch.Tensor, base, source, n_heads: int,
+           n_pos: int):
     """``(cell index, Interventions)`` of each cell of ``site`` in ``layer``: what the patched forward changes."""
     if site == "head_out":
         for h in range(n_heads):
@@ -248,6 +250,11 @@ def _cells(site: str, layer: int, ours: torch.Tensor, theirs: torch.Tensor, sour
                 value = ours[:, h].clone()
                 value[:, p] = theirs[:, h, p]
                 yield (layer, h, p), Interventions(heads={(layer, h): value})
+    elif site == "resid_pre":
+        for p in range(n_pos):
+            stream = base.resid[:, layer].clone()
+            stream[:, p] = source.resid[:, layer, p]
+            yield (layer, p), Interventions(resid={layer: stream})
     elif site == "attn_out":
         for p in range(n_pos):
             value = ours.clone()

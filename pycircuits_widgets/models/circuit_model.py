@@ -667,10 +667,13 @@ class CircuitModel:
         post_scales, posts = before("post_scale_attn"), before("mlp_post") if mlp_post else []
         scales = {"attn": before("ln_scale"), "mlp": before("ln_scale_mlp")}
         for layer in range(start or 0, cfg.n_layers if layers is None else layers):
-            resid.append(x)
             edits = interventions.at(layer) if interventions else None
+            if edits is not None and edits.resid is not None:
+                x = edits.resid.to(x.dtype)
+            resid.append(x)
             clean = None
-            if layer == start:  # the first intervened layer reads the clean input: its clean attention
+            if layer == start and (edits is None or edits.resid is None):
+                # the first intervened layer reads the clean input: its clean attention
                 clean = (resume.patterns[:, layer], resume.z[:, layer], resume.ln_scale[:, layer])
             pattern, z, attn_out, scale = self._attention(layer, x, edits, clean)
             patterns.append(pattern)

@@ -16,6 +16,8 @@ the model's own forward, with these changes at the layers they name (0-based lay
   through the layer's own norm recomputed on ``stream`` (TransformerLens's ``use_split_qkv_input``
   with ``hook_q_input`` / ``hook_k_input`` / ``hook_v_input``); the head's other inputs and every
   other head read the layer's input.
+* ``resid``: ``{layer: stream [batch, pos, d_model]}``. The residual stream before that layer (what its
+  attention reads, TransformerLens's ``hook_resid_pre``) is ``stream``: every part of the layer reads it.
 
 Everything after the first layer named is recomputed from the changed stream.
 """
@@ -33,11 +35,12 @@ VIAS = ("Q", "K", "V")
 
 class LayerEdits(NamedTuple):
     """One layer's share of an ``Interventions``: ``heads {head: replacement}``, ``neurons {neuron:
-    replacement}``, ``inputs {head: {via: stream}}``."""
+    replacement}``, ``inputs {head: {via: stream}}``, ``resid`` (the stream before it, or None)."""
 
     heads: dict
     neurons: dict
     inputs: dict
+    resid: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -47,15 +50,16 @@ class Interventions:
     heads: dict = field(default_factory=dict)
     neurons: dict = field(default_factory=dict)
     head_inputs: dict = field(default_factory=dict)
+    resid: dict = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.heads or self.neurons or self.head_inputs)
+        return bool(self.heads or self.neurons or self.head_inputs or self.resid)
 
     def first_layer(self, n_layers: int) -> int:
         """The first layer an intervention changes (``n_layers`` when none does): the layers before it
         run as in the clean forward."""
         layers = [key[0] for part in (self.heads, self.neurons, self.head_inputs) for key in part]
-        return min(layers, default=n_layers)
+        return min([*layers, *self.resid], default=n_layers)
 
     def at(self, layer: int) -> LayerEdits | None:
         """``layer``'s edits, or None where it has none."""
@@ -65,7 +69,8 @@ class Interventions:
         for (l, h, via), stream in self.head_inputs.items():
             if l == layer:
                 inputs.setdefault(h, {})[via] = stream
-        return LayerEdits(heads, neurons, inputs) if heads or neurons or inputs else None
+        resid = self.resid.get(layer)
+        return LayerEdits(heads, neurons, inputs, resid) if heads or neurons or inputs or resid is not None else None
 
     def check(self, cfg, batch: int, pos: int) -> None:
         """Refuse what the model ``cfg`` has no place for, naming it and the valid range: a layer,
@@ -84,10 +89,18 @@ class Interventions:
                 raise ValueError(f"Interventions.head_inputs: key {key!r} must be (layer, head, via) with via one "
                                  f"of {VIAS}")
             _check_index("head_inputs", key[:2], (L, H), ("layer", "head"))
-            if not isinstance(stream, torch.Tensor) or tuple(stream.shape) != (batch, pos, cfg.d_model):
-                shape = tuple(stream.shape) if isinstance(stream, torch.Tensor) else type(stream).__name__
-                raise ValueError(f"Interventions.head_inputs[{key!r}]: the stream must be a tensor [batch, pos, "
-                                 f"d_model] = {[batch, pos, cfg.d_model]}, got {shape}")
+            _check_stream(f"head_inputs[{key!r}]", stream, (batch, pos, cfg.d_model))
+        for layer, stream in self.resid.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
+                raise ValueError(f"Interventions.resid: key {layer!r} must be a layer in 0..{L - 1}")
+            _check_stream(f"resid[{layer}]", stream, (batch, pos, cfg.d_model))
+
+
+def _check_stream(where: str, stream, shape: tuple[int, int, int]) -> None:
+    if not isinstance(stream, torch.Tensor) or tuple(stream.shape) != shape:
+        got = tuple(stream.shape) if isinstance(stream, torch.Tensor) else type(stream).__name__
+        raise ValueError(f"Interventions.{where}: the stream must be a tensor [batch, pos, d_model] = {list(shape)}, "
+                         f"got {got}")
 
 
 def _check_index(where: str, key, sizes: tuple[int, int], names: tuple[str, str]) -> None:
