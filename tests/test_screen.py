@@ -398,8 +398,7 @@ def test_the_chosen_route_is_measured_at_least_as_fast_as_float32_here():
 
 def test_onednn_reports_the_kernel_the_int8_screen_runs():
     # the verbose log is read for real: the quantised linear's primitive is a oneDNN matmul, named
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("this torch build has no oneDNN")
+    assert torch.backends.mkldnn.is_available(), "this torch build has no oneDNN (the CPU wheel ships it)"
     x = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
     packed = torch.ops.onednn.qlinear_prepack(torch.randint(-64, 65, (16, 64), dtype=torch.int8), [8, 64])
     names = screen._onednn_implementations(lambda: screen._qlinear(x, packed, torch.ones(16), 1.0))
