@@ -628,6 +628,8 @@ class FactoredMatrix:
     def _per_matrix(self, fn):
         """Apply ``fn(A [m, k], B [k, n]) -> tuple of tensors`` to every leading index and stack."""
         lead = self.shape[:-2]
+        if not lead:  # one matrix: nothing to broadcast or stack (small products are call-overhead bound)
+            return fn(self.A, self.B)
         A = self.A.broadcast_to((*lead, *self.A.shape[-2:]))
         B = self.B.broadcast_to((*lead, *self.B.shape[-2:]))
         results = [fn(A[i], B[i]) for i in _index_product(*(range(s) for s in lead))]
@@ -782,6 +784,9 @@ def _topk_all(A, B, k, largest, block_bytes):
     step = max(1, block_bytes // (n * A.element_size()))
     # a small exact first block sets the threshold; its torch.topk is the memory peak
     first = max(1, step // 8)
+    if m <= first:  # the whole product is that block: the dense route itself, nothing around it
+        values, flat_idx = torch.topk((A @ B).reshape(-1), k)
+        return values, flat_idx // n, flat_idx % n
     # a screen pays for its quantised factors only over rows after the first block, and float32's GEMM
     # costs what the exact block's does: there it would only add work
     screened = (m > first and A.dtype == torch.float32 and A.device.type == "cpu"
