@@ -111,10 +111,12 @@ def test_a_crafted_config_fails_on_the_header_before_allocating(checkpoint):
     meta = json.loads(config.read_text())
     meta["config"].update(d_vocab=262144, d_model=1024)
     save_json(config, meta)
-    code = ("import resource\nfrom pycircuits_widgets.models import load_attn_only, CheckpointError\n"
+    # the child's own peak: VmHWM of its address space, new at exec (its ru_maxrss would start at the
+    # forking pytest process's resident size, over 1 GiB late in a full run)
+    code = ("from pycircuits_widgets.models import load_attn_only, CheckpointError\n"
             f"try:\n    load_attn_only({str(weights)!r}, {str(config)!r})\n"
             "except CheckpointError as err:\n    print(err)\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+            "print(next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmHWM:')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     message, peak_kib = out.strip().rsplit("\n", 1)
     assert "tensor 'W_E' has shape (1024, 128), the config expects (262144, 1024)" in message
