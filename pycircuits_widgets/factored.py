@@ -787,10 +787,8 @@ def _topk_all(A, B, k, largest, block_bytes):
     if m <= first:  # the whole product is that block: the dense route itself, nothing around it
         values, flat_idx = torch.topk((A @ B).reshape(-1), k)
         return values, flat_idx // n, flat_idx % n
-    # a screen pays for its quantised factors only over rows after the first block, and float32's GEMM
-    # costs what the exact block's does: there it would only add work
-    screened = (m > first and A.dtype == torch.float32 and A.device.type == "cpu"
-                and screen.exact_route() != "float32")
+    # float32's GEMM costs what the exact block's does: a screen on that route would only add work
+    screened = A.dtype == torch.float32 and A.device.type == "cpu" and screen.exact_route() != "float32"
     screening = screen.ProductScreen(A, B) if screened else None
     values = A.new_empty(0)
     flat_idx = torch.empty(0, dtype=torch.long, device=A.device)

@@ -232,15 +232,17 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise") -
     dims = SITES[site]
     scores = torch.full([sizes[d] for d in dims], float("nan"), dtype=torch.float64)
     for layer in range(c.n_layers):
-        ours, theirs = _head_outs(model, base, layer), _head_outs(model, source, layer)  # [b, H, pos, d]
-        for cell, edits in _cells(site, layer, ours, theirs, base, source, c.n_heads, task.n_pos):
+        for cell, edits in _cells(model, site, layer, base, source, task.n_pos):
             scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
     return PatchResult(site, direction, scores, dims)
 
 
-def _cells(site: str, layer: int, ours: torch.Tensor, theirs: torch.Tensor, base, source, n_heads: int,
-           n_pos: int):
-    """``(cell index, Interventions)`` of each cell of ``site`` in ``layer``: what the patched forward changes."""
+def _cells(model, site: str, layer: int, base, source, n_pos: int):
+    """``(cell index, Interventions)`` of each cell of ``site`` in ``layer``: what the patched forward changes
+    (``base``, ``source``: the patched run's cache and the run its activations come from)."""
+    n_heads = model.cfg.n_heads
+    if site in ("head_out", "head_out_pos", "attn_out"):  # the heads' outputs [b, H, pos, d_model]
+        ours, theirs = _head_outs(model, base, layer), _head_outs(model, source, layer)
     if site == "head_out":
         for h in range(n_heads):
             yield (layer, h), Interventions(heads={(layer, h): theirs[:, h]})

@@ -221,6 +221,11 @@ def _check_schema(m: dict, file: Path) -> None:
                                                          "unexpected": sorted(named - wanted - optional)})
 
 
+def identity_differences(manifest: dict, identity: dict) -> list[str]:
+    """``differences`` between the identity a manifest records and ``identity`` (its keys only)."""
+    return differences({key: manifest.get(key) for key in identity}, identity)
+
+
 def differences(recorded: dict, wanted: dict, where: str = "") -> list[str]:
     """``"where.key: recorded -> wanted"`` for every leaf that differs between two identity dicts."""
     out = []
@@ -256,8 +261,7 @@ class Store:
     def _open(self, identity: dict, info: dict | None) -> None:
         if (self.path / "manifest.json").exists():
             self.manifest = read_manifest(self.path)
-            recorded = {key: self.manifest.get(key) for key in identity}
-            diff = differences(recorded, identity)
+            diff = identity_differences(self.manifest, identity)
             if diff:
                 raise StoreMismatch(f"store {self.path} was made by another sweep: " + "; ".join(diff)
                                     + ". Use another folder, or delete this one to start over")

@@ -34,7 +34,7 @@ from ..models.circuit_model import CircuitModel, weight_shapes
 from ..progress import progress as progress_bar
 from .documents import Corpus, CorpusError
 from .memory import release_free_memory
-from .store import Store, StoreCorrupt, check_file, differences, example_rows, read_manifest
+from .store import Store, StoreCorrupt, check_file, example_rows, identity_differences, read_manifest
 from .windows import RULE, separator_id, tokenizer_identity, window_blocks
 
 ENGINES = ("serial", "ray")
@@ -185,7 +185,7 @@ def _finished(path, identity: dict) -> Sweep | None:
         manifest = read_manifest(Path(path))
     except (FileNotFoundError, NotADirectoryError):
         return None
-    if not manifest["complete"] or differences({key: manifest.get(key) for key in identity}, identity):
+    if not manifest["complete"] or identity_differences(manifest, identity):
         return None
     return Sweep(path)
 
