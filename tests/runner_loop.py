@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pycircuits_widgets.widgets.core import runner
+from pycircuits_widgets.widgets.core import runner, scheduler
 
 WAIT = 60  # seconds: a bound on a hang, never a timing assertion
 
@@ -42,6 +42,24 @@ class BareView:
         return threading.Lock()
 
 
+class Clock:
+    """The scheduler's clock in a test: time passes only where a test's piece says (``now += s``), so
+    the asked-for tier's shares are exact."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def piece_clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(scheduler.shared(), "clock", clock)
+    return clock
+
+
 @pytest.fixture
 def manual_kernel_loop(monkeypatch):
     loop = ManualLoop()
@@ -50,9 +68,11 @@ def manual_kernel_loop(monkeypatch):
 
 
 def giving_way(r: runner.Runner) -> bool:
-    """Block until ``r`` gives way to other runners' requests (True), or ``WAIT`` s."""
-    with runner.GATE:
-        return runner.GATE.wait_for(lambda: r.giving_way, WAIT)
+    """Block until a job of ``r`` waits for other views' work (True), or ``WAIT`` s: the scheduler's
+    own signal (``changed``, notified at every change of what is queued or computing)."""
+    changed = scheduler.shared().changed
+    with changed:
+        return changed.wait_for(lambda: r.giving_way, WAIT)
 
 
 class Blocker:

@@ -75,9 +75,9 @@ def test_the_fill_gives_way_to_a_click_and_then_finishes(manual_kernel_loop):
     assert len(table_keys(model)) == model.cfg.n_layers * model.cfg.n_heads and ex.progress == {}
 
 
-def test_a_request_of_another_runner_is_computed_before_the_next_background_chunk():
-    """Two runners as under a kernel: the background job of one waits, at its chunk boundary,
-    until the other's requests (one running, one submitted meanwhile) are both computed."""
+def test_requests_of_another_runner_are_computed_before_any_fill_chunk():
+    """Two runners as under a kernel: the fill of one waits, before its first chunk, until the
+    other's requests (one running, one submitted meanwhile) are both computed."""
     events = []
 
     loop = ManualLoop()
@@ -93,12 +93,12 @@ def test_a_request_of_another_runner_is_computed_before_the_next_background_chun
         events.append("click")
         yield None
 
-    fill.submit("fill", background, background=True)
+    fill.submit("fill", background, tier="fill")
     assert giving_way(fill)
     clicks.submit("click", click)
     held.release.set()
     assert clicks.wait(WAIT) and fill.wait(WAIT)
-    assert events == ["chunk 0", "click", "chunk 1", "chunk 2"]
+    assert events == ["click", "chunk 0", "chunk 1", "chunk 2"]
 
 
 def test_a_request_giving_way_waits_for_other_runners_requests_but_not_for_another_giving_way():
@@ -153,5 +153,5 @@ def test_a_script_runs_nothing_in_the_background():
     model = fresh_model()
     ex = pcw.CircuitExplorer(model, TEXT)
     assert ex.start_background() is False
-    assert ex._runner._worker is None and ex.progress == {}
+    assert ex._runner.join(0) and ex.progress == {}  # nothing handed to the scheduler
     assert table_keys(model) == {(0, 0)}  # only the table the explorer shows

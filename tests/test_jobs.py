@@ -16,7 +16,7 @@ from pycircuits_widgets.widgets.core import runner
 from pycircuits_widgets.widgets.core.meter import Meter
 from pycircuits_widgets.widgets.sharing.standalone import NOT_COMPUTED
 from random_models import paper_model
-from runner_loop import WAIT, BareView, Blocker, ManualLoop, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
+from runner_loop import WAIT, BareView, Blocker, ManualLoop, giving_way, manual_kernel_loop, piece_clock  # noqa: F401 (fixtures)
 
 TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
 
@@ -41,7 +41,7 @@ class Gated:
 
 def test_an_asked_for_job_gives_way_to_a_click_between_pieces_and_never_holds_one_up():
     loop = ManualLoop()
-    asked = runner.Runner(BareView(), loop=loop, requested=True)
+    asked = runner.Runner(BareView(), loop=loop, tier="asked")
     clicks = runner.Runner(BareView(), loop=loop)
     job = Gated(50, hold=3)
     asked.submit("pairs", job.steps)
@@ -58,35 +58,40 @@ def test_an_asked_for_job_gives_way_to_a_click_between_pieces_and_never_holds_on
     assert job.done == list(range(50))
 
 
-def test_a_click_giving_way_does_not_wait_for_asked_for_work():
+def test_a_clicks_rest_waits_for_at_most_the_asked_for_piece_computing(piece_clock):
     """The reported hang: a head's skip-trigram table (a click's exact rest, after ``GIVE_WAY``)
-    waited for a running induction job. Asked-for work never holds a click up."""
+    waited for a whole induction job. The rest is asked-for work: it waits for the one asked-for
+    piece computing (non-click pieces run one at a time), then goes before that job's next piece,
+    having had less of the tier's time."""
     loop = ManualLoop()
-    asked = runner.Runner(BareView(), loop=loop, requested=True)
+    asked = runner.Runner(BareView(), loop=loop, tier="asked")
     table = runner.Runner(BareView(), loop=loop)
     job = Gated(5, hold=0)
     asked.submit("pairs", job.steps)
     assert job.held.wait(WAIT)
-    events = []
 
     def click():
-        events.append("partial")
+        job.done.append("partial")
         yield {"busy": True}
         yield runner.GIVE_WAY
-        events.append("exact")
+        job.done.append("exact")
         yield None
 
     table.submit("table", click)
-    assert table.wait(WAIT) and events == ["partial", "exact"]
+    assert giving_way(table) and job.done == ["partial"]  # the quick part of the click at once
+    piece_clock.now += 10.0  # the asked-for piece took 10 s
     job.release.set()
-    assert asked.wait(WAIT) and job.done == list(range(5))
+    assert table.wait(WAIT) and asked.wait(WAIT)
+    assert job.done == ["partial", 0, "exact", 1, 2, 3, 4]
 
 
-def test_two_asked_for_jobs_take_turns_one_piece_at_a_time():
+def test_two_asked_for_jobs_share_the_tiers_time_one_piece_at_a_time(piece_clock):
     """One asked-for piece computes at a time across runners (no two torch thread pools on the
-    same cores), first come first served, so two jobs alternate pieces."""
+    same cores); the next goes to the view that has had the least of the tier's time, the first
+    to come between equals: two jobs of 1 s pieces alternate, and a view arriving later starts
+    level with the one there (it neither waits for it nor overtakes it)."""
     loop = ManualLoop()
-    a, b = (runner.Runner(BareView(), loop=loop, requested=True) for _ in range(2))
+    a, b = (runner.Runner(BareView(), loop=loop, tier="asked") for _ in range(2))
     order, computing = [], []
     a_computes, b_waits = threading.Event(), threading.Event()
 
@@ -98,13 +103,14 @@ def test_two_asked_for_jobs_take_turns_one_piece_at_a_time():
                 if (name, piece) == ("A", 0):
                     a_computes.set()
                     assert b_waits.wait(WAIT)  # B queued behind A's first piece
+                piece_clock.now += 1.0
                 order.append(f"{name}{piece}")
                 computing.remove(name)
                 yield None
         return run
 
     a.submit("job", steps("A"))
-    assert a_computes.wait(WAIT)  # (A's worker thread first, however the threads are scheduled)
+    assert a_computes.wait(WAIT)
     b.submit("job", steps("B"))
     assert giving_way(b)
     b_waits.set()
@@ -114,7 +120,7 @@ def test_two_asked_for_jobs_take_turns_one_piece_at_a_time():
 
 def test_cancel_stops_an_asked_for_job_between_pieces():
     loop = ManualLoop()
-    asked = runner.Runner(BareView(), loop=loop, requested=True)
+    asked = runner.Runner(BareView(), loop=loop, tier="asked")
     job = Gated(100, hold=2)
     asked.submit("pairs", job.steps)
     assert job.held.wait(WAIT)
@@ -348,12 +354,12 @@ def test_each_tier_computes_at_its_compute_pool_priority():
             yield None
         return steps
 
-    clicks, asked = runner.Runner(BareView(), loop=loop), runner.Runner(BareView(), loop=loop, requested=True)
+    clicks, asked = runner.Runner(BareView(), loop=loop), runner.Runner(BareView(), loop=loop, tier="asked")
     clicks.submit("click", job("click"))
     assert clicks.wait(WAIT)
     asked.submit("pairs", job("asked"))
     assert asked.wait(WAIT)
-    clicks.submit("fill", job("background"), background=True)
+    clicks.submit("fill", job("background"), tier="fill")
     assert clicks.wait(WAIT)
     threads = torch.get_num_threads()  # what a runner's new thread starts with
     assert seen == {"click": (0, threads), "asked": (1, threads), "background": (2, threads)}

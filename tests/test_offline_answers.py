@@ -165,7 +165,7 @@ def test_a_background_job_yields_to_a_request_between_its_chunks(manual_kernel_l
         order.append("request")
         yield {"page": 1}
 
-    w._runner.submit("offline", background, background=True)
+    w._runner.submit("offline", background, tier="fill")
     assert started.wait(30) and not w.busy  # background work never shows as busy
     w._runner.submit("table", request)
     assert w.busy

@@ -70,9 +70,9 @@ class CircuitWidget(anywidget.AnyWidget):
     _offline_fresh = True
     _has_front_end = True
     """False for a view made without a built front end (it cannot be shown)."""
-    _asked_for = False
-    """Whether the view's jobs are work the user asked for (an on-demand section), which gives way
-    to clicks, rather than clicks (``runner`` module docstring)."""
+    _tier = "click"
+    """The tier of the view's jobs (``scheduler`` module docstring): "click", or "asked" for an
+    on-demand section's (work the user asked for, which gives way to clicks)."""
 
     def __init__(self, model=None, **kwargs):
         """``model`` (if given) is ``self.model`` before any trait is set (defaults, validators and
@@ -101,7 +101,7 @@ class CircuitWidget(anywidget.AnyWidget):
             except BundleMissing:  # the analysis works without a front end; showing the view says how to build it
                 self._has_front_end = False
         super().__init__(**kwargs)
-        self._runner = Runner(self, requested=self._asked_for)
+        self._runner = Runner(self, tier=self._tier)
         self._started()
         if self._answers_offline and self._offline_inputs:
             self.observe(self._share_offline, list(self._offline_inputs))
@@ -200,7 +200,7 @@ class CircuitWidget(anywidget.AnyWidget):
             self._offline_fresh = True
         else:
             self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self, self._offline_budget),
-                                                      background=True)
+                                                      tier="fill")
 
     def _saved_ready(self, deadline: float | None, offline: bool, tick=None) -> bool:
         """Before a page is written: wait for the view's work (its runner's jobs, up to ``deadline``,
@@ -230,7 +230,7 @@ class CircuitWidget(anywidget.AnyWidget):
     # -- closing ---------------------------------------------------------------------
     def close(self) -> None:
         """Close the view and what it opened: its runner (jobs stop at their next chunk, the
-        worker thread ends: ``self._runner.join()``), its child views (closed the same way) and
+        scheduler drops them: ``self._runner.join()``), its child views (closed the same way) and
         its ``layout`` widget. A view made by another (an explorer's section) is also dropped by
         it (``CircuitExplorer`` observes its ``comm``). Safe to call twice, and from ``__del__``
         of a half-built view."""

@@ -36,7 +36,7 @@ class OnDemand(traitlets.HasTraits):
     True (the view's "compute" or "restart" button, or Python); set False while computing, it
     cancels (:meth:`cancel`)."""
 
-    _asked_for = True
+    _tier = "asked"
     _computing = False  # whether the view's jobs are started (and not cancelled since)
 
     def _begin(self) -> None:

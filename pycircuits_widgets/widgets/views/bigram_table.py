@@ -89,7 +89,7 @@ class BigramTable(OnDemand, TokenSelection, CircuitWidget):
             self.active = True
 
     def _rows_steps(self, wanted: list[int]):
-        """Add the rows of ``wanted`` not computed yet (on the runner's thread, one job at a time), and
+        """Add the rows of ``wanted`` not computed yet (in the runner's pieces, one at a time), and
         answer with every row computed: an earlier request superseded after computing (its answer
         dropped, e.g. a token clicked, then "compute") leaves its rows here, and they are shown now."""
         rows, values, ids = self._computed

@@ -9,6 +9,7 @@ from ...analysis.path_patching import measured_composition_steps
 from ..core import offline
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
+from ..core.meter import Meter
 from ..core.offset_window import OffsetWindow
 from ..core.selection import HeadSelection, PairSelection, check_model
 from .notes import direct_path_ignores
@@ -105,9 +106,9 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
         if lazy is None:
             lazy = model.cfg.n_layers * model.cfg.n_heads > self.EAGER_HEADS
         self._kinds_at_once = not lazy
-        self._computed: dict = {}  # (kind, panel) -> payload: every table computed (by one runner thread)
+        self._computed: dict = {}  # (kind, panel) -> payload: every table computed (by the runner's pieces, one at a time)
         self._measure = None  # (RunResult, tag) the measured matrices are of (``measure_on``)
-        self._measured: dict = {}  # kind -> measured table of that run (filled by the runner's thread)
+        self._measured: dict = {}  # kind -> measured table of that run (filled by the runner's pieces)
         super().__init__(model, offsets, ignores=direct_path_ignores(model.cfg, composition=False), **kwargs)
 
     _answers_offline = "runner"
@@ -155,7 +156,7 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
 
     def compute_all(self) -> None:
         """Compute every table not computed yet (3 kinds x correct/erratum), synchronously."""
-        self.wait(None)  # the runner's thread is the one that fills ``_computed``
+        self.wait(None)  # the runner's pieces are what fill ``_computed``
         self._apply_tables([(kind, panel) for kind in KINDS for panel in ("correct", "erratum")
                             if (kind, panel) not in self._computed])
 
@@ -204,18 +205,24 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
             raise ValueError("source='measured' needs a text to measure on: this view has none (the explorer's "
                              "composition section measures on its text)")
         kind, measure = self.kind, self._measure
-        if not self._runner.submit("measured", lambda: self._measured_steps(kind, measure), background=True):
-            self.compute_measured([kind])  # no kernel: nothing runs in the background, so now
+        self._runner.submit("measured", lambda: self._measured_steps(kind, measure), tier="asked",
+                            progress=self._measuring(kind).report(0))
+
+    def _measuring(self, kind: str) -> Meter:
+        """The meter of ``kind``'s measured matrix: its layer pairs."""
+        L = self.model.cfg.n_layers
+        return Meter(f"measuring {kind}-composition on this text", L * (L - 1) // 2, "layer pairs")
 
     def _measured_steps(self, kind: str, measure):
-        """``pcw.measured_composition`` of ``kind`` on the measured run, one layer pair per chunk,
-        giving way to other views' requests between them; ``progress`` counts the layer pairs."""
+        """``pcw.measured_composition`` of ``kind`` on the measured run, one layer pair per chunk
+        (asked-for work: it shares what clicks leave); ``progress`` counts the layer pairs, timed
+        from the job's first piece (it may wait behind other work before that)."""
         if kind in self._measured:
             return
         clean, _ = measure
-        text = f"measuring {kind}-composition on this text"
-        for done, total, table in measured_composition_steps(self.model, clean.tokens, kind, clean=clean):
-            yield {"progress": {"text": text, "done": done, "total": total}}
+        meter = self._measuring(kind)
+        for done, _, table in measured_composition_steps(self.model, clean.tokens, kind, clean=clean):
+            yield meter.first() if done == 0 else meter.at(done)
         if self._measure is measure:  # (not of a text replaced meanwhile)
             self._measured[kind] = table.float()
             yield {"measured": dict(self._measured), "progress": {}}

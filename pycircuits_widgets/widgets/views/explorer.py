@@ -29,10 +29,13 @@ SMALL_HEADS = 64
 measured composition matrices and each head's ablation loss change of a model of at most this many
 heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one forward
 each, ``SMALL_HEADS`` forwards in all)."""
+FILLING = "precomputing heads"
+"""What the explorer's progress says while it precomputes heads (its background fill)."""
 NO_SWEEP = "mean ablation needs a sweep: CircuitExplorer(model, text, sweep=...)"
 """Why ``ablation="mean"`` is unavailable to an explorer without one (``ablation_kinds``)."""
 ABLATED_NOTE = "0 (white) at the centre, symmetric: red = the ablation raised the loss, blue = lowered it"
 """The loss section's legend note while it shows an ablated run's loss change."""
+
 
 def _child(spec: ViewSpec):
     trait = traitlets.Instance(spec.cls, allow_none=True).tag(sync=True, **ipywidgets.widget_serialization)
@@ -303,7 +306,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                         return False
                     bar.update()
                 # the ablate toggle's run (the explorer's own request; not its background work)
-                if not self._runner.wait(timeout, background=False):
+                if not self._runner.wait(timeout, fill=False):
                     return False
                 if not busy_before and not any(v.busy for v in views.values()):
                     return True
@@ -313,11 +316,11 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         """Precompute, in the background, every head's results a click would compute (class
         docstring), the selected head first; False in a plain script (nothing runs). Restarts a
         running fill; heads already computed answer from the cache at once."""
+        self._start_head_losses()  # first: one table, at a forward a head
         views = [v for v in self.views().values() if type(v).fill_steps is not CircuitWidget.fill_steps]
         heads = offline.heads(self) if views else []
-        started = bool(heads) and self._runner.submit("fill", lambda: self._fill_steps(views, heads), background=True)
-        self._start_head_losses()
-        return started
+        return bool(heads) and self._runner.submit("fill", lambda: self._fill_steps(views, heads), tier="fill",
+                                                   progress=None if self.progress else Meter(FILLING, len(heads)).report(0))
 
     def stop_background(self) -> None:
         """Stop the background precompute (what it computed stays cached)."""
@@ -332,7 +335,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     def _fill_steps(self, views, heads):
         """Each head's ``fill_steps`` of each view, for the selection a click on it resolves to."""
         current = {k: getattr(self, k) for k in SELECTION_KEYS}
-        meter = Meter("precomputing heads", len(heads))  # (heads cost alike: the same views' work)
+        meter = Meter(FILLING, len(heads))  # (heads cost alike: the same views' work)
         for done, (layer, head) in enumerate(heads):
             yield meter.first() if done == 0 else meter.at(done)
             selection = resolve_selection(current, {"layer": layer, "head": head}, self.token_ids,
@@ -592,7 +595,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         one forward each)."""
         self._runner.cancel("head losses")
         for update in self._head_loss_steps(self.text):
-            for name, value in update.items():
+            for name, value in (update or {}).items():
                 setattr(self, name, value)
 
     def _start_head_losses(self) -> None:
@@ -600,16 +603,22 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         ``compute_head_loss_change``)."""
         if self.n_layers > 0 and len(self.token_ids) > 1:
             text = self.text
-            self._runner.submit("head losses", lambda: self._head_loss_steps(text), background=True)
+            self._runner.submit("head losses", lambda: self._head_loss_steps(text), tier="fill",
+                                progress=None if self.progress else self._ablating().report(0))
+
+    def _ablating(self) -> Meter:
+        """The meter of the head-loss table: one head's ablation a piece."""
+        return Meter("ablating heads", self.model.cfg.n_layers * self.model.cfg.n_heads, "heads")
 
     def _head_loss_steps(self, text):
         """Each head's zero-ablation mean loss change on ``text``, one head per chunk, counted in
         ``progress``."""
+        meter = self._ablating()
         clean = self.forward(self.model, text)
         L, H = self.model.cfg.n_layers, self.model.cfg.n_heads
         table = torch.full((L, H), float("nan"))
         for i in range(L * H):
-            yield {"progress": {"text": "ablating heads", "done": i, "total": L * H}}
+            yield meter.first() if i == 0 else meter.at(i)
             table[divmod(i, H)] = ablate(self.model, clean.tokens, heads=[divmod(i, H)], clean=clean).loss_change
         if text == self.text:
             yield {"head_loss_change": table, "progress": {}}
