@@ -573,3 +573,25 @@ def test_a_ray_cluster_that_cannot_start_or_be_reached_names_the_serial_engine(m
     assert len(calls) == 3
     with pytest.raises(RuntimeError, match=r"could not connect to the Ray cluster at '127.0.0.1:1'.*engine='serial'"):
         next(ray_engine.run(None, {}, iter([]), address="127.0.0.1:1"))
+
+
+def test_the_sweeps_bar_ticks_after_every_batch_and_counts_every_token_once(model, small_texts, tmp_path, monkeypatch):
+    """Issue 51: a bar that moved only per shard sat still for a shard's minutes on a large model. The
+    serial engine's bar counts each batch's tokens as the batch ends; the shard's end adds nothing twice."""
+    from pycircuits_widgets.corpus import sweeps
+
+    ticks = []
+
+    class Bar:
+        def update(self, n):
+            ticks.append(n)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sweeps, "progress_bar", lambda *args, **kwargs: Bar())
+    settings = {**SMALL, "progress": True, "max_windows": 16}
+    sweep = pcw.sweep(model, Corpus.from_texts(small_texts), tmp_path / "store", **settings)
+    per_batch = SMALL["batch_size"] * SMALL["seq_len"]
+    assert sum(ticks) == sweep.n_windows * SMALL["seq_len"] == 16 * SMALL["seq_len"]
+    assert [t for t in ticks if t] == [per_batch] * (sweep.n_windows // SMALL["batch_size"])

@@ -18,6 +18,8 @@ Scores are ranked in float32 for half-precision models (the norms are computed i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..analysis.head_scores import SCORE_NAMES, target_mass
@@ -53,11 +55,17 @@ class Recorder:
         self.R_T = None if scores_only else head_out_factor(self.model).to(self.device)
 
     @torch.inference_mode()
-    def record(self, windows: torch.Tensor, first_window: int, batch_size: int) -> Accumulator:
+    def record(self, windows: torch.Tensor, first_window: int, batch_size: int,
+               on_batch: Callable[[int], None] | None = None) -> Accumulator:
         """The accumulator of ``windows [n, T]`` (numbered from ``first_window``), run ``batch_size`` at a
-        time and merged once (``Accumulator.merge_all``, sums in batch order); on the CPU."""
-        batches = [self.batch(windows[start:start + batch_size].to(self.device), first_window + start)
-                   for start in range(0, len(windows), batch_size)]
+        time and merged once (``Accumulator.merge_all``, sums in batch order); on the CPU. ``on_batch(b)``
+        after each batch of ``b`` windows (a progress bar's tick)."""
+        batches = []
+        for start in range(0, len(windows), batch_size):
+            tokens = windows[start:start + batch_size]
+            batches.append(self.batch(tokens.to(self.device), first_window + start))
+            if on_batch is not None:
+                on_batch(len(tokens))
         return Accumulator.merge_all(batches).to("cpu")
 
     def batch(self, tokens: torch.Tensor, first_window: int) -> Accumulator:

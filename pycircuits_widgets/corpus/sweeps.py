@@ -216,6 +216,14 @@ def _run(model, corpus, store: Store, settings: dict, engine: str, device, progr
     else:
         from .ray_engine import run as run_engine
     bar = progress_bar("sweep", total=remaining, unit="tok") if progress else None
+    ticked = [0]  # tokens of the shard in flight the bar has counted (the serial engine ticks per batch)
+
+    def on_batch(windows: int) -> None:
+        ticked[0] += windows * seq_len
+        bar.update(windows * seq_len)
+
+    if bar is not None and engine == "serial":
+        options = {**options, "on_batch": on_batch}
     start, tokens = time.monotonic(), 0
     windows_done = len(recorded) * shard_windows if known is None else min(len(recorded) * shard_windows, known)
     try:
@@ -229,7 +237,8 @@ def _run(model, corpus, store: Store, settings: dict, engine: str, device, progr
             tokens += n
             windows_done += len(windows)
             if bar is not None:
-                bar.update(n)
+                bar.update(n - ticked[0])
+                ticked[0] = 0
             if callable(progress):
                 progress(SweepProgress(shard, len(store.recorded()), windows_done, windows_done * seq_len,
                                        tokens / max(time.monotonic() - start, 1e-9)))
