@@ -33,6 +33,7 @@ NEEDS = {
     "bench_attention": ("circuitsvis", "playwright"),
     "bench_bf16_accuracy": ("transformers",),
     "bench_build": ("transformers",),
+    "bench_busy_kernel": ("transformers",),
     "bench_click": ("transformers",),
     "bench_contention": ("transformers",),
     "bench_sections": ("transformers",),
