@@ -7,7 +7,9 @@ pair's induction mechanism), ``positional`` (attention by relative offset), ``vi
 (V-composition), ``bigrams`` (the direct path's top next tokens), ``neurons`` (MLP neuron activations and token circuits),
 ``ablation`` (heads and neurons removed from a forward, the loss change), ``path_patching`` (one head's
 output removed from one later head's query, key or value; measured composition), ``patching`` (a
-counterfactual ``Task`` and exact activation patching between its clean and corrupted runs).
+counterfactual ``Task`` and exact activation patching between its clean and corrupted runs),
+``effective_embedding`` (the token representation a deeper layer's heads read: ``W_E``, ``W_E`` through
+block 0, or a corpus's mean stream).
 """
 
 from .ablation import AblationResult, ablate
@@ -32,6 +34,7 @@ from .circuits import (
     virtual_head_ov,
 )
 from .composition import CompositionDetail, composition_detail, composition_scores, random_baseline, strongest_writers
+from .effective_embedding import EffectiveEmbedding, effective_embedding
 from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
 from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
@@ -44,11 +47,11 @@ from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "AblationResult", "CompositionDetail", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PatchResult",
+    "AblationResult", "CompositionDetail", "EffectiveEmbedding", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PatchResult",
     "PathExpansion", "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "Task", "TensorProductTerm",
     "VirtualHead", "ablate", "activation_patch",
     "attention_by_offset", "bigram_top", "circuit_query", "classify_pair", "composition_detail", "composition_scores",
-    "direct_path", "eigenvalue_positivity", "eigenvalues", "embedding", "embedding_note", "full_ov_circuit",
+    "direct_path", "effective_embedding", "eigenvalue_positivity", "eigenvalues", "embedding", "embedding_note", "full_ov_circuit",
     "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores", "induction_pair",
     "k_composition_circuit", "k_composition_positivity", "measured_composition", "mlp_in_circuit", "mlp_out_circuit",
     "neuron_activations", "neuron_out_norms", "neuron_terms", "ov", "pair_verdicts", "path_expansion", "path_patch",

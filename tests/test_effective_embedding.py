@@ -1,0 +1,132 @@
+"""Effective embeddings (issue 56 item 1): the token representation a layer's heads read.
+
+Oracles, each independent of the code under test:
+* ``"mlp0"``: each family's own Hugging Face forward of every token alone (a one-token input; rotary
+  positions rotate nothing there): its hidden state after the first layer;
+* ``"corpus"``: a brute-force float64 mean, token by token, of the residual stream entering the layer,
+  read off a whole forward of every window (``run_with_cache`` without ``layers``), and at layer 0 the
+  exact identity ``W_E[t] + mean of W_pos over the positions holding t`` (learned positions).
+
+Tolerances from error models: the HF comparison is ``chain_tol`` of the forward's length at the
+stream's magnitude in float32 (the models are float64, but HF's norms compute their statistics in
+float32); the means are float64 ``reduction_tol`` over the positions averaged.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis.circuits import embedding
+from pycircuits_widgets.analysis import effective_embedding
+from pycircuits_widgets.corpus import Corpus
+from pycircuits_widgets.models import load_pretrained
+from pycircuits_widgets.models.corpus import corpus_documents
+from family_configs import tiny_model
+from random_models import custom_model
+from tolerance import chain_tol, model_forward_length, reduction_tol
+
+SWEEP = dict(seq_len=16, k=3, batch_size=8, shard_windows=16, max_windows=48, progress=False)
+
+
+def gpt2_like(seed: int):
+    """Learned positions, MLPs, layer norm, float64; the shipped tokenizer (to read the corpus)."""
+    m = custom_model(n_layers=3, positional="learned", attn_only=False, d_mlp=32, act_fn="gelu", d_vocab=1024,
+                     n_ctx=16, seed=seed)
+    m.tokenizer = load_pretrained("attn-only-2l").tokenizer
+    return m
+
+
+@pytest.fixture(scope="module")
+def learned():
+    return gpt2_like(3)
+
+
+@pytest.fixture(scope="module")
+def swept(learned, tmp_path_factory):
+    texts = [doc for doc in corpus_documents("pydoc")[:4] if doc.strip()]
+    return pcw.sweep(learned, Corpus.from_texts(texts), tmp_path_factory.mktemp("store"), **SWEEP)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "qwen3"])
+def test_mlp0_is_the_familys_own_forward_of_each_token_alone(name):
+    hf = tiny_model(name, dtype=torch.float64)
+    model = pcw.from_hf(hf, verify=False)
+    if model.cfg.positional == "learned":
+        pytest.fail(f"{name} has learned positions: mlp0 leaves them out, HF cannot")
+    got = effective_embedding(model, 1, "mlp0")
+    ids = torch.arange(model.cfg.d_vocab)[:, None]
+    with torch.no_grad():
+        want = hf(ids, output_hidden_states=True).hidden_states[1][:, 0]
+    stream = got.stream
+    if model.cfg.normalization == "layernorm":  # the weight view centres what writes the stream (folded layer norm)
+        want = want - want.mean(-1, keepdim=True)
+        assert (stream.mean(-1).abs() <= reduction_tol(model.cfg.d_model, float(stream.abs().max()), torch.float64)).all()
+    # HF's norms compute their statistics in float32 whatever the model's dtype: float32 roundings
+    tol = chain_tol(model_forward_length(model.cfg, 1), float(want.abs().max()), torch.float32)
+    assert (stream - want).abs().max() <= tol
+    assert torch.equal(got.tokens, ids[:, 0]) and got.counts is None
+    torch.testing.assert_close(got.vectors, model.layer_read(got.stream)[0], rtol=0, atol=0)
+
+
+def test_raw_is_the_papers_embedding(learned):
+    got = effective_embedding(learned, 2, "raw")
+    assert torch.equal(got.vectors, embedding(learned, 2)) and torch.equal(got.stream, learned.W_E)
+    assert "exact at layer 0 only" in got.note
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_corpus_is_the_brute_force_mean_stream_entering_the_layer(learned, swept, layer):
+    got = effective_embedding(learned, layer, "corpus", sweep=swept)
+    windows = swept.windows
+    _, cache = learned.run_with_cache(windows, logits=False)
+    stream = cache.resid[:, layer].reshape(-1, learned.cfg.d_model)
+    flat = windows.reshape(-1)
+    assert torch.equal(got.tokens, torch.unique(flat))
+    for i, t in enumerate(got.tokens.tolist()):
+        rows = stream[flat == t]
+        assert int(got.counts[i]) == len(rows)
+        tol = reduction_tol(len(rows), float(rows.abs().sum(0).max()) / len(rows), torch.float64, computations=2)
+        assert (got.stream[i] - rows.mean(0)).abs().max() <= tol, t
+    if layer == 0:  # the exact identity: W_E plus the mean positional contribution of the token's positions
+        positions = torch.arange(windows.shape[1]).repeat(windows.shape[0])
+        for i, t in enumerate(got.tokens.tolist()):
+            want = learned.W_E[t] + learned.W_pos[positions[flat == t]].mean(0)
+            tol = reduction_tol(int(got.counts[i]), float(learned.W_pos.abs().max()) + float(learned.W_E[t].abs().max()),
+                                torch.float64, computations=2)
+            assert (got.stream[i] - want).abs().max() <= tol, t
+
+
+def test_min_count_leaves_rare_tokens_out_and_counts_them(learned, swept):
+    every = effective_embedding(learned, 1, "corpus", sweep=swept)
+    some = effective_embedding(learned, 1, "corpus", sweep=swept, min_count=5)
+    assert torch.equal(some.tokens, every.tokens[every.counts >= 5]) and some.left_out == int((every.counts < 5).sum())
+    assert some.left_out > 0 and every.left_out == 0
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(layer=3, kind="raw"), ValueError, r"layer must be an int in 0\.\.2, got 3"),
+    (dict(layer=1, kind="mean"), ValueError, "kind must be one of 'raw', 'mlp0', 'corpus', got 'mean'"),
+    (dict(layer=0, kind="mlp0"), ValueError, "layer 0's heads read the stream before it"),
+    (dict(layer=1, kind="corpus"), ValueError, r"kind='corpus' reads a sweep"),
+    (dict(layer=1, kind="raw", min_count=0), ValueError, "min_count must be an int >= 1, got 0"),
+])
+def test_bad_arguments_are_refused_by_name(learned, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        effective_embedding(learned, **kwargs)
+
+
+def test_another_models_sweep_is_refused(swept):
+    other = gpt2_like(4)
+    with pytest.raises(ValueError, match="effective_embedding"):
+        effective_embedding(other, 1, "corpus", sweep=swept)
+
+
+def test_the_readme_example_runs_as_written(learned, swept):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Effective embeddings"):]
+    block = section[section.index("```python") + len("```python"):section.index("```\n", section.index("```python") + 9)]
+    scope = {"pcw": pcw, "model": learned, "sweep": swept}
+    exec(compile(block, "README.md (effective embeddings)", "exec"), scope)
+    assert scope["emb"].kind == "corpus" and (scope["emb"].counts >= 3).all()
