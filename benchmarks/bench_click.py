@@ -152,11 +152,13 @@ def profiled(fn):
 
 
 def fill(explorer, n_heads: int | None) -> tuple[float, int]:
-    """Run the background fill over the first ``n_heads`` heads (None: all); (seconds, heads)."""
+    """Run the background fill over the first ``n_heads`` heads (None: all); (seconds, heads). The
+    head-loss table, queued before the fill, is cancelled: this times the fill alone."""
     total = explorer.model.cfg.n_layers * explorer.model.cfg.n_heads
     n_heads = total if n_heads is None else min(n_heads, total)
     t0 = time.perf_counter()
     explorer.start_background()
+    explorer._runner.cancel("head losses")
     if n_heads == total:
         explorer.wait_background(None)
     else:

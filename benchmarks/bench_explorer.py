@@ -96,11 +96,14 @@ MODELS = {
 # the fill's wall time in the kernel: every head, or until the first N of its order are done
 _FILL = """
 import json as _json, time as _time
+from pycircuits_widgets.widgets.views.explorer import FILLING as _FILLING
+explorer._runner.cancel("head losses")  # (queued before the fill: this times the fill alone)
 _t0 = _time.perf_counter()
 if {n} is None:
     explorer.wait_background(None)
 else:
-    while explorer.progress.get("done", 0) < {n} and not explorer.wait_background(0.5):
+    while not (explorer.progress.get("text") == _FILLING and explorer.progress.get("done", 0) >= {n}) \
+            and not explorer.wait_background(0.5):
         pass
     explorer.stop_background()  # the clicks do not share the CPU with the rest of the fill
 print(_json.dumps([_time.perf_counter() - _t0, explorer.progress.get("done")]))
