@@ -21,6 +21,8 @@ corrupted run's metric and 1 the clean run's (``Task.normalise``). Sites, and th
 ``"k_input"``                     before layer ``l``, through the layer's own norm: TransformerLens's
 ``"v_input"``                     split inputs), its key's, its value's, at every position
 ``"attn_out"``      ``[L, P]``    every head of layer ``l`` at position ``p`` (the attention block's output)
+``"mlp_out"``       ``[L, P]``    layer ``l``'s MLP output at position ``p`` (models with MLPs: every
+                                  neuron's post-activation there, which the output is a function of)
 ==================  ============  ==============================================================
 """
 
@@ -37,7 +39,7 @@ from .ablation import check_model
 METRICS = ("logit_diff",)
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"), "head_out_pos": ("layer", "head", "position"),
          "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head"),
-         "attn_out": ("layer", "position")}
+         "attn_out": ("layer", "position"), "mlp_out": ("layer", "position")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 DIRECTIONS = ("denoise", "noise")
 
@@ -128,9 +130,10 @@ class Task:
         self.model, self.position, self.metric_fn = model, position, metric_fn
         self.tokens_clean, self.tokens_corrupted = torch.stack(ids_clean), torch.stack(ids_corrupted)
         self.answer_ids = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+        mlp = not model.cfg.attn_only  # (the neurons' post-activations: the mlp_out site patches them)
         with torch.no_grad():
-            logits_clean, self.clean = model.run_with_cache(self.tokens_clean)
-            logits_corrupted, self.corrupted = model.run_with_cache(self.tokens_corrupted)
+            logits_clean, self.clean = model.run_with_cache(self.tokens_clean, mlp_post=mlp)
+            logits_corrupted, self.corrupted = model.run_with_cache(self.tokens_corrupted, mlp_post=mlp)
         self.metric_clean = self.metric(logits_clean, "the clean run")
         self.metric_corrupted = self.metric(logits_corrupted, "the corrupted run")
         if abs(self.metric_clean - self.metric_corrupted) <= 1e-6 * max(1.0, abs(self.metric_clean)):
@@ -225,6 +228,8 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise") -
         raise ValueError(f"activation_patch: site must be one of {tuple(SITES)}, got {site!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"activation_patch: direction must be one of {DIRECTIONS}, got {direction!r}")
+    if site == "mlp_out" and model.cfg.attn_only:
+        raise ValueError(f"activation_patch: site 'mlp_out' needs MLPs; {model.cfg.name!r} is attention-only")
     base, source = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
     tokens = task.tokens_corrupted if direction == "denoise" else task.tokens_clean
     c = model.cfg
@@ -262,6 +267,11 @@ def _cells(model, site: str, layer: int, base, source, n_pos: int):
             value = ours.clone()
             value[:, :, p] = theirs[:, :, p]
             yield (layer, p), Interventions(heads={(layer, h): value[:, h] for h in range(n_heads)})
+    elif site == "mlp_out":
+        for p in range(n_pos):
+            post = base.mlp_post[:, layer].clone()  # [b, pos, d_mlp]
+            post[:, p] = source.mlp_post[:, layer, p]
+            yield (layer, p), Interventions(neurons={(layer, n): post[..., n] for n in range(post.shape[-1])})
     else:  # the q, k or v input: the other run's stream before this layer
         via = site[0].upper()
         for h in range(n_heads):
