@@ -28,6 +28,7 @@ _EXPORTS = {
     "measured_composition": "pycircuits_widgets.analysis",
     "Task": "pycircuits_widgets.analysis",
     "activation_patch": "pycircuits_widgets.analysis",
+    "attribution_patch": "pycircuits_widgets.analysis",
     "effective_embedding": "pycircuits_widgets.analysis",
     "Corpus": "pycircuits_widgets.corpus",
     "CorpusError": "pycircuits_widgets.corpus",

@@ -179,6 +179,9 @@ def test_the_readme_task_example_runs_as_written():
     scores = namespace["heads"].scores
     assert scores.shape == (2, 8) and bool(torch.isfinite(scores).all())
     assert namespace["task"].metric_clean > namespace["task"].metric_corrupted
+    attribution = readme.split("**Attribution patching**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(attribution, "README.md (attribution patching example)", "exec"), namespace)
+    assert namespace["estimate"].scores.shape == (2, 8)
 
 
 def test_equal_to_transformer_lens_patching_on_its_bridge():

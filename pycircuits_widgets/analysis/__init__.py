@@ -8,12 +8,14 @@ pair's induction mechanism), ``positional`` (attention by relative offset), ``vi
 ``ablation`` (heads and neurons removed from a forward, the loss change), ``path_patching`` (one head's
 output removed from one later head's query, key or value; measured composition), ``patching`` (a
 counterfactual ``Task`` and exact activation patching between its clean and corrupted runs),
+``attribution`` (attribution patching: the first-order estimate of every cell of a site at once),
 ``effective_embedding`` (the token representation a deeper layer's heads read: ``W_E``, ``W_E`` through
 block 0, or a corpus's mean stream).
 """
 
 from .ablation import AblationResult, ablate
 from .activations import RunResult, run
+from .attribution import Agreement, AttributionResult, attribution_patch
 from .bigrams import bigram_top
 from .circuits import (
     TensorProductTerm,
@@ -47,14 +49,64 @@ from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads
 
 __all__ = [
-    "AblationResult", "CompositionDetail", "EffectiveEmbedding", "InductionPair", "NonlinearFeatureError", "PairVerdict", "PatchResult",
-    "PathExpansion", "PathPatchResult", "PathTerm", "RunResult", "SkipTrigram", "Task", "TensorProductTerm",
-    "VirtualHead", "ablate", "activation_patch",
-    "attention_by_offset", "bigram_top", "circuit_query", "classify_pair", "composition_detail", "composition_scores",
-    "direct_path", "effective_embedding", "eigenvalue_positivity", "eigenvalues", "embedding", "embedding_note", "full_ov_circuit",
-    "full_qk_circuit", "full_virtual_ov_circuit", "head_mlp_circuit", "head_scores", "induction_pair",
-    "k_composition_circuit", "k_composition_positivity", "measured_composition", "mlp_in_circuit", "mlp_out_circuit",
-    "neuron_activations", "neuron_out_norms", "neuron_terms", "ov", "pair_verdicts", "path_expansion", "path_patch",
-    "positional_qk_circuit", "positional_scores_by_offset", "q_composition_circuit", "qk", "random_baseline", "run",
-    "skip_trigrams", "strongest_writers", "top_virtual_heads", "virtual_head_ov"
+    "AblationResult",
+    "Agreement",
+    "AttributionResult",
+    "CompositionDetail",
+    "EffectiveEmbedding",
+    "InductionPair",
+    "NonlinearFeatureError",
+    "PairVerdict",
+    "PatchResult",
+    "PathExpansion",
+    "PathPatchResult",
+    "PathTerm",
+    "RunResult",
+    "SkipTrigram",
+    "Task",
+    "TensorProductTerm",
+    "VirtualHead",
+    "ablate",
+    "activation_patch",
+    "attention_by_offset",
+    "attribution_patch",
+    "bigram_top",
+    "circuit_query",
+    "classify_pair",
+    "composition_detail",
+    "composition_scores",
+    "direct_path",
+    "effective_embedding",
+    "eigenvalue_positivity",
+    "eigenvalues",
+    "embedding",
+    "embedding_note",
+    "full_ov_circuit",
+    "full_qk_circuit",
+    "full_virtual_ov_circuit",
+    "head_mlp_circuit",
+    "head_scores",
+    "induction_pair",
+    "k_composition_circuit",
+    "k_composition_positivity",
+    "measured_composition",
+    "mlp_in_circuit",
+    "mlp_out_circuit",
+    "neuron_activations",
+    "neuron_out_norms",
+    "neuron_terms",
+    "ov",
+    "pair_verdicts",
+    "path_expansion",
+    "path_patch",
+    "positional_qk_circuit",
+    "positional_scores_by_offset",
+    "q_composition_circuit",
+    "qk",
+    "random_baseline",
+    "run",
+    "skip_trigrams",
+    "strongest_writers",
+    "top_virtual_heads",
+    "virtual_head_ov"
 ]

@@ -210,7 +210,7 @@ class PatchResult:
     dims: tuple[str, ...]
 
 
-def _head_outs(model, cache, layer: int) -> torch.Tensor:
+def head_outs(model, cache, layer: int) -> torch.Tensor:
     """``[b, H, pos, d_model]``: what each head of ``layer`` writes (``z @ W_O``, without ``b_O``)."""
     return torch.einsum("bhpe,hed->bhpd", cache.z[:, layer], model.W_O[layer])
 
@@ -247,7 +247,7 @@ def _cells(model, site: str, layer: int, base, source, n_pos: int):
     (``base``, ``source``: the patched run's cache and the run its activations come from)."""
     n_heads = model.cfg.n_heads
     if site in ("head_out", "head_out_pos", "attn_out"):  # the heads' outputs [b, H, pos, d_model]
-        ours, theirs = _head_outs(model, base, layer), _head_outs(model, source, layer)
+        ours, theirs = head_outs(model, base, layer), head_outs(model, source, layer)
     if site == "head_out":
         for h in range(n_heads):
             yield (layer, h), Interventions(heads={(layer, h): theirs[:, h]})

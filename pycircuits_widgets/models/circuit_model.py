@@ -668,11 +668,14 @@ class CircuitModel:
         scales = {"attn": before("ln_scale"), "mlp": before("ln_scale_mlp")}
         for layer in range(start or 0, cfg.n_layers if layers is None else layers):
             edits = interventions.at(layer) if interventions else None
+            taps = {} if edits is None else edits.taps
             if edits is not None and edits.resid is not None:
                 x = edits.resid.to(x.dtype)
+            if "pre" in taps:
+                x = x + taps["pre"].to(x.dtype)
             resid.append(x)
             clean = None
-            if layer == start and (edits is None or edits.resid is None):
+            if layer == start and (edits is None or (edits.resid is None and "pre" not in taps)):
                 # the first intervened layer reads the clean input: its clean attention
                 clean = (resume.patterns[:, layer], resume.z[:, layer], resume.ln_scale[:, layer])
             pattern, z, attn_out, scale = self._attention(layer, x, edits, clean)
@@ -683,6 +686,8 @@ class CircuitModel:
             if post_scale is not None:
                 post_scales.append(post_scale)
             x = x + attn_out
+            if "mid" in taps:
+                x = x + taps["mid"].to(x.dtype)
             if not cfg.attn_only:
                 # parallel blocks (GPT-NeoX): the MLP reads the stream the attention read
                 mlp_out, scale, post = self._mlp(layer, resid[-1] if cfg.parallel_attn_mlp else x, edits)
@@ -693,6 +698,8 @@ class CircuitModel:
                 mlp_outs.append(mlp_out)
                 scales["mlp"].append(scale)
                 x = x + mlp_out
+                if "post" in taps:
+                    x = x + taps["post"].to(x.dtype)
         resid.append(x)
         final = []  # the final norm's division, read by the unembedding: only after the last layer
         out = None

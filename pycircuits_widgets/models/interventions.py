@@ -18,6 +18,11 @@ the model's own forward, with these changes at the layers they name (0-based lay
   other head read the layer's input.
 * ``resid``: ``{layer: stream [batch, pos, d_model]}``. The residual stream before that layer (what its
   attention reads, TransformerLens's ``hook_resid_pre``) is ``stream``: every part of the layer reads it.
+* ``taps``: ``{(layer, where): delta [batch, pos, d_model]}``, ``where`` one of ``TAPS``: ``delta`` is
+  *added* to the stream before the layer (``"pre"``), after its attention (``"mid"``) or after its MLP
+  (``"post"``). Zeros that require grad leave the forward as it is and give, in one backward, the
+  gradient of anything read from it with respect to the stream at every such point (attribution
+  patching: ``analysis.attribution``); nothing upstream is cut, unlike a replacement.
 
 Everything after the first layer named is recomputed from the changed stream.
 """
@@ -31,16 +36,20 @@ import torch
 
 VIAS = ("Q", "K", "V")
 """The inputs of a head a path can enter by: its query, key or value."""
+TAPS = ("pre", "mid", "post")
+"""Where in a layer ``Interventions.taps`` adds to the stream: before it, after its attention, after its MLP."""
 
 
 class LayerEdits(NamedTuple):
     """One layer's share of an ``Interventions``: ``heads {head: replacement}``, ``neurons {neuron:
-    replacement}``, ``inputs {head: {via: stream}}``, ``resid`` (the stream before it, or None)."""
+    replacement}``, ``inputs {head: {via: stream}}``, ``resid`` (the stream before it, or None), ``taps
+    {where: delta}``."""
 
     heads: dict
     neurons: dict
     inputs: dict
-    resid: torch.Tensor | None = None
+    resid: torch.Tensor | None
+    taps: dict
 
 
 @dataclass(frozen=True)
@@ -51,14 +60,15 @@ class Interventions:
     neurons: dict = field(default_factory=dict)
     head_inputs: dict = field(default_factory=dict)
     resid: dict = field(default_factory=dict)
+    taps: dict = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.heads or self.neurons or self.head_inputs or self.resid)
+        return bool(self.heads or self.neurons or self.head_inputs or self.resid or self.taps)
 
     def first_layer(self, n_layers: int) -> int:
         """The first layer an intervention changes (``n_layers`` when none does): the layers before it
         run as in the clean forward."""
-        layers = [key[0] for part in (self.heads, self.neurons, self.head_inputs) for key in part]
+        layers = [key[0] for part in (self.heads, self.neurons, self.head_inputs, self.taps) for key in part]
         return min([*layers, *self.resid], default=n_layers)
 
     def at(self, layer: int) -> LayerEdits | None:
@@ -70,7 +80,10 @@ class Interventions:
             if l == layer:
                 inputs.setdefault(h, {})[via] = stream
         resid = self.resid.get(layer)
-        return LayerEdits(heads, neurons, inputs, resid) if heads or neurons or inputs or resid is not None else None
+        taps = {where: delta for (l, where), delta in self.taps.items() if l == layer}
+        if heads or neurons or inputs or resid is not None or taps:
+            return LayerEdits(heads, neurons, inputs, resid, taps)
+        return None
 
     def check(self, cfg, batch: int, pos: int) -> None:
         """Refuse what the model ``cfg`` has no place for, naming it and the valid range: a layer,
@@ -94,6 +107,14 @@ class Interventions:
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
                 raise ValueError(f"Interventions.resid: key {layer!r} must be a layer in 0..{L - 1}")
             _check_stream(f"resid[{layer}]", stream, (batch, pos, cfg.d_model))
+        for key, delta in self.taps.items():
+            if not (isinstance(key, tuple) and len(key) == 2 and key[1] in TAPS):
+                raise ValueError(f"Interventions.taps: key {key!r} must be (layer, where) with where one of {TAPS}")
+            if isinstance(key[0], bool) or not isinstance(key[0], int) or not 0 <= key[0] < L:
+                raise ValueError(f"Interventions.taps: {key!r} has layer {key[0]!r}; the model's layers are 0..{L - 1}")
+            if key[1] == "post" and cfg.attn_only:
+                raise ValueError(f"Interventions.taps: {key!r}: {cfg.name!r} is attention-only (no MLP to tap after)")
+            _check_stream(f"taps[{key!r}]", delta, (batch, pos, cfg.d_model))
 
 
 def _check_stream(where: str, stream, shape: tuple[int, int, int]) -> None:

@@ -1,0 +1,155 @@
+"""Attribution patching (AtP): the first-order estimate of exact activation patching, every cell at once.
+
+Patching one activation ``a`` of the base run (the corrupted run to *denoise*, the clean one to *noise*)
+with the other run's changes the task's metric by about ``(a_other - a_base) . dm/da``, the gradient
+taken on the base run (Nanda, 2023; Kramár et al., 2024). Each site here enters the residual stream
+additively, so ``dm/da`` is the gradient of the metric with respect to the stream where ``a`` is added:
+one forward of the base run with zero ``Interventions.taps`` at every layer's three points (before it,
+after its attention, after its MLP) and one backward give all of them.
+
+==================  ============  ===============================================================
+``"resid_pre"``     ``[L, P]``    the stream before layer ``l`` at ``p``: the gradient there
+``"head_out"``      ``[L, H]``    head ``(l, h)``'s output at every position: the gradient after the
+``"head_out_pos"``  ``[L, H, P]`` layer's attention, where each head's ``z @ W_O`` is added
+``"attn_out"``      ``[L, P]``    (models with a post-attention norm are refused: it is not additive)
+``"mlp_out"``       ``[L, P]``    layer ``l``'s MLP output at ``p``: the gradient after its MLP
+==================  ============  ===============================================================
+
+Scores are on ``activation_patch``'s scale (``Task.normalise``: 0 the corrupted run, 1 the clean one),
+so ``result.agreement(activation_patch(...))`` compares the estimate with the exact cells: rank
+correlation, the overlap of the top cells, and where they disagree most. Not yet: the heads' query, key
+and value inputs (a head's own read of the stream, through its norm) with AtP*'s correction for
+saturated attention, patterns and neurons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models.interventions import TAPS, Interventions
+from .ablation import check_model
+from .patching import DIRECTIONS, PatchResult, Task, head_outs
+
+SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"),
+         "head_out_pos": ("layer", "head", "position"), "attn_out": ("layer", "position"),
+         "mlp_out": ("layer", "position")}
+"""Each site's cells, by the names of the result's dimensions (module docstring)."""
+WORST = 5
+"""Cells ``Agreement.worst`` lists."""
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How an attribution estimate agrees with exact patching of the same site and direction:
+    ``rank_correlation`` (Spearman's, over every cell), ``top_k_overlap`` (the fraction of exact
+    patching's ``k`` cells of largest effect that the estimate also puts in its top ``k``) and
+    ``worst`` (``(cell, estimate, exact)`` of the ``WORST`` cells where they differ most)."""
+
+    rank_correlation: float
+    top_k_overlap: float
+    k: int
+    worst: list
+
+
+@dataclass(frozen=True)
+class AttributionResult:
+    """``scores`` (float64, the site's shape, ``activation_patch``'s scale) of the attribution estimate of
+    patching ``site`` in ``direction``; ``dims`` names its dimensions (``SITES``)."""
+
+    site: str
+    direction: str
+    scores: torch.Tensor
+    dims: tuple[str, ...]
+
+    def agreement(self, exact: PatchResult, k: int = 10) -> Agreement:
+        """The estimate against ``exact`` (``activation_patch`` of the same site and direction)."""
+        if not isinstance(exact, PatchResult) or (exact.site, exact.direction) != (self.site, self.direction):
+            raise ValueError(f"agreement: exact must be activation_patch(model, task, {self.site!r}, "
+                             f"{self.direction!r}), got {exact!r:.80}")
+        if exact.scores.shape != self.scores.shape:
+            raise ValueError(f"agreement: exact has shape {list(exact.scores.shape)}, the estimate "
+                             f"{list(self.scores.shape)}: not the same task")
+        ours, theirs = self.scores.flatten(), exact.scores.flatten()
+        k = max(1, min(int(k), len(ours)))
+        unpatched = 0.0 if self.direction == "denoise" else 1.0  # the base run's score
+        top = set(_top(theirs - unpatched, k)) & set(_top(ours - unpatched, k))
+        gap = (ours - theirs).abs()
+        cells = [tuple(int(i) for i in torch.unravel_index(torch.tensor(j), self.scores.shape))
+                 for j in torch.argsort(gap, descending=True)[:WORST].tolist()]
+        return Agreement(_spearman(ours, theirs), len(top) / k, k,
+                         [(cell, float(self.scores[cell]), float(exact.scores[cell])) for cell in cells])
+
+
+def _top(effects: torch.Tensor, k: int) -> list[int]:
+    return torch.argsort(effects.abs(), descending=True)[:k].tolist()
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman's rank correlation of two vectors (ranks by sorting; ties, which measured scores
+    almost never have, ranked in index order)."""
+    ra, rb = (torch.argsort(torch.argsort(x)).double() for x in (a, b))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denominator = float((ra.square().sum() * rb.square().sum()).sqrt())
+    return float((ra * rb).sum()) / denominator if denominator else float("nan")
+
+
+def attribution_patch(model, task: Task, site: str, direction: str = "denoise") -> AttributionResult:
+    """The attribution estimate of ``activation_patch(model, task, site, direction)`` for every cell, from
+    one forward and one backward of the base run (module docstring)."""
+    check_model(model, "attribution_patch")
+    if not isinstance(task, Task) or task.model is not model:
+        raise TypeError("attribution_patch: task must be the pcw.Task of this model, got "
+                        f"{type(task).__name__ if not isinstance(task, Task) else 'another model'}")
+    if site not in SITES:
+        raise ValueError(f"attribution_patch: site must be one of {tuple(SITES)}, got {site!r}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"attribution_patch: direction must be one of {DIRECTIONS}, got {direction!r}")
+    c = model.cfg
+    if site == "mlp_out" and c.attn_only:
+        raise ValueError(f"attribution_patch: site 'mlp_out' needs MLPs; {c.name!r} is attention-only")
+    if site in ("head_out", "head_out_pos", "attn_out") and c.post_norms:
+        raise ValueError(f"attribution_patch: site {site!r}: {c.name!r} normalises its attention's output after the "
+                         "heads are summed, so a head's output does not enter the stream additively (exact patching: "
+                         "pcw.activation_patch)")
+    base, source = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
+    tokens = task.tokens_corrupted if direction == "denoise" else task.tokens_clean
+    grads = _stream_gradients(model, task, tokens)
+    with torch.no_grad():
+        estimate = torch.stack([_layer_estimate(model, site, layer, base, source, grads)
+                                for layer in range(c.n_layers)])
+    start = task.metric_corrupted if direction == "denoise" else task.metric_clean
+    return AttributionResult(site, direction, task.normalise(start + estimate), SITES[site])
+
+
+def _stream_gradients(model, task: Task, tokens: torch.Tensor) -> dict:
+    """``{(layer, where): dm/dstream [b, pos, d_model] float64}`` on the run of ``tokens`` at every tap point."""
+    b, pos = tokens.shape
+    points = [(layer, where) for layer in range(model.cfg.n_layers) for where in TAPS
+              if where != "post" or not model.cfg.attn_only]
+    dtype = model.dtype if model.dtype in (torch.float32, torch.float64) else torch.float32  # (a half model's stream)
+    taps = {p: torch.zeros(b, pos, model.cfg.d_model, dtype=dtype, device=model.device, requires_grad=True)
+            for p in points}
+    with torch.enable_grad():
+        logits, _ = model.run_with_cache(tokens, Interventions(taps=taps))
+        value = task.metric_fn(logits, task)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
+            raise TypeError("attribution_patch: the task's metric must give a scalar tensor computed from the logits "
+                            f"with torch operations (its gradient is taken), got {type(value).__name__}")
+        grads = torch.autograd.grad(value, list(taps.values()))
+    return {p: g.double() for p, g in zip(points, grads)}
+
+
+def _layer_estimate(model, site: str, layer: int, base, source, grads: dict) -> torch.Tensor:
+    """Layer ``layer``'s cells of ``site``: each cell's change of activation dotted with the gradient where
+    it enters the stream, summed over the prompts (the metric's mean over them is in the gradient)."""
+    if site == "resid_pre":
+        delta = (source.resid[:, layer] - base.resid[:, layer]).double()
+        return torch.einsum("bpd,bpd->p", delta, grads[layer, "pre"])
+    if site == "mlp_out":
+        delta = (source.mlp_out[:, layer] - base.mlp_out[:, layer]).double()
+        return torch.einsum("bpd,bpd->p", delta, grads[layer, "post"])
+    delta = (head_outs(model, source, layer) - head_outs(model, base, layer)).double()  # [b, H, pos, d_model]
+    spec = {"head_out": "bhpd,bpd->h", "head_out_pos": "bhpd,bpd->hp", "attn_out": "bhpd,bpd->p"}[site]
+    return torch.einsum(spec, delta, grads[layer, "mid"])

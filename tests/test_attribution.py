@@ -1,0 +1,147 @@
+"""Attribution patching (issue 53 item 3): the first-order estimate of every cell of a site.
+
+Oracle: the float64 forward written in ``test_interventions`` (each head on its own), with its hooks
+adding zero tensors that require grad where each activation is: the estimate of a cell is its change
+between the two runs dotted with the metric's gradient at that activation, by torch's autograd through
+that forward (a head's own output, a layer's stream, a neuron's activation), independent of the model's
+forward and of ``Interventions.taps``. For ``mlp_out`` the oracle reads the neurons: the output's change
+dotted with its gradient is the activations' change dotted with theirs (``W_out`` is linear).
+
+Tolerance: both sides float64; each estimate is a sum of ``b * pos * d_model`` products of an
+activation difference and a gradient that two float64 computations reach by different roundings: the
+exact patching tests' logit bound (``logit_tol``) scaled by the sum's magnitude over the logits'.
+"""
+
+import pytest
+import torch
+from test_interventions import oracle
+from test_patching import N_PROMPTS, induction, model  # noqa: F401 (fixtures)
+from tolerance import chain_tol, model_forward_length
+
+import pycircuits_widgets as pcw
+from family_configs import tiny_model
+from pycircuits_widgets.analysis.attribution import SITES, attribution_patch
+from pycircuits_widgets.analysis.patching import Task, activation_patch, logit_diff
+
+
+@pytest.fixture(scope="module")
+def gpt2_64():
+    """A tiny random GPT-2 (MLPs, learned positions, every bias), float64, and an induction-like task."""
+    m = pcw.from_hf(tiny_model("gpt2", dtype=torch.float64), verify=False)
+    g = torch.Generator().manual_seed(1)
+    V = m.cfg.d_vocab
+    first, other = torch.randint(1, V, (4, 5), generator=g), torch.randint(1, V, (4, 5), generator=g)
+    task = Task(m, torch.cat([first, first[:, :-1]], 1), torch.cat([first, other[:, :-1]], 1),
+                answers=[(int(a), int(b)) for a, b in zip(first[:, -1], other[:, -1])])
+    return m, task
+
+
+def oracle_gradients(model, task, tokens) -> dict:
+    """``{"pre": [L] x [b, pos, d], "head": [L] x [b, H, pos, d], "act": [L] x [b, pos, d_mlp]}``: the metric's
+    gradient at every layer's stream, head output and neuron activation, through the oracle's forward."""
+    b, n = tokens.shape
+    c = model.cfg
+    leaves = {"pre": [], "head": [], "act": []}
+
+    def add(kind, shape):
+        def hook(layer, x):
+            leaf = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+            leaves[kind].append(leaf)
+            return x + leaf
+        return hook
+
+    hooks = {"resid": add("pre", (b, n, c.d_model)), "head_out": add("head", (b, c.n_heads, n, c.d_model))}
+    if not c.attn_only:
+        hooks["neurons"] = add("act", (b, n, c.d_mlp))
+    with torch.enable_grad():
+        value = logit_diff(oracle(model, tokens, **hooks)["logits"], task)
+        flat = [leaf for kind in leaves.values() for leaf in kind]
+        grads = iter(torch.autograd.grad(value, flat))
+    return {kind: [next(grads) for _ in leaves[kind]] for kind in leaves}
+
+
+def oracle_estimates(model, task, direction) -> dict:
+    """Each site's estimates ``[site shape]`` (not normalised) from the oracle's gradients and activations."""
+    base, source = ((task.tokens_corrupted, task.tokens_clean) if direction == "denoise"
+                    else (task.tokens_clean, task.tokens_corrupted))
+    g = oracle_gradients(model, task, base)
+    runs = {}
+    for name, tokens in (("base", base), ("source", source)):
+        seen = {"pre": [], "act": []}
+
+        def keep(kind):
+            def hook(layer, x):
+                seen[kind].append(x.clone())
+                return x
+            return hook
+
+        hooks = {"resid": keep("pre")}
+        if not model.cfg.attn_only:
+            hooks["neurons"] = keep("act")
+        out = oracle(model, tokens, **hooks)
+        runs[name] = {**seen, "head": out["head_out"]}  # head_out [b, L, H, pos, d]
+    L = model.cfg.n_layers
+    d_pre = [runs["source"]["pre"][l] - runs["base"]["pre"][l] for l in range(L)]
+    d_head = [runs["source"]["head"][:, l] - runs["base"]["head"][:, l] for l in range(L)]
+    out = {
+        "resid_pre": torch.stack([torch.einsum("bpd,bpd->p", d_pre[l], g["pre"][l]) for l in range(L)]),
+        "head_out": torch.stack([torch.einsum("bhpd,bhpd->h", d_head[l], g["head"][l]) for l in range(L)]),
+        "head_out_pos": torch.stack([torch.einsum("bhpd,bhpd->hp", d_head[l], g["head"][l]) for l in range(L)]),
+        "attn_out": torch.stack([torch.einsum("bhpd,bhpd->p", d_head[l], g["head"][l]) for l in range(L)]),
+    }
+    if not model.cfg.attn_only:
+        d_act = [runs["source"]["act"][l] - runs["base"]["act"][l] for l in range(L)]
+        out["mlp_out"] = torch.stack([torch.einsum("bpn,bpn->p", d_act[l], g["act"][l]) for l in range(L)])
+    return out
+
+
+def tolerance(model, task, magnitude: float) -> float:
+    """Two float64 computations of a forward's length of roundings at ``magnitude``, on the normalised scale."""
+    n = model_forward_length(model.cfg, task.n_pos) + model.cfg.d_model * task.n_pos * len(task.tokens_clean)
+    return chain_tol(n, magnitude, torch.float64) / abs(task.metric_clean - task.metric_corrupted)
+
+
+@pytest.mark.parametrize("which", ["shipped", "gpt2"])
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_every_site_equals_the_float64_autograd_oracle(which, direction, model, induction, gpt2_64):
+    m, task = (model, induction) if which == "shipped" else gpt2_64
+    want_all = oracle_estimates(m, task, direction)
+    start = task.metric_corrupted if direction == "denoise" else task.metric_clean
+    for site in SITES:
+        if site == "mlp_out" and m.cfg.attn_only:
+            continue
+        got = attribution_patch(m, task, site, direction)
+        want = task.normalise(start + want_all[site])
+        assert got.dims == SITES[site] and got.scores.shape == want.shape and got.scores.dtype == torch.float64
+        tol = tolerance(m, task, 1.0 + float(want_all[site].abs().max()))
+        assert float((got.scores - want).abs().max()) <= tol, (site, direction, got.scores, want)
+
+
+def test_the_estimate_agrees_with_exact_patching_on_the_known_circuit(model, induction):
+    """On the shipped model's induction task the heads' outputs are nearly linear in their effect: the
+    estimate ranks the heads as exact patching does and finds its top cells."""
+    exact = activation_patch(model, induction, "head_out")
+    estimate = attribution_patch(model, induction, "head_out")
+    agreement = estimate.agreement(exact, k=4)
+    assert agreement.rank_correlation > 0.5 and agreement.top_k_overlap >= 0.5, agreement
+    assert len(agreement.worst) == 5 and all(len(w) == 3 for w in agreement.worst)
+    cell, ours, theirs = agreement.worst[0]
+    assert abs(ours - theirs) == pytest.approx(float((estimate.scores - exact.scores).abs().max()))
+
+
+def test_bad_input_is_refused_by_name(model, induction):
+    with pytest.raises(ValueError, match="site must be one of"):
+        attribution_patch(model, induction, "pattern")
+    with pytest.raises(ValueError, match="direction must be one of"):
+        attribution_patch(model, induction, "head_out", "sideways")
+    with pytest.raises(ValueError, match="site 'mlp_out' needs MLPs"):
+        attribution_patch(model, induction, "mlp_out")
+    floats = Task(model, induction.tokens_clean, induction.tokens_corrupted,
+                  answers=[tuple(map(int, a)) for a in induction.answer_ids],
+                  metric=lambda logits, task: logit_diff(logits, task).detach().item())
+    with pytest.raises(TypeError, match="its gradient is taken"):
+        attribution_patch(model, floats, "head_out")
+    exact = activation_patch(model, induction, "attn_out")
+    with pytest.raises(ValueError, match="agreement: exact must be activation_patch"):
+        attribution_patch(model, induction, "head_out").agreement(exact)
+    assert N_PROMPTS == len(induction.tokens_clean)
