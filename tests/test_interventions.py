@@ -597,3 +597,25 @@ def test_the_readme_causal_checks_example_runs_as_written(tmp_path, monkeypatch)
     exec(compile(block, "README.md (causal checks example)", "exec"), namespace)
     assert namespace["pp"].reader == (1, 6)
     assert namespace["ablated"].loss.shape == (1, namespace["clean"].tokens.shape[1] - 1)
+
+
+def test_zero_taps_leave_the_forward_as_it_is_and_bad_taps_are_refused(gpt2_64, shipped):
+    """``Interventions.taps`` adds to the stream: zeros give the clean forward's logits bit for bit (resumed
+    or not), a tap of ``delta`` before a layer is the stream before it set to the stream plus ``delta``."""
+    tokens = torch.randint(0, gpt2_64.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    clean, cache = gpt2_64.run_with_cache(tokens)
+    zeros = {(l, w): torch.zeros(2, 6, gpt2_64.cfg.d_model, dtype=torch.float64)
+             for l in range(gpt2_64.cfg.n_layers) for w in ("pre", "mid", "post")}
+    assert torch.equal(gpt2_64.run_with_cache(tokens, Interventions(taps=zeros))[0], clean)
+    assert torch.equal(gpt2_64.run_with_cache(tokens, Interventions(taps=zeros), resume=cache)[0], clean)
+    delta = torch.randn(2, 6, gpt2_64.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tapped = gpt2_64.run_with_cache(tokens, Interventions(taps={(1, "pre"): delta}), resume=cache)[0]
+    set_ = gpt2_64.run_with_cache(tokens, Interventions(resid={1: cache.resid[:, 1] + delta}))[0]
+    assert torch.equal(tapped, set_)
+    for taps, match in (({(0, "after"): delta}, r"must be \(layer, where\) with where one of"),
+                        ({(9, "pre"): delta}, r"has layer 9; the model's layers are 0\.\.1"),
+                        ({(0, "pre"): delta[:, :3]}, r"taps\[\(0, 'pre'\)\]: the stream must be a tensor")):
+        with pytest.raises(ValueError, match=match):
+            gpt2_64.run_with_cache(tokens, Interventions(taps=taps))
+    with pytest.raises(ValueError, match="is attention-only"):
+        shipped.run_with_cache(torch.tensor([[1, 2]]), Interventions(taps={(0, "post"): torch.zeros(1, 2, 512)}))
