@@ -122,8 +122,9 @@ _shutting_down = threading.Event()
 
 def _shut_down() -> None:
     _shutting_down.set()  # every job is stale: the scheduler drops them, pieces computing end
-    if scheduler._shared:
-        scheduler.shared().poke()
+    existing = scheduler.existing()
+    if existing is not None:
+        existing.poke()
 
 
 if hasattr(threading, "_register_atexit"):  # before the scheduler's workers are joined at exit

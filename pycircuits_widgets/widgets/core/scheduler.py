@@ -182,6 +182,12 @@ def shared() -> Scheduler:
         return _shared[1]
 
 
+def existing() -> Scheduler | None:
+    """This process's scheduler if one exists (``shared`` made it), else None."""
+    with _shared_lock:
+        return _shared[1] if _shared and _shared[0] == os.getpid() else None
+
+
 def _after_fork_in_child() -> None:
     global _shared_lock
     _shared_lock = threading.Lock()  # (another thread may have held it at the fork)
