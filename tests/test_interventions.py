@@ -50,11 +50,12 @@ from pycircuits_widgets.models.interventions import Interventions
 
 # --- the float64 oracle ----------------------------------------------------------------------
 
-def oracle(model, tokens, *, resid=None, inputs=None, z=None, head_out=None, neurons=None) -> dict:
+def oracle(model, tokens, *, resid=None, inputs=None, pattern=None, z=None, head_out=None, neurons=None) -> dict:
     """A float64 forward of ``model``'s folded tensors, each head on its own. Hooks, each
     ``(layer, tensor) -> tensor``: ``resid(layer, x [b, pos, d_model])`` the stream before each layer,
     ``inputs(layer, via, x [b, H, pos, d_model])`` each head's query,
-    key or value input stream (before its norm), ``z(layer, z [b, H, pos, d_head])``,
+    key or value input stream (before its norm), ``pattern(layer, p [b, H, dest, src])``,
+    ``z(layer, z [b, H, pos, d_head])``,
     ``head_out(layer, out [b, H, pos, d_model])``, ``neurons(layer, act [b, pos, d_mlp])``.
     Returns logits, patterns ``[b, L, H, pos, pos]``, z ``[b, L, H, pos, d_head]`` and the
     heads' outputs ``[b, L, H, pos, d_model]``."""
@@ -93,12 +94,13 @@ def oracle(model, tokens, *, resid=None, inputs=None, z=None, head_out=None, neu
         q, k, v = (torch.einsum("bhpd,hde->bhpe", norm(streams[via]) + (qk_pos if via != "V" else 0),
                                 w(f"W_{via}")[layer]) + bias(f"b_{via}", layer, per_head=True) for via in "QKV")
         scores = (q @ k.transpose(-1, -2) / c.attn_scale).masked_fill(~causal, -math.inf)
-        pattern = scores.softmax(-1)
-        zl = pattern @ v
+        patterns_l = scores.softmax(-1)
+        patterns_l = pattern(layer, patterns_l) if pattern else patterns_l
+        zl = patterns_l @ v
         zl = z(layer, zl) if z else zl
         out = torch.einsum("bhpe,hed->bhpd", zl, w("W_O")[layer])
         out = head_out(layer, out) if head_out else out
-        patterns.append(pattern), zs.append(zl), outs.append(out)
+        patterns.append(patterns_l), zs.append(zl), outs.append(out)
         x = x + out.sum(1) + bias("b_O", layer)
         if not c.attn_only:
             act = gelu_new(norm(x) @ w("W_in")[layer] + bias("b_in", layer))
@@ -599,7 +601,7 @@ def test_the_readme_causal_checks_example_runs_as_written(tmp_path, monkeypatch)
     assert namespace["ablated"].loss.shape == (1, namespace["clean"].tokens.shape[1] - 1)
 
 
-def test_zero_taps_leave_the_forward_as_it_is_and_bad_taps_are_refused(gpt2_64, shipped):
+def test_zero_taps_leave_the_forward_as_it_is_and_bad_taps_and_patterns_are_refused(gpt2_64, shipped):
     """``Interventions.taps`` adds to the stream: zeros give the clean forward's logits bit for bit (resumed
     or not), a tap of ``delta`` before a layer is the stream before it set to the stream plus ``delta``."""
     tokens = torch.randint(0, gpt2_64.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
@@ -619,3 +621,5 @@ def test_zero_taps_leave_the_forward_as_it_is_and_bad_taps_are_refused(gpt2_64, 
             gpt2_64.run_with_cache(tokens, Interventions(taps=taps))
     with pytest.raises(ValueError, match="is attention-only"):
         shipped.run_with_cache(torch.tensor([[1, 2]]), Interventions(taps={(0, "post"): torch.zeros(1, 2, 512)}))
+    with pytest.raises(ValueError, match=r"patterns\[\(0, 1\)\]: a pattern is a tensor \[batch, dest, src\] = \[2, 6, 6\]"):
+        gpt2_64.run_with_cache(tokens, Interventions(patterns={(0, 1): torch.ones(2, 6, 5)}))

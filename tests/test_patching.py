@@ -98,6 +98,16 @@ def test_every_site_equals_the_oracle_with_that_activation_from_the_other_run(mo
             return x
         return hook
 
+    their_patterns = oracle(model, source)["patterns"]  # [b, L, H, dest, src]
+
+    def pattern(layer, head):
+        def hook(at, p):
+            if at == layer:
+                p = p.clone()
+                p[:, head] = their_patterns[:, layer, head]
+            return p
+        return hook
+
     for site in set(SITES) - {"mlp_out"}:  # (attention-only: refused below; tested on the bridge)
         got = activation_patch(model, task, site, direction)
         assert got.dims == SITES[site] and got.scores.dtype == torch.float64
@@ -116,6 +126,8 @@ def test_every_site_equals_the_oracle_with_that_activation_from_the_other_run(mo
                 hooks = {"head_out": head_out(cell[0], None, cell[1])}
             elif site == "resid_pre":
                 hooks = {"resid": resid_pre(*cell)}
+            elif site == "pattern":
+                hooks = {"pattern": pattern(*cell)}
             else:
                 hooks = {"inputs": head_input(*cell, site[0].upper())}
             want = task.normalise(oracle_metric(model, task, base, **hooks))
@@ -217,6 +229,7 @@ def test_equal_to_transformer_lens_patching_on_its_bridge():
                          ("v_input", tl_patching.get_act_patch_attn_head_v_all_pos),
                          ("attn_out", tl_patching.get_act_patch_attn_out),
                          ("mlp_out", tl_patching.get_act_patch_mlp_out),
+                         ("pattern", tl_patching.get_act_patch_attn_head_pattern_all_pos),
                          ("head_out_pos", tl_patching.get_act_patch_attn_head_out_by_pos)):
         want = theirs(bridge, corrupted, clean_cache, metric).double()
         if site == "head_out_pos":

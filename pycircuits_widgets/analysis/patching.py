@@ -21,6 +21,7 @@ corrupted run's metric and 1 the clean run's (``Task.normalise``). Sites, and th
 ``"k_input"``                     before layer ``l``, through the layer's own norm: TransformerLens's
 ``"v_input"``                     split inputs), its key's, its value's, at every position
 ``"attn_out"``      ``[L, P]``    every head of layer ``l`` at position ``p`` (the attention block's output)
+``"pattern"``       ``[L, H]``    head ``(l, h)``'s attention pattern (over its own values)
 ``"mlp_out"``       ``[L, P]``    layer ``l``'s MLP output at position ``p`` (models with MLPs: every
                                   neuron's post-activation there, which the output is a function of)
 ==================  ============  ==============================================================
@@ -39,7 +40,7 @@ from .ablation import check_model
 METRICS = ("logit_diff",)
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"), "head_out_pos": ("layer", "head", "position"),
          "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head"),
-         "attn_out": ("layer", "position"), "mlp_out": ("layer", "position")}
+         "attn_out": ("layer", "position"), "pattern": ("layer", "head"), "mlp_out": ("layer", "position")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 DIRECTIONS = ("denoise", "noise")
 
@@ -267,6 +268,9 @@ def _cells(model, site: str, layer: int, base, source, n_pos: int):
             value = ours.clone()
             value[:, :, p] = theirs[:, :, p]
             yield (layer, p), Interventions(heads={(layer, h): value[:, h] for h in range(n_heads)})
+    elif site == "pattern":
+        for h in range(n_heads):
+            yield (layer, h), Interventions(patterns={(layer, h): source.patterns[:, layer, h]})
     elif site == "mlp_out":
         for p in range(n_pos):
             post = base.mlp_post[:, layer].clone()  # [b, pos, d_mlp]

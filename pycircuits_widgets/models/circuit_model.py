@@ -532,6 +532,14 @@ class CircuitModel:
                 q, k, v = (self.project(layer, reads[via], via, [head]) for via in VIAS)
                 p = self.attention_pattern(layer, q, k, [head])
                 pattern[:, head], z[:, head] = p[:, 0], (p @ v)[:, 0]
+        if edits.patterns:  # a head attending by a given pattern, over its own values
+            pattern, z = pattern.clone(), z.clone()
+            xn = self.layer_read(x)[0] if xn is None else xn
+            for head, given in edits.patterns.items():
+                stream = edits.inputs.get(head, {}).get("V")
+                v = self.project(layer, xn if stream is None else self.layer_read(stream)[0], "V", [head])
+                given = given.to(v.dtype)
+                pattern[:, head], z[:, head] = given, (given[:, None] @ v)[:, 0]
         if edits.heads:  # an ablated head writes nothing through W_O: the same as its W_O set to zero
             z = z.index_fill(1, torch.tensor(sorted(edits.heads), device=z.device), 0)
         out = self.attention_output(layer, z)

@@ -16,6 +16,9 @@ the model's own forward, with these changes at the layers they name (0-based lay
   through the layer's own norm recomputed on ``stream`` (TransformerLens's ``use_split_qkv_input``
   with ``hook_q_input`` / ``hook_k_input`` / ``hook_v_input``); the head's other inputs and every
   other head read the layer's input.
+* ``patterns``: ``{(layer, head): pattern [batch, pos, pos]}``. The head attends by ``pattern`` (rows:
+  destinations, columns: sources) instead of its own; its values are its own (TransformerLens's
+  ``hook_pattern``).
 * ``resid``: ``{layer: stream [batch, pos, d_model]}``. The residual stream before that layer (what its
   attention reads, TransformerLens's ``hook_resid_pre``) is ``stream``: every part of the layer reads it.
 * ``taps``: ``{(layer, where): delta [batch, pos, d_model]}``, ``where`` one of ``TAPS``: ``delta`` is
@@ -42,12 +45,13 @@ TAPS = ("pre", "mid", "post")
 
 class LayerEdits(NamedTuple):
     """One layer's share of an ``Interventions``: ``heads {head: replacement}``, ``neurons {neuron:
-    replacement}``, ``inputs {head: {via: stream}}``, ``resid`` (the stream before it, or None), ``taps
-    {where: delta}``."""
+    replacement}``, ``inputs {head: {via: stream}}``, ``patterns {head: pattern}``, ``resid`` (the stream
+    before it, or None), ``taps {where: delta}``."""
 
     heads: dict
     neurons: dict
     inputs: dict
+    patterns: dict
     resid: torch.Tensor | None
     taps: dict
 
@@ -59,16 +63,18 @@ class Interventions:
     heads: dict = field(default_factory=dict)
     neurons: dict = field(default_factory=dict)
     head_inputs: dict = field(default_factory=dict)
+    patterns: dict = field(default_factory=dict)
     resid: dict = field(default_factory=dict)
     taps: dict = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.heads or self.neurons or self.head_inputs or self.resid or self.taps)
+        return bool(self.heads or self.neurons or self.head_inputs or self.patterns or self.resid or self.taps)
 
     def first_layer(self, n_layers: int) -> int:
         """The first layer an intervention changes (``n_layers`` when none does): the layers before it
         run as in the clean forward."""
-        layers = [key[0] for part in (self.heads, self.neurons, self.head_inputs, self.taps) for key in part]
+        layers = [key[0] for part in (self.heads, self.neurons, self.head_inputs, self.patterns, self.taps)
+                  for key in part]
         return min([*layers, *self.resid], default=n_layers)
 
     def at(self, layer: int) -> LayerEdits | None:
@@ -79,10 +85,11 @@ class Interventions:
         for (l, h, via), stream in self.head_inputs.items():
             if l == layer:
                 inputs.setdefault(h, {})[via] = stream
+        patterns = {h: p for (l, h), p in self.patterns.items() if l == layer}
         resid = self.resid.get(layer)
         taps = {where: delta for (l, where), delta in self.taps.items() if l == layer}
-        if heads or neurons or inputs or resid is not None or taps:
-            return LayerEdits(heads, neurons, inputs, resid, taps)
+        if heads or neurons or inputs or patterns or resid is not None or taps:
+            return LayerEdits(heads, neurons, inputs, patterns, resid, taps)
         return None
 
     def check(self, cfg, batch: int, pos: int) -> None:
@@ -103,6 +110,12 @@ class Interventions:
                                  f"of {VIAS}")
             _check_index("head_inputs", key[:2], (L, H), ("layer", "head"))
             _check_stream(f"head_inputs[{key!r}]", stream, (batch, pos, cfg.d_model))
+        for key, pattern in self.patterns.items():
+            _check_index("patterns", key, (L, H), ("layer", "head"))
+            if not isinstance(pattern, torch.Tensor) or tuple(pattern.shape) != (batch, pos, pos):
+                got = tuple(pattern.shape) if isinstance(pattern, torch.Tensor) else type(pattern).__name__
+                raise ValueError(f"Interventions.patterns[{key!r}]: a pattern is a tensor [batch, dest, src] = "
+                                 f"{[batch, pos, pos]}, got {got}")
         for layer, stream in self.resid.items():
             if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
                 raise ValueError(f"Interventions.resid: key {layer!r} must be a layer in 0..{L - 1}")
