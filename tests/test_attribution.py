@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_interventions import oracle
 from test_patching import N_PROMPTS, induction, model  # noqa: F401 (fixtures)
-from tolerance import chain_tol, model_forward_length
+from tolerance import chain_tol, logit_tol, model_forward_length
 
 import pycircuits_widgets as pcw
 from family_configs import tiny_model
@@ -92,6 +92,7 @@ def oracle_estimates(model, task, direction) -> dict:
     if not model.cfg.attn_only:
         d_act = [runs["source"]["act"][l] - runs["base"]["act"][l] for l in range(L)]
         out["mlp_out"] = torch.stack([torch.einsum("bpn,bpn->p", d_act[l], g["act"][l]) for l in range(L)])
+        out["neuron"] = torch.stack([torch.einsum("bpn,bpn->n", d_act[l], g["act"][l]) for l in range(L)])
     return out
 
 
@@ -108,13 +109,42 @@ def test_every_site_equals_the_float64_autograd_oracle(which, direction, model, 
     want_all = oracle_estimates(m, task, direction)
     start = task.metric_corrupted if direction == "denoise" else task.metric_clean
     for site in SITES:
-        if site == "mlp_out" and m.cfg.attn_only:
+        if site in ("mlp_out", "neuron") and m.cfg.attn_only:
             continue
         got = attribution_patch(m, task, site, direction)
         want = task.normalise(start + want_all[site])
         assert got.dims == SITES[site] and got.scores.shape == want.shape and got.scores.dtype == torch.float64
         tol = tolerance(m, task, 1.0 + float(want_all[site].abs().max()))
         assert float((got.scores - want).abs().max()) <= tol, (site, direction, got.scores, want)
+
+
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_exact_neuron_patching_equals_the_oracle_and_top_patches_the_estimates_first(gpt2_64, direction):
+    m, task = gpt2_64
+    base, source = ((task.tokens_corrupted, task.tokens_clean) if direction == "denoise"
+                    else (task.tokens_clean, task.tokens_corrupted))
+    acts = []
+    oracle(m, source, neurons=lambda layer, act: acts.append(act.clone()) or act)
+    every = activation_patch(m, task, "neuron", direction)
+    assert every.dims == ("layer", "neuron") and every.scores.shape == (m.cfg.n_layers, m.cfg.d_mlp)
+    tol = 2 * logit_tol(m, task.clean, task.n_pos, torch.float64) / abs(task.metric_clean - task.metric_corrupted)
+    for layer, n in ((0, 0), (0, 17), (1, 5), (1, m.cfg.d_mlp - 1)):
+        def swap(at, act, layer=layer, n=n):
+            if at == layer:
+                act = act.clone()
+                act[..., n] = acts[layer][..., n]
+            return act
+        want = task.normalise(float(logit_diff(oracle(m, base, neurons=swap)["logits"], task)))
+        assert abs(float(every.scores[layer, n]) - want) <= tol, (layer, n)
+    top = activation_patch(m, task, "neuron", direction, top=3)
+    estimate = attribution_patch(m, task, "neuron", direction).scores
+    unpatched = 0.0 if direction == "denoise" else 1.0
+    for layer in range(m.cfg.n_layers):
+        chosen = torch.isfinite(top.scores[layer]).nonzero().flatten()
+        assert len(chosen) == 3 and set(chosen.tolist()) == set((estimate[layer] - unpatched).abs().topk(3).indices.tolist())
+        assert torch.equal(top.scores[layer, chosen], every.scores[layer, chosen])
+    with pytest.raises(ValueError, match="top is an int >= 1 for site 'neuron'"):
+        activation_patch(m, task, "head_out", top=3)
 
 
 def test_the_estimate_agrees_with_exact_patching_on_the_known_circuit(model, induction):
@@ -134,8 +164,9 @@ def test_bad_input_is_refused_by_name(model, induction):
         attribution_patch(model, induction, "pattern")
     with pytest.raises(ValueError, match="direction must be one of"):
         attribution_patch(model, induction, "head_out", "sideways")
-    with pytest.raises(ValueError, match="site 'mlp_out' needs MLPs"):
-        attribution_patch(model, induction, "mlp_out")
+    for site in ("mlp_out", "neuron"):
+        with pytest.raises(ValueError, match=f"site '{site}' needs MLPs"):
+            attribution_patch(model, induction, site)
     floats = Task(model, induction.tokens_clean, induction.tokens_corrupted,
                   answers=[tuple(map(int, a)) for a in induction.answer_ids],
                   metric=lambda logits, task: logit_diff(logits, task).detach().item())

@@ -13,6 +13,8 @@ after its attention, after its MLP) and one backward give all of them.
 ``"head_out_pos"``  ``[L, H, P]`` layer's attention, where each head's ``z @ W_O`` is added
 ``"attn_out"``      ``[L, P]``    (models with a post-attention norm are refused: it is not additive)
 ``"mlp_out"``       ``[L, P]``    layer ``l``'s MLP output at ``p``: the gradient after its MLP
+``"neuron"``        ``[L, N]``    neuron ``n``'s activation at every position: that gradient through
+                                  ``W_out`` (its row is what the neuron adds per unit of activation)
 ==================  ============  ===============================================================
 
 Scores are on ``activation_patch``'s scale (``Task.normalise``: 0 the corrupted run, 1 the clean one),
@@ -34,7 +36,7 @@ from .patching import DIRECTIONS, PatchResult, Task, head_outs
 
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"),
          "head_out_pos": ("layer", "head", "position"), "attn_out": ("layer", "position"),
-         "mlp_out": ("layer", "position")}
+         "mlp_out": ("layer", "position"), "neuron": ("layer", "neuron")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 WORST = 5
 """Cells ``Agreement.worst`` lists."""
@@ -107,8 +109,11 @@ def attribution_patch(model, task: Task, site: str, direction: str = "denoise") 
     if direction not in DIRECTIONS:
         raise ValueError(f"attribution_patch: direction must be one of {DIRECTIONS}, got {direction!r}")
     c = model.cfg
-    if site == "mlp_out" and c.attn_only:
-        raise ValueError(f"attribution_patch: site 'mlp_out' needs MLPs; {c.name!r} is attention-only")
+    if site in ("mlp_out", "neuron") and c.attn_only:
+        raise ValueError(f"attribution_patch: site {site!r} needs MLPs; {c.name!r} is attention-only")
+    if site == "neuron" and c.post_norms:
+        raise ValueError(f"attribution_patch: site 'neuron': {c.name!r} normalises its MLP's output, so a neuron "
+                         "does not enter the stream additively (exact patching: pcw.activation_patch)")
     if site in ("head_out", "head_out_pos", "attn_out") and c.post_norms:
         raise ValueError(f"attribution_patch: site {site!r}: {c.name!r} normalises its attention's output after the "
                          "heads are summed, so a head's output does not enter the stream additively (exact patching: "
@@ -150,6 +155,9 @@ def _layer_estimate(model, site: str, layer: int, base, source, grads: dict) -> 
     if site == "mlp_out":
         delta = (source.mlp_out[:, layer] - base.mlp_out[:, layer]).double()
         return torch.einsum("bpd,bpd->p", delta, grads[layer, "post"])
+    if site == "neuron":
+        delta = (source.mlp_post[:, layer] - base.mlp_post[:, layer]).double()  # [b, pos, d_mlp]
+        return torch.einsum("bpn,bpn->n", delta, grads[layer, "post"] @ model.W_out[layer].double().T)
     delta = (head_outs(model, source, layer) - head_outs(model, base, layer)).double()  # [b, H, pos, d_model]
     spec = {"head_out": "bhpd,bpd->h", "head_out_pos": "bhpd,bpd->hp", "attn_out": "bhpd,bpd->p"}[site]
     return torch.einsum(spec, delta, grads[layer, "mid"])

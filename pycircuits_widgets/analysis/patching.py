@@ -24,6 +24,8 @@ corrupted run's metric and 1 the clean run's (``Task.normalise``). Sites, and th
 ``"pattern"``       ``[L, H]``    head ``(l, h)``'s attention pattern (over its own values)
 ``"mlp_out"``       ``[L, P]``    layer ``l``'s MLP output at position ``p`` (models with MLPs: every
                                   neuron's post-activation there, which the output is a function of)
+``"neuron"``        ``[L, N]``    neuron ``n``'s activation at every position (``top=k``: only the ``k``
+                                  of each layer the attribution estimate ranks first, the rest NaN)
 ==================  ============  ==============================================================
 """
 
@@ -40,7 +42,8 @@ from .ablation import check_model
 METRICS = ("logit_diff",)
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"), "head_out_pos": ("layer", "head", "position"),
          "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head"),
-         "attn_out": ("layer", "position"), "pattern": ("layer", "head"), "mlp_out": ("layer", "position")}
+         "attn_out": ("layer", "position"), "pattern": ("layer", "head"), "mlp_out": ("layer", "position"),
+         "neuron": ("layer", "neuron")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 DIRECTIONS = ("denoise", "noise")
 
@@ -217,10 +220,12 @@ def head_outs(model, cache, layer: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def activation_patch(model, task: Task, site: str, direction: str = "denoise") -> PatchResult:
+def activation_patch(model, task: Task, site: str, direction: str = "denoise", top: int | None = None) -> PatchResult:
     """Exact activation patching of ``site`` (module docstring) for ``task``: one resumed forward per cell.
     ``direction="denoise"``: the corrupted run with one activation from the clean run; ``"noise"``: the
-    clean run with one from the corrupted run. Returns a ``PatchResult`` (normalised scores)."""
+    clean run with one from the corrupted run. ``top`` (site ``"neuron"`` only): patch only the ``top``
+    neurons of each layer with the largest attribution estimate (``attribution_patch``), the other cells
+    NaN; None: every neuron. Returns a ``PatchResult`` (normalised scores)."""
     check_model(model, "activation_patch")
     if not isinstance(task, Task) or task.model is not model:
         raise TypeError("activation_patch: task must be the pcw.Task of this model (pcw.Task(model, clean, "
@@ -229,23 +234,37 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise") -
         raise ValueError(f"activation_patch: site must be one of {tuple(SITES)}, got {site!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"activation_patch: direction must be one of {DIRECTIONS}, got {direction!r}")
-    if site == "mlp_out" and model.cfg.attn_only:
-        raise ValueError(f"activation_patch: site 'mlp_out' needs MLPs; {model.cfg.name!r} is attention-only")
+    if site in ("mlp_out", "neuron") and model.cfg.attn_only:
+        raise ValueError(f"activation_patch: site {site!r} needs MLPs; {model.cfg.name!r} is attention-only")
+    if top is not None and (site != "neuron" or isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise ValueError(f"activation_patch: top is an int >= 1 for site 'neuron' (the neurons of each layer to "
+                         f"patch), got top={top!r} for site {site!r}")
     base, source = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
     tokens = task.tokens_corrupted if direction == "denoise" else task.tokens_clean
     c = model.cfg
-    sizes = {"layer": c.n_layers, "head": c.n_heads, "position": task.n_pos}
+    sizes = {"layer": c.n_layers, "head": c.n_heads, "position": task.n_pos, "neuron": c.d_mlp}
     dims = SITES[site]
     scores = torch.full([sizes[d] for d in dims], float("nan"), dtype=torch.float64)
+    neurons = None
+    if site == "neuron":
+        neurons = torch.arange(c.d_mlp).expand(c.n_layers, -1)
+        if top is not None:
+            from .attribution import attribution_patch  # (attribution builds on this module)
+
+            unpatched = 0.0 if direction == "denoise" else 1.0
+            effect = (attribution_patch(model, task, "neuron", direction).scores - unpatched).abs()
+            neurons = effect.argsort(1, descending=True)[:, :top]
     for layer in range(c.n_layers):
-        for cell, edits in _cells(model, site, layer, base, source, task.n_pos):
+        for cell, edits in _cells(model, site, layer, base, source, task.n_pos,
+                                  None if neurons is None else neurons[layer].tolist()):
             scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
     return PatchResult(site, direction, scores, dims)
 
 
-def _cells(model, site: str, layer: int, base, source, n_pos: int):
+def _cells(model, site: str, layer: int, base, source, n_pos: int, neurons: list[int] | None = None):
     """``(cell index, Interventions)`` of each cell of ``site`` in ``layer``: what the patched forward changes
-    (``base``, ``source``: the patched run's cache and the run its activations come from)."""
+    (``base``, ``source``: the patched run's cache and the run its activations come from; ``neurons``: the
+    layer's neurons to patch, site ``"neuron"``)."""
     n_heads = model.cfg.n_heads
     if site in ("head_out", "head_out_pos", "attn_out"):  # the heads' outputs [b, H, pos, d_model]
         ours, theirs = head_outs(model, base, layer), head_outs(model, source, layer)
@@ -276,6 +295,9 @@ def _cells(model, site: str, layer: int, base, source, n_pos: int):
             post = base.mlp_post[:, layer].clone()  # [b, pos, d_mlp]
             post[:, p] = source.mlp_post[:, layer, p]
             yield (layer, p), Interventions(neurons={(layer, n): post[..., n] for n in range(post.shape[-1])})
+    elif site == "neuron":
+        for n in neurons:
+            yield (layer, n), Interventions(neurons={(layer, n): source.mlp_post[:, layer, :, n]})
     else:  # the q, k or v input: the other run's stream before this layer
         via = site[0].upper()
         for h in range(n_heads):
