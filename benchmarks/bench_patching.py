@@ -8,8 +8,11 @@ random clean and corrupted prompts of ``--tokens`` tokens with a logit-differenc
 ``--repeats`` after a warm-up, in one process, alternating: ``pcw.activation_patch(model, task,
 "head_out")`` (one forward resumed at the head's layer per head) and TransformerLens's
 ``patching.get_act_patch_attn_head_out_all_pos`` (a whole hooked forward per head), both over all 144
-heads; and one plain forward of the corrupted prompts, the unit of the "forwards" column. The target
-(issue 53): ours >= 3x TransformerLens, <= 1 forward per head. ``--smoke``: 2 layers of 2 heads, 2 prompts.
+heads; and one plain forward of the corrupted prompts, the unit of the "forwards" column. Then
+attribution patching (``pcw.attribution_patch``) of every head and of every neuron (one forward with
+its gradient taps and one backward each), in forwards. The targets (issue 53): exact ours >= 3x
+TransformerLens, <= 1 forward per head; attribution of every head and neuron <= 3 forwards.
+``--smoke``: 2 layers of 2 heads, 2 prompts.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def main():
     forward = best_seconds(lambda: model.run_with_cache(corrupted), a.repeats)
     ours = best_seconds(lambda: pcw.activation_patch(model, task, "head_out"), a.repeats)
     theirs = best_seconds(tl, a.repeats)
+    attribution = {site: best_seconds(lambda site=site: pcw.attribution_patch(model, task, site), a.repeats)
+                   for site in ("head_out", "neuron")}
     heads = c.n_layers * c.n_heads
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {c.n_layers} layers x {c.n_heads} heads, "
           f"d_model {c.d_model}, vocab {c.d_vocab}; {a.prompts} prompts of {a.tokens} tokens; {load_average()}")
@@ -84,6 +89,10 @@ def main():
     print("|---|---|---|---|---|")
     print(f"| head_out patching, all {heads} heads | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x | "
           f"{ours / forward / heads:.2f} (one forward {forward * 1000:.1f} ms) |")
+    for site, seconds in attribution.items():
+        cells = heads if site == "head_out" else c.n_layers * c.d_mlp
+        print(f"| attribution_patch {site}, all {cells} cells | {seconds:.3f} | | | {seconds / forward:.2f} forwards "
+              "in all |")
 
 
 if __name__ == "__main__":
