@@ -130,3 +130,33 @@ def test_the_readme_example_runs_as_written(learned, swept):
     scope = {"pcw": pcw, "model": learned, "sweep": swept}
     exec(compile(block, "README.md (effective embeddings)", "exec"), scope)
     assert scope["emb"].kind == "corpus" and (scope["emb"].counts >= 3).all()
+
+
+@pytest.mark.parametrize("kind", ["mlp0", "corpus"])
+def test_skip_trigrams_read_through_an_effective_embedding_are_its_dense_circuits(learned, swept, kind):
+    """The skip-trigram table of a layer-2 head read through ``kind``: the top triples of the centred
+    circuits with the effective vectors in place of ``W_E`` (tokens: the embedding's, outs through
+    ``W_U``), written out densely in float64 here."""
+    from pycircuits_widgets.analysis import skip_trigrams
+
+    emb = effective_embedding(learned, 2, kind, sweep=swept if kind == "corpus" else None)
+    vocab = emb.tokens[::max(1, len(emb.tokens) // 60)]  # (a dense [src, dest, out] of 60 tokens)
+    got = skip_trigrams(learned, 2, 1, k=15, approximate=True, vocab=vocab,
+                        embedding=emb if kind == "corpus" else "mlp0")
+    rows = torch.isin(emb.tokens, vocab)
+    E, ids = emb.vectors[rows].double(), emb.tokens[rows]
+    QK = E @ learned.W_Q[2, 1].double() @ learned.W_K[2, 1].double().T @ E.T
+    OV = E @ learned.W_V[2, 1].double() @ learned.W_O[2, 1].double() @ learned.W_U.double()[:, ids]
+    QK, OV = QK - QK.mean(1, keepdim=True), OV - OV.mean(1, keepdim=True)
+    score = QK.T.clamp_min(0)[:, :, None] * OV.clamp_min(0)[:, None, :]  # [src, dest, out]
+    top = torch.topk(score.flatten(), 15)
+    src, rest = top.indices // (len(ids) ** 2), top.indices % (len(ids) ** 2)
+    want = list(zip(ids[src].tolist(), ids[rest // len(ids)].tolist(), ids[rest % len(ids)].tolist()))
+    # float32 factors of float64 weights: the scores agree to float32's rounding of each chain
+    scale = float(top.values.abs().max())
+    assert [t.score for t in got] == pytest.approx(top.values.tolist(), abs=chain_tol(4 * learned.cfg.d_model, scale))
+    assert {(t.source, t.destination, t.out) for t in got[:5]} == set(want[:5])
+    with pytest.raises(ValueError, match="an effective embedding of layer 2 .* for a head of layer 1"):
+        skip_trigrams(learned, 1, 0, approximate=True, embedding=emb)
+    with pytest.raises(ValueError, match="embedding='corpus' reads a sweep"):
+        skip_trigrams(learned, 2, 0, approximate=True, embedding="corpus")

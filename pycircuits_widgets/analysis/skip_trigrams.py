@@ -54,6 +54,7 @@ from ..progress import steps
 from ..screen import ProductScreen
 from .cache import FACTORS, RESULT, cached, holds, keeper, stored
 from .circuits import check_head, check_index, embedding, model_name
+from .effective_embedding import EffectiveEmbedding, effective_embedding
 from .finite import NonFiniteError, naming_non_finite, non_finite_error
 from .pieces import drained, whole
 from .rotary import check_reduce, offset_window, rotations
@@ -121,6 +122,24 @@ class HeadTable:
         return self.progress >= 1.0
 
 
+def _check_embedding(model, layer: int, embedding) -> EffectiveEmbedding | None:
+    """``embedding`` (``skip_trigrams``) as an ``EffectiveEmbedding`` of ``layer``, or None for ``W_E``."""
+    if embedding is None or embedding == "raw":
+        return None
+    if embedding == "mlp0":
+        return effective_embedding(model, layer, "mlp0")
+    if embedding == "corpus":
+        raise ValueError("embedding='corpus' reads a sweep: pass embedding=pcw.effective_embedding(model, layer, "
+                         "'corpus', sweep=...)")
+    if not isinstance(embedding, EffectiveEmbedding):
+        raise TypeError(f"embedding must be None, 'raw', 'mlp0' or an EffectiveEmbedding, got {type(embedding).__name__}")
+    if embedding.layer != layer or embedding.vectors.shape[-1] != model.cfg.d_model:
+        raise ValueError(f"embedding: an effective embedding of layer {embedding.layer} (d_model "
+                         f"{embedding.vectors.shape[-1]}) for a head of layer {layer} of this model (d_model "
+                         f"{model.cfg.d_model}): compute it with effective_embedding(model, {layer}, ...)")
+    return None if embedding.kind == "raw" else embedding
+
+
 def _check_exact(model, layer: int, head: int, approximate: bool) -> tuple[int, int]:
     """The checked ``(layer, head)``; refused where the table is not exact unless ``approximate``."""
     layer, head = check_head(model, (layer, head))
@@ -135,16 +154,19 @@ def _check_exact(model, layer: int, head: int, approximate: bool) -> tuple[int, 
     return layer, head
 
 
-def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = None):
+def centred_factors(model, layer: int, head: int, vocab: torch.Tensor | None = None,
+                    reads: torch.Tensor | None = None):
     """Factors of the centred circuits, float32: ``(q [V, d_head], k [V, d_head], v [V, d_head], u [d_head, V])``.
 
     ``QKc = q @ k.T`` ``[dest, src]`` and ``OVc = v @ u`` ``[src, out]`` (see module docstring).
     ``vocab`` (token ids) restricts all three roles to a sub-vocabulary, ``V = len(vocab)``,
-    and the centring means run over it. The whole vocabulary's factors are kept per model and head
-    (``cache``; 51 MB a head at GPT-2 shapes): do not modify them in place.
+    and the centring means run over it. ``reads [V, d_model]`` (with ``vocab``): what the head reads for
+    each of those tokens instead of the embedding (an effective embedding's vectors). The whole
+    vocabulary's factors are kept per model and head (``cache``; 51 MB a head at GPT-2 shapes): do not
+    modify them in place.
     """
     if vocab is not None:
-        return (*_qk_factors(model, layer, head, vocab), *_ov_factors(model, layer, head, vocab))
+        return (*_qk_factors(model, layer, head, vocab, reads), *_ov_factors(model, layer, head, vocab, reads))
     layer, head = check_head(model, (layer, head))
     ov = _kept_ov_factors(model, layer, head)  # first: what copied_tokens, on another thread, waits for
     qk = cached(model, ("qk_factors", layer, head), lambda: _qk_factors(model, layer, head, None), tier=FACTORS)
@@ -157,23 +179,26 @@ def _kept_ov_factors(model, layer: int, head: int):
     return cached(model, ("ov_factors", layer, head), lambda: _ov_factors(model, layer, head, None), tier=FACTORS)
 
 
-def _read_embedding(model, layer: int, vocab: torch.Tensor | None) -> torch.Tensor:
+def _read_embedding(model, layer: int, vocab: torch.Tensor | None, reads: torch.Tensor | None = None) -> torch.Tensor:
+    if reads is not None:
+        return reads.float()
     W_E = embedding(model, layer, torch.float32)  # per-token scale where exact
     return W_E if vocab is None else W_E[vocab]
 
 
-def _qk_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
+def _qk_factors(model, layer: int, head: int, vocab: torch.Tensor | None, reads: torch.Tensor | None = None):
     """``(q, k)`` of the centred QK circuit (``centred_factors``)."""
-    reads = [model.W_Q[layer, head], model.W_K[layer, head]]
+    weights = [model.W_Q[layer, head], model.W_K[layer, head]]
     # one GEMM for both reads (a wider product runs faster than two thin ones)
-    q, k = (_read_embedding(model, layer, vocab) @ torch.cat(reads, 1).float()).split([w.shape[-1] for w in reads], 1)
+    q, k = (_read_embedding(model, layer, vocab, reads) @ torch.cat(weights, 1).float()).split(
+        [w.shape[-1] for w in weights], 1)
     return _finite(model, layer, head, q.contiguous(), k - k.mean(0, keepdim=True))
 
 
-def _ov_factors(model, layer: int, head: int, vocab: torch.Tensor | None):
+def _ov_factors(model, layer: int, head: int, vocab: torch.Tensor | None, reads: torch.Tensor | None = None):
     """``(v, u)`` of the centred OV circuit (``centred_factors``)."""
     W_U = model.W_U.float() if vocab is None else model.W_U.float()[:, vocab]
-    v = _read_embedding(model, layer, vocab) @ model.W_V[layer, head].float()
+    v = _read_embedding(model, layer, vocab, reads) @ model.W_V[layer, head].float()
     u = model.W_O[layer, head].float() @ W_U
     return _finite(model, layer, head, v, u - u.mean(1, keepdim=True))
 
@@ -404,7 +429,8 @@ def _ranked(top: _TopTriples):
 
 
 def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool = False,
-                  vocab=None, block_bytes: int = BLOCK_BYTES, offset=None, reduce: str = "max") -> list[SkipTrigram]:
+                  vocab=None, block_bytes: int = BLOCK_BYTES, offset=None, reduce: str = "max",
+                  embedding=None) -> list[SkipTrigram]:
     """Top-``k`` skip-trigrams ``[source] ... [destination] -> [out]`` of head ``(layer, head)``.
 
     Score ``qk * ov`` with ``qk`` the row-centred full QK circuit ``W_E W_Q W_K^T W_E^T [dest, src]``
@@ -415,12 +441,15 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
     each triple at its strongest offset, given as ``SkipTrigram.offset``); other models take no
     offset. ``vocab`` (token ids, optional) restricts source,
     destination and out to tokens that occur in real text: a trained model's never-seen
-    tokens keep near-initial embeddings whose circuits are noise. Memory: the
+    tokens keep near-initial embeddings whose circuits are noise. ``embedding``: what the head reads for
+    each token, source and destination: None or "raw" (``W_E``, the paper's), "mlp0" (``W_E`` through
+    block 0: ``effective_embedding``), or an ``EffectiveEmbedding`` of this layer (a corpus's mean stream:
+    its tokens are the vocabulary, intersected with ``vocab``); outs stay ``W_U``'s. Memory: the
     ``[d_vocab, d_head]`` factors plus one row block of ``block_bytes``. Returns a list
     sorted by score, best first: the rows of ``head_table`` with their token strings.
     """
     table = head_table(model, layer, head, k, offset=offset, reduce=reduce, approximate=approximate, vocab=vocab,
-                       block_bytes=block_bytes)
+                       block_bytes=block_bytes, embedding=embedding)
     strings = model.token_strings
     offsets = [None] * len(table.score) if table.offset is None else table.offset.tolist()
     return [SkipTrigram(source=S, destination=D, out=O, source_str=strings[S], destination_str=strings[D],
@@ -432,7 +461,7 @@ def skip_trigrams(model, layer: int, head: int, k: int = 20, approximate: bool =
 
 def head_table(model, layer: int, head: int, k: int = 20, *, offset=None, reduce: str = "max",
                approximate: bool = False, vocab=None, block_bytes: int = BLOCK_BYTES,
-               sources: int | None = None) -> HeadTable:
+               sources: int | None = None, embedding=None) -> HeadTable:
     """Head ``(layer, head)``'s top-``k`` skip-trigrams as columns (``HeadTable``: source, destination,
     out ``[n]`` token ids; qk, ov, score ``[n]``; rotary: offset ``[n]``), best first.
 
@@ -443,12 +472,12 @@ def head_table(model, layer: int, head: int, k: int = 20, *, offset=None, reduce
     of the sources that is), not kept. ``head_table_steps`` run through.
     """
     return drained(head_table_steps(model, layer, head, k, offset=offset, reduce=reduce, approximate=approximate,
-                                    vocab=vocab, block_bytes=block_bytes, sources=sources))
+                                    vocab=vocab, block_bytes=block_bytes, sources=sources, embedding=embedding))
 
 
 def head_table_steps(model, layer: int, head: int, k: int = 20, *, offset=None, reduce: str = "max",
                      approximate: bool = False, vocab=None, block_bytes: int = BLOCK_BYTES,
-                     sources: int | None = None):
+                     sources: int | None = None, embedding=None):
     """``head_table`` in pieces (``analysis.pieces``): the search's blocks of sources
     (``top_skip_trigrams_steps``: ``(stage, done, total)``, stages ``SEARCH_STAGES``); none for a table
     the cache holds, or a partial one (quick: one piece). Returns the ``HeadTable``; the exact table
@@ -461,6 +490,11 @@ def head_table_steps(model, layer: int, head: int, k: int = 20, *, offset=None, 
     offsets = offset_window(model, offset, "a skip-trigram table")
     check_reduce(reduce)
     ids = None if vocab is None else _check_vocab(model, vocab)
+    effective = _check_embedding(model, layer, embedding)
+    if effective is not None:  # read through another embedding: its tokens, not kept
+        keep = torch.ones_like(effective.tokens, dtype=torch.bool) if ids is None else torch.isin(effective.tokens, ids)
+        return (yield from _head_table_steps(model, layer, head, k, offsets, reduce, effective.tokens[keep], block_bytes,
+                                             sources, effective.vectors[keep]))
     if ids is not None or sources is not None:
         return (yield from _head_table_steps(model, layer, head, k, offsets, reduce, ids, block_bytes, sources))
     key = _table_key(layer, head, k, offsets, reduce, block_bytes)
@@ -499,9 +533,11 @@ def _table_key(layer: int, head: int, k: int, offsets: list[int] | None, reduce:
 
 @torch.no_grad()
 def _head_table_steps(model, layer: int, head: int, k: int, offsets: list[int] | None, reduce: str,
-                      ids: torch.Tensor | None, block_bytes: int, sources: int | None):
-    """``head_table_steps`` of the checked arguments (``ids``: the sub-vocabulary, or None for all of it)."""
-    q, kk, v, u = centred_factors(model, layer, head, ids)
+                      ids: torch.Tensor | None, block_bytes: int, sources: int | None,
+                      reads: torch.Tensor | None = None):
+    """``head_table_steps`` of the checked arguments (``ids``: the sub-vocabulary, or None for all of it;
+    ``reads``: what the head reads for each of ``ids``, or None for the embedding)."""
+    q, kk, v, u = centred_factors(model, layer, head, ids, reads)
     R = None if offsets is None else rotations(model.cfg, offsets, q.dtype, q.device, layer=layer)
 
     def search(qr, Rr):  # the exact search, or the partial one over the strongest sources (one piece)
