@@ -108,7 +108,7 @@ def test_every_site_equals_the_oracle_with_that_activation_from_the_other_run(mo
             return p
         return hook
 
-    for site in set(SITES) - {"mlp_out"}:  # (attention-only: refused below; tested on the bridge)
+    for site in set(SITES) - {"mlp_out", "neuron"}:  # (attention-only: refused below; tested on MLP models)
         got = activation_patch(model, task, site, direction)
         assert got.dims == SITES[site] and got.scores.dtype == torch.float64
         L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -246,9 +246,10 @@ def test_equal_to_transformer_lens_patching_on_its_bridge():
         assert abs(float(got[p]) - want) <= tol, (p, float(got[p]), want)
 
 
-def test_mlp_out_is_refused_on_an_attention_only_model(model, induction):
-    with pytest.raises(ValueError, match="site 'mlp_out' needs MLPs; 'attn-only-2l' is attention-only"):
-        activation_patch(model, induction, "mlp_out")
+@pytest.mark.parametrize("site", ["mlp_out", "neuron"])
+def test_mlp_sites_are_refused_on_an_attention_only_model(model, induction, site):
+    with pytest.raises(ValueError, match=f"site '{site}' needs MLPs; 'attn-only-2l' is attention-only"):
+        activation_patch(model, induction, site)
 
 
 def word_tokenizer():

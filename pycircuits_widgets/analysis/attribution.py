@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.interventions import TAPS, Interventions
-from .ablation import check_model
-from .patching import DIRECTIONS, PatchResult, Task, head_outs
+from .patching import PatchResult, Task, check_patching, head_outs
 
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"),
          "head_out_pos": ("layer", "head", "position"), "attn_out": ("layer", "position"),
@@ -100,17 +99,8 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 def attribution_patch(model, task: Task, site: str, direction: str = "denoise") -> AttributionResult:
     """The attribution estimate of ``activation_patch(model, task, site, direction)`` for every cell, from
     one forward and one backward of the base run (module docstring)."""
-    check_model(model, "attribution_patch")
-    if not isinstance(task, Task) or task.model is not model:
-        raise TypeError("attribution_patch: task must be the pcw.Task of this model, got "
-                        f"{type(task).__name__ if not isinstance(task, Task) else 'another model'}")
-    if site not in SITES:
-        raise ValueError(f"attribution_patch: site must be one of {tuple(SITES)}, got {site!r}")
-    if direction not in DIRECTIONS:
-        raise ValueError(f"attribution_patch: direction must be one of {DIRECTIONS}, got {direction!r}")
+    check_patching(model, task, site, SITES, direction, "attribution_patch")
     c = model.cfg
-    if site in ("mlp_out", "neuron") and c.attn_only:
-        raise ValueError(f"attribution_patch: site {site!r} needs MLPs; {c.name!r} is attention-only")
     if site == "neuron" and c.post_norms:
         raise ValueError(f"attribution_patch: site 'neuron': {c.name!r} normalises its MLP's output, so a neuron "
                          "does not enter the stream additively (exact patching: pcw.activation_patch)")

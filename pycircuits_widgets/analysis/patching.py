@@ -226,16 +226,7 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise", t
     clean run with one from the corrupted run. ``top`` (site ``"neuron"`` only): patch only the ``top``
     neurons of each layer with the largest attribution estimate (``attribution_patch``), the other cells
     NaN; None: every neuron. Returns a ``PatchResult`` (normalised scores)."""
-    check_model(model, "activation_patch")
-    if not isinstance(task, Task) or task.model is not model:
-        raise TypeError("activation_patch: task must be the pcw.Task of this model (pcw.Task(model, clean, "
-                        f"corrupted, answers)), got {type(task).__name__ if not isinstance(task, Task) else 'another model'}")
-    if site not in SITES:
-        raise ValueError(f"activation_patch: site must be one of {tuple(SITES)}, got {site!r}")
-    if direction not in DIRECTIONS:
-        raise ValueError(f"activation_patch: direction must be one of {DIRECTIONS}, got {direction!r}")
-    if site in ("mlp_out", "neuron") and model.cfg.attn_only:
-        raise ValueError(f"activation_patch: site {site!r} needs MLPs; {model.cfg.name!r} is attention-only")
+    check_patching(model, task, site, SITES, direction, "activation_patch")
     if top is not None and (site != "neuron" or isinstance(top, bool) or not isinstance(top, int) or top < 1):
         raise ValueError(f"activation_patch: top is an int >= 1 for site 'neuron' (the neurons of each layer to "
                          f"patch), got top={top!r} for site {site!r}")
@@ -259,6 +250,21 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise", t
                                   None if neurons is None else neurons[layer].tolist()):
             scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
     return PatchResult(site, direction, scores, dims)
+
+
+def check_patching(model, task: Task, site: str, sites: dict, direction: str, where: str) -> None:
+    """Refuse, naming ``where`` and what was wrong, a patching call's model, task, site (one of ``sites``)
+    or direction, and a site of the MLPs on an attention-only model."""
+    check_model(model, where)
+    if not isinstance(task, Task) or task.model is not model:
+        raise TypeError(f"{where}: task must be the pcw.Task of this model (pcw.Task(model, clean, corrupted, "
+                        f"answers)), got {type(task).__name__ if not isinstance(task, Task) else 'another model'}")
+    if site not in sites:
+        raise ValueError(f"{where}: site must be one of {tuple(sites)}, got {site!r}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"{where}: direction must be one of {DIRECTIONS}, got {direction!r}")
+    if site in ("mlp_out", "neuron") and model.cfg.attn_only:
+        raise ValueError(f"{where}: site {site!r} needs MLPs; {model.cfg.name!r} is attention-only")
 
 
 def _cells(model, site: str, layer: int, base, source, n_pos: int, neurons: list[int] | None = None):
