@@ -87,8 +87,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     shows the clean run again from what was kept (the same arrays, nothing recomputed). The
     composition section can show, beside the weights' scores, the composition measured on this text
     (``pcw.measured_composition``; its "measured on this text" switch). ``head_loss_change`` holds
-    each head's zero-ablation loss change on the text (computed after the background precompute, or
-    by :meth:`compute_head_loss_change`; :meth:`save_html` computes it for a small model).
+    each head's zero-ablation loss change on the text (computed in the background before the
+    precompute of every head, or by :meth:`compute_head_loss_change`; :meth:`save_html` computes it for a small model).
 
     A view the model cannot support honestly is not built: ``notices[name]`` says why
     (no composition, induction or virtual heads in a one-layer model; only the bigram table in
@@ -599,8 +599,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 setattr(self, name, value)
 
     def _start_head_losses(self) -> None:
-        """``head_loss_change`` in the background (after the precompute; a script: never, see
-        ``compute_head_loss_change``)."""
+        """``head_loss_change`` in the background (queued before the precompute: one table at a forward a
+        head; a script: never, see ``compute_head_loss_change``). Its count shows at once unless the
+        explorer already reports other work."""
         if self.n_layers > 0 and len(self.token_ids) > 1:
             text = self.text
             self._runner.submit("head losses", lambda: self._head_loss_steps(text), tier="fill",
