@@ -37,11 +37,13 @@ def gpt2_64():
 
 
 def oracle_gradients(model, task, tokens) -> dict:
-    """``{"pre": [L] x [b, pos, d], "head": [L] x [b, H, pos, d], "act": [L] x [b, pos, d_mlp]}``: the metric's
-    gradient at every layer's stream, head output and neuron activation, through the oracle's forward."""
+    """``{"pre": [L] x [b, pos, d], "head": [L] x [b, H, pos, d], "act": [L] x [b, pos, d_mlp], "Q"/"K"/"V":
+    [L] x [b, H, pos, d], "pattern": [L] x [b, H, dest, src]}``: the metric's gradient at every layer's
+    stream, head output, neuron activation, each head's query, key and value input stream and pattern,
+    through the oracle's forward."""
     b, n = tokens.shape
     c = model.cfg
-    leaves = {"pre": [], "head": [], "act": []}
+    leaves = {"pre": [], "head": [], "act": [], "Q": [], "K": [], "V": [], "pattern": []}
 
     def add(kind, shape):
         def hook(layer, x):
@@ -50,7 +52,13 @@ def oracle_gradients(model, task, tokens) -> dict:
             return x + leaf
         return hook
 
-    hooks = {"resid": add("pre", (b, n, c.d_model)), "head_out": add("head", (b, c.n_heads, n, c.d_model))}
+    def add_input(layer, via, x):  # x [b, H, pos, d]: each head's own read of the stream
+        leaf = torch.zeros(x.shape, dtype=torch.float64, requires_grad=True)
+        leaves[via].append(leaf)
+        return x + leaf
+
+    hooks = {"resid": add("pre", (b, n, c.d_model)), "head_out": add("head", (b, c.n_heads, n, c.d_model)),
+             "inputs": add_input, "pattern": add("pattern", (b, c.n_heads, n, n))}
     if not c.attn_only:
         hooks["neurons"] = add("act", (b, n, c.d_mlp))
     with torch.enable_grad():
@@ -88,7 +96,25 @@ def oracle_estimates(model, task, direction) -> dict:
         "head_out": torch.stack([torch.einsum("bhpd,bhpd->h", d_head[l], g["head"][l]) for l in range(L)]),
         "head_out_pos": torch.stack([torch.einsum("bhpd,bhpd->hp", d_head[l], g["head"][l]) for l in range(L)]),
         "attn_out": torch.stack([torch.einsum("bhpd,bhpd->p", d_head[l], g["head"][l]) for l in range(L)]),
+        "v_input": torch.stack([torch.einsum("bpd,bhpd->h", d_pre[l], g["V"][l]) for l in range(L)]),
     }
+    # AtP*'s query-key correction: each head's pattern with its query (key) read from the other run's stream,
+    # computed exactly by the oracle, its change dotted with the gradient at the pattern
+    base_patterns = oracle(model, base)["patterns"]  # [b, L, H, dest, src]
+    streams = {}
+    oracle(model, source, resid=lambda layer, x: streams.setdefault(layer, x))
+    for via in "QK":
+        est = torch.zeros(L, model.cfg.n_heads, dtype=torch.float64)
+        for l in range(L):
+            for h in range(model.cfg.n_heads):
+                def swap(at, v, x, l=l, h=h, via=via):
+                    if at == l and v == via:
+                        x = x.clone()
+                        x[:, h] = streams[l]
+                    return x
+                patched = oracle(model, base, inputs=swap)["patterns"][:, l, h]
+                est[l, h] = ((patched - base_patterns[:, l, h]) * g["pattern"][l][:, h]).sum()
+        out[f"{via.lower()}_input"] = est
     if not model.cfg.attn_only:
         d_act = [runs["source"]["act"][l] - runs["base"]["act"][l] for l in range(L)]
         out["mlp_out"] = torch.stack([torch.einsum("bpn,bpn->p", d_act[l], g["act"][l]) for l in range(L)])
@@ -157,6 +183,11 @@ def test_the_estimate_agrees_with_exact_patching_on_the_known_circuit(model, ind
     assert len(agreement.worst) == 5 and all(len(w) == 3 for w in agreement.worst)
     cell, ours, theirs = agreement.worst[0]
     assert abs(ours - theirs) == pytest.approx(float((estimate.scores - exact.scores).abs().max()))
+    # the induction heads' keys and queries: through the pattern recomputed exactly (AtP*), the estimate
+    # finds exact patching's top 4 (plain first-order attribution: Spearman 0.17 and 0.02 here)
+    for site in ("k_input", "q_input"):
+        agreement = attribution_patch(model, induction, site).agreement(activation_patch(model, induction, site), k=4)
+        assert agreement.rank_correlation > 0.8 and agreement.top_k_overlap == 1.0, (site, agreement)
 
 
 def test_bad_input_is_refused_by_name(model, induction):

@@ -15,13 +15,22 @@ after its attention, after its MLP) and one backward give all of them.
 ``"mlp_out"``       ``[L, P]``    layer ``l``'s MLP output at ``p``: the gradient after its MLP
 ``"neuron"``        ``[L, N]``    neuron ``n``'s activation at every position: that gradient through
                                   ``W_out`` (its row is what the neuron adds per unit of activation)
+``"q_input"``       ``[L, H]``    the stream head ``(l, h)``'s query or key reads, by AtP*'s correction
+``"k_input"``                     for saturated attention: the head's pattern recomputed exactly with the
+                                  other run's query (key) input, its change dotted with the metric's
+                                  gradient at the pattern (``Interventions(patterns=)``: the base pattern
+                                  plus zeros requiring grad)
+``"v_input"``       ``[L, H]``    the stream head ``(l, h)``'s value reads: the gradient of that head's
+                                  own read (``Interventions(head_inputs=)``: the base stream plus zeros)
 ==================  ============  ===============================================================
+
+The input sites take a forward resumed at the layer and a backward per layer (about ``L`` forwards in
+all, not one): a head's own read is not where the shared stream's gradient is.
 
 Scores are on ``activation_patch``'s scale (``Task.normalise``: 0 the corrupted run, 1 the clean one),
 so ``result.agreement(activation_patch(...))`` compares the estimate with the exact cells: rank
-correlation, the overlap of the top cells, and where they disagree most. Not yet: the heads' query, key
-and value inputs (a head's own read of the stream, through its norm) with AtP*'s correction for
-saturated attention, patterns and neurons.
+correlation, the overlap of the top cells, and where they disagree most. Not yet: patterns as a site,
+and AtP*'s second part (GradDrop, for effects that cancel along paths).
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from .patching import PatchResult, Task, check_patching, head_outs
 
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"),
          "head_out_pos": ("layer", "head", "position"), "attn_out": ("layer", "position"),
-         "mlp_out": ("layer", "position"), "neuron": ("layer", "neuron")}
+         "mlp_out": ("layer", "position"), "neuron": ("layer", "neuron"),
+         "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 WORST = 5
 """Cells ``Agreement.worst`` lists."""
@@ -110,29 +120,75 @@ def attribution_patch(model, task: Task, site: str, direction: str = "denoise") 
                          "pcw.activation_patch)")
     base, source = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
     tokens = task.tokens_corrupted if direction == "denoise" else task.tokens_clean
-    grads = _stream_gradients(model, task, tokens)
-    with torch.no_grad():
-        estimate = torch.stack([_layer_estimate(model, site, layer, base, source, grads)
+    if site == "v_input":
+        estimate = torch.stack([_value_estimate(model, task, layer, tokens, base, source)
                                 for layer in range(c.n_layers)])
+    elif site in ("q_input", "k_input"):
+        estimate = torch.stack([_pattern_estimate(model, task, site[0].upper(), layer, tokens, base, source)
+                                for layer in range(c.n_layers)])
+    else:
+        grads = _stream_gradients(model, task, tokens)
+        with torch.no_grad():
+            estimate = torch.stack([_layer_estimate(model, site, layer, base, source, grads)
+                                    for layer in range(c.n_layers)])
     start = task.metric_corrupted if direction == "denoise" else task.metric_clean
     return AttributionResult(site, direction, task.normalise(start + estimate), SITES[site])
 
 
-def _stream_gradients(model, task: Task, tokens: torch.Tensor) -> dict:
-    """``{(layer, where): dm/dstream [b, pos, d_model] float64}`` on the run of ``tokens`` at every tap point."""
-    b, pos = tokens.shape
-    points = [(layer, where) for layer in range(model.cfg.n_layers) for where in TAPS
-              if where != "post" or not model.cfg.attn_only]
-    dtype = model.dtype if model.dtype in (torch.float32, torch.float64) else torch.float32  # (a half model's stream)
-    taps = {p: torch.zeros(b, pos, model.cfg.d_model, dtype=dtype, device=model.device, requires_grad=True)
-            for p in points}
+def _metric_gradients(task: Task, run, leaves: list) -> tuple:
+    """The task's metric of ``run()``'s logits, differentiated with respect to ``leaves`` (refused unless the
+    metric is a scalar tensor computed from the logits)."""
     with torch.enable_grad():
-        logits, _ = model.run_with_cache(tokens, Interventions(taps=taps))
-        value = task.metric_fn(logits, task)
+        value = task.metric_fn(run(), task)
         if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
             raise TypeError("attribution_patch: the task's metric must give a scalar tensor computed from the logits "
                             f"with torch operations (its gradient is taken), got {type(value).__name__}")
-        grads = torch.autograd.grad(value, list(taps.values()))
+        return torch.autograd.grad(value, leaves)
+
+
+def _zeros(model, tokens: torch.Tensor) -> torch.Tensor:
+    """``[b, pos, d_model]`` zeros requiring grad, in the dtype the forward's stream has."""
+    dtype = model.dtype if model.dtype in (torch.float32, torch.float64) else torch.float32  # (a half model's stream)
+    return torch.zeros(*tokens.shape, model.cfg.d_model, dtype=dtype, device=model.device, requires_grad=True)
+
+
+def _value_estimate(model, task: Task, layer: int, tokens, base, source) -> torch.Tensor:
+    """``[H]``: each head of ``layer`` reading its values from the other run's stream before the layer: the
+    change of that stream dotted with the gradient of the head's own read (the base stream plus zeros
+    requiring grad as every head's value input, a forward resumed at the layer and a backward)."""
+    leaves = [_zeros(model, tokens) for _ in range(model.cfg.n_heads)]
+    inputs = {(layer, h, "V"): base.resid[:, layer] + leaf for h, leaf in enumerate(leaves)}
+    grads = _metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(head_inputs=inputs),
+                                                                 resume=base)[0], leaves)
+    delta = (source.resid[:, layer] - base.resid[:, layer]).double()
+    return torch.stack([torch.einsum("bpd,bpd->", delta, g.double()) for g in grads])
+
+
+def _pattern_estimate(model, task: Task, via: str, layer: int, tokens, base, source) -> torch.Tensor:
+    """``[H]``, AtP*'s query-key correction: each head of ``layer`` with its query (``via="Q"``) or key
+    input from the other run: its pattern recomputed exactly so, the change of pattern dotted with the
+    metric's gradient at the pattern (the base pattern plus zeros requiring grad for every head, a
+    forward resumed at the layer and a backward)."""
+    patterns = base.patterns[:, layer]  # [b, H, dest, src]
+    leaves = [torch.zeros_like(patterns[:, 0], requires_grad=True) for _ in range(model.cfg.n_heads)]
+    given = {(layer, h): patterns[:, h] + leaf for h, leaf in enumerate(leaves)}
+    grads = _metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(patterns=given),
+                                                                 resume=base)[0], leaves)
+    with torch.no_grad():
+        ours, theirs = (model.layer_read(run.resid[:, layer])[0] for run in (base, source))
+        q = model.project(layer, theirs if via == "Q" else ours, "Q")
+        k = model.project(layer, theirs if via == "K" else ours, "K")
+        patched = model.attention_pattern(layer, q, k)  # [b, H, dest, src]
+        delta = (patched - patterns).double()
+    return torch.stack([torch.einsum("bqs,bqs->", delta[:, h], g.double()) for h, g in enumerate(grads)])
+
+
+def _stream_gradients(model, task: Task, tokens: torch.Tensor) -> dict:
+    """``{(layer, where): dm/dstream [b, pos, d_model] float64}`` on the run of ``tokens`` at every tap point."""
+    points = [(layer, where) for layer in range(model.cfg.n_layers) for where in TAPS
+              if where != "post" or not model.cfg.attn_only]
+    taps = {p: _zeros(model, tokens) for p in points}
+    grads = _metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(taps=taps))[0], list(taps.values()))
     return {p: g.double() for p, g in zip(points, grads)}
 
 
