@@ -98,6 +98,9 @@ def oracle_estimates(model, task, direction) -> dict:
         "attn_out": torch.stack([torch.einsum("bhpd,bhpd->p", d_head[l], g["head"][l]) for l in range(L)]),
         "v_input": torch.stack([torch.einsum("bpd,bhpd->h", d_pre[l], g["V"][l]) for l in range(L)]),
     }
+    their_patterns = oracle(model, source)["patterns"]
+    out["pattern"] = torch.stack([torch.einsum("bhqs,bhqs->h", their_patterns[:, l] - oracle(model, base)["patterns"][:, l],
+                                               g["pattern"][l]) for l in range(L)])
     # AtP*'s query-key correction: each head's pattern with its query (key) read from the other run's stream,
     # computed exactly by the oracle, its change dotted with the gradient at the pattern
     base_patterns = oracle(model, base)["patterns"]  # [b, L, H, dest, src]
@@ -192,7 +195,7 @@ def test_the_estimate_agrees_with_exact_patching_on_the_known_circuit(model, ind
 
 def test_bad_input_is_refused_by_name(model, induction):
     with pytest.raises(ValueError, match="site must be one of"):
-        attribution_patch(model, induction, "pattern")
+        attribution_patch(model, induction, "embed")
     with pytest.raises(ValueError, match="direction must be one of"):
         attribution_patch(model, induction, "head_out", "sideways")
     for site in ("mlp_out", "neuron"):

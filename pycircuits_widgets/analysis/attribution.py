@@ -22,15 +22,17 @@ after its attention, after its MLP) and one backward give all of them.
                                   plus zeros requiring grad)
 ``"v_input"``       ``[L, H]``    the stream head ``(l, h)``'s value reads: the gradient of that head's
                                   own read (``Interventions(head_inputs=)``: the base stream plus zeros)
+``"pattern"``       ``[L, H]``    head ``(l, h)``'s attention pattern: its change dotted with the
+                                  metric's gradient at the pattern (as for the query-key correction)
 ==================  ============  ===============================================================
 
-The input sites take a forward resumed at the layer and a backward per layer (about ``L`` forwards in
+The input and pattern sites take a forward resumed at the layer and a backward per layer (about ``L`` forwards in
 all, not one): a head's own read is not where the shared stream's gradient is.
 
 Scores are on ``activation_patch``'s scale (``Task.normalise``: 0 the corrupted run, 1 the clean one),
 so ``result.agreement(activation_patch(...))`` compares the estimate with the exact cells: rank
-correlation, the overlap of the top cells, and where they disagree most. Not yet: patterns as a site,
-and AtP*'s second part (GradDrop, for effects that cancel along paths).
+correlation, the overlap of the top cells, and where they disagree most. Not yet: AtP*'s second part
+(GradDrop, for effects that cancel along paths).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from .patching import PatchResult, Task, check_patching, head_outs
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"),
          "head_out_pos": ("layer", "head", "position"), "attn_out": ("layer", "position"),
          "mlp_out": ("layer", "position"), "neuron": ("layer", "neuron"),
-         "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head")}
+         "q_input": ("layer", "head"), "k_input": ("layer", "head"), "v_input": ("layer", "head"),
+         "pattern": ("layer", "head")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 WORST = 5
 """Cells ``Agreement.worst`` lists."""
@@ -123,8 +126,8 @@ def attribution_patch(model, task: Task, site: str, direction: str = "denoise") 
     if site == "v_input":
         estimate = torch.stack([_value_estimate(model, task, layer, tokens, base, source)
                                 for layer in range(c.n_layers)])
-    elif site in ("q_input", "k_input"):
-        estimate = torch.stack([_pattern_estimate(model, task, site[0].upper(), layer, tokens, base, source)
+    elif site in ("q_input", "k_input", "pattern"):
+        estimate = torch.stack([_pattern_estimate(model, task, site, layer, tokens, base, source)
                                 for layer in range(c.n_layers)])
     else:
         grads = _stream_gradients(model, task, tokens)
@@ -164,21 +167,25 @@ def _value_estimate(model, task: Task, layer: int, tokens, base, source) -> torc
     return torch.stack([torch.einsum("bpd,bpd->", delta, g.double()) for g in grads])
 
 
-def _pattern_estimate(model, task: Task, via: str, layer: int, tokens, base, source) -> torch.Tensor:
-    """``[H]``, AtP*'s query-key correction: each head of ``layer`` with its query (``via="Q"``) or key
-    input from the other run: its pattern recomputed exactly so, the change of pattern dotted with the
-    metric's gradient at the pattern (the base pattern plus zeros requiring grad for every head, a
-    forward resumed at the layer and a backward)."""
+def _pattern_estimate(model, task: Task, site: str, layer: int, tokens, base, source) -> torch.Tensor:
+    """``[H]``: each head of ``layer`` with a new pattern, its change dotted with the metric's gradient at
+    the pattern (the base pattern plus zeros requiring grad for every head, a forward resumed at the
+    layer and a backward). ``site`` "pattern": the other run's pattern; "q_input" / "k_input", AtP*'s
+    query-key correction: the pattern recomputed exactly with the query (key) read from the other run's
+    stream."""
     patterns = base.patterns[:, layer]  # [b, H, dest, src]
     leaves = [torch.zeros_like(patterns[:, 0], requires_grad=True) for _ in range(model.cfg.n_heads)]
     given = {(layer, h): patterns[:, h] + leaf for h, leaf in enumerate(leaves)}
     grads = _metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(patterns=given),
                                                                  resume=base)[0], leaves)
     with torch.no_grad():
-        ours, theirs = (model.layer_read(run.resid[:, layer])[0] for run in (base, source))
-        q = model.project(layer, theirs if via == "Q" else ours, "Q")
-        k = model.project(layer, theirs if via == "K" else ours, "K")
-        patched = model.attention_pattern(layer, q, k)  # [b, H, dest, src]
+        if site == "pattern":
+            patched = source.patterns[:, layer]
+        else:
+            ours, theirs = (model.layer_read(run.resid[:, layer])[0] for run in (base, source))
+            q = model.project(layer, theirs if site == "q_input" else ours, "Q")
+            k = model.project(layer, theirs if site == "k_input" else ours, "K")
+            patched = model.attention_pattern(layer, q, k)  # [b, H, dest, src]
         delta = (patched - patterns).double()
     return torch.stack([torch.einsum("bqs,bqs->", delta[:, h], g.double()) for h, g in enumerate(grads)])
 
