@@ -10,7 +10,8 @@ random clean and corrupted prompts of ``--tokens`` tokens with a logit-differenc
 ``patching.get_act_patch_attn_head_out_all_pos`` (a whole hooked forward per head), both over all 144
 heads; and one plain forward of the corrupted prompts, the unit of the "forwards" column. Then
 attribution patching (``pcw.attribution_patch``) of every head and of every neuron (one forward with
-its gradient taps and one backward each), in forwards. The targets (issue 53): exact ours >= 3x
+its gradient taps and one backward each), and of every head's key input (AtP*'s correction: a resumed
+forward and a backward per layer), in forwards. The targets (issue 53): exact ours >= 3x
 TransformerLens, <= 1 forward per head; attribution of every head and neuron <= 3 forwards.
 ``--smoke``: 2 layers of 2 heads, 2 prompts.
 """
@@ -81,7 +82,7 @@ def main():
     ours = best_seconds(lambda: pcw.activation_patch(model, task, "head_out"), a.repeats)
     theirs = best_seconds(tl, a.repeats)
     attribution = {site: best_seconds(lambda site=site: pcw.attribution_patch(model, task, site), a.repeats)
-                   for site in ("head_out", "neuron")}
+                   for site in ("head_out", "neuron", "k_input")}
     heads = c.n_layers * c.n_heads
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {c.n_layers} layers x {c.n_heads} heads, "
           f"d_model {c.d_model}, vocab {c.d_vocab}; {a.prompts} prompts of {a.tokens} tokens; {load_average()}")
@@ -90,7 +91,7 @@ def main():
     print(f"| head_out patching, all {heads} heads | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x | "
           f"{ours / forward / heads:.2f} (one forward {forward * 1000:.1f} ms) |")
     for site, seconds in attribution.items():
-        cells = heads if site == "head_out" else c.n_layers * c.d_mlp
+        cells = c.n_layers * c.d_mlp if site == "neuron" else heads
         print(f"| attribution_patch {site}, all {cells} cells | {seconds:.3f} | | | {seconds / forward:.2f} forwards "
               "in all |")
 
