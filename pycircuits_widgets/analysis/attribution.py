@@ -111,7 +111,8 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def attribution_patch(model, task: Task, site: str, direction: str = "denoise") -> AttributionResult:
     """The attribution estimate of ``activation_patch(model, task, site, direction)`` for every cell, from
-    one forward and one backward of the base run (module docstring)."""
+    one forward and one backward of the base run, or for the heads' inputs and patterns one resumed
+    forward and backward per layer (module docstring)."""
     check_patching(model, task, site, SITES, direction, "attribution_patch")
     c = model.cfg
     if site == "neuron" and c.post_norms:
