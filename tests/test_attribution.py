@@ -148,7 +148,7 @@ def test_every_site_equals_the_float64_autograd_oracle(which, direction, model, 
 
 
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
-def test_exact_neuron_patching_equals_the_oracle_and_top_patches_the_estimates_first(gpt2_64, direction):
+def test_exact_neuron_patching_equals_the_oracle_and_top_patches_the_estimates_first(gpt2_64, direction, monkeypatch):
     m, task = gpt2_64
     base, source = ((task.tokens_corrupted, task.tokens_clean) if direction == "denoise"
                     else (task.tokens_clean, task.tokens_corrupted))
@@ -174,6 +174,10 @@ def test_exact_neuron_patching_equals_the_oracle_and_top_patches_the_estimates_f
         assert torch.equal(top.scores[layer, chosen], every.scores[layer, chosen])
     with pytest.raises(ValueError, match="top is an int >= 1 for site 'neuron'"):
         activation_patch(m, task, "head_out", top=3)
+    from pycircuits_widgets.analysis import patching
+    monkeypatch.setattr(patching, "EVERY_NEURON_MAX", m.cfg.n_layers * m.cfg.d_mlp - 1)  # (a larger model's)
+    with pytest.raises(ValueError, match="is a forward each .*: pass top=k"):
+        activation_patch(m, task, "neuron", direction)
 
 
 def test_the_estimate_agrees_with_exact_patching_on_the_known_circuit(model, induction):

@@ -46,6 +46,9 @@ SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"), "hea
          "neuron": ("layer", "neuron")}
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 DIRECTIONS = ("denoise", "noise")
+EVERY_NEURON_MAX = 4096
+"""The most neurons ``activation_patch(site="neuron")`` patches without ``top`` (a forward each: GPT-2
+small's 36,864 would take hours); past it, ``top`` is asked for."""
 
 
 def _prompts(model, prompts, which: str) -> tuple[list[torch.Tensor], list[str]]:
@@ -230,6 +233,10 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise", t
     if top is not None and (site != "neuron" or isinstance(top, bool) or not isinstance(top, int) or top < 1):
         raise ValueError(f"activation_patch: top is an int >= 1 for site 'neuron' (the neurons of each layer to "
                          f"patch), got top={top!r} for site {site!r}")
+    if site == "neuron" and top is None and model.cfg.n_layers * model.cfg.d_mlp > EVERY_NEURON_MAX:
+        raise ValueError(f"activation_patch: site 'neuron' of every one of {model.cfg.n_layers * model.cfg.d_mlp} "
+                         f"neurons is a forward each (more than {EVERY_NEURON_MAX}): pass top=k to patch the k of each "
+                         "layer attribution patching ranks first")
     base, source = (task.corrupted, task.clean) if direction == "denoise" else (task.clean, task.corrupted)
     tokens = task.tokens_corrupted if direction == "denoise" else task.tokens_clean
     c = model.cfg
