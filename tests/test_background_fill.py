@@ -2,8 +2,8 @@
 would (the exact skip-trigram table, the eigenvalue detail, the composition detail of the pair
 the click selects) into the per-model cache, gives way to every other runner's requests, stops
 when cancelled or closed, and a click after it recomputes nothing the cache keeps. In a script
-nothing runs. Deterministic: the tests wait on the runner's own signals (``GATE``,
-``giving_way``, ``wait``), never on time."""
+nothing runs. Deterministic: the tests wait on the scheduler's and runner's own signals
+(``changed``, ``giving_way``, ``wait``), never on time."""
 
 import copy
 

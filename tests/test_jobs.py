@@ -1,9 +1,10 @@
 """Jobs never block each other (issue 43): clicks first, then work the user asked for (an
 on-demand section), then the background fill. An asked-for job runs in pieces that give way to
-clicks and take turns with other asked-for jobs; it reports a count and an estimate, stops
+clicks and share the tier's time with other asked-for jobs; it reports a count and an estimate, stops
 between pieces when cancelled (the view says so and can restart), and a page save waits for
 it only within its budget, saving the section as "not computed". Deterministic: the tests wait
-on the runner's own signals (``GATE``, ``giving_way``, events a test job sets), never on time."""
+on the scheduler's own signals (its ``changed`` condition, ``giving_way``, events a test job sets),
+never on time."""
 
 import threading
 
