@@ -243,9 +243,8 @@ class Runner:
     def running_kind(self) -> str:
         """The kind of the job computing now, else of one wanted ("" for none): what a progress
         bar names."""
-        job = self._running
-        if job is None:
-            job = next(iter(self._jobs.values()), None)
+        with self._lock:  # (a worker may add or end a job meanwhile)
+            job = self._running or next(iter(self._jobs.values()), None)
         return "" if job is None else job.kind
 
     def current(self, job: _Job) -> bool:
