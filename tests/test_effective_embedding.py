@@ -160,3 +160,7 @@ def test_skip_trigrams_read_through_an_effective_embedding_are_its_dense_circuit
         skip_trigrams(learned, 1, 0, approximate=True, embedding=emb)
     with pytest.raises(ValueError, match="embedding='corpus' reads a sweep"):
         skip_trigrams(learned, 2, 0, approximate=True, embedding="corpus")
+    with pytest.raises(ValueError, match="embedding must be None, 'raw', 'mlp0' or an EffectiveEmbedding, got 'mlp1'"):
+        skip_trigrams(learned, 2, 0, approximate=True, embedding="mlp1")
+    with pytest.raises(TypeError, match="embedding must be None, 'raw', 'mlp0' or an EffectiveEmbedding, got Tensor"):
+        skip_trigrams(learned, 2, 0, approximate=True, embedding=emb.vectors)

@@ -126,11 +126,13 @@ def _check_embedding(model, layer: int, embedding) -> EffectiveEmbedding | None:
     """``embedding`` (``skip_trigrams``) as an ``EffectiveEmbedding`` of ``layer``, or None for ``W_E``."""
     if embedding is None or embedding == "raw":
         return None
-    if embedding == "mlp0":
+    if isinstance(embedding, str):
+        if embedding == "corpus":
+            raise ValueError("embedding='corpus' reads a sweep: pass embedding=pcw.effective_embedding(model, layer, "
+                             "'corpus', sweep=...)")
+        if embedding != "mlp0":
+            raise ValueError(f"embedding must be None, 'raw', 'mlp0' or an EffectiveEmbedding, got {embedding!r}")
         return effective_embedding(model, layer, "mlp0")
-    if embedding == "corpus":
-        raise ValueError("embedding='corpus' reads a sweep: pass embedding=pcw.effective_embedding(model, layer, "
-                         "'corpus', sweep=...)")
     if not isinstance(embedding, EffectiveEmbedding):
         raise TypeError(f"embedding must be None, 'raw', 'mlp0' or an EffectiveEmbedding, got {type(embedding).__name__}")
     if embedding.layer != layer or embedding.vectors.shape[-1] != model.cfg.d_model:
