@@ -87,7 +87,7 @@ def oracle_estimates(model, task, direction) -> dict:
         if not model.cfg.attn_only:
             hooks["neurons"] = keep("act")
         out = oracle(model, tokens, **hooks)
-        runs[name] = {**seen, "head": out["head_out"]}  # head_out [b, L, H, pos, d]
+        runs[name] = {**seen, "head": out["head_out"], "pattern": out["patterns"]}  # [b, L, H, pos, d | src]
     L = model.cfg.n_layers
     d_pre = [runs["source"]["pre"][l] - runs["base"]["pre"][l] for l in range(L)]
     d_head = [runs["source"]["head"][:, l] - runs["base"]["head"][:, l] for l in range(L)]
@@ -98,14 +98,12 @@ def oracle_estimates(model, task, direction) -> dict:
         "attn_out": torch.stack([torch.einsum("bhpd,bhpd->p", d_head[l], g["head"][l]) for l in range(L)]),
         "v_input": torch.stack([torch.einsum("bpd,bhpd->h", d_pre[l], g["V"][l]) for l in range(L)]),
     }
-    their_patterns = oracle(model, source)["patterns"]
-    out["pattern"] = torch.stack([torch.einsum("bhqs,bhqs->h", their_patterns[:, l] - oracle(model, base)["patterns"][:, l],
-                                               g["pattern"][l]) for l in range(L)])
+    base_patterns = runs["base"]["pattern"]
+    d_pattern = runs["source"]["pattern"] - base_patterns
+    out["pattern"] = torch.stack([torch.einsum("bhqs,bhqs->h", d_pattern[:, l], g["pattern"][l]) for l in range(L)])
     # AtP*'s query-key correction: each head's pattern with its query (key) read from the other run's stream,
     # computed exactly by the oracle, its change dotted with the gradient at the pattern
-    base_patterns = oracle(model, base)["patterns"]  # [b, L, H, dest, src]
-    streams = {}
-    oracle(model, source, resid=lambda layer, x: streams.setdefault(layer, x))
+    streams = runs["source"]["pre"]  # [L] x [b, pos, d]: the other run's stream before each layer
     for via in "QK":
         est = torch.zeros(L, model.cfg.n_heads, dtype=torch.float64)
         for l in range(L):
