@@ -24,6 +24,7 @@ _EXPORTS = {
     "skip_trigrams": "pycircuits_widgets.analysis",
     "head_scores": "pycircuits_widgets.corpus",  # analysis.head_scores, or over a Corpus a scores-only sweep
     "ablate": "pycircuits_widgets.analysis",
+    "head_loss_changes": "pycircuits_widgets.analysis",
     "path_patch": "pycircuits_widgets.analysis",
     "measured_composition": "pycircuits_widgets.analysis",
     "Task": "pycircuits_widgets.analysis",

@@ -224,6 +224,27 @@ def test_mean_ablation_equals_the_oracle_with_those_heads_outputs_replaced(gpt2_
     assert_within(by_tensor.logits, heads_only["logits"], tol)
 
 
+@pytest.mark.parametrize("kind", ["zero", "mean"])
+def test_each_heads_loss_change_is_the_oracle_with_that_head_alone_removed(gpt2_64, kind):
+    """``pcw.head_loss_changes``: every head of the table against a float64 forward with that head's z
+    zeroed (its output set to its mean), the mean per-token loss change."""
+    tokens = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(8))
+    means = means_over(gpt2_64, torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(9)))
+    table = pcw.head_loss_changes(gpt2_64, tokens, kind=kind, means=SweepLike(means) if kind == "mean" else None)
+    L, H = gpt2_64.cfg.n_layers, gpt2_64.cfg.n_heads
+    assert table.shape == (L, H) and table.dtype == torch.float32
+    clean = oracle(gpt2_64, tokens)
+    base = token_loss(clean["logits"], tokens)
+    tol = 4 * logit_tol(gpt2_64, pcw.run(gpt2_64, tokens).cache, tokens.shape[1], torch.float64)
+    for layer in range(L):
+        for head in range(H):
+            hook = set_heads({layer: [head]}, None if kind == "zero" else means["heads"])
+            ref = oracle(gpt2_64, tokens, **{"z" if kind == "zero" else "head_out": hook})
+            expected = float((token_loss(ref["logits"], tokens) - base).mean())
+            # each loss within twice logit_tol, their difference four times; then one float32 rounding
+            assert abs(float(table[layer, head]) - expected) <= tol + abs(expected) * 2.0 ** -24, (layer, head)
+
+
 def test_mean_ablation_of_the_shipped_model_with_a_corpus_sweep(shipped, tmp_path):
     """``means=`` a real ``pcw.Sweep`` over stdlib-corpus windows (of the model ablated: a sweep is of one
     model, dtype included): the oracle with the head's output replaced by the sweep's mean output."""

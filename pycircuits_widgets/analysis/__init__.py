@@ -13,7 +13,7 @@ counterfactual ``Task`` and exact activation patching between its clean and corr
 block 0, or a corpus's mean stream).
 """
 
-from .ablation import AblationResult, ablate
+from .ablation import AblationResult, ablate, head_loss_changes
 from .activations import RunResult, run
 from .attribution import Agreement, AttributionResult, attribution_patch
 from .bigrams import bigram_top
@@ -84,6 +84,7 @@ __all__ = [
     "full_ov_circuit",
     "full_qk_circuit",
     "full_virtual_ov_circuit",
+    "head_loss_changes",
     "head_mlp_circuit",
     "head_scores",
     "induction_pair",
@@ -108,5 +109,5 @@ __all__ = [
     "skip_trigrams",
     "strongest_writers",
     "top_virtual_heads",
-    "virtual_head_ov"
+    "virtual_head_ov",
 ]

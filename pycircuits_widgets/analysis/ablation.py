@@ -26,6 +26,7 @@ from ..models.circuit_model import CircuitModel, next_token_loss, weight_shapes
 from ..models.interventions import Interventions
 from .activations import RunResult, run
 from .finite import require_finite
+from .pieces import counted
 
 KINDS = ("zero", "mean")
 
@@ -188,3 +189,27 @@ def ablate(model, tokens, heads=(), neurons=(), kind: str = "zero", means=None,
     logits, cache = model.run_with_cache(tokens, interventions=edits, resume=clean.cache)
     return AblationResult(heads=heads, neurons=neurons, kind=kind, clean_loss=clean.token_loss,
                           loss=next_token_loss(logits, cache.tokens), logits=logits, cache=cache)
+
+
+def head_loss_changes(model, tokens, kind: str = "zero", means=None, clean: RunResult | None = None) -> torch.Tensor:
+    """``[n_layers, n_heads]`` float32: ``[l, h]`` is ``ablate(model, tokens, heads=[(l, h)], kind, means,
+    clean).loss_change``, each head ablated alone (the mean per-token loss change, nats). One resumed
+    forward per head (from the clean run at the head's layer), counted on a progress bar past a second."""
+    return counted(head_loss_changes_steps(model, tokens, kind, means, clean), "head_loss_changes", "head")
+
+
+def head_loss_changes_steps(model, tokens, kind: str = "zero", means=None, clean: RunResult | None = None):
+    """``head_loss_changes`` in pieces (``analysis.pieces``): one head's ablation each, yielding ``(done,
+    n_layers * n_heads)`` after it; returns the table. The arguments are checked, and the clean run made,
+    before the first yield."""
+    check_model(model, "head_loss_changes")
+    check_kind(kind, means, "head_loss_changes")
+    clean = clean_run(model, tokens, clean, "head_loss_changes")
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    table = torch.full((L, H), float("nan"))
+    yield 0, L * H
+    for i in range(L * H):
+        table[divmod(i, H)] = ablate(model, clean.tokens, heads=[divmod(i, H)], kind=kind, means=means,
+                                     clean=clean).loss_change
+        yield i + 1, L * H
+    return table

@@ -33,9 +33,9 @@ import torch
 
 from ..models.circuit_model import next_token_loss, widened
 from ..models.interventions import VIAS, Interventions
-from ..progress import progress
 from .ablation import check_head, check_kind, check_model, clean_run, head_mean_table
 from .activations import RunResult
+from .pieces import counted
 
 BLOCK_BYTES = 64 << 20
 """Largest batched tensor ``measured_composition`` forms at once (patterns of a block of writers)."""
@@ -132,22 +132,17 @@ def measured_composition(model, tokens, via: str, kind: str = "zero", means=None
     docstring), on ``tokens`` (text, ``[pos]`` or ``[batch, pos]`` ids). Each (writer layer, reader
     layer) pair is one batched computation of the reader layer's ``via`` input for all the writer
     layer's heads (in blocks of at most ``BLOCK_BYTES``), counted on a progress bar past a second."""
-    steps = measured_composition_steps(model, tokens, via, kind, means, clean)
-    done, total, out = next(steps)
-    with progress("measured_composition", total=total, unit="layer pair") as bar:
-        for done, total, out in steps:
-            bar.update()
-    return out
+    return counted(measured_composition_steps(model, tokens, via, kind, means, clean), "measured_composition",
+                   "layer pair")
 
 
 @torch.no_grad()
 def measured_composition_steps(model, tokens, via: str, kind: str = "zero", means=None,
                                clean: RunResult | None = None):
-    """``measured_composition`` one (writer layer, reader layer) pair at a time, for a caller that
-    shows progress or gives way between them (the explorer's composition view): yields ``(done,
-    total, table)``, first ``(0, total, all NaN)`` once the input is checked, then after each layer pair
-    (``total = n_layers (n_layers - 1) / 2``); the last ``table`` is the whole matrix. Each yield
-    holds the same tensor, filled in place."""
+    """``measured_composition`` in pieces (``analysis.pieces``), for a caller that shows progress or
+    gives way between them (the explorer's composition view): one (writer layer, reader layer) pair
+    each, yielding ``(done, total)`` (``total = n_layers (n_layers - 1) / 2``), first ``(0, total)`` once
+    the input is checked; returns the matrix."""
     check_model(model, "measured_composition")
     via = check_via(via, "measured_composition")
     check_kind(kind, means, "measured_composition")
@@ -159,7 +154,7 @@ def measured_composition_steps(model, tokens, via: str, kind: str = "zero", mean
     dtype = widened(torch.empty(0, dtype=model.dtype)).dtype
     out = torch.full((L, H, L, H), float("nan"), dtype=dtype, device=model.device)
     total = L * (L - 1) // 2
-    yield 0, total, out
+    yield 0, total
     # what each reader layer's unpatched inputs give: clean queries (via K), keys (via Q), the head's
     # clean z and its W_O's Gram (via V: ||dz W_O||^2 = dz (W_O W_O^T) dz^T, in float64)
     clean_inputs = {}
@@ -177,7 +172,8 @@ def measured_composition_steps(model, tokens, via: str, kind: str = "zero", mean
                 heads = slice(start, min(start + block, H))
                 out[l1, heads, l2] = _reader_change(model, cache, l2, via, removal[heads], clean_inputs[l2])
             done += 1
-            yield done, total, out
+            yield done, total
+    return out
 
 
 def _reader_change(model, cache, layer: int, via: str, removal: torch.Tensor, clean_input) -> torch.Tensor:

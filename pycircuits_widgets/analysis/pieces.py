@@ -15,6 +15,20 @@ def drained(steps):
             return stop.value
 
 
+def counted(steps, desc: str, unit: str):
+    """``drained``, its pieces counted on a progress bar named ``desc`` (shown past a second)."""
+    from ..progress import progress
+
+    with progress(desc, unit=unit) as bar:
+        while True:
+            try:
+                *_, done, total = next(steps)
+            except StopIteration as stop:
+                return stop.value
+            bar.total = total
+            bar.update(done - bar.n)
+
+
 def whole(compute, *args, **kwargs):
     """A pieces generator of no pieces that returns ``compute(*args, **kwargs)``: a quick computation
     where a caller expects pieces."""

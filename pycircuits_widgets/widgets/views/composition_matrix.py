@@ -9,7 +9,7 @@ from ...analysis.path_patching import measured_composition_steps
 from ..core import offline
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
-from ..core.meter import Meter
+from ..core.meter import Meter, metered
 from ..core.offset_window import OffsetWindow
 from ..core.selection import HeadSelection, PairSelection, check_model
 from .notes import direct_path_ignores
@@ -221,8 +221,8 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
             return
         clean, _ = measure
         meter = self._measuring(kind)
-        for done, _, table in measured_composition_steps(self.model, clean.tokens, kind, clean=clean):
-            yield meter.first() if done == 0 else meter.at(done)
+        table = yield from metered(measured_composition_steps(self.model, clean.tokens, kind, clean=clean),
+                                   {None: (meter.text, meter.unit)})
         if self._measure is measure:  # (not of a text replaced meanwhile)
             self._measured[kind] = table.float()
             yield {"measured": dict(self._measured), "progress": {}}
