@@ -106,7 +106,7 @@ def test_min_count_leaves_rare_tokens_out_and_counts_them(learned, swept):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(layer=3, kind="raw"), ValueError, r"layer must be an int in 0\.\.2, got 3"),
+    (dict(layer=3, kind="raw"), ValueError, r"effective_embedding: layer must be in 0\.\.2, got 3"),
     (dict(layer=1, kind="mean"), ValueError, "kind must be one of 'raw', 'mlp0', 'corpus', got 'mean'"),
     (dict(layer=0, kind="mlp0"), ValueError, "layer 0's heads read the stream before it"),
     (dict(layer=1, kind="corpus"), ValueError, r"kind='corpus' reads a sweep"),

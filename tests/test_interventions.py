@@ -531,10 +531,10 @@ def test_measured_composition_of_a_one_layer_model_has_no_pairs():
 # --- bad input ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda m, t: pcw.ablate(m, t, heads=[(2, 0)]), ValueError, r"layer 2.*layers are 0\.\.1"),
-    (lambda m, t: pcw.ablate(m, t, heads=[(0, 8)]), ValueError, r"head 8.*heads are 0\.\.7"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(2, 0)]), ValueError, r"ablate: heads: \(2, 0\): layer must be in 0\.\.1, got 2"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 8)]), ValueError, r"\(0, 8\): head must be in 0\.\.7, got 8"),
     (lambda m, t: pcw.ablate(m, t, heads=(0, 4)), ValueError, r"list of \(layer, head\) pairs"),
-    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1.0)]), ValueError, r"head 1\.0"),
+    (lambda m, t: pcw.ablate(m, t, heads=[(0, 1.0)]), TypeError, r"head must be an int in 0\.\.7, got 1\.0 \(float\)"),
     (lambda m, t: pcw.ablate(m, t), ValueError, "nothing to ablate"),
     (lambda m, t: pcw.ablate(m, t, neurons=[(0, 1)]), ValueError, "attention-only"),
     (lambda m, t: pcw.ablate(m, t, heads=[(0, 1)], kind="resample"), ValueError,
@@ -554,15 +554,16 @@ def test_measured_composition_of_a_one_layer_model_has_no_pairs():
     (lambda m, t: pcw.path_patch(m, t, (1, 0), (1, 2), "K"), ValueError,
      "earlier layer.*writer layer 1, reader layer 1"),
     (lambda m, t: pcw.path_patch(m, t, (0, 0), (1, 2), "O"), ValueError, r"via must be one of \('Q', 'K', 'V'\)"),
-    (lambda m, t: pcw.path_patch(m, t, (0, 0), (3, 2), "Q"), ValueError, r"reader.*layer 3"),
+    (lambda m, t: pcw.path_patch(m, t, (0, 0), (3, 2), "Q"), ValueError, r"path_patch: reader layer must be in 0\.\.1, got 3"),
     (lambda m, t: pcw.measured_composition(m, t, "QK"), ValueError, "via must be one of"),
     (lambda m, t: m.run_with_cache(t, interventions={(0, 1): None}), TypeError, "Interventions"),
-    (lambda m, t: m.run_with_cache(t, interventions=Interventions(heads={(0, 9): None})), ValueError, "heads are 0..7"),
+    (lambda m, t: m.run_with_cache(t, interventions=Interventions(heads={(0, 9): None})), ValueError,
+     r"Interventions.heads: \(0, 9\): head must be in 0\.\.7, got 9"),
     (lambda m, t: m.run_with_cache(t, interventions=Interventions(head_inputs={(1, 0, "Q"): torch.zeros(3)})),
      ValueError, r"stream must be a tensor \[batch, pos, d_model\]"),
     (lambda m, t: m.run_with_cache(t, resume=pcw.ablate(m, t, heads=[(0, 1)]).cache), ValueError, "clean run"),
     (lambda m, t: m.run_with_cache(t, interventions=Interventions(resid={2: torch.zeros(1, 10, 128)})), ValueError,
-     r"Interventions.resid: key 2 must be a layer in 0\.\.1"),
+     r"Interventions.resid: a key \(a layer\) must be in 0\.\.1, got 2"),
     (lambda m, t: m.run_with_cache(t, interventions=Interventions(resid={1: torch.zeros(3)})), ValueError,
      r"Interventions.resid\[1\]: the stream must be a tensor \[batch, pos, d_model\]"),
     (lambda m, t: pcw.ablate(None, t, heads=[(0, 1)]), TypeError, "ablate: model must be a CircuitModel.*NoneType"),
@@ -636,7 +637,7 @@ def test_zero_taps_leave_the_forward_as_it_is_and_bad_taps_and_patterns_are_refu
     set_ = gpt2_64.run_with_cache(tokens, Interventions(resid={1: cache.resid[:, 1] + delta}))[0]
     assert torch.equal(tapped, set_)
     for taps, match in (({(0, "after"): delta}, r"must be \(layer, where\) with where one of"),
-                        ({(9, "pre"): delta}, r"has layer 9; the model's layers are 0\.\.1"),
+                        ({(9, "pre"): delta}, r"\(9, 'pre'\): layer must be in 0\.\.1, got 9"),
                         ({(0, "pre"): delta[:, :3]}, r"taps\[\(0, 'pre'\)\]: the stream must be a tensor")):
         with pytest.raises(ValueError, match=match):
             gpt2_64.run_with_cache(tokens, Interventions(taps=taps))

@@ -11,7 +11,7 @@ Every later layer is recomputed on the changed stream (post-norms divide the cha
 model's own forward (``run_with_cache(interventions=...)``). It resumes from the clean run's residual
 stream at the first ablated layer, so the layers before it are not run again.
 
-The helpers here (``check_model``, ``clean_run``, ``check_head``, ``check_kind``, ``head_mean_table``)
+The helpers here (``check_model``, ``clean_run``, ``check_kind``, ``head_mean_table``)
 are shared with ``path_patching``.
 """
 
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..models.circuit_model import CircuitModel, next_token_loss, weight_shapes
+from ..models.indices import check_pair
 from ..models.interventions import Interventions
 from .activations import RunResult, run
 from .finite import require_finite
@@ -70,26 +71,6 @@ def check_model(model, where: str) -> None:
                         f"{type(model).__name__}")
 
 
-def check_head(model, head, where: str) -> tuple[int, int]:
-    """``head`` as a ``(layer, head)`` pair of ints within the model, or a ValueError naming the range."""
-    return _check_pair(head, (model.cfg.n_layers, model.cfg.n_heads), ("layer", "head"), where)
-
-
-def _check_pair(pair, sizes, names, where: str) -> tuple[int, int]:
-    if isinstance(pair, (torch.Tensor, np.ndarray)):
-        pair = tuple(int(v) for v in pair.tolist()) if pair.ndim == 1 else pair
-    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-        raise ValueError(f"{where}: expected a ({names[0]}, {names[1]}) pair, got {pair!r}")
-    out = []
-    for value, size, name in zip(pair, sizes, names):
-        if isinstance(value, np.integer):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-            raise ValueError(f"{where}: {tuple(pair)!r} has {name} {value!r}; the model's {name}s are 0..{size - 1}")
-        out.append(value)
-    return out[0], out[1]
-
-
 def _pairs(values, sizes, names, where: str) -> tuple:
     """A list of pairs, checked, duplicates dropped (first order kept)."""
     if values is None:
@@ -99,7 +80,7 @@ def _pairs(values, sizes, names, where: str) -> tuple:
     values = list(values)
     if values and not isinstance(values[0], (tuple, list, torch.Tensor, np.ndarray)):
         raise ValueError(f"{where}: expected a list of ({names[0]}, {names[1]}) pairs, e.g. [(0, 4)], got {values!r}")
-    return tuple(dict.fromkeys(_check_pair(v, sizes, names, where) for v in values))
+    return tuple(dict.fromkeys(check_pair(v, sizes, names, f"{where}: {v!r}:") for v in values))
 
 
 def _mean_table(means, name: str, method: str, shape: tuple[int, ...], model, where: str) -> torch.Tensor:

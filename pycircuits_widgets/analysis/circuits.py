@@ -29,12 +29,12 @@ Paper symbol -> code:  ``W_E`` -> ``W_E [d_vocab, d_model]``;  ``W_U`` -> ``W_U 
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import torch
 
 from ..factored import FactoredMatrix, chain_matmul, linalg_dtype
+from ..models.indices import check_index, check_pair
 from .finite import NonFiniteError, require_finite
 from .rotary import offset_window, rotations
 
@@ -53,30 +53,12 @@ def model_name(model) -> str:
     return short_name(getattr(getattr(model, "cfg", None), "name", "")) or type(model).__name__
 
 
-def check_index(value, name: str, size: int) -> int:
-    """``value`` as an int in ``0..size-1``; refuses floats, strings and bools (``True`` is not
-    layer 1) with a message naming ``name`` and the valid range."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int in 0..{size - 1}, got {value!r} (bool)")
-    try:
-        index = operator.index(value)  # int, numpy integer, 0-d integer tensor
-    except TypeError:
-        raise TypeError(f"{name} must be an int in 0..{size - 1}, got {value!r} ({type(value).__name__})") from None
-    if not 0 <= index < size:
-        raise ValueError(f"{name} must be in 0..{size - 1}, got {index} (out of range)")
-    return index
-
-
 def check_head(model, head: Head, name: str = "head") -> tuple[int, int]:
-    """Validate ``(layer, head)`` against ``model.cfg``; returns it as two ints."""
-    cfg = model.cfg
-    if isinstance(head, (str, bytes)) or not hasattr(head, "__len__") or len(head) != 2:
-        raise TypeError(f"{name} must be a (layer, head) pair of ints, got {head!r}")
-    if cfg.n_layers == 0:
+    """``head`` as a ``(layer, head)`` pair of ints within ``model.cfg``, or the error naming ``name``
+    (``models.indices.check_pair``)."""
+    if model.cfg.n_layers == 0:
         raise ValueError(f"{name}: model {model_name(model)!r} has no layers, so no heads")
-    prefix = "" if name == "head" else f"{name} "
-    return (check_index(head[0], f"{prefix}layer", cfg.n_layers),
-            check_index(head[1], f"{prefix}head", cfg.n_heads))
+    return check_pair(head, (model.cfg.n_layers, model.cfg.n_heads), where="" if name == "head" else name)
 
 
 def check_earlier(model, h1: Head, h2: Head) -> tuple[tuple[int, int], tuple[int, int]]:

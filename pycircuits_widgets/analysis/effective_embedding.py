@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.interventions import Interventions
-from .circuits import embedding
+from .circuits import check_index, embedding
 from .ablation import check_model
 
 KINDS = ("raw", "mlp0", "corpus")
@@ -61,8 +61,7 @@ def effective_embedding(model, layer: int, kind: str = "raw", sweep=None, min_co
     there to be kept."""
     check_model(model, "effective_embedding")
     L = model.cfg.n_layers
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
-        raise ValueError(f"effective_embedding: layer must be an int in 0..{L - 1}, got {layer!r}")
+    check_index(layer, "effective_embedding: layer", L)
     if kind not in KINDS:
         raise ValueError(f"effective_embedding: kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
     if (sweep is None) != (kind != "corpus"):

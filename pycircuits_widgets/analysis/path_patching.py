@@ -33,8 +33,9 @@ import torch
 
 from ..models.circuit_model import next_token_loss, widened
 from ..models.interventions import VIAS, Interventions
-from .ablation import check_head, check_kind, check_model, clean_run, head_mean_table
+from .ablation import check_kind, check_model, clean_run, head_mean_table
 from .activations import RunResult
+from .circuits import check_head
 from .pieces import counted
 
 BLOCK_BYTES = 64 << 20

@@ -37,6 +37,8 @@ from typing import NamedTuple
 
 import torch
 
+from .indices import check_index, check_pair
+
 VIAS = ("Q", "K", "V")
 """The inputs of a head a path can enter by: its query, key or value."""
 TAPS = ("pre", "mid", "post")
@@ -97,34 +99,32 @@ class Interventions:
         head or neuron out of range, an unknown ``via``, a replacement or stream of the wrong shape."""
         L, H = cfg.n_layers, cfg.n_heads
         for (layer, head), value in self.heads.items():
-            _check_index("heads", (layer, head), (L, H), ("layer", "head"))
+            check_pair((layer, head), (L, H), ("layer", "head"), f"Interventions.heads: {(layer, head)!r}:")
             _check_tensor(f"heads[{layer, head}]", value, (batch, pos, cfg.d_model))
         for (layer, neuron), value in self.neurons.items():
             if cfg.attn_only:
                 raise ValueError(f"Interventions.neurons: {cfg.name!r} is attention-only (no MLP neurons)")
-            _check_index("neurons", (layer, neuron), (L, cfg.d_mlp), ("layer", "neuron"))
+            check_pair((layer, neuron), (L, cfg.d_mlp), ("layer", "neuron"), f"Interventions.neurons: {(layer, neuron)!r}:")
             _check_tensor(f"neurons[{layer, neuron}]", value, (batch, pos))
         for key, stream in self.head_inputs.items():
             if len(key) != 3 or key[2] not in VIAS:
                 raise ValueError(f"Interventions.head_inputs: key {key!r} must be (layer, head, via) with via one "
                                  f"of {VIAS}")
-            _check_index("head_inputs", key[:2], (L, H), ("layer", "head"))
+            check_pair(key[:2], (L, H), ("layer", "head"), f"Interventions.head_inputs: {key!r}:")
             _check_stream(f"head_inputs[{key!r}]", stream, (batch, pos, cfg.d_model))
         for key, pattern in self.patterns.items():
-            _check_index("patterns", key, (L, H), ("layer", "head"))
+            check_pair(key, (L, H), ("layer", "head"), f"Interventions.patterns: {key!r}:")
             if not isinstance(pattern, torch.Tensor) or tuple(pattern.shape) != (batch, pos, pos):
                 got = tuple(pattern.shape) if isinstance(pattern, torch.Tensor) else type(pattern).__name__
                 raise ValueError(f"Interventions.patterns[{key!r}]: a pattern is a tensor [batch, dest, src] = "
                                  f"{[batch, pos, pos]}, got {got}")
         for layer, stream in self.resid.items():
-            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
-                raise ValueError(f"Interventions.resid: key {layer!r} must be a layer in 0..{L - 1}")
+            check_index(layer, "Interventions.resid: a key (a layer)", L)
             _check_stream(f"resid[{layer}]", stream, (batch, pos, cfg.d_model))
         for key, delta in self.taps.items():
             if not (isinstance(key, tuple) and len(key) == 2 and key[1] in TAPS):
                 raise ValueError(f"Interventions.taps: key {key!r} must be (layer, where) with where one of {TAPS}")
-            if isinstance(key[0], bool) or not isinstance(key[0], int) or not 0 <= key[0] < L:
-                raise ValueError(f"Interventions.taps: {key!r} has layer {key[0]!r}; the model's layers are 0..{L - 1}")
+            check_index(key[0], f"Interventions.taps: {key!r}: layer", L)
             if key[1] == "post" and cfg.attn_only:
                 raise ValueError(f"Interventions.taps: {key!r}: {cfg.name!r} is attention-only (no MLP to tap after)")
             _check_stream(f"taps[{key!r}]", delta, (batch, pos, cfg.d_model))
@@ -135,15 +135,6 @@ def _check_stream(where: str, stream, shape: tuple[int, int, int]) -> None:
         got = tuple(stream.shape) if isinstance(stream, torch.Tensor) else type(stream).__name__
         raise ValueError(f"Interventions.{where}: the stream must be a tensor [batch, pos, d_model] = {list(shape)}, "
                          f"got {got}")
-
-
-def _check_index(where: str, key, sizes: tuple[int, int], names: tuple[str, str]) -> None:
-    if not (isinstance(key, tuple) and len(key) == 2):
-        raise ValueError(f"Interventions.{where}: key {key!r} must be a ({names[0]}, {names[1]}) pair")
-    for value, size, name in zip(key, sizes, names):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-            raise ValueError(f"Interventions.{where}: {key!r} has {name} {value!r}; the model's {name}s are "
-                             f"0..{size - 1}")
 
 
 def _check_tensor(where: str, value, shape: tuple[int, ...]) -> None:
