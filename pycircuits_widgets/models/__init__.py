@@ -14,7 +14,8 @@ from ..progress import progress
 from .adapters import CheckpointModel, from_hf, from_safetensors, from_transformer_lens
 from .attn_only import AttnOnlyTransformer, attn_only_config
 from .checkpoints import CheckpointError, load_json, load_tensors
-from .circuit_model import ActivationCache, CircuitModel
+from .activation_cache import ActivationCache
+from .circuit_model import CircuitModel
 from .config import ModelConfig
 from .folding import fold_attn_only
 from .interventions import Interventions
