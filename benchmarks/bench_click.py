@@ -158,7 +158,7 @@ def fill(explorer, n_heads: int | None) -> tuple[float, int]:
     n_heads = total if n_heads is None else min(n_heads, total)
     t0 = time.perf_counter()
     explorer.start_background()
-    explorer._runner.cancel("head losses")
+    explorer.causal.stop_background()
     if n_heads == total:
         explorer.wait_background(None)
     else:

@@ -97,7 +97,7 @@ MODELS = {
 _FILL = """
 import json as _json, time as _time
 from pycircuits_widgets.widgets.views.explorer import FILLING as _FILLING
-explorer._runner.cancel("head losses")  # (queued before the fill: this times the fill alone)
+explorer.causal.stop_background()  # (queued before the fill: this times the fill alone)
 _t0 = _time.perf_counter()
 if {n} is None:
     explorer.wait_background(None)

@@ -156,10 +156,10 @@ def explorer_toggle(name: str, rounds: int) -> None:
 
     model.run_with_cache = counted
     L = model.cfg.n_layers
-    clicks = {"ablate (zero) on": lambda: setattr(explorer, "ablation", "zero"),
+    clicks = {"ablate (zero) on": lambda: setattr(explorer.causal, "ablation", "zero"),
               "another head (layer 0) while on": lambda: (setattr(explorer, "layer", 0)),
               f"back to a layer-{L - 1} head while on": lambda: setattr(explorer, "layer", L - 1),
-              "ablate off (the clean run kept)": lambda: setattr(explorer, "ablation", "off")}
+              "ablate off (the clean run kept)": lambda: setattr(explorer.causal, "ablation", "off")}
     clean = explorer.forward(model, explorer.text)
     alone = lambda: pcw.ablate(model, clean.tokens, heads=[(L - 1, 1)], clean=clean)
     best = {label: float("inf") for label in ["forward", "alone", *clicks]}

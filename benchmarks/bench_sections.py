@@ -33,7 +33,7 @@ it is final, "complete"):
   showing its strongest pairs while the rest fill in counts), complete when it is no longer busy.
   Work it then does for a saved page (its kernel-less answers) is cancelled before the next row;
 * measured composition: the composition section switched to ``source = "measured"`` (K), until the
-  matrix is in; ablation zero / mean: ``explorer.ablation`` set, until the ablated run is shown;
+  matrix is in; ablation zero / mean: ``explorer.causal.ablation`` set, until the ablated run is shown;
 * save_html: ``explorer.save_html(path)`` with its default budget (``SAVE_BUDGET``), and the size.
 
 A section not complete within ``--timeout`` seconds is recorded as "> T s" (with how far its count
@@ -176,17 +176,17 @@ def measured(explorer, timeout: float) -> Row:
 
 
 def ablation(explorer, kind: str, timeout: float) -> Row:
-    why = explorer.ablation_kinds.get(kind, "")
+    why = explorer.causal.ablation_kinds.get(kind, "")
     if why:
         return Row(note=f"n/a: {why}")
     label = f"ablated: L{explorer.layer}.H{explorer.head} ({kind})"
 
     def start():
-        explorer.ablation = kind
+        explorer.causal.ablation = kind
 
-    row = timed(explorer, start, lambda: explorer.ablated == label, lambda: explorer.ablated == label, timeout,
-                stop=lambda: explorer._runner.cancel("ablate"))
-    explorer.ablation = "off"
+    row = timed(explorer, start, lambda: explorer.causal.ablated == label, lambda: explorer.causal.ablated == label, timeout,
+                stop=lambda: explorer.causal._runner.cancel("ablate"))
+    explorer.causal.ablation = "off"
     settle(explorer, timeout=timeout)
     return row
 

@@ -51,6 +51,7 @@ _EXPORTS = {
     "BigramTable": "pycircuits_widgets.widgets",
     "NeuronView": "pycircuits_widgets.widgets",
     "DatasetExamples": "pycircuits_widgets.widgets",
+    "CausalChecks": "pycircuits_widgets.widgets",
 }
 
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import

@@ -95,7 +95,7 @@ def test_sections_the_fill_and_a_stream_of_clicks_all_complete(manual_kernel_loo
     assert all(v.error == "" and v.progress == {} for v in asked.values()) and ex.composition.error == ""
     # the clicks stop: the fill (the head-loss table, then every head) runs and completes
     assert ex.wait(WAIT) and ex.wait_background(20 * WAIT)
-    assert ex.head_loss_change is not None and np.isfinite(ex.head_loss_change).all()
+    assert ex.causal.head_loss_change is not None and np.isfinite(ex.causal.head_loss_change).all()
     assert {key[1:3] for key in cache.keys(model) if key[0] == "skip_trigram_table"} >= set(heads)
     ex.close()
 

@@ -45,7 +45,7 @@ def table_triples(table):
 
 
 def test_two_layer_model_gets_every_view_and_no_notice_but_the_mlp_neurons(explorer):
-    assert set(explorer.views()) == {"loss", "attention", "trigrams", "composition", "eigen",
+    assert set(explorer.views()) == {"loss", "causal", "attention", "trigrams", "composition", "eigen",
                                      "paths", "induction", "positional", "virtual", "bigrams"}
     # attention-only: the one view it cannot have is the MLP neurons' (tests/test_neurons.py)
     assert explorer.notices == {"neurons": "No MLP neurons for this model: model 'attn-only-2l' is attention-only: "
@@ -156,14 +156,14 @@ def test_one_layer_model_explains_why_it_has_no_composition():
     assert set(e.notices) == {"composition", "induction", "virtual", "neurons"}
     assert all("at least 2 layers" in e.notices[name] for name in ("composition", "induction", "virtual"))
     assert "attention-only" in e.notices["neurons"]
-    assert set(e.views()) == {"loss", "attention", "trigrams", "eigen", "paths", "positional", "bigrams"}
+    assert set(e.views()) == {"loss", "causal", "attention", "trigrams", "eigen", "paths", "positional", "bigrams"}
     assert not e.trigrams.approximate  # exact skip-trigrams for a one-layer attention-only model
 
 
 def test_zero_layer_model_shows_the_loss_and_bigram_views():
     e = CircuitExplorer(paper_model(n_layers=0, dtype=torch.float32), "t1 t2 t3")
     assert set(e.views()) == {"loss", "bigrams"}
-    assert set(e.notices) == {"attention", "trigrams", "composition", "eigen", "paths", "induction", "positional",
+    assert set(e.notices) == {"causal", "attention", "trigrams", "composition", "eigen", "paths", "induction", "positional",
                               "neurons", "virtual"}
     assert all("n_layers=0" in message for message in e.notices.values())
 

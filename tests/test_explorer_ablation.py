@@ -35,7 +35,7 @@ def payloads(explorer) -> dict:
     out["overview"] = attention.overview["weights"].copy()
     out["full"] = dict(attention.full)
     out["detail"] = dict(attention._detail)
-    out["run_label"] = (attention.run_label, explorer.induction.run_label, explorer.ablated)
+    out["run_label"] = (attention.run_label, explorer.induction.run_label, explorer.causal.ablated)
     return out
 
 
@@ -68,12 +68,12 @@ def test_the_ablated_loss_change_is_pcw_ablates_and_toggling_back_restores_the_c
     run = explorer.forward(model, explorer.text)
     forwards = Forwards(model, monkeypatch)
 
-    explorer.ablation = "zero"
+    explorer.causal.ablation = "zero"
     assert forwards.calls == [True]  # one forward, resumed from the clean run at layer 1
     oracle_run = pcw.ablate(model, run.tokens, heads=[(1, 6)], kind="zero", clean=run)
     change = (oracle_run.loss - oracle_run.clean_loss)[0]
     assert np.array_equal(explorer.loss.values, change.numpy().astype(np.float32))
-    assert explorer.ablated == explorer.attention.run_label == explorer.induction.run_label == "ablated: L1.H6 (zero)"
+    assert explorer.causal.ablated == explorer.attention.run_label == explorer.induction.run_label == "ablated: L1.H6 (zero)"
     m = float(change.abs().max())
     assert (explorer.loss.colormap, explorer.loss.vmin, explorer.loss.vmax) == ("diverging", -m, m)
     assert "symmetric" in explorer.loss.note
@@ -81,18 +81,18 @@ def test_the_ablated_loss_change_is_pcw_ablates_and_toggling_back_restores_the_c
     assert explorer.loss.position == explorer.position == 7  # the selection stays
 
     forwards.calls.clear()
-    explorer.ablation = "off"
+    explorer.causal.ablation = "off"
     assert forwards.calls == []  # nothing run again
     assert_same(payloads(explorer), clean)
 
 
 def test_another_head_or_text_while_ablated_ablates_that(model, monkeypatch):
     explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT, layer=1, head=6)
-    explorer.ablation = "zero"
+    explorer.causal.ablation = "zero"
     explorer.head = 2
     run = explorer.forward(model, explorer.text)
     ref = pcw.ablate(model, run.tokens, heads=[(1, 2)], clean=run)
-    assert explorer.ablated == "ablated: L1.H2 (zero)"
+    assert explorer.causal.ablated == "ablated: L1.H2 (zero)"
     assert np.array_equal(explorer.loss.values, (ref.loss - ref.clean_loss)[0].numpy().astype(np.float32))
     explorer.text = "def f(x):\n    return x + 1\n"
     run = explorer.forward(model, explorer.text)
@@ -118,21 +118,21 @@ def test_in_float64_the_ablated_loss_is_a_forward_with_the_heads_z_zeroed(model)
 
 def test_mean_ablation_without_a_sweep_is_refused_by_name(model):
     explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT)
-    assert "needs a sweep" in explorer.ablation_kinds["mean"]
+    assert "needs a sweep" in explorer.causal.ablation_kinds["mean"]
     with pytest.raises(traitlets.TraitError, match="mean ablation needs a sweep"):
-        explorer.ablation = "mean"
-    assert explorer.ablation == "off"
+        explorer.causal.ablation = "mean"
+    assert explorer.causal.ablation == "off"
 
 
 def test_mean_ablation_reads_the_explorers_sweep(model, tmp_path):
     sweep = pcw.sweep(model, pcw.Corpus.from_texts(corpus_documents("pydoc")[:4]), tmp_path, seq_len=32,
                       max_windows=8, progress=False)
     explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT, sweep=sweep, layer=1, head=6, ablation="mean")
-    assert explorer.ablation_kinds == {"zero": "", "mean": ""}
+    assert explorer.causal.ablation_kinds == {"zero": "", "mean": ""}
     run = explorer.forward(model, explorer.text)
     ref = pcw.ablate(model, run.tokens, heads=[(1, 6)], kind="mean", means=sweep, clean=run)
     assert np.array_equal(explorer.loss.values, (ref.loss - ref.clean_loss)[0].numpy().astype(np.float32))
-    assert explorer.ablated == "ablated: L1.H6 (mean)"
+    assert explorer.causal.ablated == "ablated: L1.H6 (mean)"
 
 
 @pytest.mark.parametrize("via", ["Q", "K", "V"])
@@ -162,16 +162,16 @@ def test_a_composition_matrix_without_a_text_refuses_the_measured_source(model):
 
 def test_each_heads_ablation_loss_change(model):
     explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT)
-    assert explorer.head_loss_change is None  # a script computes nothing in the background
-    explorer.compute_head_loss_change()
+    assert explorer.causal.head_loss_change is None  # a script computes nothing in the background
+    explorer.causal.compute_head_loss_change()
     run = explorer.forward(model, explorer.text)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     expected = np.array([[pcw.ablate(model, run.tokens, heads=[(l, h)], clean=run).loss_change for h in range(H)]
                          for l in range(L)], dtype=np.float32)
-    assert np.array_equal(explorer.head_loss_change, expected)
+    assert np.array_equal(explorer.causal.head_loss_change, expected)
     assert explorer.progress == {}
     explorer.text = "x = 1\n"
-    assert explorer.head_loss_change is None  # of the old text: dropped
+    assert explorer.causal.head_loss_change is None  # of the old text: dropped
 
 
 def test_under_a_kernel_the_toggle_the_measured_matrix_and_the_head_table_run_off_the_kernel_thread(
@@ -182,12 +182,12 @@ def test_under_a_kernel_the_toggle_the_measured_matrix_and_the_head_table_run_of
     L, H = model.cfg.n_layers, model.cfg.n_heads
     expected = np.array([[pcw.ablate(model, run.tokens, heads=[(l, h)], clean=run).loss_change for h in range(H)]
                          for l in range(L)], dtype=np.float32)
-    assert np.array_equal(explorer.head_loss_change, expected) and explorer.progress == {}
+    assert np.array_equal(explorer.causal.head_loss_change, expected) and explorer.progress == {}
 
-    explorer.ablation = "zero"
-    assert explorer.ablated == ""  # computed on the explorer's runner, applied by wait()
+    explorer.causal.ablation = "zero"
+    assert explorer.causal.ablated == ""  # computed on the explorer's runner, applied by wait()
     assert explorer.wait(WAIT)
-    assert explorer.ablated == explorer.attention.run_label == "ablated: L1.H6 (zero)"
+    assert explorer.causal.ablated == explorer.attention.run_label == "ablated: L1.H6 (zero)"
     ref = pcw.ablate(model, run.tokens, heads=[(1, 6)], clean=run)
     assert np.array_equal(explorer.loss.values, (ref.loss - ref.clean_loss)[0].numpy().astype(np.float32))
 

@@ -23,7 +23,7 @@ import transformers
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.neurons import neuron_activations, neuron_terms
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.views.explorer import reading_ids  # a model without a tokenizer reads ids
+from pycircuits_widgets.models.tokenizer import reading_ids  # a model without a tokenizer reads ids
 from test_adapters_hf import float64_pair
 from tolerance import chain_tol, gamma, model_forward_length, reduction_tol
 

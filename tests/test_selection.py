@@ -371,7 +371,7 @@ def test_browser_cannot_write_kernel_traits(m2, name):
         after = getattr(widget, trait)
         assert after is before or (np.array_equal(after, before) if isinstance(before, np.ndarray) else after == before), trait
         assert f"{trait} cannot be set from the browser" in widget.error, trait
-    assert ex.loss is not None and set(ex.views()) == {"loss", "attention", "trigrams", "composition", "eigen",
+    assert ex.loss is not None and set(ex.views()) == {"loss", "causal", "attention", "trigrams", "composition", "eigen",
                                                        "paths", "induction", "positional", "virtual", "bigrams"}
 
 

@@ -190,6 +190,19 @@ class IdsText:
         return f"<id {token_id}>" if self._tokenizer is None else self._tokenizer.display_token(token_id)
 
 
+def reading(model, text):
+    """``(model, text)`` for an explorer: ``text`` a non-empty str (which needs the model's tokenizer), or
+    token ids (:func:`reading_ids`)."""
+    if not isinstance(text, str):
+        return reading_ids(model, text)
+    if not text:
+        raise TypeError("CircuitExplorer(model, text): text must be a non-empty str or token ids, got ''")
+    if getattr(model, "tokenizer", None) is None:
+        raise ValueError("CircuitExplorer: this model has no tokenizer, and reading text needs a tokenizer "
+                         "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
+    return model, text
+
+
 def reading_ids(model, ids):
     """``(model, text)`` for an explorer given token ids: a shallow copy of ``model`` (same weight
     tensors) whose tokenizer is ``IdsText``, and the ids as its text. Refuses ids that are not one
@@ -234,3 +247,17 @@ def check_tokenizer(model) -> None:
                      "it is not this model's tokenizer" + (
                          "; its ids past the model's would not exist" if size > d_vocab else
                          f" (a larger model vocabulary is accepted only when padded to a multiple of {PADDED_MULTIPLE})"))
+
+
+def text_reading_as(tokenizer, ids: list[int], keep: int) -> tuple[str, int]:
+    """``(text, start)``: a text ``tokenizer`` reads as exactly ``ids[start:]``, the smallest ``start`` (at
+    most ``keep``, a position that must stay in the text). A window cut from a corpus may start inside a
+    word or a character, whose decoding re-reads differently: it starts a token or two later."""
+    if isinstance(tokenizer, IdsText):
+        return " ".join(map(str, ids)), 0
+    for start in range(keep + 1):
+        text = tokenizer.decode(ids[start:])
+        if list(tokenizer.encode(text)) == ids[start:]:
+            return text, start
+    raise ValueError(f"this window's tokens do not read back exactly from any text that keeps position {keep} "
+                     "(its decoding tokenizes differently)")

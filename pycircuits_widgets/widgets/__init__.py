@@ -4,7 +4,7 @@ Layers (imports point one way: ``views`` -> ``core``, ``sharing`` -> ``core``; `
 neither at module import):
 
 * ``core/``: what every view is made of: the base class (``base``), the selection traits
-  (``selection``), the runner of recomputes (``runner``), the view mixins (``on_demand``,
+  (``selection``), the runner of recomputes (``runner``), the run an explorer shows (``shown_run``), the view mixins (``on_demand``,
   ``text_data``, ``offset_window``), the wire format (``payload``), kernel-less answers
   (``offline``) and the front-end bundle (``bundle``);
 * ``views/``: one module per view, the explorer, and the explorer's view registry (``registry``);
@@ -15,6 +15,7 @@ neither at module import):
 from .core.base import CircuitWidget
 from .views.attention import AttentionPatterns
 from .views.bigram_table import BigramTable
+from .views.causal_checks import CausalChecks
 from .views.colored_tokens import ColoredTokens
 from .views.composition_matrix import CompositionMatrix
 from .views.dataset_examples import DatasetExamples
@@ -27,5 +28,5 @@ from .views.positional_qk import PositionalQK
 from .views.skip_trigram_table import SkipTrigramTable
 from .views.virtual_heads import VirtualHeads
 
-__all__ = ["AttentionPatterns", "BigramTable", "CircuitExplorer", "CircuitWidget", "ColoredTokens", "CompositionMatrix",
+__all__ = ["AttentionPatterns", "BigramTable", "CausalChecks", "CircuitExplorer", "CircuitWidget", "ColoredTokens", "CompositionMatrix",
            "DatasetExamples", "EigenvaluePlot", "InductionMechanism", "NeuronView", "PathExpansion", "PositionalQK", "SkipTrigramTable", "VirtualHeads"]

@@ -30,7 +30,7 @@ def test_ablate_a_head_see_the_loss_change_and_toggle_back(show, model, tmp_path
     assert "needs a sweep" in page.locator("[data-testid=mean-note]").inner_text()
 
     page.locator("[data-testid=ablate-zero]").click()
-    view.wait_until(lambda: explorer.ablated == "ablated: L1.H6 (zero)" and not explorer.busy, what="the ablated run")
+    view.wait_until(lambda: explorer.causal.ablated == "ablated: L1.H6 (zero)" and not explorer.busy, what="the ablated run")
     view.wait_until(lambda: page.locator("[data-testid=ablated]").count() == 1, what="the explorer's ablated badge")
     assert page.locator("[data-testid=ablated]").inner_text() == "ablated: L1.H6 (zero)"
     for name in ("attention", "induction"):
@@ -46,7 +46,7 @@ def test_ablate_a_head_see_the_loss_change_and_toggle_back(show, model, tmp_path
     page.screenshot(path=str(tmp_path / "ablated.png"))
 
     page.locator("[data-testid=ablate-off]").click()
-    view.wait_until(lambda: explorer.ablated == "" and page.locator("[data-testid=ablated]").count() == 0,
+    view.wait_until(lambda: explorer.causal.ablated == "" and page.locator("[data-testid=ablated]").count() == 0,
                     what="the clean run again")
     assert explorer_section(page, "attention").locator("[data-testid=run-label]").count() == 0
     again = [float(v) for v in loss.locator(".token").evaluate_all("(ts) => ts.map((t) => t.dataset.value)")]
@@ -82,7 +82,7 @@ def test_a_saved_page_keeps_the_measured_matrix_and_the_head_loss_table(browser,
         table = page.locator("[data-testid=head-loss]")
         assert "zero-ablating each head" in table.inner_text()
         cell = table.locator("[data-testid=head-loss-0-4]")
-        assert float(cell.get_attribute("data-value")) == pytest.approx(float(explorer.head_loss_change[0, 4]))
+        assert float(cell.get_attribute("data-value")) == pytest.approx(float(explorer.causal.head_loss_change[0, 4]))
         assert page.locator("[data-testid=ablate-zero]").is_disabled()
         assert page.locator("[data-testid=ablation-needs-kernel]").is_visible()
         comp = explorer_section(page, "composition")

@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.views.explorer import reading_ids
+from pycircuits_widgets.models.tokenizer import reading_ids
 from test_adapters_hf import randomize
 
 pytestmark = pytest.mark.browser

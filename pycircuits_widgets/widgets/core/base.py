@@ -18,6 +18,8 @@ import functools
 import pathlib
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import anywidget
 import traitlets
@@ -26,6 +28,16 @@ from ... import progress as bars
 from . import offline, runner
 from .bundle import BundleMissing, bundle_code, bundle_file, carrier_esm, ensure_carrier, stub_esm
 from .runner import Runner
+
+
+@dataclass(frozen=True)
+class PageState:
+    """A view's part of a saved page (:meth:`CircuitWidget.for_page`): ``unfinished``, what it was still
+    computing when the page was written ("" where done), and ``picture()``, the static HTML a reader
+    without JavaScript sees in its place."""
+
+    unfinished: str
+    picture: Callable[[], str]
 
 
 SAVE_BUDGET = 60.0
@@ -177,10 +189,33 @@ class CircuitWidget(anywidget.AnyWidget):
             self.error = f"could not restore {', '.join(old)}: {_message(exc)}"
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the view's recomputes (its runner's jobs) are done and applied (True if idle);
-        a wait over a second shows a bar (``pycircuits_widgets.progress``)."""
+        """Wait until the view's recomputes are done and applied (True if idle; :meth:`settle`); a wait
+        over a second shows a bar (``pycircuits_widgets.progress``)."""
         with bars.progress(f"{type(self).__name__}: computing") as bar:
-            return self._runner.wait(timeout, tick=lambda: bar.note(self._runner.running_kind()))
+            return self.settle(timeout, bar.note)
+
+    def settle(self, timeout: float | None, note=None) -> bool:
+        """Wait until the work a reader waits for is done and applied (True), or ``timeout`` s (False;
+        None: no limit); ``note(what)``, if given, is called meanwhile with what is computing. Default:
+        every job of the view's runner."""
+        return self._runner.wait(timeout, tick=None if note is None else lambda: note(self._runner.running_kind()))
+
+    def start_background(self) -> bool:
+        """Start the view's background work under a kernel (an explorer starts each section's before its
+        own precompute); False where it has none (the default) or in a plain script."""
+        return False
+
+    def stop_background(self) -> None:
+        """Stop the view's background work (what it computed stays). Default: none to stop."""
+
+    def wait_background(self, timeout: float | None = None) -> bool:
+        """Wait until every job of the view, background work included, is done and applied (True), or
+        ``timeout`` s (False; None: no limit)."""
+        return self._runner.wait(timeout)
+
+    def compute_for_page(self) -> None:
+        """Compute here what the view shows only when asked for, so a page saved next holds it (an
+        explorer's save does this for a small model). Default: nothing."""
 
     # -- kernel-less answers ------------------------------------------------------------
     def offline_answers(self, answers: offline.Answers) -> None:
@@ -202,26 +237,22 @@ class CircuitWidget(anywidget.AnyWidget):
             self._offline_fresh = self._runner.submit("offline", lambda: offline.steps(self, self._offline_budget),
                                                       tier="fill")
 
-    def _saved_ready(self, deadline: float | None, offline: bool, tick=None) -> bool:
-        """Before a page is written: wait for the view's work (its runner's jobs, up to ``deadline``,
-        a ``time.monotonic()`` value, None: no limit) and, with ``offline``, make ``_offline``
-        current. False where the work is not done by then: the page says that view is "not
-        computed" (``standalone.render_html``)."""
+    def for_page(self, deadline: float | None, offline: bool, note=None) -> PageState:
+        """The view's part of a page about to be written: its work waited for up to ``deadline`` (a
+        ``time.monotonic()`` value; None: no limit; ``note(what)`` says meanwhile what it computes) and,
+        with ``offline``, its ``_offline`` made current. Work not done by then is named in the state
+        (the page says that view is "not computed": ``standalone.render_html``)."""
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not self._runner.wait(left, tick=tick):
-            return False
+        if not self.settle(left, note):
+            return PageState(self._runner.running_kind() or "its results", self._fallback_html)
         if offline:
             self._offline_ready()
-        return True
-
-    def _unfinished(self) -> str:
-        """What the view was still computing (its runner's kinds), for the page's "not computed" line."""
-        return self._runner.running_kind() or "its results"
+        return PageState("", self._fallback_html)
 
     def _offline_ready(self) -> None:
         """Make ``_offline`` current (a script computes it here, before a page is written, counting
         the answers on a bar)."""
-        self.wait(None)
+        self.settle(None)
         if not self._offline_fresh:
             answers = bars.steps(offline.steps(self, self._offline_budget), f"{type(self).__name__}: kernel-less answers", unit="answer")
             self._offline = offline.last(answers)["_offline"]

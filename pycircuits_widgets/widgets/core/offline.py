@@ -60,6 +60,7 @@ NEEDS_KERNEL = {
     "text": "New text needs the model: it needs a running kernel.",
     "offsets": "Other query - key offsets need the model's QK circuits: they need a running kernel.",
     "opened": "Reading a corpus example in the explorer needs the model: it needs a running kernel.",
+    "ablation": "Ablating a head runs the model: it needs a running kernel.",
 }
 
 

@@ -42,6 +42,7 @@ from ipywidgets.embed import dependency_state
 from ...models.tokenizer import escape_invisible
 from ...progress import progress
 from ..core.arrays import ARRAY_TRAITS
+from ..core.base import CircuitWidget
 from ..core.bundle import bundle_packed, packed_css_bytes
 from ..core.offline import tag_nonfinite
 from ..core.payload import JSON_BUFFER
@@ -414,11 +415,16 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
         if not isinstance(w, ipywidgets.Widget):
             raise TypeError(f"expected widgets, got {type(w).__name__}")
     live = _live_widgets(widgets)
-    unfinished = _wait_for_views(live, offline, budget) if wait else {}
+    states = _page_states(live, offline, budget) if wait else {}
     saved = widget_state(widgets)
-    for model_id, text in unfinished.items():
-        saved[model_id]["state"].update(busy=False, progress={"state": NOT_COMPUTED, "text": text})
-    page = Page(saved, picture=lambda model_id: live[model_id]._fallback_html())
+    limit = "" if budget is None else f" (budget {budget:g} s)"
+    for model_id, state in states.items():
+        if state.unfinished:
+            text = (f"Not computed: {type(live[model_id]).__name__} was still computing {state.unfinished} when this "
+                    f"page was saved{limit}; a running kernel computes it.")
+            saved[model_id]["state"].update(busy=False, progress={"state": NOT_COMPUTED, "text": text})
+    page = Page(saved, picture=lambda model_id: states[model_id].picture() if model_id in states else
+                live[model_id]._fallback_html())
     cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
     page.add_children()
     return f"""<!DOCTYPE html>
@@ -438,25 +444,20 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
 """
 
 
-def _wait_for_views(live: dict, offline: bool, budget: float | None) -> dict[str, str]:
-    """Each live view's work done (``_saved_ready``) within ``budget`` seconds in all; model id ->
-    the page's "not computed" line of each view that is not."""
-    ours = {model_id: w for model_id, w in live.items() if hasattr(w, "_saved_ready")}
+def _page_states(live: dict, offline: bool, budget: float | None) -> dict:
+    """Each of our live views' ``for_page`` state, their work waited for within ``budget`` seconds in all,
+    on a bar naming each; model id -> ``PageState``."""
+    ours = {model_id: w for model_id, w in live.items() if isinstance(w, CircuitWidget)}
     deadline = None if budget is None else time.monotonic() + budget
-    unfinished = {}
+    states = {}
     limit = "" if budget is None else f" (budget {budget:g} s)"
     with progress(f"save_html: waiting for the views{limit}", total=len(ours), unit="view") as bar:
         for model_id, w in ours.items():
             name = type(w).__name__
             bar.note(name)
-            def tick(name=name, w=w):  # what this view is computing now
-                bar.note(f"{name}: {w._runner.running_kind()}")
-
-            if not w._saved_ready(deadline, offline, tick=tick):
-                unfinished[model_id] = (f"Not computed: {name} was still computing {w._unfinished()} when this "
-                                        f"page was saved{limit}; a running kernel computes it.")
+            states[model_id] = w.for_page(deadline, offline, lambda what, name=name: bar.note(f"{name}: {what}"))
             bar.update()
-    return unfinished
+    return states
 
 
 def _new_file_mode(path: pathlib.Path) -> int:

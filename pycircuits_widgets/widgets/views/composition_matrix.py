@@ -197,6 +197,12 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
                     for name, value in update.items():
                         setattr(self, name, value)
 
+    def compute_for_page(self) -> None:
+        """A saved page of a small model holds every measured matrix (``CircuitWidget.compute_for_page``), where the
+        view has a text to measure on."""
+        if self._measure is not None:
+            self.compute_measured()
+
     @rolls_back
     def _on_source(self, change):
         if self.source != "measured" or self.kind in self._measured:

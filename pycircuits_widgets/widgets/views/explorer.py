@@ -2,39 +2,35 @@
 
 from __future__ import annotations
 
+import functools
+import time
 import types
 
 import ipywidgets
-import torch
 import traitlets
 
-from ...analysis.ablation import ablate
+from ... import progress as bars
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
-from ...analysis.composition import strongest_writers
 from ...corpus.sweeps import checked_sweep
-from ..core.arrays import Array
-from ... import progress as bars
+from ...models.tokenizer import check_tokenizer, reading, text_reading_as
 from ..core import offline
+from ..core.arrays import Array
+from ..core.base import SAVE_BUDGET, CircuitWidget, PageState, check_text, rolls_back
 from ..core.meter import Meter
-from ..core.base import SAVE_BUDGET, CircuitWidget, check_text, rolls_back
-from ...models.tokenizer import IdsText, check_tokenizer, reading_ids
 from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
                               check_model, resolve_selection)
+from ..core.shown_run import ShownRun
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
-from .registry import BY_NAME, LOSS_DISPLAY, ON_DEMAND, VIEWS, ViewSpec
+from .registry import BY_NAME, EXPLORER, LINKS, ON_DEMAND, VIEWS, ViewSpec
 
 SMALL_HEADS = 64
-""":meth:`CircuitExplorer.save_html` computes the on-demand paper views (``registry.ON_DEMAND``), the
-measured composition matrices and each head's ablation loss change of a model of at most this many
-heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one forward
-each, ``SMALL_HEADS`` forwards in all)."""
+""":meth:`CircuitExplorer.save_html` completes every section (``CircuitWidget.compute_for_page``: the on-demand
+paper views, the measured composition matrices, each head's ablation loss change) of a model of at most
+this many heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one
+forward each, ``SMALL_HEADS`` forwards in all)."""
 FILLING = "precomputing heads"
 """What the explorer's progress says while it precomputes heads (its background fill)."""
-NO_SWEEP = "mean ablation needs a sweep: CircuitExplorer(model, text, sweep=...)"
-"""Why ``ablation="mean"`` is unavailable to an explorer without one (``ablation_kinds``)."""
-ABLATED_NOTE = "0 (white) at the centre, symmetric: red = the ablation raised the loss, blue = lowered it"
-"""The loss section's legend note while it shows an ablated run's loss change."""
 
 
 def _child(spec: ViewSpec):
@@ -54,49 +50,30 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     one selection: a head ``(layer, head)``, a text ``position``, a vocabulary ``token`` and a
     head pair ``selected_pair`` (earlier head -> later head).
 
-    Views (each a full widget, also usable on its own): per-token loss of ``pcw.run(model,
-    text)`` (``ColoredTokens``), ``AttentionPatterns``, ``SkipTrigramTable``,
-    ``CompositionMatrix``, ``EigenvaluePlot``, and the paper's two-layer story:
-    ``PathExpansion``, ``InductionMechanism`` (of the selected pair), ``PositionalQK``,
-    ``VirtualHeads`` and the direct path's ``BigramTable``. A click in any of them (a head
-    thumbnail, a composition cell, a path term, a virtual head, a token) moves every view to
-    it: in the browser at once (so a saved page with no kernel stays coherent) and in the
-    kernel, which recomputes what depends on the selection (skip-trigrams of the head, its
-    eigenvalues, a token's query...). ``position`` and ``token`` stay consistent: a position
-    selects its token; a token selects its last position in the text (-1 if absent); no
-    token, no position. A pair selects its later head; selecting a head in layer >= 1 selects
-    the pair of its strongest K-composition writer (from the composition view's K scores,
-    once they are computed) and that head.
+    Its sections are the views of ``registry.VIEWS`` (each a full widget, also usable on its own:
+    ``explorer.trigrams`` is a ``SkipTrigramTable``). A click in any of them moves every view to it:
+    in the browser at once (so a saved page with no kernel stays coherent) and in the kernel, which
+    recomputes what depends on the selection. ``position`` and ``token`` stay consistent: a position
+    selects its token; a token selects its last position in the text (-1 if absent); no token, no
+    position. A pair selects its later head; selecting a head in layer >= 1 selects the pair of its
+    strongest K-composition writer (``strongest_writers``, once the composition scores are in).
 
-    The model reads each text once (``pcw.run``); the loss, attention, path and positional
-    views share that pass. The paper views in ``ON_DEMAND`` are built inactive and computed
-    on first use (their section's "compute" button, or :meth:`compute`), on their own runner.
+    The model reads each text once (``pcw.run``, :meth:`forward`): the sections show that run, or the
+    run a causal check made of it (``run``, a ``core.shown_run.ShownRun``: the causal checks section,
+    ``explorer.causal``, ablates the selected head and the loss and attention sections show the
+    ablated run). The paper views in ``ON_DEMAND`` are computed on first use (:meth:`compute`).
 
     Under a kernel, once built, the explorer precomputes in the background what a click on each
-    head would compute (each view's ``fill_steps``: the head's exact skip-trigram table, its
-    eigenvalue detail, the composition detail of the pair the click selects) into the per-model
-    cache (``analysis.cache``), so a later click answers from it. It gives way to every click
-    (``widgets/core/runner.py``), its header says how far it is (``progress``: "precomputing
-    heads 37/144"), and :meth:`stop_background` (or closing the explorer) stops it. In a plain
-    script nothing runs in the background.
+    head would compute (each view's ``fill_steps``) into the per-model cache (``analysis.cache``),
+    after each section's own background work (the head-loss table), so a later click answers from
+    it. It gives way to every click (``widgets/core/scheduler.py``), its header says how far it is
+    (``progress``: "precomputing heads 37/144"), and :meth:`stop_background` (or closing the
+    explorer) stops it. In a plain script nothing runs in the background.
 
-    Causal checks (``ablation``): "zero" or "mean" ablates the selected head (``pcw.ablate``, resumed
-    from the clean run at the head's layer: at most one forward per head or kind chosen) and the
-    loss section shows each token's loss change (ablated - clean) on a diverging scale, the attention
-    section the ablated run's patterns, both headed ``ablated`` ("ablated: L1.H6 (zero)"); "off"
-    shows the clean run again from what was kept (the same arrays, nothing recomputed). The
-    composition section can show, beside the weights' scores, the composition measured on this text
-    (``pcw.measured_composition``; its "measured on this text" switch). ``head_loss_change`` holds
-    each head's zero-ablation loss change on the text (computed in the background before the
-    precompute of every head, or by :meth:`compute_head_loss_change`; :meth:`save_html` computes it for a small model).
-
-    A view the model cannot support honestly is not built: ``notices[name]`` says why
-    (no composition, induction or virtual heads in a one-layer model; only the bigram table in
-    a zero-layer model). Rotary models: the QK circuits (skip-trigrams, QK eigenvalues,
-    Q/K-composition, the induction mechanism) are read over the query - key offsets of the text
-    (0 to its length - 1; skip-trigrams of a vocabulary over ``SkipTrigramTable.partial_above``
-    tokens: the first ``registry.LARGE_VOCAB_TRIGRAM_OFFSETS``), each view stating how and offering an
-    offset control.
+    A view the model cannot support honestly is not built: ``notices[name]`` says why (no
+    composition in a one-layer model; only the loss and the bigram table in a zero-layer model).
+    Rotary models: the QK circuits are read over the query - key offsets of the text, each view
+    stating how and offering an offset control.
 
     Args:
         model: a weight view (``pcw.load_pretrained("attn-only-2l")``, ``pcw.from_hf(...)``).
@@ -109,11 +86,12 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         sweep: a ``pcw.Sweep`` of this same model over a corpus (``pcw.sweep``), for the sections that
             read a corpus (``explorer.sweep``) and mean ablation (each head's mean output, ``head_means``);
             a sweep of another model is refused, naming both.
-        ablation: "off" (default), "zero" or "mean" (needs ``sweep``): the selected head ablated from the start.
+        ablation: "off" (default), "zero" or "mean" (needs ``sweep``): the selected head ablated from the
+            start (a section's option: ``registry.ViewSpec.options``).
     """
 
     _view = traitlets.Unicode("CircuitExplorer").tag(sync=True)
-    _browser_writable = frozenset({*SELECTION_KEYS, "text", "ablation"})
+    _browser_writable = frozenset({*SELECTION_KEYS, "text"})
 
     # -- views: the child traits, one per registry entry (ExplorerViews) --
     sections = traitlets.List(traitlets.Dict()).tag(sync=True)
@@ -140,21 +118,6 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     token_ids = traitlets.List(traitlets.Int()).tag(sync=True)
     """list[int] (read-only): vocabulary id of each text position (the browser links position and token with it)."""
 
-    # -- causal checks --
-    ablation = traitlets.Enum(["off", "zero", "mean"], default_value="off").tag(sync=True)
-    """str, default "off": ablate the selected head, its output removed ("zero") or replaced by its
-    mean output over a corpus ("mean": needs a sweep, ``ablation_kinds``); class docstring."""
-    ablated = traitlets.Unicode("").tag(sync=True)
-    """str (read-only): "ablated: L1.H6 (zero)" while the loss and attention sections show an ablated
-    run, else ""."""
-    ablation_kinds = traitlets.Dict().tag(sync=True)
-    """{kind: "" where available, else why not} (read-only), for "zero" and "mean"."""
-    head_loss_change = Array("float32", ndim=2).tag(sync=True)
-    """float32 [n_layers, n_heads] (read-only): the mean per-token loss change (nats) from zero-ablating
-    each head alone on ``text``; None until computed (kept by a saved page)."""
-    _shown_run = traitlets.Any(None)
-    # (text, label, AblationResult) shown by the loss and attention sections, or None: the clean run
-
     # -- selection (layer, head, position, token from the mixins) --
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
@@ -166,32 +129,31 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         except ValueError as exc:  # a zero-layer model: only the loss view applies
             no_heads = str(exc)
         check_tokenizer(model)
-        if isinstance(text, str):
-            if not text:
-                raise TypeError("CircuitExplorer(model, text): text must be a non-empty str or token ids, got ''")
-            if getattr(model, "tokenizer", None) is None:
-                raise ValueError("CircuitExplorer: this model has no tokenizer, and reading text needs a tokenizer "
-                                 "(pcw.from_hf(hf_model, tokenizer)); or pass token ids (a list, tensor or numpy array)")
-        else:
-            model, text = reading_ids(model, text)
+        model, text = reading(model, text)
         self.sweep = checked_sweep(sweep, model, "CircuitExplorer")  # the corpus sections read it (class docstring)
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
+        self._links = {}  # section name -> [(observed object, handler, trait names)]: undone if it is closed
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
-        ablation = kwargs.pop("ablation", "off")  # set once the views show the run
+        options = {(spec, k): kwargs.pop(k) for spec in VIEWS for k in spec.options if k in kwargs}
         super().__init__(model, text=text, model_name=name_of_model(model),
                          sections=[spec.browser() for spec in VIEWS if self.sweep is not None or not spec.needs_sweep],
                          **kwargs)
         with bars.progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
             bar.note("running the model")
-            self._show_run()
+            self._show_tokens()
+            self.run = ShownRun()
+            self.run.read(self.text, self.forward(self.model, self.text))
             self._build_views(no_heads, bar)
-        self.ablation_kinds = {"zero": no_heads, "mean": no_heads or ("" if self.sweep is not None else NO_SWEEP)}
         self._link()
-        self._measure_composition()
         for name, value in selection.items():
             setattr(self, name, value)
-        self.ablation = ablation
+        for (spec, name), value in options.items():  # once the selection is (a section acts on it)
+            view = getattr(self, spec.name)
+            if view is None:
+                raise ValueError(f"CircuitExplorer: {name}={value!r} is an option of the {spec.noun} section, which "
+                                 f"this model has not: {self.notices.get(spec.name, 'no such section')}")
+            setattr(view, name, value)
         self.start_background()
 
     # -- building ---------------------------------------------------------------------------
@@ -222,15 +184,13 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             ran = self._ran = (text, run(model, text))
         return ran[1]
 
-    def _show_run(self) -> None:
-        """Tokens and the loss view of the current text (positions of an old text are cleared)."""
+    def _show_tokens(self) -> None:
+        """The header's tokens and loss of the current text (positions of an old text are cleared)."""
         out = self.forward(self.model, self.text)
         ids = out.tokens[0].tolist()
         with self.hold_sync():
             self.position = -1
             self.token_ids, self.tokens = ids, list(out.str_tokens[0])
-            if self.loss is not None:  # (built with the other views the first time)
-                self.loss.set_values(self.tokens[1:], out.token_loss[0])
             self.mean_loss = float(out.loss) if len(ids) > 1 else None
 
     def views(self) -> dict[str, CircuitWidget]:
@@ -249,27 +209,24 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 view.active = True
 
     def save_html(self, path, *, title: str | None = None, offline: bool = True, budget: float | None = SAVE_BUDGET):
-        """As ``CircuitWidget.save_html``; with ``offline``, a small model's paper views, measured
-        composition matrices and ``head_loss_change`` (at most ``SMALL_HEADS`` heads and
-        ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work) are computed first, so the page shows
-        them. A larger model's page shows the ones computed so far and says which were not. ``budget`` (seconds, default ``SAVE_BUDGET``)
-        bounds the wait for sections still computing: one not done by then is saved "not
-        computed" (the page says so) and keeps computing here. The background precompute is
+        """As ``CircuitWidget.save_html``; with ``offline``, every section of a small model is completed first
+        (at most ``SMALL_HEADS`` heads and ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work; the on-demand
+        paper views, the measured composition matrices, each head's ablation loss change), so the page shows
+        them. A larger model's page shows the ones computed so far and says which were not. ``budget``
+        (seconds, default ``SAVE_BUDGET``) bounds the wait for sections still computing: one not done by then
+        is saved "not computed" (the page says so) and keeps computing here. The background precompute is
         never waited for."""
         cfg = self.model.cfg
         if offline and cfg.n_layers * cfg.n_heads <= SMALL_HEADS and cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB:
             self.compute()
-            if self.composition is not None:
-                self.composition.compute_measured()
-            if self.n_layers > 0 and len(self.token_ids) > 1:
-                self.compute_head_loss_change()
+            for view in self.views().values():
+                view.compute_for_page()
         return super().save_html(path, title=title, offline=offline, budget=budget)
 
-    def _saved_ready(self, deadline, offline, tick=None) -> bool:
-        """The explorer's own runner does the background precompute and each head's ablation loss
-        change, which a page never waits for, and the ablate toggle's run, saved as it stands (its
-        sections are saved as views of their own: ``standalone.render_html``)."""
-        return True
+    def for_page(self, deadline, offline, note=None) -> PageState:
+        """The explorer's own work is its background precompute, which a page never waits for; its sections
+        are saved as views of their own (``standalone.render_html``)."""
+        return PageState("", self._fallback_html)
 
     def cancel(self, *names: str) -> list[str]:
         """Cancel the on-demand sections named (default: every one computing), between two pieces
@@ -287,10 +244,11 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         return cancelled
 
     def wait(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every view's kernel-side recomputes and the ablate toggle's run are done and
-        applied (True if all are idle); not the background precompute (:meth:`wait_background`). A result applied in one
-        view can move the selection and start work in another, so this repeats until a full pass
-        finds every view idle. A wait over a second shows a bar of the views done."""
+        """Wait until every section's work a reader waits for (``CircuitWidget.settle``: its recomputes, the
+        ablated run) is done and applied (True if all are idle); not the background precompute
+        (:meth:`wait_background`). A result applied in one view can move the selection and start work in
+        another, so this repeats until a full pass finds every view idle. A wait over a second shows a bar
+        of the views done."""
         views = self.views()
         with bars.progress("CircuitExplorer: computing", total=len(views), unit="view") as bar:
             while True:
@@ -298,39 +256,44 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 bar.n = 0
                 for name, view in views.items():
                     bar.note(name)
-
-                    def tick(name=name, runner=view._runner):  # what this view's runner is computing
-                        bar.note(f"{name}: {runner.running_kind()}")
-
-                    if not view._runner.wait(timeout, tick=tick):
+                    if not view.settle(timeout, lambda what, name=name: bar.note(f"{name}: {what}")):
                         return False
                     bar.update()
-                # the ablate toggle's run (the explorer's own request; not its background work)
-                if not self._runner.wait(timeout, fill=False):
-                    return False
                 if not busy_before and not any(v.busy for v in views.values()):
                     return True
+
+    def settle(self, timeout, note=None) -> bool:
+        """The explorer's own work is its background precompute, which :meth:`wait` never waits for."""
+        return True
 
     # -- background precompute ----------------------------------------------------------------
     def start_background(self) -> bool:
         """Precompute, in the background, every head's results a click would compute (class
-        docstring), the selected head first; False in a plain script (nothing runs). Restarts a
-        running fill; heads already computed answer from the cache at once."""
-        self._start_head_losses()  # first: one table, at a forward a head
+        docstring), the selected head first, after each section's own background work (the head-loss
+        table); False in a plain script (nothing runs). Restarts a running fill; heads already computed
+        answer from the cache at once."""
+        for view in self.views().values():
+            view.start_background()
         views = [v for v in self.views().values() if type(v).fill_steps is not CircuitWidget.fill_steps]
         heads = offline.heads(self) if views else []
         return bool(heads) and self._runner.submit("fill", lambda: self._fill_steps(views, heads), tier="fill",
                                                    progress=None if self.progress else Meter(FILLING, len(heads)).report(0))
 
     def stop_background(self) -> None:
-        """Stop the background precompute (what it computed stays cached)."""
+        """Stop the background precompute and each section's background work (what they computed stays)."""
         self._runner.cancel("fill")
-        self._runner.cancel("head losses")
+        for view in self.views().values():
+            view.stop_background()
         self.progress = {}
 
     def wait_background(self, timeout: float | None = None) -> bool:
-        """Wait until the background precompute is done (True), or ``timeout`` s (False)."""
-        return self._runner.wait(timeout)
+        """Wait until the background precompute and each section's background work are done (True), or
+        ``timeout`` s in all (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for waits in (self._runner.wait, *(v.wait_background for v in self.views().values())):
+            if not waits(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                return False
+        return True
 
     def _fill_steps(self, views, heads):
         """Each head's ``fill_steps`` of each view, for the selection a click on it resolves to."""
@@ -361,36 +324,43 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             return
         for name, view in self.views().items():
             if view is change["owner"]:
-                view.unobserve(self._from_view, list(BY_NAME[name].follows))
-                view.unobserve(self._busy_from_views, ["busy"])
-                view.unobserve(self._drop_view, ["comm"])
-                if name == "attention":
-                    view.unobserve(self._text_from_view, ["text"])
-                if name == "composition":
-                    view.unobserve(self._on_k_scores, ["scores"])
-                if name == "examples":
-                    view.unobserve(self._open_from_view, ["opened"])
+                for source, handler, names in self._links.pop(name, []):
+                    source.unobserve(handler, names)
                 setattr(self, name, None)
                 self.notices = {**self.notices, name: f"The {BY_NAME[name].noun} view was closed."}
 
     # -- linking: children -> explorer -> children. Values converge, so no feedback loop: a
     # child set to the explorer's value reports an unchanged value and traitlets stays quiet.
     def _link(self) -> None:
-        for name, view in self.views().items():
-            view.observe(self._from_view, list(BY_NAME[name].follows))
-            view.observe(self._busy_from_views, ["busy"])
+        """Each section follows the selection (``ViewSpec.follows``) and the shown run (``reads_run``,
+        ``shows_run``), and the declared links between sections (``registry.LINKS``) are made."""
+        views = self.views()
+
+        def observe(name, source, handler, names):
+            source.observe(handler, names)
+            self._links.setdefault(name, []).append((source, handler, names))
+
+        for name, view in views.items():
+            spec = BY_NAME[name]
+            observe(name, view, self._from_view, list(spec.follows))
+            observe(name, view, self._busy_from_views, ["busy"])
             view.observe(self._drop_view, ["comm"])
-        if self.attention is not None:
-            self.attention.observe(self._text_from_view, ["text"])
-        if self.composition is not None:
-            self.composition.observe(self._on_k_scores, ["scores"])
-            self._on_k_scores(None)
-        if self.examples is not None:
-            self.examples.observe(self._open_from_view, ["opened"])
-            if self.neurons is not None:
-                self.neurons.observe(self._examples_of_neuron, ["neuron"])
+            if spec.reads_run is not None:  # (built showing the run: the clean one, which it reads now)
+                observe(name, self.run, lambda change, view=view, act=spec.reads_run: act(view, change["new"]),
+                        ["clean"])
+                spec.reads_run(view, self.run.clean)
+            if spec.shows_run is not None:
+                observe(name, self.run, lambda change, view=view, act=spec.shows_run: act(view, change["new"]),
+                        ["shown"])
+        for link in LINKS:
+            source = self if link.source == EXPLORER else views.get(link.source)
+            if source is None:
+                continue
+            handler = functools.partial(rolls_back(lambda explorer, change, link=link, source=source:
+                                                   link.apply(explorer, source)), self)
+            observe(link.source, source, handler, list(link.traits))
+            link.apply(self, source)
         self.observe(self._to_views, list(SELECTION_KEYS))
-        self.observe(self._examples_of_head, ["layer", "head"])
 
     @rolls_back
     def _from_view(self, change):
@@ -406,10 +376,6 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
 
     def _busy_from_views(self, change):
         self.busy = any(v.busy for v in self.views().values())
-
-    @rolls_back
-    def _text_from_view(self, change):
-        self.text = change["new"]
 
     @rolls_back
     def _to_views(self, change):
@@ -430,22 +396,6 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                     for k in keys:
                         setattr(view, k, getattr(self, k))
 
-    def _examples_of_neuron(self, change) -> None:
-        """A neuron clicked in the neurons section: the examples section shows its examples."""
-        if self.examples is not None and change["new"] >= 0:
-            with self.examples.hold_trait_notifications():
-                self.examples.layer, self.examples.neuron = self.neurons.layer, change["new"]
-
-    def _examples_of_head(self, change) -> None:
-        """A head selected anywhere: the examples section shows the head's examples again."""
-        if self.examples is not None:
-            self.examples.neuron = -1
-
-    @rolls_back
-    def _open_from_view(self, change) -> None:
-        if change["new"]:
-            self.open_example(*change["new"])
-
     def open_example(self, window: int, position: int) -> None:
         """Read window ``window`` of ``explorer.sweep`` here (every view recomputes on it) and select
         ``position`` in it: the window's exact tokens, as the sweep read them (the text is their decoding
@@ -456,29 +406,9 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for name, value, n in (("window", window, self.sweep.n_windows), ("position", position, self.sweep.seq_len)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
                 raise ValueError(f"open_example: {name} must be an int in 0..{n - 1}, got {value!r}")
-        text, start = self._text_of(self.sweep.windows[window].tolist(), position)
+        text, start = text_reading_as(self.model.tokenizer, self.sweep.windows[window].tolist(), position)
         self.text = text
         self.position = position - start
-
-    def _text_of(self, ids: list[int], keep: int) -> tuple[str, int]:
-        """``(text, start)``: a text this explorer reads as exactly ``ids[start:]``, the smallest ``start``
-        (at most ``keep``, a position that must stay in the text)."""
-        tokenizer = self.model.tokenizer
-        if isinstance(tokenizer, IdsText):
-            return " ".join(map(str, ids)), 0
-        for start in range(keep + 1):
-            text = tokenizer.decode(ids[start:])
-            if list(tokenizer.encode(text)) == ids[start:]:
-                return text, start
-        raise ValueError(f"this window's tokens do not read back exactly from any text that keeps position {keep} "
-                         "(its decoding tokenizes differently)")
-
-    def _on_k_scores(self, change) -> None:
-        """The strongest-writer table, again whenever the composition view's K scores change."""
-        scores = self.composition.scores.get("K", {}).get("correct")
-        writers = None if scores is None else strongest_writers(scores)
-        if writers is not None or self.strongest_writers is not None:
-            self.strongest_writers = writers
 
     def strongest_writer(self, layer: int, head: int) -> tuple[int, int] | None:
         """The earlier head ``(l1, h1)`` with the largest K-composition score into ``(layer, head)``
@@ -507,126 +437,14 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     @traitlets.observe("text")
     @rolls_back
     def _on_text(self, change):
-        if self.loss is None:  # still in __init__
+        if not self.views():  # still in __init__
             return
         n_before = len(self.token_ids)
-        self._show_run()
-        self._shown_run = None  # the new text's clean run, until its ablation is in
+        self._show_tokens()
         for spec in VIEWS:
             view = getattr(self, spec.name)
             if spec.reads_text and view is not None and view.text != self.text:
                 view.text = self.text
-            if spec.window is not None and view is not None:
-                self._follow_window(spec, view, n_before)
-        self.head_loss_change = None
-        self._measure_composition()
-        self._start_ablation()
-        self._start_head_losses()
-
-    def _follow_window(self, spec: ViewSpec, view, n_before: int) -> None:
-        """A rotary view still on its default window (the old text's offsets) moves to the new
-        text's; a window the reader chose stays."""
-        before, now = spec.window(self, n_before), spec.window(self)
-        if before and list(view.offsets) == list(before["offsets"]) != list(now["offsets"]):
-            view.offsets = list(now["offsets"])
-
-    # -- causal checks ------------------------------------------------------------------------
-    @traitlets.validate("ablation")
-    def _valid_ablation(self, proposal):
-        kind = proposal["value"]
-        why = self.ablation_kinds.get(kind, "")
-        if kind != "off" and why:
-            raise traitlets.TraitError(f"ablation={kind!r}: {why}")
-        if kind != "off" and len(self.token_ids) < 2:
-            raise traitlets.TraitError(f"ablation={kind!r}: the loss change needs at least 2 tokens; the text has 1")
-        return kind
-
-    @traitlets.observe("ablation", "layer", "head")
-    @rolls_back
-    def _on_ablation(self, change):
-        if self.loss is not None:  # (not while __init__ builds the views)
-            self._start_ablation()
-
-    def _start_ablation(self) -> None:
-        """The selected head's ablated run, on the explorer's runner (a script: at once); "off": the
-        clean run at once (kept, never recomputed)."""
-        self._runner.cancel("ablate")
-        if self.ablation == "off":
-            self._shown_run = None
-            return
-        text, head, kind = self.text, (self.layer, self.head), self.ablation
-        self._runner.submit("ablate", lambda: self._ablation_steps(text, head, kind))
-
-    def _ablation_steps(self, text, head, kind):
-        """``pcw.ablate`` of ``head`` on the text's clean run (resumed at the head's layer)."""
-        clean = self.forward(self.model, text)
-        result = ablate(self.model, clean.tokens, heads=[head], kind=kind, means=self.sweep if kind == "mean" else None,
-                        clean=clean)
-        yield {"_shown_run": (text, f"ablated: L{head[0]}.H{head[1]} ({kind})", result)}
-
-    @traitlets.observe("_shown_run")
-    def _show_ablation(self, change):
-        """The loss and attention sections (and the induction section's header) show ``_shown_run``:
-        the ablated run of the current text, or the clean one."""
-        shown = change["new"]
-        if shown is not None and shown[0] != self.text:  # (of a text replaced meanwhile)
-            return
-        clean = self.forward(self.model, self.text)
-        label = "" if shown is None else shown[1]
-        with self.hold_sync():
-            if shown is None:
-                self.loss.show_values(clean.token_loss[0], **LOSS_DISPLAY)
-                if self.attention is not None:
-                    self.attention.show_run(None)
-            else:
-                result = shown[2]
-                change = (result.loss - result.clean_loss)[0]
-                m = float(change.abs().max())
-                self.loss.show_values(change, label="loss change, ablated − clean (nats)", colormap="diverging",
-                                      vmin=-m, vmax=m, note=ABLATED_NOTE)
-                if self.attention is not None:
-                    self.attention.show_run(result.cache.patterns[0], label)
-            if self.induction is not None:
-                self.induction.run_label = label
-            self.ablated = label
-
-    def compute_head_loss_change(self) -> None:
-        """``head_loss_change`` of the current text, synchronously (every head's zero ablation: at most
-        one forward each)."""
-        self._runner.cancel("head losses")
-        for update in self._head_loss_steps(self.text):
-            for name, value in (update or {}).items():
-                setattr(self, name, value)
-
-    def _start_head_losses(self) -> None:
-        """``head_loss_change`` in the background (queued before the precompute: one table at a forward a
-        head; a script: never, see ``compute_head_loss_change``). Its count shows at once unless the
-        explorer already reports other work."""
-        if self.n_layers > 0 and len(self.token_ids) > 1:
-            text = self.text
-            self._runner.submit("head losses", lambda: self._head_loss_steps(text), tier="fill",
-                                progress=None if self.progress else self._ablating().report(0))
-
-    def _ablating(self) -> Meter:
-        """The meter of the head-loss table: one head's ablation a piece."""
-        return Meter("ablating heads", self.model.cfg.n_layers * self.model.cfg.n_heads, "heads")
-
-    def _head_loss_steps(self, text):
-        """Each head's zero-ablation mean loss change on ``text``, one head per chunk, counted in
-        ``progress``."""
-        meter = self._ablating()
-        clean = self.forward(self.model, text)
-        L, H = self.model.cfg.n_layers, self.model.cfg.n_heads
-        table = torch.full((L, H), float("nan"))
-        for i in range(L * H):
-            yield meter.first() if i == 0 else meter.at(i)
-            table[divmod(i, H)] = ablate(self.model, clean.tokens, heads=[divmod(i, H)], clean=clean).loss_change
-        if text == self.text:
-            yield {"head_loss_change": table, "progress": {}}
-
-    def _measure_composition(self) -> None:
-        """The composition section measures composition on this text (once switched to it)."""
-        if self.composition is not None:
-            n = len(self.token_ids)
-            self.composition.measure_on(self.forward(self.model, self.text),
-                                        f"measured on this text ({n} tokens): h1's output removed from h2's input")
+            if view is not None:
+                spec.follow_window(self, view, n_before)
+        self.run.read(self.text, self.forward(self.model, self.text))

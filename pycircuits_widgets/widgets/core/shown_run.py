@@ -1,0 +1,51 @@
+"""The one run of an explorer's text that its sections show: the clean run, or a causal check's run.
+
+An explorer reads its text once (``pcw.run``: the clean run). A causal check (an ablated head today,
+a patched run tomorrow) makes another run of the same text; the sections that show a run (the
+per-token loss, the attention patterns, a header saying which run it is) show the one here. The
+explorer writes a new text's clean run (:meth:`ShownRun.read`), a causal section its checked run
+(:meth:`ShownRun.show`); the sections observe it (``views.registry.ViewSpec.reads_run`` and
+``shows_run``), so nobody pushes into a view by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import traitlets
+
+
+@dataclass(frozen=True, eq=False)  # (identity: every change notifies, even to an equal run)
+class Shown:
+    """One state of a :class:`ShownRun`: ``text``, its clean run ``clean`` (a ``RunResult``: ``tokens
+    [1, pos]``, ``str_tokens``, ``token_loss [1, pos - 1]``, ``cache``), the checked run ``result`` shown
+    instead (an ``AblationResult``: ``loss`` and ``clean_loss`` ``[1, pos - 1]``, ``cache.patterns
+    [1, L, H, pos, pos]``; None: the clean run) and its ``label`` ("ablated: L1.H6 (zero)"; "" for the
+    clean run)."""
+
+    text: str
+    clean: object
+    result: object = None
+    label: str = ""
+
+
+class ShownRun(traitlets.HasTraits):
+    """The run of one text that an explorer's sections show. Observe ``clean`` (a new text's clean run:
+    what depends on the text alone) or ``shown`` (a :class:`Shown`: what is displayed)."""
+
+    clean = traitlets.Any(None)
+    shown = traitlets.Instance(Shown, allow_none=True)
+
+    def read(self, text: str, clean) -> None:
+        """A new text and its clean run: shown first, then ``clean`` observers run (a causal check among them
+        may show its run of the new text at once)."""
+        self.shown = Shown(text, clean)
+        self.clean = clean
+
+    def show(self, text: str, label: str, result) -> bool:
+        """Show ``result``, a checked run of ``text`` labelled ``label`` (None: the clean run again); False,
+        and nothing shown, where the text was replaced meanwhile (a result computed in the background)."""
+        if self.shown is None or text != self.shown.text:
+            return False
+        self.shown = Shown(text, self.shown.clean, result, label if result is not None else "")
+        return True
