@@ -1,6 +1,7 @@
 // The one anywidget entry point. Every Svelte file in ./views/ is a view, registered by
 // its file name; the Python class names the view it wants in its `_view` trait. Adding a
-// view is adding one .svelte file here and one small Python class.
+// view is adding one .svelte file here and one small Python class. (A large view's parts
+// live in a folder beside it, e.g. ./views/attention/, and are not registered.)
 import { defineWidget } from "@anywidget/svelte";
 import { createHost } from "./lib/host.js";
 import { answerOffline, parseTagged } from "./lib/offline.js";

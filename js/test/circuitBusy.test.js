@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { cleanup, fireEvent, render } from "@testing-library/svelte";
-import CircuitBusy from "../src/components/CircuitBusy.svelte";
+import Busy from "../src/components/Busy.svelte";
 import OnDemand from "../src/components/OnDemand.svelte";
 import { timeLeft } from "../src/lib/progress.js";
 
@@ -8,9 +8,9 @@ const progress = { text: "precomputing heads", done: 37, total: 144 };
 
 afterEach(cleanup);
 
-describe("CircuitBusy", () => {
+describe("Busy", () => {
   it("shows how far a long kernel job is while the kernel is attached", () => {
-    const { getByTestId } = render(CircuitBusy, { props: { busy: false, progress, model: { comm_live: true } } });
+    const { getByTestId } = render(Busy, { props: { busy: false, progress, model: { comm_live: true } } });
     const line = getByTestId("progress");
     expect(line.textContent).toContain("precomputing heads 37/144");
     expect(line.querySelector("progress").getAttribute("value")).toBe("37");
@@ -18,14 +18,14 @@ describe("CircuitBusy", () => {
 
   it("never shows a stale count on a page without a kernel, nor an empty one", () => {
     for (const props of [{ progress, model: { comm_live: false } }, { progress: {}, model: { comm_live: true } }]) {
-      const { queryByTestId, unmount } = render(CircuitBusy, { props });
+      const { queryByTestId, unmount } = render(Busy, { props });
       expect(queryByTestId("progress")).toBeNull();
       unmount();
     }
   });
 
   it("keeps the spinner and its text while busy", () => {
-    const { getByTestId } = render(CircuitBusy, { props: { busy: true, text: "recomputing…" } });
+    const { getByTestId } = render(Busy, { props: { busy: true, text: "recomputing…" } });
     expect(getByTestId("busy").textContent).toContain("recomputing…");
   });
 });
@@ -34,7 +34,7 @@ describe("a long job's count, estimate and cancel", () => {
   const counted = { text: "induction: K-composition eigenvalues", done: 12, total: 270, unit: "layer pairs", left_s: 40.2 };
 
   it("shows the count, the unit and the time left at the measured rate", () => {
-    const { getByTestId } = render(CircuitBusy, { props: { busy: true, progress: counted, model: { comm_live: true } } });
+    const { getByTestId } = render(Busy, { props: { busy: true, progress: counted, model: { comm_live: true } } });
     expect(getByTestId("progress").textContent).toContain("induction: K-composition eigenvalues 12/270 layer pairs, ~40 s left");
   });
 
@@ -45,10 +45,10 @@ describe("a long job's count, estimate and cancel", () => {
 
   it("a page saved while the view computed says it is not computed (never with a kernel)", () => {
     const saved = { state: "not computed", text: "Not computed: InductionMechanism was still computing pairs" };
-    const page = render(CircuitBusy, { props: { progress: saved, model: { comm_live: false } } });
+    const page = render(Busy, { props: { progress: saved, model: { comm_live: false } } });
     expect(page.getByTestId("not-computed").textContent).toContain("Not computed");
     page.unmount();
-    const live = render(CircuitBusy, { props: { progress: saved, model: { comm_live: true } } });
+    const live = render(Busy, { props: { progress: saved, model: { comm_live: true } } });
     expect(live.queryByTestId("not-computed")).toBeNull();
   });
 

@@ -32,12 +32,12 @@ def offline(browser, saved_page):
 
 
 # the composition heatmap's highlighted row and column, read from its pixels: a band's edge is
-# drawn in the host's text colour (--jp-ui-font-color1, 87% opaque black here: whatever it covers,
-# the pixel is within 13% of black), which no diverging-scale score colour comes near
+# drawn in the palette's text colour (--pcw-text: whatever a translucent one covers, the pixel is
+# within its transparency of it), which no diverging-scale score colour comes near
 HIGHLIGHT = """(canvas) => {
   const [rows, cols] = [Number(canvas.dataset.rows), Number(canvas.dataset.cols)];
   const probe = document.createElement("canvas").getContext("2d", { willReadFrequently: true });
-  probe.fillStyle = getComputedStyle(canvas).getPropertyValue("--jp-ui-font-color1").trim() || "#222";
+  probe.fillStyle = getComputedStyle(canvas).getPropertyValue("--pcw-text").trim();
   probe.fillRect(0, 0, 1, 1);
   const ink = probe.getImageData(0, 0, 1, 1).data;
   const slack = (1 - ink[3] / 255) * 255 + 8;

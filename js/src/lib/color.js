@@ -86,6 +86,17 @@ export function textOn(rgb) {
 }
 
 /**
+ * A palette colour (a `--pcw-*` token of components/view.css) as an element with computed
+ * style `style` sees it, for drawing on a canvas in the host's theme; the element's text
+ * colour where no view's CSS is loaded (a test's bare DOM).
+ * @param {CSSStyleDeclaration} style
+ * @param {string} token e.g. "--pcw-warn"
+ */
+export function paletteColor(style, token) {
+  return style.getPropertyValue(token).trim() || style.color;
+}
+
+/**
  * Call `callback` whenever the host page's theme may have changed: JupyterLab switches
  * themes by toggling attributes and CSS variables on <body> (data-jp-theme-light,
  * data-jp-theme-name, class, style); other hosts on <html>; the OS via prefers-color-scheme.

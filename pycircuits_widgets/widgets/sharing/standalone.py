@@ -54,29 +54,21 @@ _BOX_DIRECTION = {"BoxModel": "column", "VBoxModel": "column", "GridBoxModel": "
 # layout is a separate ipywidgets model that the kernel-less host does not have.
 _DROPPED = ("_esm", "_css", "layout")
 
-# Host theme for pages outside JupyterLab: the views read JupyterLab's CSS variables.
+# The page as the views' host: its colours are the views' palette (the --pcw-* tokens of
+# js/src/components/view.css, which styles <html class="pcw-page"> and its dark mode), added
+# with the bundle's CSS as the first view mounts. Until then, and on a page without views or
+# without JavaScript, the browser's own light or dark colours (color-scheme).
 _THEME_CSS = """
-:root { --jp-layout-color0: #fff; --jp-layout-color1: #fff; --jp-layout-color2: #eee;
-  --jp-ui-font-color1: rgba(0,0,0,.87); --jp-ui-font-color2: rgba(0,0,0,.54);
-  --jp-ui-font-color3: rgba(0,0,0,.38); --jp-border-color1: #bdbdbd; --jp-border-color2: #e0e0e0;
-  --jp-brand-color1: #1976d2; --jp-warn-color0: #e65100; --jp-error-color1: #d32f2f;
-  --jp-error-color3: #fdecea; --jp-ui-font-family: system-ui, sans-serif;
-  --jp-code-font-family: ui-monospace, Menlo, Consolas, monospace; }
-@media (prefers-color-scheme: dark) {
-  :root { --jp-layout-color0: #111; --jp-layout-color1: #111; --jp-layout-color2: #2a2a2a;
-    --jp-ui-font-color1: rgba(255,255,255,.87); --jp-ui-font-color2: rgba(255,255,255,.6);
-    --jp-ui-font-color3: rgba(255,255,255,.4); --jp-border-color1: #616161; --jp-border-color2: #424242;
-    --jp-brand-color1: #64b5f6; --jp-warn-color0: #ffb74d; --jp-error-color1: #ef5350;
-    --jp-error-color3: #3b1f1f; }
-}
-body { background: var(--jp-layout-color0); color: var(--jp-ui-font-color1);
-  font-family: var(--jp-ui-font-family); margin: 16px; }
+:root { color-scheme: light dark; }
+body { margin: 16px; }
 .pcw-cell { margin-bottom: 24px; }
 """
+# Placeholders for other libraries' widgets, in the same palette (a token not loaded leaves
+# the border in the text colour).
 _PLACEHOLDER_CSS = """
-.pcw-placeholder { border: 1px dashed var(--jp-border-color1, #bdbdbd); border-radius: 4px;
+.pcw-placeholder { border: 1px dashed; border-color: var(--pcw-border); border-radius: 4px;
   padding: 6px 8px; margin: 4px 0; }
-.pcw-placeholder > p { font-size: 12px; color: var(--jp-ui-font-color2, #666); margin: 2px 0; }
+.pcw-placeholder > p { font-size: 12px; color: var(--pcw-text-muted); margin: 2px 0; }
 """
 
 # Unpacks the inlined bundle (its CSS then its javascript, gzipped together, base64: a third
@@ -281,8 +273,8 @@ class Page:
             queue += references(entry["state"])
 
     def styles(self, *, theme: bool = True) -> str:
-        """<style> tags: the host theme (JupyterLab's CSS variables) unless the page brings
-        its own (``theme=False``), and placeholders. The views' own CSS travels packed with
+        """<style> tags: the page's layout as the views' host unless the page brings its
+        own (``theme=False``), and placeholders. The views' own CSS travels packed with
         the bundle (:meth:`scripts`), which adds it as they mount."""
         sheets = ([_THEME_CSS] if theme else []) + [_PLACEHOLDER_CSS]
         return "\n".join(f"<style>{script_text(c)}</style>" for c in sheets)
@@ -428,7 +420,7 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
     cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
     page.add_children()
     return f"""<!DOCTYPE html>
-<html lang="en">
+<html lang="en" class="pcw-page">
 <head>
 <meta charset="utf-8">
 {content_policy(bool(page.entries))}
