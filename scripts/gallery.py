@@ -58,6 +58,8 @@ def gallery_views(store: pathlib.Path) -> dict[str, object]:
         # a token and a head pair selected, so the views that follow them show their detail
         explorer = pcw.CircuitExplorer(model, text, sweep=corpus, position=4, selected_pair=(0, 3, 1, 2))
         explorer.compute()
+        for view in explorer.views().values():  # what a saved page of a small model holds (save_html)
+            view.compute_for_page()
         explorer.wait(timeout=600)
         if explorer.neurons is not None:
             explorer.neurons.neuron = 5  # a neuron's detail too
