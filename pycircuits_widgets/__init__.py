@@ -52,6 +52,7 @@ _EXPORTS = {
     "NeuronView": "pycircuits_widgets.widgets",
     "DatasetExamples": "pycircuits_widgets.widgets",
     "CausalChecks": "pycircuits_widgets.widgets",
+    "TaskCircuit": "pycircuits_widgets.widgets",
 }
 
 # subpackages reachable as attributes (``pcw.analysis``) without an explicit import

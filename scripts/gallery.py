@@ -14,7 +14,7 @@ of the registry without a fixture).
 
 The views are computed from fixed inputs, no download: the explorer's views of the shipped
 ``attn-only-2l`` on a short text (its dataset examples from a small sweep of the Python stdlib
-corpus), and the MLP neuron view of a small seeded random Llama (the shipped models are
+corpus, its task section from an induction task of random tokens), and the MLP neuron view of a small seeded random Llama (the shipped models are
 attention-only). Each view is its own top-level widget, under a heading with its section
 title; tests/browser/test_gallery_browser.py opens the page.
 """
@@ -48,15 +48,25 @@ def mlp_model():
     return pcw.from_hf(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval())
 
 
+def induction_task(model) -> pcw.Task:
+    """Four random token sequences repeated (clean), the repeat's tokens replaced (corrupted); the answer:
+    the token the repeat continues with, against the corrupted sequence's (seeded)."""
+    g = torch.Generator().manual_seed(0)
+    first, other = torch.randint(100, 1000, (4, 6), generator=g), torch.randint(100, 1000, (4, 6), generator=g)
+    return pcw.Task(model, torch.cat([first, first[:, :-1]], 1), torch.cat([first, other[:, :-1]], 1),
+                    answers=[(int(a), int(b)) for a, b in zip(first[:, -1], other[:, -1])])
+
+
 def gallery_views(store: pathlib.Path) -> dict[str, object]:
     """Section name -> view widget, one per view of the registry, computed (on-demand ones too);
     ``store``: where the examples' sweep is written."""
     attn_only = pcw.load_pretrained("attn-only-2l")
     sweep = pcw.sweep(attn_only, pcw.Corpus.python_stdlib(), store, seq_len=32, k=6, max_windows=32)
     views = {}
-    for model, text, corpus in ((attn_only, TEXT, sweep), (mlp_model(), NEURON_IDS, None)):
+    for model, text, corpus, task in ((attn_only, TEXT, sweep, induction_task(attn_only)),
+                                      (mlp_model(), NEURON_IDS, None, None)):
         # a token and a head pair selected, so the views that follow them show their detail
-        explorer = pcw.CircuitExplorer(model, text, sweep=corpus, position=4, selected_pair=(0, 3, 1, 2))
+        explorer = pcw.CircuitExplorer(model, text, sweep=corpus, task=task, position=4, selected_pair=(0, 3, 1, 2))
         explorer.compute()
         for view in explorer.views().values():  # what a saved page of a small model holds (save_html)
             view.compute_for_page()

@@ -38,6 +38,7 @@ import torch
 
 from ..models.interventions import Interventions
 from .ablation import check_model
+from .pieces import counted
 
 METRICS = ("logit_diff",)
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"), "head_out_pos": ("layer", "head", "position"),
@@ -222,13 +223,22 @@ def head_outs(model, cache, layer: int) -> torch.Tensor:
     return torch.einsum("bhpe,hed->bhpd", cache.z[:, layer], model.W_O[layer])
 
 
-@torch.no_grad()
 def activation_patch(model, task: Task, site: str, direction: str = "denoise", top: int | None = None) -> PatchResult:
     """Exact activation patching of ``site`` (module docstring) for ``task``: one resumed forward per cell.
     ``direction="denoise"``: the corrupted run with one activation from the clean run; ``"noise"``: the
     clean run with one from the corrupted run. ``top`` (site ``"neuron"`` only): patch only the ``top``
     neurons of each layer with the largest attribution estimate (``attribution_patch``), the other cells
-    NaN; None: every neuron. Returns a ``PatchResult`` (normalised scores)."""
+    NaN; None: every neuron. Returns a ``PatchResult`` (normalised scores), its cells counted on a
+    progress bar past a second."""
+    return counted(activation_patch_steps(model, task, site, direction, top), "activation_patch", "layer")
+
+
+def activation_patch_steps(model, task: Task, site: str, direction: str = "denoise", top: int | None = None,
+                           into: dict | None = None):
+    """``activation_patch`` in pieces (``analysis.pieces``): one layer's cells each, yielding ``(done,
+    n_layers)`` after it; returns the ``PatchResult``. The arguments are checked before the first yield.
+    ``into`` (a dict, optional) gets ``"scores"``, the result's tensor, filled in as the layers end (NaN
+    before), for a caller that shows the cells while the rest come."""
     check_patching(model, task, site, SITES, direction, "activation_patch")
     if top is not None and (site != "neuron" or isinstance(top, bool) or not isinstance(top, int) or top < 1):
         raise ValueError(f"activation_patch: top is an int >= 1 for site 'neuron' (the neurons of each layer to "
@@ -252,11 +262,30 @@ def activation_patch(model, task: Task, site: str, direction: str = "denoise", t
             unpatched = 0.0 if direction == "denoise" else 1.0
             effect = (attribution_patch(model, task, "neuron", direction).scores - unpatched).abs()
             neurons = effect.argsort(1, descending=True)[:, :top]
+    if into is not None:
+        into["scores"] = scores
+    yield 0, c.n_layers
     for layer in range(c.n_layers):
-        for cell, edits in _cells(model, site, layer, base, source, task.n_pos,
-                                  None if neurons is None else neurons[layer].tolist()):
-            scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
+        with torch.no_grad():
+            for cell, edits in _cells(model, site, layer, base, source, task.n_pos,
+                                      None if neurons is None else neurons[layer].tolist()):
+                scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
+        yield layer + 1, c.n_layers
     return PatchResult(site, direction, scores, dims)
+
+
+def checked_task(task, model, where: str):
+    """``task`` (None, or a ``Task`` of ``model``: the same weights, a view of them made to read token ids
+    included), or the error naming ``where``."""
+    if task is None:
+        return None
+    if not isinstance(task, Task):
+        raise TypeError(f"{where}: task must be a pcw.Task(model, clean, corrupted, answers), got "
+                        f"{type(task).__name__}")
+    if task.model.W_E is not model.W_E:
+        raise ValueError(f"{where}: the task is of another model ({task.model.cfg.name!r}); make it with this one: "
+                         "pcw.Task(model, clean, corrupted, answers)")
+    return task
 
 
 def check_patching(model, task: Task, site: str, sites: dict, direction: str, where: str) -> None:

@@ -26,7 +26,9 @@ from .views.neurons import NeuronView
 from .views.path_expansion import PathExpansion
 from .views.positional_qk import PositionalQK
 from .views.skip_trigram_table import SkipTrigramTable
+from .views.task_circuit import TaskCircuit
 from .views.virtual_heads import VirtualHeads
 
 __all__ = ["AttentionPatterns", "BigramTable", "CausalChecks", "CircuitExplorer", "CircuitWidget", "ColoredTokens", "CompositionMatrix",
-           "DatasetExamples", "EigenvaluePlot", "InductionMechanism", "NeuronView", "PathExpansion", "PositionalQK", "SkipTrigramTable", "VirtualHeads"]
+           "DatasetExamples", "EigenvaluePlot", "InductionMechanism", "NeuronView", "PathExpansion", "PositionalQK", "SkipTrigramTable", "TaskCircuit",
+           "VirtualHeads"]

@@ -12,6 +12,7 @@ import traitlets
 from ... import progress as bars
 from ...analysis.activations import run
 from ...analysis.circuits import model_name as name_of_model
+from ...analysis.patching import checked_task
 from ...corpus.sweeps import checked_sweep
 from ...models.tokenizer import check_tokenizer, reading, text_reading_as
 from ..core import offline
@@ -86,6 +87,8 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         sweep: a ``pcw.Sweep`` of this same model over a corpus (``pcw.sweep``), for the sections that
             read a corpus (``explorer.sweep``) and mean ablation (each head's mean output, ``head_means``);
             a sweep of another model is refused, naming both.
+        task: a ``pcw.Task`` of this model (prompt pairs, answers, metric), for the task section
+            (``explorer.circuit``: its patching heatmaps, ``TaskCircuit``).
         ablation: "off" (default), "zero" or "mean" (needs ``sweep``): the selected head ablated from the
             start (a section's option: ``registry.ViewSpec.options``).
     """
@@ -122,7 +125,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     token_str = traitlets.Unicode("").tag(sync=True)
     """str (read-only): display string of ``token``, "" for none."""
 
-    def __init__(self, model, text, *, sweep=None, **kwargs):
+    def __init__(self, model, text, *, sweep=None, task=None, **kwargs):
         try:
             check_model(model, "CircuitExplorer")
             no_heads = ""
@@ -131,13 +134,14 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         check_tokenizer(model)
         model, text = reading(model, text)
         self.sweep = checked_sweep(sweep, model, "CircuitExplorer")  # the corpus sections read it (class docstring)
+        self.task = checked_task(task, model, "CircuitExplorer")  # the task section reads it
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         self._links = {}  # section name -> [(observed object, handler, trait names)]: undone if it is closed
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
         options = {(spec, k): kwargs.pop(k) for spec in VIEWS for k in spec.options if k in kwargs}
         super().__init__(model, text=text, model_name=name_of_model(model),
-                         sections=[spec.browser() for spec in VIEWS if self.sweep is not None or not spec.needs_sweep],
+                         sections=[spec.browser() for spec in VIEWS if spec.available(self)],
                          **kwargs)
         with bars.progress("CircuitExplorer", total=len(VIEWS), unit="view") as bar:  # shown past a second
             bar.note("running the model")
@@ -163,7 +167,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         for spec in VIEWS:
             progress.note(spec.noun)
             progress.update()
-            if spec.needs_sweep and self.sweep is None:
+            if not spec.available(self):
                 continue
             if no_heads and spec.needs_heads:
                 notices[spec.name] = f"No {spec.noun}: {no_heads}."

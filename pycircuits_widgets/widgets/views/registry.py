@@ -32,6 +32,7 @@ from .neurons import NeuronView
 from .path_expansion import PathExpansion
 from .positional_qk import PositionalQK
 from .skip_trigram_table import SkipTrigramTable
+from .task_circuit import TaskCircuit
 from .virtual_heads import VirtualHeads
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class ViewSpec:
             the refusal is the explorer's.
         needs_sweep: reads the explorer's corpus sweep (``CircuitExplorer(..., sweep=)``); an explorer
             without one has no such section (no view, no notice).
+        needs_task: reads the explorer's task (``CircuitExplorer(..., task=)``), the same way.
         window: ``(explorer, n_tokens=None) -> {"offsets": range} | {}``: the rotary offset window
             ``build`` gives the view for a text of ``n_tokens`` (default: the explorer's); a new text
             moves the view to the new one unless its window was changed from that default.
@@ -91,10 +93,15 @@ class ViewSpec:
     needs_heads: bool = True
     optional: bool = True
     needs_sweep: bool = False
+    needs_task: bool = False
     window: Callable[..., dict] | None = field(default=None, repr=False)
     reads_run: Callable[[CircuitWidget, object], None] | None = field(default=None, repr=False)
     shows_run: Callable[[CircuitWidget, Shown], None] | None = field(default=None, repr=False)
     options: tuple[str, ...] = ()
+
+    def available(self, explorer: CircuitExplorer) -> bool:
+        """Whether the explorer has what the section reads (its sweep, its task)."""
+        return not (self.needs_sweep and explorer.sweep is None) and not (self.needs_task and explorer.task is None)
 
     def follow_window(self, explorer: CircuitExplorer, view, n_before: int) -> None:
         """A new text: a rotary view still on its default window (the old text's offsets, of ``n_before``
@@ -183,6 +190,11 @@ VIEWS: tuple[ViewSpec, ...] = (
              lambda e: CausalChecks(e.model, e.run, sweep=e.sweep, **_head(e)),
              "the selected head ablated on ``text`` (``ablation``), each head's ablation loss change.",
              wide=True, options=("ablation",)),
+    ViewSpec("circuit", TaskCircuit, "task circuit", "Task: where the behaviour lives",
+             "exact and attribution patching of the task's prompt pairs; a head's cell or point selects the head",
+             ("layer", "head"), lambda e: TaskCircuit(e.task.model, e.task, **_head(e)),
+             "the task's patching heatmaps (``CircuitExplorer(model, text, task=pcw.Task(...))``).", wide=True,
+             needs_task=True),
     ViewSpec("attention", AttentionPatterns, "attention patterns", "Attention patterns",
              "click a head to select it; pin a token in the token view", ("layer", "head", "position"),
              lambda e: AttentionPatterns(e.model, e.text, forward=e.forward, **_head(e)),

@@ -1,0 +1,125 @@
+"""TaskCircuit: where a task's behaviour lives, by exact and attribution patching of its prompt pairs."""
+
+from __future__ import annotations
+
+import traitlets
+
+from ...analysis.attribution import attribution_patch
+from ...analysis.patching import DIRECTIONS, Task, activation_patch_steps, check_patching
+from ...analysis.patching import SITES as PATCH_SITES
+from ..core.arrays import ArrayDict
+from ..core.base import CircuitWidget, rolls_back
+from ..core.meter import Meter
+from ..core.selection import HeadSelection, check_model
+
+SITES = ("head_out", "resid_pre")
+"""What the view patches: each head's output over all positions ``[L, H]`` (a click selects the head) and
+the residual stream before each layer at each position ``[L, pos]`` (columns labelled by the tokens)."""
+AGREEMENT_K = 5
+"""The top cells whose overlap ``agreement`` reports."""
+
+
+class TaskCircuit(HeadSelection, CircuitWidget):
+    """A task's patching heatmaps: for each site of :data:`SITES`, exact activation patching
+    (``pcw.activation_patch``: one resumed forward per cell) beside its first-order estimate
+    (``pcw.attribution_patch``: two forwards and a backward), both on the task's scale (0 the
+    corrupted run, 1 the clean one), and how well the estimate ranks the cells (``agreement``). A
+    click on a head's cell selects the head. The estimate comes first (seconds), then the exact
+    cells layer by layer, counted in ``progress`` (work asked for: it gives way to clicks, and
+    ``cancel`` stops it between layers; what was computed stays).
+
+    Args:
+        model: a weight view with attention heads.
+        task: a ``pcw.Task`` of this model (its prompt pairs, answers and metric).
+        direction: "denoise" (default: the corrupted run with one activation from the clean run) or
+            "noise" (the clean run with one from the corrupted run); the browser may switch it.
+        layer, head: the selected head.
+    """
+
+    _view = traitlets.Unicode("TaskCircuit").tag(sync=True)
+    _browser_writable = frozenset({"layer", "head", "direction"})
+    _tier = "asked"
+
+    direction = traitlets.Enum(list(DIRECTIONS), default_value="denoise").tag(sync=True)
+    """str: which run is patched ("denoise": the corrupted one, with the clean run's activation)."""
+    prompt = traitlets.Dict().tag(sync=True)
+    """(read-only) the task as shown: ``{"clean", "corrupted": [str] (the first pair's tokens), "answer",
+    "wrong", "position", "n_prompts", "metric_clean", "metric_corrupted"}``."""
+    exact = ArrayDict("float32").tag(sync=True)
+    """{site: float32 [L, H] or [L, pos]} (read-only): exact patching, NaN for cells not computed yet."""
+    estimate = ArrayDict("float32").tag(sync=True)
+    """{site: float32, the site's shape} (read-only): attribution patching's estimate of the same cells."""
+    agreement = traitlets.Dict().tag(sync=True)
+    """{site: {"rank_correlation", "top_k_overlap", "k", "worst": [[cell, estimate, exact], ...]}} (read-only),
+    once the site's exact cells are all in."""
+
+    def __init__(self, model, task, **kwargs):
+        check_model(model, "TaskCircuit")
+        for site in SITES:
+            check_patching(model, task, site, PATCH_SITES, kwargs.get("direction", "denoise"), "TaskCircuit")
+        self.task = task
+        self._done = {}  # direction -> (exact, estimate, agreement): computed once each
+        super().__init__(model, prompt=_shown_task(model, task), **kwargs)
+
+    def _started(self) -> None:
+        self.observe(self._on_direction, ["direction"])
+        self._start()
+
+    @rolls_back
+    def _on_direction(self, change) -> None:
+        self._start()
+
+    def _start(self) -> None:
+        self._runner.cancel("patching")
+        direction = self.direction
+        if direction in self._done:
+            exact, estimate, agreement = self._done[direction]
+            with self.hold_sync():
+                self.exact, self.estimate, self.agreement = exact, estimate, agreement
+            return
+        L = self.model.cfg.n_layers
+        self._runner.submit("patching", lambda: self._patching_steps(direction),
+                            progress=Meter(f"patching ({direction})", len(SITES) * L, "layers").report(0))
+
+    def _patching_steps(self, direction: str):
+        """The estimate of every site (one piece), then each site's exact cells a layer a piece."""
+        estimate = {site: attribution_patch(self.model, self.task, site, direction) for site in SITES}
+        yield {"estimate": {site: r.scores for site, r in estimate.items()}, "exact": {}, "agreement": {}}
+        L = self.model.cfg.n_layers
+        meter = Meter(f"patching ({direction})", len(SITES) * L, "layers")
+        exact, agreement = {}, {}
+        for i, site in enumerate(SITES):
+            partial = {}
+            steps = activation_patch_steps(self.model, self.task, site, direction, into=partial)
+            while True:
+                try:
+                    done, _ = next(steps)
+                except StopIteration as stop:
+                    result = stop.value
+                    break
+                yield {**(meter.at(i * L + done) or {}), "exact": {**exact, site: partial["scores"].clone()}}
+            exact[site] = result.scores
+            found = estimate[site].agreement(result, AGREEMENT_K)
+            agreement[site] = {"rank_correlation": found.rank_correlation, "top_k_overlap": found.top_k_overlap,
+                               "k": found.k, "worst": [[list(cell), e, x] for cell, e, x in found.worst]}
+            yield {"agreement": dict(agreement)}
+        self._done[direction] = ({s: t.float() for s, t in exact.items()},
+                                 {s: r.scores.float() for s, r in estimate.items()}, dict(agreement))
+        yield {"progress": {}}
+
+    def cancel(self) -> None:
+        """Stop the patching between two layers (what was computed stays shown)."""
+        self._runner.cancel("patching")
+
+
+def _shown_task(model, task: Task) -> dict:
+    """The ``prompt`` trait: the first pair's tokens, its answers and the task's metrics."""
+    if not isinstance(task, Task):
+        raise TypeError(f"TaskCircuit: task must be a pcw.Task of this model, got {type(task).__name__}")
+    strings = model.token_strings
+    correct, wrong = (strings[int(i)] for i in task.answer_ids[0]) if len(task.answer_ids) else ("", "")
+    return {"clean": [strings[int(i)] for i in task.tokens_clean[0]],
+            "corrupted": [strings[int(i)] for i in task.tokens_corrupted[0]],
+            "answer": correct, "wrong": wrong, "position": task.position % task.n_pos,
+            "n_prompts": len(task.tokens_clean), "metric_clean": task.metric_clean,
+            "metric_corrupted": task.metric_corrupted}
