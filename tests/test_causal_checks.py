@@ -66,7 +66,7 @@ def test_under_a_kernel_a_new_text_restarts_the_table_and_the_ablation(model, ma
 def test_a_result_of_a_replaced_text_is_not_shown():
     run = ShownRun()
     run.read("a", object())
-    assert not run.show("b", "ablated: L0.H0 (zero)", object())
+    assert not run.show("b", "ablated: L0.H0 (zero)", object(), by=None)
     assert run.shown.text == "a" and run.shown.result is None
 
 

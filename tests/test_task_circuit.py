@@ -12,6 +12,8 @@ import pytest
 import torch
 import traitlets
 from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
+from test_interventions import oracle, token_loss
+from tolerance import assert_within, logit_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.patching import Task
@@ -113,3 +115,42 @@ def test_from_the_browser_only_the_selection_and_the_direction_are_writable(mode
     assert "cannot be set from the browser" in view.error and view.exact
     with pytest.raises(traitlets.TraitError):
         view.direction = "both"
+
+
+def test_the_patched_run_is_the_clean_prompt_with_one_heads_corrupted_output(model):
+    """In float64: the loss section's change is the oracle's run of the clean prompt with head L1.H6's
+    output replaced by its output on the corrupted prompt, minus the clean run (each loss within twice
+    ``logit_tol``, the difference four times, then one float32 rounding of the value sent)."""
+    model64 = model.to(torch.float64)
+    task = induction_task(model64)
+    explorer = pcw.CircuitExplorer(model64, task.tokens_clean[1], task=task, layer=1, head=6)
+    section = explorer.circuit
+    assert section.patch_run == ""
+    section.patched = True
+    tokens = task.tokens_clean[1:2]
+    corrupted = oracle(model64, task.tokens_corrupted[1:2])["head_out"]  # [1, L, H, pos, d_model]
+    patched = oracle(model64, tokens, head_out=lambda layer, out: torch.cat(
+        [out[:, :6], corrupted[:, layer, 6:7], out[:, 7:]], 1) if layer == 1 else out)
+    expected = (token_loss(patched["logits"], tokens) - token_loss(oracle(model64, tokens)["logits"], tokens))[0]
+    run = explorer.forward(model64, explorer.text)
+    tol = 4 * logit_tol(model64, run.cache, tokens.shape[1], torch.float64)
+    assert_within(torch.as_tensor(explorer.loss.values, dtype=torch.float64), expected,
+                  tol + float(expected.abs().max()) * 2.0 ** -24)
+    label = "patched: L1.H6 from the corrupted prompt"
+    assert explorer.attention.run_label == explorer.induction.run_label == label
+    assert "patched − clean" in explorer.loss.label
+    # one section's run at a time: ablating takes over and the patched toggle goes off; off: the clean run
+    explorer.causal.ablation = "zero"
+    assert not section.patched and explorer.attention.run_label == "ablated: L1.H6 (zero)"
+    section.patched = True
+    assert explorer.causal.ablation == "off" and explorer.attention.run_label == label
+    section.patched = False
+    assert explorer.attention.run_label == "" and explorer.run.shown.result is None
+
+
+def test_the_patched_run_needs_an_explorer_reading_one_of_the_tasks_prompts(model, task):
+    for view in (pcw.TaskCircuit(model, task), pcw.CircuitExplorer(model, "x = 1", task=task).circuit):
+        assert "needs an explorer reading one of the task's clean prompts" in view.patch_run
+        with pytest.raises(traitlets.TraitError, match="patched: patching the shown run needs"):
+            view.patched = True
+        assert not view.patched

@@ -61,6 +61,8 @@ NEEDS_KERNEL = {
     "offsets": "Other query - key offsets need the model's QK circuits: they need a running kernel.",
     "opened": "Reading a corpus example in the explorer needs the model: it needs a running kernel.",
     "ablation": "Ablating a head runs the model: it needs a running kernel.",
+    "patched": "Patching a head runs the model: it needs a running kernel.",
+    "direction": "The other direction's patching runs the model: it needs a running kernel.",
 }
 
 

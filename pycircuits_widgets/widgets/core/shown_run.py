@@ -4,7 +4,7 @@ An explorer reads its text once (``pcw.run``: the clean run). A causal check (an
 a patched run tomorrow) makes another run of the same text; the sections that show a run (the
 per-token loss, the attention patterns, a header saying which run it is) show the one here. The
 explorer writes a new text's clean run (:meth:`ShownRun.read`), a causal section its checked run
-(:meth:`ShownRun.show`); the sections observe it (``views.registry.ViewSpec.reads_run`` and
+(:meth:`ShownRun.show`, :meth:`ShownRun.withdraw`; one section's run at a time); the sections observe it (``views.registry.ViewSpec.reads_run`` and
 ``shows_run``), so nobody pushes into a view by name.
 """
 
@@ -20,13 +20,14 @@ class Shown:
     """One state of a :class:`ShownRun`: ``text``, its clean run ``clean`` (a ``RunResult``: ``tokens
     [1, pos]``, ``str_tokens``, ``token_loss [1, pos - 1]``, ``cache``), the checked run ``result`` shown
     instead (an ``AblationResult``: ``loss`` and ``clean_loss`` ``[1, pos - 1]``, ``cache.patterns
-    [1, L, H, pos, pos]``; None: the clean run) and its ``label`` ("ablated: L1.H6 (zero)"; "" for the
-    clean run)."""
+    [1, L, H, pos, pos]``; None: the clean run), its ``label`` ("ablated: L1.H6 (zero)"; "" for the
+    clean run) and the section that wrote it, ``by`` (None: the clean run)."""
 
     text: str
     clean: object
     result: object = None
     label: str = ""
+    by: object = None
 
 
 class ShownRun(traitlets.HasTraits):
@@ -42,10 +43,21 @@ class ShownRun(traitlets.HasTraits):
         self.shown = Shown(text, clean)
         self.clean = clean
 
-    def show(self, text: str, label: str, result) -> bool:
-        """Show ``result``, a checked run of ``text`` labelled ``label`` (None: the clean run again); False,
-        and nothing shown, where the text was replaced meanwhile (a result computed in the background)."""
+    def show(self, text: str, label: str, result, by) -> bool:
+        """Show ``result``, a checked run of ``text`` labelled ``label`` made by section ``by`` (one section's
+        run at a time: the others' toggles go off, ``Shown.by``); False, and nothing shown, where the text
+        was replaced meanwhile (a result computed in the background)."""
         if self.shown is None or text != self.shown.text:
             return False
-        self.shown = Shown(text, self.shown.clean, result, label if result is not None else "")
+        self.shown = Shown(text, self.shown.clean, result, label, by)
         return True
+
+    def withdraw(self, text: str, by) -> None:
+        """Section ``by`` no longer shows its run of ``text``: the clean run again, where its run is the one
+        shown (another section's stays)."""
+        if self.shown is not None and self.shown.text == text and self.shown.by is by:
+            self.shown = Shown(text, self.shown.clean)
+
+    def taken_from(self, section) -> bool:
+        """Whether another section's run is shown now (``section``'s toggle then goes off)."""
+        return self.shown is not None and self.shown.by not in (None, section)

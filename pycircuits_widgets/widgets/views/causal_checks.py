@@ -44,7 +44,7 @@ class CausalChecks(HeadSelection, CircuitWidget):
     """str, default "off": ablate the selected head, its output removed ("zero") or replaced by its mean
     output over a corpus ("mean": needs a sweep, ``ablation_kinds``)."""
     ablated = traitlets.Unicode("").tag(sync=True)
-    """str (read-only): which run ``run`` shows ("ablated: L1.H6 (zero)"), "" for the clean run."""
+    """str (read-only): the ablated run ``run`` shows ("ablated: L1.H6 (zero)"), "" while it shows another."""
     ablation_kinds = traitlets.Dict().tag(sync=True)
     """{kind: "" where available, else why not} (read-only), for "zero" and "mean"."""
     head_loss_change = Array("float32", ndim=2).tag(sync=True)
@@ -97,7 +97,7 @@ class CausalChecks(HeadSelection, CircuitWidget):
         self._runner.cancel("ablate")
         text = self.run.shown.text
         if self.ablation == "off":
-            self.run.show(text, "", None)
+            self.run.withdraw(text, self)
             return
         head, kind = (self.layer, self.head), self.ablation
         self._runner.submit("ablate", lambda: self._ablation_steps(text, head, kind))
@@ -114,10 +114,13 @@ class CausalChecks(HeadSelection, CircuitWidget):
     @traitlets.observe("_ablated_run")
     def _show_ablated(self, change):
         if change["new"] is not None:
-            self.run.show(*change["new"])
+            self.run.show(*change["new"], by=self)
 
     def _on_shown(self, change) -> None:
-        self.ablated = change["new"].label
+        shown = change["new"]
+        self.ablated = shown.label if shown.by is self else ""
+        if self.run.taken_from(self):  # another section's run is shown: this toggle goes off
+            self.ablation = "off"
 
     # -- a new text ------------------------------------------------------------------------------
     def _on_text(self, change) -> None:

@@ -192,7 +192,7 @@ VIEWS: tuple[ViewSpec, ...] = (
              wide=True, options=("ablation",)),
     ViewSpec("circuit", TaskCircuit, "task circuit", "Task: where the behaviour lives",
              "exact and attribution patching of the task's prompt pairs; a head's cell or point selects the head",
-             ("layer", "head"), lambda e: TaskCircuit(e.task.model, e.task, **_head(e)),
+             ("layer", "head"), lambda e: TaskCircuit(e.task.model, e.task, run=e.run, **_head(e)),
              "the task's patching heatmaps (``CircuitExplorer(model, text, task=pcw.Task(...))``).", wide=True,
              needs_task=True),
     ViewSpec("attention", AttentionPatterns, "attention patterns", "Attention patterns",

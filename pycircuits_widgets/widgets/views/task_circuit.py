@@ -4,19 +4,38 @@ from __future__ import annotations
 
 import traitlets
 
+from dataclasses import dataclass
+
+import torch
+
 from ...analysis.attribution import attribution_patch
-from ...analysis.patching import DIRECTIONS, Task, activation_patch_steps, check_patching
+from ...analysis.patching import DIRECTIONS, Task, activation_patch_steps, check_patching, head_outs
 from ...analysis.patching import SITES as PATCH_SITES
+from ...models.circuit_model import next_token_loss
+from ...models.interventions import Interventions
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
 from ..core.meter import Meter
-from ..core.selection import HeadSelection, check_model
+from ..core.selection import HeadSelection, check_model, head_label
+from ..core.shown_run import ShownRun
 
 SITES = ("head_out", "resid_pre")
 """What the view patches: each head's output over all positions ``[L, H]`` (a click selects the head) and
 the residual stream before each layer at each position ``[L, pos]`` (columns labelled by the tokens)."""
 AGREEMENT_K = 5
 """The top cells whose overlap ``agreement`` reports."""
+NO_RUN = "patching the shown run needs an explorer reading one of the task's clean prompts"
+"""Why ``patched`` is unavailable to a view without one (``patch_run``)."""
+
+
+@dataclass(frozen=True)
+class PatchedRun:
+    """A clean prompt's run with one head's output from its corrupted prompt: ``loss`` and ``clean_loss``
+    ``[1, pos - 1]`` (per-token next-token loss, nats) and the run's ``cache`` (what a ``ShownRun`` shows)."""
+
+    loss: torch.Tensor
+    clean_loss: torch.Tensor
+    cache: object
 
 
 class TaskCircuit(HeadSelection, CircuitWidget):
@@ -28,16 +47,21 @@ class TaskCircuit(HeadSelection, CircuitWidget):
     cells layer by layer, counted in ``progress`` (work asked for: it gives way to clicks, and
     ``cancel`` stops it between layers; what was computed stays).
 
+    In an explorer reading one of the task's clean prompts, ``patched`` shows that prompt's run with the
+    selected head's output taken from its corrupted prompt (noising one head) in every section that shows
+    a run ("patched: L1.H6 from the corrupted prompt": the loss section shows each token's loss change).
+
     Args:
         model: a weight view with attention heads.
         task: a ``pcw.Task`` of this model (its prompt pairs, answers and metric).
+        run: the explorer's ``ShownRun`` (``patched`` writes to it); None: a view on its own.
         direction: "denoise" (default: the corrupted run with one activation from the clean run) or
             "noise" (the clean run with one from the corrupted run); the browser may switch it.
         layer, head: the selected head.
     """
 
     _view = traitlets.Unicode("TaskCircuit").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "direction"})
+    _browser_writable = frozenset({"layer", "head", "direction", "patched"})
     _tier = "asked"
 
     direction = traitlets.Enum(list(DIRECTIONS), default_value="denoise").tag(sync=True)
@@ -49,21 +73,95 @@ class TaskCircuit(HeadSelection, CircuitWidget):
     """{site: float32 [L, H] or [L, pos]} (read-only): exact patching, NaN for cells not computed yet."""
     estimate = ArrayDict("float32").tag(sync=True)
     """{site: float32, the site's shape} (read-only): attribution patching's estimate of the same cells."""
+    patched = traitlets.Bool(False).tag(sync=True)
+    """bool: the explorer's sections show the run patched at the selected head (class docstring)."""
+    patch_run = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): why ``patched`` is unavailable ("" where it is)."""
     agreement = traitlets.Dict().tag(sync=True)
     """{site: {"rank_correlation", "top_k_overlap", "k", "worst": [[cell, estimate, exact], ...]}} (read-only),
     once the site's exact cells are all in."""
 
-    def __init__(self, model, task, **kwargs):
+    def __init__(self, model, task, *, run: ShownRun | None = None, **kwargs):
         check_model(model, "TaskCircuit")
         for site in SITES:
             check_patching(model, task, site, PATCH_SITES, kwargs.get("direction", "denoise"), "TaskCircuit")
-        self.task = task
+        self.task, self.run = task, run
         self._done = {}  # direction -> (exact, estimate, agreement): computed once each
         super().__init__(model, prompt=_shown_task(model, task), **kwargs)
 
+    _answers_offline = "now"
+
+    def offline_answers(self, answers) -> None:
+        """Kernel-less: the tables as computed; another direction and the patched run need the model."""
+        answers.needs_kernel("direction", "patched")
+
     def _started(self) -> None:
         self.observe(self._on_direction, ["direction"])
+        self.observe(self._on_patched, ["patched", "layer", "head"])
+        if self.run is not None:
+            self.run.observe(self._on_text, ["clean"])
+            self.run.observe(self._on_shown, ["shown"])
+        self._on_text(None)
         self._start()
+
+    # -- the patched run -------------------------------------------------------------------------
+    def _prompt(self) -> int | None:
+        """The index of the task's clean prompt the explorer reads, or None."""
+        if self.run is None or self.run.clean is None:
+            return None
+        tokens = self.run.clean.tokens[0].to(self.task.tokens_clean.device)
+        same = [i for i, row in enumerate(self.task.tokens_clean) if len(row) == len(tokens) and torch.equal(row, tokens)]
+        return same[0] if same else None
+
+    def _on_text(self, change) -> None:
+        self.patch_run = "" if self._prompt() is not None else NO_RUN
+        if self.patched:
+            self._start_patched()
+
+    def _on_shown(self, change) -> None:
+        if self.run.taken_from(self):  # another section's run is shown: this toggle goes off
+            self.patched = False
+
+    @traitlets.validate("patched")
+    def _valid_patched(self, proposal):
+        if proposal["value"] and self.patch_run:
+            raise traitlets.TraitError(f"patched: {self.patch_run}")
+        return proposal["value"]
+
+    @rolls_back
+    def _on_patched(self, change) -> None:
+        self._start_patched()
+
+    def _start_patched(self) -> None:
+        """The selected head patched into the shown prompt's run (one resumed forward), on the view's runner."""
+        self._runner.cancel("patched run")
+        if self.run is None:
+            return
+        text = self.run.shown.text
+        if not self.patched:
+            self.run.withdraw(text, self)
+            return
+        i, head = self._prompt(), (self.layer, self.head)
+        self._runner.submit("patched run", lambda: self._patched_steps(text, i, head), tier="click")
+
+    def _patched_steps(self, text: str, i: int, head: tuple[int, int]):
+        clean, (layer, h) = self.run.clean, head
+        value = head_outs(self.model, self.task.corrupted, layer)[i:i + 1, h]  # [1, pos, d_model]
+        with torch.no_grad():
+            logits, cache = self.model.run_with_cache(clean.tokens, interventions=Interventions(heads={head: value}),
+                                                      resume=clean.cache)
+        result = PatchedRun(next_token_loss(logits, cache.tokens), clean.token_loss, cache)
+        yield {"_patched_run": (text, f"patched: {head_label(layer, h)} from the corrupted prompt", result)}
+
+    _patched_run = traitlets.Any(None)
+    # (text, label, PatchedRun): the runner applies results as trait values, on the kernel's thread
+
+    @traitlets.observe("_patched_run")
+    def _show_patched(self, change) -> None:
+        if change["new"] is not None and self.patched:
+            self.run.show(*change["new"], by=self)
+
+    # -- the patching tables ---------------------------------------------------------------------
 
     @rolls_back
     def _on_direction(self, change) -> None:
