@@ -38,7 +38,7 @@ def execute(path: pathlib.Path, workdir: pathlib.Path, monkeypatch, **options) -
 
 def test_notebooks_are_the_expected_set_and_committed_without_outputs():
     assert NAMES == ["01_quickstart.ipynb", "02_zero_and_one_layer.ipynb", "03_two_layer_induction.ipynb",
-                     "04_bring_your_own_model.ipynb"]
+                     "04_bring_your_own_model.ipynb", "05_task_circuits.ipynb"]
     for path in NOTEBOOKS:
         nb = nbformat.read(str(path), as_version=4)
         nbformat.validate(nb)
