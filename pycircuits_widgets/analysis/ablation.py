@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..models.circuit_model import CircuitModel, next_token_loss, weight_shapes
+from ..models.circuit_model import CircuitModel, weight_shapes
+from ..models.forward import next_token_loss
 from ..models.indices import check_pair
 from ..models.interventions import Interventions
 from .activations import RunResult, run

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.circuit_model import next_token_loss
+from ..models.forward import next_token_loss
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..factored import linalg_dtype
-from ..models.circuit_model import ACTIVATIONS
+from ..models.forward import ACTIVATIONS
 from .circuits import check_head, check_index, mlp_reader, require_mlp
 from .pieces import drained
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.circuit_model import next_token_loss
+from ..models.forward import next_token_loss
 from .activations import RunResult
 from ..factored import FactoredMatrix
 from .circuits import TensorProductTerm

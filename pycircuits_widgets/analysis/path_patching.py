@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.circuit_model import next_token_loss, widened
+from ..models.forward import next_token_loss, widened
 from ..models.interventions import VIAS, Interventions
 from .ablation import check_kind, check_model, clean_run, head_mean_table
 from .activations import RunResult

@@ -33,8 +33,8 @@ from .memory import release_free_memory
 
 IN_FLIGHT_PER_WORKER = 2
 SERIAL = "engine='serial' makes the same store in this process, without Ray"
-RESULT_SOURCES = ("models/circuit_model.py", "models/activation_cache.py", "analysis/head_scores.py", "linalg.py",
-                  "corpus/record.py", "corpus/accumulators.py")
+RESULT_SOURCES = ("models/circuit_model.py", "models/forward.py", "models/activation_cache.py", "analysis/head_scores.py",
+                  "linalg.py", "corpus/record.py", "corpus/accumulators.py")
 
 
 class ShardWorker:

@@ -11,7 +11,7 @@ import torch
 from ...analysis.attribution import attribution_patch
 from ...analysis.patching import DIRECTIONS, Task, activation_patch_steps, check_patching, head_outs
 from ...analysis.patching import SITES as PATCH_SITES
-from ...models.circuit_model import next_token_loss
+from ...models.forward import next_token_loss
 from ...models.interventions import Interventions
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
