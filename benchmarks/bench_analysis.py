@@ -28,12 +28,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart, screen_route  # noqa: E402
+from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart, screen_route
 
-SHAPES = dict(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024)
+SHAPES = {"n_layers": 12, "n_heads": 12, "d_model": 768, "d_head": 64, "d_vocab": 50257, "n_ctx": 1024}
 
 
-SMOKE_SHAPES = dict(n_layers=2, n_heads=2, d_model=32, d_head=8, d_vocab=512, n_ctx=32)
+SMOKE_SHAPES = {"n_layers": 2, "n_heads": 2, "d_model": 32, "d_head": 8, "d_vocab": 512, "n_ctx": 32}
 """``--smoke``: the smallest shapes every case runs at (skip-trigrams also at twice the vocabulary)."""
 
 
@@ -58,7 +58,7 @@ def gpt2_like(seed: int = 0, **over):
     cfg = ModelConfig(positional="learned", name="gpt2-shapes", **s)
     g = torch.Generator().manual_seed(seed)
     L, H, d, dh, V = s["n_layers"], s["n_heads"], s["d_model"], s["d_head"], s["d_vocab"]
-    r = lambda *shape, std: torch.randn(*shape, generator=g) * std  # noqa: E731
+    r = lambda *shape, std: torch.randn(*shape, generator=g) * std
     return CircuitModel(
         cfg, tokenizer=TokenIds(), W_E=r(V, d, std=0.1), W_U=r(d, V, std=0.1), W_pos=r(s["n_ctx"], d, std=0.01),
         W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
@@ -228,8 +228,9 @@ def main():
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], json.loads(a.child[1]))
-    import torch
     from importlib.metadata import version
+
+    import torch
 
     if a.smoke:
         SHAPES.update(SMOKE_SHAPES)

@@ -37,8 +37,8 @@ from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.widgets.sharing.standalone import widget_state  # noqa: E402
+import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.sharing.standalone import widget_state
 
 SIZES = (128, 512, 1024, 2048, 4096)
 N_HEADS = 12
@@ -176,8 +176,9 @@ def main():
             print(f"  done n={n}", file=sys.stderr, flush=True)
         browser.close()
 
-    import circuitsvis
     from importlib.metadata import version
+
+    import circuitsvis
 
     print(f"# CircuitsVis stopped after {cv_gave_up} tokens (did not finish within the cap)"
           if cv_gave_up else "# CircuitsVis finished every size")

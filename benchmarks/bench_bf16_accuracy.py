@@ -18,8 +18,8 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import pycircuits_widgets as pcw  # noqa: E402
-from family_configs import probe_tokens, reference, tiny_model  # noqa: E402
+import pycircuits_widgets as pcw
+from family_configs import probe_tokens, reference, tiny_model
 
 
 def main(seeds: int = 8) -> None:

@@ -50,12 +50,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch
+import transformers
 
-import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.demo import SAMPLE_TEXT  # noqa: E402
-from peaks import best_seconds  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+import pycircuits_widgets as pcw
+from peaks import best_seconds
+from pycircuits_widgets.demo import SAMPLE_TEXT
 
 SHAPES = {
     # GPT-2's 50257 padded to a multiple of 64 (as nanoGPT trains it): the explorer refuses a tokenizer
@@ -143,8 +143,8 @@ def measure(shape: str, tok, n_tokens: int, profile: bool) -> dict:
         print(f"\n-- {shape}: explorer build + wait, cumulative --")
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     cfg = model.cfg
-    return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", n=ids.shape[1], forward=forward, run=run,
-                ready=ready, shown=shown, complete=complete)
+    return {"shape": shape, "heads": f"{cfg.n_layers}x{cfg.n_heads}", "n": ids.shape[1], "forward": forward, "run": run,
+                "ready": ready, "shown": shown, "complete": complete}
 
 
 def main():

@@ -43,15 +43,14 @@ import time
 
 import torch
 
-import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
-from bench_click import SHAPES, click  # noqa: E402
-from busy import busy, expected_slowdown  # noqa: E402
-from peaks import best_seconds, screen_route  # noqa: E402
-
-import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.analysis import cache  # noqa: E402
-from pycircuits_widgets.widgets.core import scheduler  # noqa: E402
+import bench_build
+import pycircuits_widgets as pcw
+from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown
+from bench_click import SHAPES, click
+from busy import busy, expected_slowdown
+from peaks import best_seconds, screen_route
+from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.widgets.core import scheduler
 
 SETTLED_SPAN = 5.0
 """Seconds the settled explorer's CPU is measured over."""

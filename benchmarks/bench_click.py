@@ -61,19 +61,18 @@ import threading
 import time
 
 import torch
+import transformers
 
-import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
-from busy import busy, expected_slowdown  # noqa: E402
-from peaks import best_seconds, screen_route  # noqa: E402
-
-import pycircuits_widgets as pcw  # noqa: E402
-import transformers  # noqa: E402
-from pycircuits_widgets.analysis import cache  # noqa: E402
-from pycircuits_widgets.analysis.rotary import rotations  # noqa: E402
-from pycircuits_widgets.analysis.skip_trigrams import centred_factors, kept_head_table, window_bound  # noqa: E402
-from pycircuits_widgets.linalg import spectral_norm  # noqa: E402
-from pycircuits_widgets.screen import ProductScreen  # noqa: E402
+import bench_build
+import pycircuits_widgets as pcw
+from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown
+from busy import busy, expected_slowdown
+from peaks import best_seconds, screen_route
+from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.analysis.rotary import rotations
+from pycircuits_widgets.analysis.skip_trigrams import centred_factors, kept_head_table, window_bound
+from pycircuits_widgets.linalg import spectral_norm
+from pycircuits_widgets.screen import ProductScreen
 
 SHAPES = {**bench_build.SHAPES, "gpt2-small": lambda: transformers.GPT2Config(vocab_size=49152)}
 """``bench_build``'s shapes, GPT-2 small with a vocabulary the explorer accepts with the shipped
@@ -198,10 +197,10 @@ def measure(shape: str, tok, n_tokens: int, profile: bool, fill_heads: int | Non
     hits = cache.stats(model)
     after_fill = click(explorer, *after)
     misses = cache.stats(model)["misses"] - hits["misses"]
-    return dict(shape=shape, heads=f"{cfg.n_layers}x{cfg.n_heads}", d_model=cfg.d_model, vocab=cfg.d_vocab,
-                n=ids.shape[1], forward=forward, floor=floor, floor_sources=floor_sources, shown=shown, complete=complete, first=first, revisit=revisit,
-                filled=filled, n_filled=n_filled, after_fill=after_fill, after=after, misses=misses,
-                cached=cache.stored_bytes(model))
+    return {"shape": shape, "heads": f"{cfg.n_layers}x{cfg.n_heads}", "d_model": cfg.d_model, "vocab": cfg.d_vocab,
+                "n": ids.shape[1], "forward": forward, "floor": floor, "floor_sources": floor_sources, "shown": shown, "complete": complete, "first": first, "revisit": revisit,
+                "filled": filled, "n_filled": n_filled, "after_fill": after_fill, "after": after, "misses": misses,
+                "cached": cache.stored_bytes(model)}
 
 
 def main():

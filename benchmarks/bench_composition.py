@@ -44,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart  # noqa: E402
+from peaks import format_peaks, load_average, measure_peaks, measure_peaks_apart
 
 SHAPES = {  # n_layers, n_heads, d_model, d_head
     "GPT-2-small": (12, 12, 768, 64),
@@ -65,7 +65,7 @@ def _weight_view(L: int, H: int, d: int, dh: int, **cfg):
 
     config = ModelConfig(n_layers=L, n_heads=H, d_model=d, d_head=dh, d_vocab=1, attn_only=True, **cfg)
     g = torch.Generator().manual_seed(0)
-    r = lambda *s, std: torch.randn(*s, generator=g) * std  # noqa: E731
+    r = lambda *s, std: torch.randn(*s, generator=g) * std
     return types.SimpleNamespace(cfg=config, W_Q=r(L, H, d, dh, std=d ** -0.5), W_K=r(L, H, d, dh, std=d ** -0.5),
                                  W_V=r(L, H, d, dh, std=d ** -0.5), W_O=r(L, H, dh, d, std=dh ** -0.5))
 
@@ -233,7 +233,7 @@ def main():
               flush=True)
 
     # the headline first (the largest, GPT-2-XL, every kind), then the smaller shapes with their peers
-    headline, with_tl = list(SHAPES)[-1], list(SHAPES)[0]  # TL: GPT-2-small's shape only (module docstring)
+    headline, with_tl = list(SHAPES)[-1], next(iter(SHAPES))  # TL: GPT-2-small's shape only (module docstring)
     for shape, kind in [(headline, k) for k in "KQV"] + [(s, "K") for s in SHAPES if s != headline]:
         r = measure("op_ours", shape, kind)
         ours[shape, kind] = r["s"]

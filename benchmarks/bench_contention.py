@@ -41,10 +41,10 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from busy import busy, expected_slowdown  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-from peaks import screen_route  # noqa: E402
+from busy import busy, expected_slowdown
+from peaks import screen_route
 
 SETTLE_S = 1.0
 """Seconds for the busy processes to start spinning before the first timing."""
@@ -76,9 +76,8 @@ def screen_run(shape: dict, blocks: int, workers: int | None):
 def click_runs(shape: str, tokens: int):
     """``(new_head, label)``: a call timing one first-visit click (module docstring) and the shape's name."""
     import bench_build
-    from bench_click import SHAPES, click
-
     import pycircuits_widgets as pcw
+    from bench_click import SHAPES, click
     from pycircuits_widgets.analysis import cache
     from pycircuits_widgets.widgets.core import runner
 

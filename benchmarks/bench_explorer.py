@@ -62,9 +62,10 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
-from busy import busy, expected_slowdown  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-from harness import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from live_lab import JupyterLab, kernel_eval, kernel_exec, open_notebook, run_all_cells, write_notebook  # noqa: E402
+from live_lab import JupyterLab, kernel_eval, kernel_exec, open_notebook, run_all_cells, write_notebook
+
+from busy import busy, expected_slowdown
+from harness import CHROMIUM, CHROMIUM_ARGS
 
 WARMUP = 3
 SETUP = "import pycircuits_widgets as pcw\nfrom pycircuits_widgets.demo import SAMPLE_TEXT\n"
@@ -267,10 +268,9 @@ def main():
     warmup = 1 if args.smoke else WARMUP
     if args.smoke:
         args.clicks, args.model = 1, "attn-only-2l"
-    from playwright.sync_api import sync_playwright
-
     import anywidget
     import jupyterlab
+    from playwright.sync_api import sync_playwright
 
     cells = [SETUP + MODELS[args.model] + SHOW]
     with tempfile.TemporaryDirectory() as tmp, JupyterLab(pathlib.Path(tmp), start_timeout=300) as lab, sync_playwright() as pw:

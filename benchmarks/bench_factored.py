@@ -24,23 +24,23 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from peaks import screen_route  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+from peaks import screen_route
 
 D_VOCAB, D_MODEL, N_LAYERS, N_HEADS, D_HEAD = 50257, 768, 12, 12, 64
 TOPK_BLOCK_ROWS = 333  # ours uses 64 MiB blocks = 333 rows of 50257 floats; TL gets the same
 TL_TOPK_FRACTION = 5  # TL's chunked top-k is timed on the first 1/5 of the rows, times 5
-SMOKE = dict(D_VOCAB=128, D_MODEL=32, N_LAYERS=2, N_HEADS=2, D_HEAD=8)
+SMOKE = {"D_VOCAB": 128, "D_MODEL": 32, "N_LAYERS": 2, "N_HEADS": 2, "D_HEAD": 8}
 """``--smoke``: these shapes for every case (each case's own vocabulary capped at ``D_VOCAB``)."""
 
 
 def weights(d_vocab=D_VOCAB):
     """GPT-2-small-shaped random weights, each generated on first use (so peak memory counts only what a case touches)."""
     lead = (N_LAYERS, N_HEADS)
-    shapes = dict(
-        W_E=(d_vocab, D_MODEL), W_U=(D_MODEL, d_vocab),
-        W_Q=(*lead, D_MODEL, D_HEAD), W_K=(*lead, D_MODEL, D_HEAD),
-        W_V=(*lead, D_MODEL, D_HEAD), W_O=(*lead, D_HEAD, D_MODEL),
-    )
+    shapes = {
+        "W_E": (d_vocab, D_MODEL), "W_U": (D_MODEL, d_vocab),
+        "W_Q": (*lead, D_MODEL, D_HEAD), "W_K": (*lead, D_MODEL, D_HEAD),
+        "W_V": (*lead, D_MODEL, D_HEAD), "W_O": (*lead, D_HEAD, D_MODEL),
+    }
 
     class Lazy(dict):
         def __missing__(self, name):
@@ -99,7 +99,7 @@ def tl_topk_fraction(W):
     best = []
     for start in range(0, n_rows, TOPK_BLOCK_ROWS):
         block = qk[start : min(start + TOPK_BLOCK_ROWS, n_rows)].AB.flatten()
-        values, idx = torch.topk(block, 100)
+        values, _idx = torch.topk(block, 100)
         best.append(values)
     return torch.topk(torch.cat(best), 100).values
 

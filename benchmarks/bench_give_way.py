@@ -35,10 +35,9 @@ import time
 import torch
 
 import bench_build  # (benchmarks/ is on sys.path when run as a script)
+import pycircuits_widgets as pcw
 from bench_build import KernelLoop, model_and_forward, tokenizer
 from bench_click import SHAPES
-
-import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import cache
 
 POLL = 0.005

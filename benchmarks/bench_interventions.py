@@ -48,9 +48,9 @@ import sys
 import time
 
 import torch
-from peaks import load_average  # benchmarks/ is on sys.path when run as a script
 
 import pycircuits_widgets as pcw
+from peaks import load_average  # benchmarks/ is on sys.path when run as a script
 from pycircuits_widgets.demo import SAMPLE_TEXT
 from pycircuits_widgets.models.corpus import corpus_documents
 

@@ -25,9 +25,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-from peaks import best_seconds, load_average  # noqa: E402
+from peaks import best_seconds, load_average
 
 
 def word_tokenizer(size: int):
@@ -54,7 +54,7 @@ def main():
 
     import pycircuits_widgets as pcw
 
-    shape = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=1000) if a.smoke else {}
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 1000} if a.smoke else {}
     if a.smoke:
         a.prompts, a.repeats = 2, 1
     torch.manual_seed(0)

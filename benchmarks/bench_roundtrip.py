@@ -28,8 +28,9 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "e2e")]
 
-from harness import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from live_lab import JupyterLab, open_notebook, run_all_cells, write_notebook  # noqa: E402
+from live_lab import JupyterLab, open_notebook, run_all_cells, write_notebook
+
+from harness import CHROMIUM, CHROMIUM_ARGS
 
 SIZES = (64, 1024)
 WARMUP = 3
@@ -85,10 +86,9 @@ def main():
     sizes = SIZES[:1] if args.smoke else SIZES
     if args.smoke:
         args.clicks = 1
-    from playwright.sync_api import sync_playwright
-
-    import jupyterlab
     import anywidget
+    import jupyterlab
+    from playwright.sync_api import sync_playwright
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp, JupyterLab(pathlib.Path(tmp)) as lab, sync_playwright() as pw:

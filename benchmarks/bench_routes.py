@@ -27,13 +27,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-from bench_analysis import gpt2_like, uncached  # noqa: E402
-from peaks import best_seconds, load_average, screen_route  # noqa: E402
-from pycircuits_widgets import screen  # noqa: E402
-from pycircuits_widgets.analysis import skip_trigrams  # noqa: E402
-from pycircuits_widgets.factored import FactoredMatrix  # noqa: E402
+from bench_analysis import gpt2_like, uncached
+from peaks import best_seconds, load_average, screen_route
+from pycircuits_widgets import screen
+from pycircuits_widgets.analysis import skip_trigrams
+from pycircuits_widgets.factored import FactoredMatrix
 
 
 def dense_topk(A: torch.Tensor, B: torch.Tensor, n: int):

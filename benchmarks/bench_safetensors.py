@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peaks import load_average  # noqa: E402
+from peaks import load_average
 
 SIZES = {  # layers, heads, kv heads, d_model, d_mlp, vocab
     "tiny": (2, 4, 2, 64, 128, 512),
@@ -119,7 +119,7 @@ def child(route: str, folder: str, out: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401  (both routes use transformers)
 
     import pycircuits_widgets as pcw
-    import pycircuits_widgets.analysis  # noqa: F401  (imports are not the routes' work)
+    import pycircuits_widgets.analysis
     before = rss_gb()
     t = time.perf_counter()
     with torch.no_grad():
@@ -181,8 +181,8 @@ def main():
     if not config.is_file() or any(json.loads(config.read_text()).get(k) != expected[k] for k in
                                    ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"import sys; sys.path[:0] = {sys.path[:2]!r}; import bench_safetensors "
-                        f"as b; from pathlib import Path; b.write_checkpoint({a.size!r}, Path({str(folder)!r}))"],
+        subprocess.run([sys.executable, "-c", (f"import sys; sys.path[:0] = {sys.path[:2]!r}; import bench_safetensors "
+                        f"as b; from pathlib import Path; b.write_checkpoint({a.size!r}, Path({str(folder)!r}))")],
                        check=True)
         print(f"wrote {folder} in {time.perf_counter() - t:.0f} s")
     size_gb = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 1e9
@@ -195,9 +195,9 @@ def main():
     routes = ["from_safetensors", "transformers fp32"] + (["transformers bf16"] if a.bf16_route else [])
     if a.size == "llama3-8b" and not a.all_routes:
         routes = routes[:1]
-    print(f"| route | time (load + V-comp + OV) | peak RSS (above imports; peak by the end of V) | checkpoint | "
-          f"peak / checkpoint | "
-          f"scores agree |\n|---|---|---|---|---|---|")
+    print("| route | time (load + V-comp + OV) | peak RSS (above imports; peak by the end of V) | checkpoint | "
+          "peak / checkpoint | "
+          "scores agree |\n|---|---|---|---|---|---|")
     results = {}
     for route in routes:
         print(f"  ({route}: {load_average()} before)", file=sys.stderr, flush=True)

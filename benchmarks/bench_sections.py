@@ -52,17 +52,16 @@ import time
 
 import torch
 
-import bench_build  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
-from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown  # noqa: E402
-from bench_click import SHAPES, click  # noqa: E402
-from busy import busy, expected_slowdown  # noqa: E402
-from peaks import best_seconds, screen_route  # noqa: E402
-
-import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.analysis import cache  # noqa: E402
-from pycircuits_widgets.corpus import Corpus  # noqa: E402
-from pycircuits_widgets.widgets.core.bundle import BundleMissing  # noqa: E402
-from pycircuits_widgets.widgets.views.registry import ON_DEMAND  # noqa: E402
+import bench_build
+import pycircuits_widgets as pcw
+from bench_build import KernelLoop, model_and_forward, tokenizer, until_shown
+from bench_click import SHAPES, click
+from busy import busy, expected_slowdown
+from peaks import best_seconds, screen_route
+from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.corpus import Corpus
+from pycircuits_widgets.widgets.core.bundle import BundleMissing
+from pycircuits_widgets.widgets.views.registry import ON_DEMAND
 
 POLL = 0.005
 """Seconds between two looks at the views (a benchmark polls; the kernel's loop would apply results)."""
@@ -233,7 +232,7 @@ def measure(shape: str, tok, n_tokens: int, timeout: float, windows: int, folder
     explorer.stop_background()  # a user's clicks and requests with nothing else running
     until_shown(explorer)
     shown = time.perf_counter() - t0
-    background = timed(explorer, lambda: None, lambda: True, lambda: all([r._drain() for r in runners(explorer)]), timeout)
+    background = timed(explorer, lambda: None, lambda: True, lambda: all(r._drain() for r in runners(explorer)), timeout)
     built, complete = background.over is None, shown + (background.complete or 0.0)
     if not built:  # the kernel-less answers of every head: background work, stopped so the rows below run alone
         for view in explorer.views().values():

@@ -46,8 +46,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 SEQ, BATCH, K = 128, 16, 20
 SHARD = {"attn-only-2l": 256, "GPT-2-small shape": 16}  # windows per shard (256: the default at 128 tokens)
-GPT2 = dict(d_model=768, d_head=64, n_layers=12, n_heads=12, n_ctx=1024, d_vocab=50257, act_fn="gelu_new")
-TINY = dict(d_model=128, d_head=16, n_layers=2, n_heads=8, n_ctx=128, d_vocab=1024, attn_only=True)
+GPT2 = {"d_model": 768, "d_head": 64, "n_layers": 12, "n_heads": 12, "n_ctx": 1024, "d_vocab": 50257, "act_fn": "gelu_new"}
+TINY = {"d_model": 128, "d_head": 16, "n_layers": 2, "n_heads": 8, "n_ctx": 128, "d_vocab": 1024, "attn_only": True}
 
 
 # --- one measurement (a subprocess) -------------------------------------------------------------------
@@ -181,7 +181,7 @@ def measure(case: str, name: str, n: int) -> dict:
             from pycircuits_widgets.corpus.ray_engine import start_local_cluster
 
             start_local_cluster(num_cpus=2)
-            options = dict(engine="ray", workers=2)
+            options = {"engine": "ray", "workers": 2}
         marks = []  # (seconds, tokens recorded) after each shard: the steady rate, past the engine's start
 
         def mark(p):

@@ -16,14 +16,13 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch
+import transformers
 
-import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.models.adapters.verify import PROBE_TOKENS, probe_hf  # noqa: E402
+import pycircuits_widgets as pcw
+from pycircuits_widgets.models.adapters.verify import PROBE_TOKENS, probe_hf
 
-
-SMOKE = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=1024, bos_token_id=None, eos_token_id=None)
+SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 1024, "bos_token_id": None, "eos_token_id": None}
 
 
 def main(rounds: int, smoke: bool = False) -> None:

@@ -33,12 +33,12 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from ipywidgets.widgets.widget import _remove_buffers  # noqa: E402
+from ipywidgets.widgets.widget import _remove_buffers
 
-import pycircuits_widgets as pcw  # noqa: E402
-from pycircuits_widgets.analysis import cache  # noqa: E402
-from pycircuits_widgets.models import AttnOnlyTransformer, ModelConfig, from_attn_only  # noqa: E402
-from pycircuits_widgets.widgets.core.offline import last  # noqa: E402
+import pycircuits_widgets as pcw
+from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.models import AttnOnlyTransformer, ModelConfig, from_attn_only
+from pycircuits_widgets.widgets.core.offline import last
 
 
 class _Strings:

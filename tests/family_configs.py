@@ -17,10 +17,10 @@ import torch
 import transformers
 
 D_VOCAB, N_TOKENS = 128, 24
-LLAMA_LIKE = dict(vocab_size=D_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=96, max_position_embeddings=64, pad_token_id=0,
-                  bos_token_id=None, eos_token_id=None)
-WINDOW = dict(sliding_window=5, layer_types=["sliding_attention", "full_attention"])
+LLAMA_LIKE = {"vocab_size": D_VOCAB, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "intermediate_size": 96, "max_position_embeddings": 64, "pad_token_id": 0,
+                  "bos_token_id": None, "eos_token_id": None}
+WINDOW = {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]}
 ROPE = "rope_parameters"
 
 
@@ -29,31 +29,31 @@ def _rope(rope_type: str, **params) -> dict:
 
 
 CONFIGS: dict[str, tuple[str, dict]] = {
-    "gpt2": ("gpt2", dict(vocab_size=D_VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4)),
-    "gpt_neo": ("gpt_neo", dict(vocab_size=D_VOCAB, max_position_embeddings=64, hidden_size=64, num_layers=2,
-                                num_heads=4, attention_types=[[["global", "local"], 1]], window_size=5,
-                                intermediate_size=96)),
-    "gpt_bigcode": ("gpt_bigcode", dict(vocab_size=D_VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-                                        multi_query=True)),
-    "gptj": ("gptj", dict(vocab_size=D_VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, rotary_dim=8)),
-    "codegen": ("codegen", dict(vocab_size=D_VOCAB, n_positions=64, n_ctx=64, n_embd=64, n_layer=2, n_head=4,
-                                rotary_dim=8)),
-    "gpt_neox": ("gpt_neox", dict(vocab_size=D_VOCAB, max_position_embeddings=64, hidden_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
-                                  rotary_pct=0.25, use_parallel_residual=True)),
-    "opt": ("opt", dict(vocab_size=D_VOCAB, max_position_embeddings=64, hidden_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, ffn_dim=96, word_embed_proj_dim=64)),
-    "bloom": ("bloom", dict(vocab_size=D_VOCAB, hidden_size=64, n_layer=2, n_head=4)),
-    "mpt": ("mpt", dict(vocab_size=D_VOCAB, d_model=64, n_layers=2, n_heads=4, max_seq_len=64, expansion_ratio=2,
-                        attn_config={"clip_qkv": 2.0})),
-    "falcon": ("falcon", dict(vocab_size=D_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              max_position_embeddings=64, bias=True)),
-    "falcon_new_architecture": ("falcon", dict(vocab_size=D_VOCAB, hidden_size=64, num_hidden_layers=2,
-                                               num_attention_heads=4, num_kv_heads=2, max_position_embeddings=64,
-                                               new_decoder_architecture=True)),
-    "falcon_sequential": ("falcon", dict(vocab_size=D_VOCAB, hidden_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, max_position_embeddings=64, multi_query=False,
-                                         parallel_attn=False, bias=True)),
+    "gpt2": ("gpt2", {"vocab_size": D_VOCAB, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}),
+    "gpt_neo": ("gpt_neo", {"vocab_size": D_VOCAB, "max_position_embeddings": 64, "hidden_size": 64, "num_layers": 2,
+                                "num_heads": 4, "attention_types": [[["global", "local"], 1]], "window_size": 5,
+                                "intermediate_size": 96}),
+    "gpt_bigcode": ("gpt_bigcode", {"vocab_size": D_VOCAB, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                                        "multi_query": True}),
+    "gptj": ("gptj", {"vocab_size": D_VOCAB, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8}),
+    "codegen": ("codegen", {"vocab_size": D_VOCAB, "n_positions": 64, "n_ctx": 64, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                                "rotary_dim": 8}),
+    "gpt_neox": ("gpt_neox", {"vocab_size": D_VOCAB, "max_position_embeddings": 64, "hidden_size": 64,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
+                                  "rotary_pct": 0.25, "use_parallel_residual": True}),
+    "opt": ("opt", {"vocab_size": D_VOCAB, "max_position_embeddings": 64, "hidden_size": 64, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "ffn_dim": 96, "word_embed_proj_dim": 64}),
+    "bloom": ("bloom", {"vocab_size": D_VOCAB, "hidden_size": 64, "n_layer": 2, "n_head": 4}),
+    "mpt": ("mpt", {"vocab_size": D_VOCAB, "d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": 64, "expansion_ratio": 2,
+                        "attn_config": {"clip_qkv": 2.0}}),
+    "falcon": ("falcon", {"vocab_size": D_VOCAB, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                              "max_position_embeddings": 64, "bias": True}),
+    "falcon_new_architecture": ("falcon", {"vocab_size": D_VOCAB, "hidden_size": 64, "num_hidden_layers": 2,
+                                               "num_attention_heads": 4, "num_kv_heads": 2, "max_position_embeddings": 64,
+                                               "new_decoder_architecture": True}),
+    "falcon_sequential": ("falcon", {"vocab_size": D_VOCAB, "hidden_size": 64, "num_hidden_layers": 2,
+                                         "num_attention_heads": 4, "max_position_embeddings": 64, "multi_query": False,
+                                         "parallel_attn": False, "bias": True}),
     "llama": ("llama", dict(LLAMA_LIKE, attention_bias=True, mlp_bias=True)),
     "llama_linear": ("llama", dict(LLAMA_LIKE, **_rope("linear", factor=2.0))),
     "llama_dynamic": ("llama", dict(LLAMA_LIKE, max_position_embeddings=16, **_rope("dynamic", factor=2.0))),
@@ -74,9 +74,9 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                                         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                                                          "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                                             "rope_theta": 1e6}}, **WINDOW)),
-    "phi": ("phi", dict(vocab_size=D_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=96, max_position_embeddings=64, partial_rotary_factor=0.5,
-                        qk_layernorm=True)),
+    "phi": ("phi", {"vocab_size": D_VOCAB, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "intermediate_size": 96, "max_position_embeddings": 64, "partial_rotary_factor": 0.5,
+                        "qk_layernorm": True}),
     "phi3": ("phi3", dict(LLAMA_LIKE, sliding_window=5, partial_rotary_factor=0.5)),
     "olmo": ("olmo", dict(LLAMA_LIKE, clip_qkv=1.5)),
     "olmo2": ("olmo2", dict(LLAMA_LIKE)),
@@ -131,7 +131,7 @@ def table(names=None, verify=True):
         hf = tiny_model(name)
         try:
             model = pcw.from_hf(hf, verify=verify)
-        except Exception as err:  # the table reports every outcome
+        except Exception as err:  # noqa: BLE001 - the table reports every outcome
             yield name, f"refused: {type(err).__name__}: {err}", None, None
             continue
         rel, perr = errors(hf, model, tokens)

@@ -120,7 +120,7 @@ def js_state(page, widget, names):
 class HarnessComm:
     """Stands in for a widget's comm: collects what ipywidgets sends to the front end."""
 
-    def __init__(self, view: "WidgetView", comm_id: str):
+    def __init__(self, view: WidgetView, comm_id: str):
         self.comm_id = comm_id
         self._view = view
 

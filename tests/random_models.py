@@ -31,15 +31,15 @@ def custom_model(seed=0, dtype=torch.float64, biases=False, **cfg_kwargs) -> Cir
     """Any ``ModelConfig`` (default: 2 layers, Shortformer, layer norm) with i.i.d. Gaussian
     weights, nothing centred or folded; post-norm scales around 1 when ``cfg.post_norms``, and
     attention biases ``b_V``, ``b_O`` when ``biases``."""
-    cfg = ModelConfig(**{**dict(n_layers=2, n_heads=3, d_model=24, d_head=6, d_vocab=40, n_ctx=16), **cfg_kwargs})
+    cfg = ModelConfig(**{"n_layers": 2, "n_heads": 3, "d_model": 24, "d_head": 6, "d_vocab": 40, "n_ctx": 16, **cfg_kwargs})
     g = torch.Generator().manual_seed(seed)
     L, H, d, dh, V = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_vocab
 
     def r(*shape):
         return torch.randn(*shape, generator=g, dtype=dtype) / shape[-2] ** 0.5
 
-    w = dict(W_E=r(V, d) * (V / d) ** 0.5, W_U=r(d, V), W_Q=r(L, H, d, dh), W_K=r(L, H, d, dh),
-             W_V=r(L, H, d, dh), W_O=r(L, H, dh, d))
+    w = {"W_E": r(V, d) * (V / d) ** 0.5, "W_U": r(d, V), "W_Q": r(L, H, d, dh), "W_K": r(L, H, d, dh),
+             "W_V": r(L, H, d, dh), "W_O": r(L, H, dh, d)}
     if cfg.positional in ("shortformer", "learned"):
         w["W_pos"] = r(cfg.n_ctx, d) * cfg.n_ctx ** 0.5
     if not cfg.attn_only:

@@ -96,7 +96,7 @@ def main(store: str) -> None:
 
         torch.set_num_threads(1)
         model, corpus = pcw.load_pretrained("attn-only-2l"), pcw.Corpus.python_stdlib()
-        settings = dict(seq_len=32, k=20, max_windows=2000, batch_size=50, shard_windows=250, engine="ray", workers=2)
+        settings = {"seq_len": 32, "k": 20, "max_windows": 2000, "batch_size": 50, "shard_windows": 250, "engine": "ray", "workers": 2}
         try:
             pcw.sweep(model, corpus, store, progress=kill_a_worker, **settings)
             first = "finished"

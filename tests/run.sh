@@ -21,7 +21,7 @@ echo "== JS unit tests (vitest)"
 (cd js && npm ci --no-audit --no-fund --loglevel=error && npx vitest run)
 
 echo "== lint (ruff, configured in pyproject.toml)"
-.venv/bin/ruff check pycircuits_widgets
+.venv/bin/ruff check pycircuits_widgets tests benchmarks scripts
 
 echo "== Python, browser and end-to-end tests (pytest)"
 .venv/bin/python -m pytest "$@"

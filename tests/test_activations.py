@@ -3,10 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from random_models import paper_model
 
 from pycircuits_widgets.analysis import run
 from pycircuits_widgets.models import CHECKPOINT_DIR, Tokenizer
+from random_models import paper_model
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,17 @@ from transformer_lens import TransformerBridge
 from transformer_lens.config import TransformerBridgeConfig
 
 import pycircuits_widgets as pcw
-from tolerance import assert_within, logit_tol, pattern_tol, product_tol, reduction_tol
 from pycircuits_widgets.models.adapters.weight_view import adjacent_pairs_to_halves, expand_kv_heads
+from tolerance import assert_within, logit_tol, pattern_tol, product_tol, reduction_tol
 
 WEIGHT_NAMES = ("W_E", "W_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "b_in", "b_out")
-SHAPE = dict(d_model=32, d_head=8, n_layers=2, n_ctx=16, n_heads=4, d_vocab=50)
+SHAPE = {"d_model": 32, "d_head": 8, "n_layers": 2, "n_ctx": 16, "n_heads": 4, "d_vocab": 50}
 CASES = {
-    "layernorm_learned_positions": dict(act_fn="gelu", normalization_type="LN"),
-    "rmsnorm_rotary_gqa_gated": dict(act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
-                                     n_key_value_heads=2, gated_mlp=True, final_rms=True, rotary_dim=4),
-    "layernorm_rotary_gelu_new": dict(act_fn="gelu_new", normalization_type="LN", positional_embedding_type="rotary"),
-    "attn_only_lnpre": dict(normalization_type="LNPre", attn_only=True),
+    "layernorm_learned_positions": {"act_fn": "gelu", "normalization_type": "LN"},
+    "rmsnorm_rotary_gqa_gated": {"act_fn": "silu", "normalization_type": "RMS", "positional_embedding_type": "rotary",
+                                     "n_key_value_heads": 2, "gated_mlp": True, "final_rms": True, "rotary_dim": 4},
+    "layernorm_rotary_gelu_new": {"act_fn": "gelu_new", "normalization_type": "LN", "positional_embedding_type": "rotary"},
+    "attn_only_lnpre": {"normalization_type": "LNPre", "attn_only": True},
 }
 
 
@@ -65,7 +65,7 @@ def assert_same_logits(model, tokens, reference) -> None:
 
 
 def test_logits_and_patterns_match_transformer_lens(adapted):
-    name, bridge, model = adapted
+    _name, bridge, model = adapted
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref_logits, ref_cache = bridge.run_with_cache(tokens)
@@ -78,7 +78,7 @@ def test_logits_and_patterns_match_transformer_lens(adapted):
 
 
 def test_run_on_text_uses_the_bridges_tokenizer(adapted):
-    name, bridge, model = adapted
+    _name, bridge, model = adapted
     out = pcw.run(model, "w3 w1 w4 w1 w5")
     assert out.str_tokens == [["w3", "w1", "w4", "w1", "w5"]]
     with torch.no_grad():
@@ -87,7 +87,7 @@ def test_run_on_text_uses_the_bridges_tokenizer(adapted):
 
 
 def test_config_metadata(adapted):
-    name, bridge, model = adapted
+    name, _bridge, model = adapted
     cfg = model.cfg
     assert cfg.n_kv_heads == (2 if "gqa" in name else None)
     assert cfg.positional == ("rotary" if "rotary" in name else "learned")
@@ -153,8 +153,8 @@ def test_layer_norm_bias_in_front_of_a_gated_mlp_folds_into_both_biases():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(normalization_type="LN", final_rms=True), "final_rms"),
-    (dict(attn_scores_soft_cap=30.0), "attn_scores_soft_cap"),
+    ({"normalization_type": "LN", "final_rms": True}, "final_rms"),
+    ({"attn_scores_soft_cap": 30.0}, "attn_scores_soft_cap"),
 ])
 def test_unsupported_tl_configs_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

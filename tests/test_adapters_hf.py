@@ -15,8 +15,8 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import pycircuits_widgets as pcw
-from tolerance import assert_within, centred_mean_tol, logit_tol, pattern_tol, product_tol
 from pycircuits_widgets.models.tokenizer import visible_whitespace
+from tolerance import assert_within, centred_mean_tol, logit_tol, pattern_tol, product_tol
 
 D_VOCAB = 320
 TEXT = "def add(a, b):\n    return a + b\n"
@@ -90,7 +90,7 @@ def adapted(request):
 
 
 def test_logits_and_patterns_match_the_hf_model(adapted):
-    kind, hf, model = adapted
+    _kind, hf, model = adapted
     tokens = torch.randint(0, D_VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         out = hf(tokens, output_attentions=True)
@@ -214,8 +214,8 @@ def test_display_strings_show_partial_utf8_bytes_and_special_tokens(tokenizer):
 @pytest.mark.parametrize("kind, change, message", [
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("llama_mha_bias", {"rope_scaling": {"type": "proportional", "factor": 2.0}},
-     r"rope_type 'proportional' is not supported; supported: \('default', 'linear', 'dynamic', 'yarn', "
-     r"'longrope', 'llama3'\)$"),
+     (r"rope_type 'proportional' is not supported; supported: \('default', 'linear', 'dynamic', 'yarn', "
+     r"'longrope', 'llama3'\)$")),
 ])
 def test_unsupported_features_are_refused(kind, change, message):
     hf = transformers.AutoModelForCausalLM.from_config(CONFIGS[kind](), attn_implementation="eager")

@@ -10,9 +10,9 @@ import traitlets
 from ipywidgets.widgets.widget import _remove_buffers
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.views.attention import OVERVIEW_MAX
-from pycircuits_widgets.widgets.core.payload import max_pool, pack_causal, unpack_causal
 from attention_data import causal_softmax, toks
+from pycircuits_widgets.widgets.core.payload import max_pool, pack_causal, unpack_causal
+from pycircuits_widgets.widgets.views.attention import OVERVIEW_MAX
 
 
 def wire(w, name: str) -> dict:
@@ -32,7 +32,13 @@ def patterns_of(w, name: str):
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from pycircuits_widgets.models import CHECKPOINT_DIR, AttnOnlyTransformer, Tokenizer, attn_only_config, from_attn_only
+    from pycircuits_widgets.models import (
+        CHECKPOINT_DIR,
+        AttnOnlyTransformer,
+        Tokenizer,
+        attn_only_config,
+        from_attn_only,
+    )
 
     tok = Tokenizer.load(CHECKPOINT_DIR / "tokenizer.json")
     cfg = attn_only_config(2, n_heads=3, d_model=32, d_head=8, d_vocab=tok.vocab_size, n_ctx=48)
@@ -47,7 +53,7 @@ def test_short_context_ships_every_head_once_as_uint8():
     assert w.overview["factor"] == 1 and ov.dtype == np.uint8 and ov.shape == (2, 3, 10, 10)
     assert np.abs(ov / 255.0 - A).max() <= 1 / 510 + 1e-7
     assert w.full == {} and w._detail == {}  # the overview already is full resolution
-    state, paths, buffers = _remove_buffers(w.get_state())
+    _state, paths, buffers = _remove_buffers(w.get_state())
     attention = [bytes(b) for p, b in zip(paths, buffers) if p[0] != "_offline"]
     assert len(attention) == 1 and wire(w, "overview")["encoding"] == "deflate"  # saved with the page: deflated
     assert len(zlib.decompress(attention[0], -15)) == 2 * 3 * 10 * 11 // 2  # one byte per value of the causal half, nothing twice

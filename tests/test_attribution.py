@@ -14,14 +14,14 @@ exact patching tests' logit bound (``logit_tol``) scaled by the sum's magnitude 
 
 import pytest
 import torch
-from test_interventions import oracle
-from test_patching import N_PROMPTS, induction, model  # noqa: F401 (fixtures)
-from tolerance import chain_tol, logit_tol, model_forward_length
 
 import pycircuits_widgets as pcw
 from family_configs import tiny_model
 from pycircuits_widgets.analysis.attribution import SITES, attribution_patch
 from pycircuits_widgets.analysis.patching import Task, activation_patch, logit_diff
+from test_interventions import oracle
+from test_patching import N_PROMPTS, induction, model  # noqa: F401 (fixtures)
+from tolerance import chain_tol, logit_tol, model_forward_length
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def oracle_estimates(model, task, direction) -> dict:
     for name, tokens in (("base", base), ("source", source)):
         seen = {"pre": [], "act": []}
 
-        def keep(kind):
+        def keep(kind, seen=seen):
             def hook(layer, x):
                 seen[kind].append(x.clone())
                 return x
@@ -186,7 +186,7 @@ def test_the_estimate_agrees_with_exact_patching_on_the_known_circuit(model, ind
     agreement = estimate.agreement(exact, k=4)
     assert agreement.rank_correlation > 0.5 and agreement.top_k_overlap >= 0.5, agreement
     assert len(agreement.worst) == 5 and all(len(w) == 3 for w in agreement.worst)
-    cell, ours, theirs = agreement.worst[0]
+    _cell, ours, theirs = agreement.worst[0]
     assert abs(ours - theirs) == pytest.approx(float((estimate.scores - exact.scores).abs().max()))
     # the induction heads' keys and queries: through the pattern recomputed exactly (AtP*), the estimate
     # finds exact patching's top 4 (plain first-order attribution: Spearman 0.17 and 0.02 here)

@@ -21,8 +21,8 @@ from pycircuits_widgets.widgets.core import scheduler
 from random_models import custom_model
 from runner_loop import WAIT, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
 
-SMOLLM2_LAYER = dict(n_heads=9, d_model=576, d_head=64, d_vocab=49152, n_ctx=256, positional="rotary", rotary_dim=64,
-                     attn_only=False, d_mlp=1536, act_fn="silu")
+SMOLLM2_LAYER = {"n_heads": 9, "d_model": 576, "d_head": 64, "d_vocab": 49152, "n_ctx": 256, "positional": "rotary", "rotary_dim": 64,
+                     "attn_only": False, "d_mlp": 1536, "act_fn": "silu"}
 """SmolLM2-135M's layer shape (``ModelConfig`` fields)."""
 TEXT = " ".join(f"t{(7 * i) % 97 + 3}" for i in range(40))
 SECTIONS = ("paths", "virtual", "bigrams")
@@ -90,7 +90,8 @@ def test_sections_the_fill_and_a_stream_of_clicks_all_complete(manual_kernel_loo
             settled = sched.changed.wait_for(lambda: (apply_results(ex), clicks_settled(ex))[1], WAIT)
             assert settled, f"click {clicks} on L{layer}.H{head} never settled"
             before = sched.served[scheduler.ASKED]
-            served = sched.changed.wait_for(lambda: sched.served[scheduler.ASKED] >= before + CLICK_GAP, WAIT)
+            served = sched.changed.wait_for(lambda before=before: sched.served[scheduler.ASKED] >= before + CLICK_GAP,
+                                            WAIT)
             assert served, f"asked-for work had less than {CLICK_GAP} s after click {clicks}"
     assert all(v.error == "" and v.progress == {} for v in asked.values()) and ex.composition.error == ""
     # the clicks stop: the fill (the head-loss table, then every head) runs and completes

@@ -92,7 +92,7 @@ def test_hits_return_the_stored_result_which_equals_a_fresh_computation():
 
 def test_a_weight_edit_in_place_or_a_new_weight_invalidates():
     model = paper_model(n_layers=2, n_heads=3)
-    eigs, (ids, values) = eigenvalues(model, "OV"), copied_tokens(model, 1, 0, 4)
+    eigs, (_, values) = eigenvalues(model, "OV"), copied_tokens(model, 1, 0, 4)
     gram_before = token_gram(model, "OV")
     with torch.no_grad():
         model.W_V[1, 0] *= -3.0  # in place: bumps the tensor's version counter
@@ -136,7 +136,7 @@ def test_the_byte_budget_holds_and_the_least_recently_used_entry_goes_first(budg
     assert cache.stored_bytes(model) == 2 * one_head + spectra
     budget(one_head - 1)  # smaller than a head's entry: those go at once, and no new one is kept
     assert cache.keys(model) == model_level and cache.stored_bytes(model) == spectra
-    q, k, v, u = centred_factors(model, 1, 1)
+    _q, _k, v, _u = centred_factors(model, 1, 1)
     assert cache.keys(model) == model_level
     budget(0)
     assert cache.keys(model) == [] and cache.stored_bytes(model) == 0

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 import traitlets
-from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.demo import SAMPLE_TEXT
 from pycircuits_widgets.widgets.core.shown_run import ShownRun
 from pycircuits_widgets.widgets.views.registry import BY_NAME, EXPLORER, LINKS, VIEWS
+from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")

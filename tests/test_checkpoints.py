@@ -23,7 +23,7 @@ def checkpoint(tmp_path):
 
 
 def test_shipped_checkpoint_loads(checkpoint):
-    model, meta, tok = load_attn_only(*checkpoint)
+    model, _meta, tok = load_attn_only(*checkpoint)
     assert model.cfg.name == NAME and tok.vocab_size == model.cfg.d_vocab
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
@@ -40,7 +40,7 @@ def test_corrupt_weights_name_the_file(checkpoint):
 
 
 def test_shape_mismatch_names_the_tensor_and_shapes(checkpoint):
-    weights, config, _ = checkpoint
+    weights, _config, _ = checkpoint
     tensors = load_tensors(weights)
     tensors["W_U"] = tensors["W_U"][:, :-1]
     save_tensors(weights, tensors)
@@ -60,7 +60,7 @@ def test_missing_tensor_is_named(checkpoint):
 def test_config_mismatch_is_named(checkpoint):
     import json
 
-    weights, config, tokenizer = checkpoint
+    weights, config, _tokenizer = checkpoint
     meta = json.loads(config.read_text())
     meta["config"]["d_model"] += 1
     save_json(config, meta)
@@ -126,7 +126,7 @@ def test_a_crafted_config_fails_on_the_header_before_allocating(checkpoint):
 def test_a_positional_table_larger_than_the_weights_is_refused(checkpoint):
     import json
 
-    weights, config, _ = checkpoint
+    _weights, config, _ = checkpoint
     meta = json.loads(config.read_text())
     meta["config"]["n_ctx"] = 10 ** 7
     save_json(config, meta)

@@ -11,13 +11,20 @@ import torch
 import traitlets
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.core.runner import GIVE_WAY
-from pycircuits_widgets.analysis import (circuit_query, composition_detail, composition_scores,
-                                         eigenvalue_positivity, eigenvalues, random_baseline, skip_trigrams)
-from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.analysis import (
+    cache,
+    circuit_query,
+    composition_detail,
+    composition_scores,
+    eigenvalue_positivity,
+    eigenvalues,
+    random_baseline,
+    skip_trigrams,
+)
 from pycircuits_widgets.analysis.head_scores import head_scores
 from pycircuits_widgets.analysis.skip_trigrams import centred_factors
 from pycircuits_widgets.models import AttnOnlyTransformer, attn_only_config, from_attn_only
+from pycircuits_widgets.widgets.core.runner import GIVE_WAY
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 from tolerance import COPY, product_tol, score_tol
 

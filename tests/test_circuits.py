@@ -3,13 +3,25 @@
 import numpy as np
 import pytest
 import torch
-from random_models import custom_model, paper_model
 
 from pycircuits_widgets.analysis import (
-    TensorProductTerm, direct_path, full_ov_circuit, full_qk_circuit, full_virtual_ov_circuit,
-    head_mlp_circuit, k_composition_circuit, mlp_in_circuit, mlp_out_circuit, ov, positional_qk_circuit,
-    q_composition_circuit, qk, skip_trigrams, virtual_head_ov,
+    TensorProductTerm,
+    direct_path,
+    full_ov_circuit,
+    full_qk_circuit,
+    full_virtual_ov_circuit,
+    head_mlp_circuit,
+    k_composition_circuit,
+    mlp_in_circuit,
+    mlp_out_circuit,
+    ov,
+    positional_qk_circuit,
+    q_composition_circuit,
+    qk,
+    skip_trigrams,
+    virtual_head_ov,
 )
+from random_models import custom_model, paper_model
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +65,6 @@ def test_full_qk_circuit_is_the_token_part_of_the_attention_scores():
     m.cfg.positional, m.W_pos = "none", None
     tokens = torch.tensor([[3, 17, 5, 3, 29, 8, 17]])
     _, cache = m.run_with_cache(tokens)
-    s = cache.ln_scale[0, 0]
     t = tokens[0]
     for h in range(3):
         F = full_qk_circuit(m, 0, h).dense()[t][:, t] / m.cfg.attn_scale

@@ -18,9 +18,6 @@ import itertools
 
 import pytest
 import torch
-from random_models import custom_model, paper_model
-from test_adapters import SHAPE, native_bridge
-from tolerance import assert_within, factorization_tol, product_tol, rotary_table_tol
 from transformer_lens.FactoredMatrix import FactoredMatrix as TLFactoredMatrix
 from transformer_lens.utilities.matrix import composition_scores as tl_composition_scores
 
@@ -29,6 +26,9 @@ from pycircuits_widgets.analysis import composition as composition_module
 from pycircuits_widgets.analysis import composition_detail, composition_scores, random_baseline
 from pycircuits_widgets.analysis.composition import composition_baseline, rotation
 from pycircuits_widgets.analysis.rotary import matmul_rotation, rotation_matmul, rotation_parts, rotations
+from random_models import custom_model, paper_model
+from test_adapters import SHAPE, native_bridge
+from tolerance import assert_within, factorization_tol, product_tol, rotary_table_tol
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_a_function_preserving_reader_shift_leaves_every_score_unchanged():
 def test_agrees_with_transformer_lens_folded_bridge(kind):
     """TransformerLens 4.3 folds and centres the weights itself (enable_compatibility_mode); we adapt
     the unprocessed twin. Layer norm with learned scale and bias, learned positions, MLPs."""
-    options = dict(act_fn="gelu", normalization_type="LN")
+    options = {"act_fn": "gelu", "normalization_type": "LN"}
     ours = composition_scores(pcw.from_transformer_lens(native_bridge(seed=4, **options)), kind, baseline=False)
     folded = native_bridge(seed=4, **options)
     folded.enable_compatibility_mode(disable_warnings=True)
@@ -215,8 +215,8 @@ def test_shipped_two_layer_model_matches_transformer_lens_on_centred_weights():
         torch.testing.assert_close(ours[defined], theirs[defined], rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("shape", [dict(n_layers=4, n_heads=3, d_model=40, d_head=5),
-                                   dict(n_layers=5, n_heads=7, d_model=37, d_head=3)])
+@pytest.mark.parametrize("shape", [{"n_layers": 4, "n_heads": 3, "d_model": 40, "d_head": 5},
+                                   {"n_layers": 5, "n_heads": 7, "d_model": 37, "d_head": 3}])
 @pytest.mark.parametrize("kind", ["Q", "K", "V"])
 def test_gram_route_equals_dense_float64_products(monkeypatch, shape, kind):
     """Small tiles and one-layer row chunks, so every tile (diagonal, off-diagonal, ragged) and

@@ -134,8 +134,7 @@ def test_a_100_mb_line_is_read_in_bounded_memory(tmp_path, tok):
     path = tmp_path / "one_line.txt"
     block = ("abcdefghij" * 100_000).encode()  # 1 MB, no whitespace: one word for the pre-tokenizer
     with open(path, "wb") as f:
-        for _ in range(100):
-            f.write(block)
+        f.writelines(block for _ in range(100))
     corpus = Corpus.from_files(path)
     tracemalloc.start()
     try:
@@ -243,8 +242,8 @@ def test_jsonl_lines_that_cannot_be_read_are_refused_naming_the_file_and_line(tm
     path = tmp_path / "docs.jsonl"
     good = json.dumps({"text": "one\n"}) + "\n"
     for line, message in (("[" * 200_000 + "]" * 200_000, "docs.jsonl:2: the JSON nests too deep to read"),
-                          ('{"text": "x", "n": ' + "9" * 5000 + "}", r"docs.jsonl:2: a value on the line cannot be read"
-                                                                     r" \(Exceeds the limit")):
+                          ('{"text": "x", "n": ' + "9" * 5000 + "}", (r"docs.jsonl:2: a value on the line cannot be read"
+                                                                     r" \(Exceeds the limit"))):
         path.write_text(good + line + "\n")
         with pytest.raises(CorpusError, match=message):
             Corpus.from_jsonl(path).scan()

@@ -18,16 +18,16 @@ import pytest
 import torch
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.analysis.circuits import embedding
+from family_configs import tiny_model
 from pycircuits_widgets.analysis import effective_embedding
+from pycircuits_widgets.analysis.circuits import embedding
 from pycircuits_widgets.corpus import Corpus
 from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.models.corpus import corpus_documents
-from family_configs import tiny_model
 from random_models import custom_model
 from tolerance import chain_tol, model_forward_length, reduction_tol
 
-SWEEP = dict(seq_len=16, k=3, batch_size=8, shard_windows=16, max_windows=48, progress=False)
+SWEEP = {"seq_len": 16, "k": 3, "batch_size": 8, "shard_windows": 16, "max_windows": 48, "progress": False}
 
 
 def gpt2_like(seed: int):
@@ -106,11 +106,11 @@ def test_min_count_leaves_rare_tokens_out_and_counts_them(learned, swept):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(layer=3, kind="raw"), ValueError, r"effective_embedding: layer must be in 0\.\.2, got 3"),
-    (dict(layer=1, kind="mean"), ValueError, "kind must be one of 'raw', 'mlp0', 'corpus', got 'mean'"),
-    (dict(layer=0, kind="mlp0"), ValueError, "layer 0's heads read the stream before it"),
-    (dict(layer=1, kind="corpus"), ValueError, r"kind='corpus' reads a sweep"),
-    (dict(layer=1, kind="raw", min_count=0), ValueError, "min_count must be an int >= 1, got 0"),
+    ({"layer": 3, "kind": "raw"}, ValueError, r"effective_embedding: layer must be in 0\.\.2, got 3"),
+    ({"layer": 1, "kind": "mean"}, ValueError, "kind must be one of 'raw', 'mlp0', 'corpus', got 'mean'"),
+    ({"layer": 0, "kind": "mlp0"}, ValueError, "layer 0's heads read the stream before it"),
+    ({"layer": 1, "kind": "corpus"}, ValueError, r"kind='corpus' reads a sweep"),
+    ({"layer": 1, "kind": "raw", "min_count": 0}, ValueError, "min_count must be an int >= 1, got 0"),
 ])
 def test_bad_arguments_are_refused_by_name(learned, kwargs, error, match):
     with pytest.raises(error, match=match):

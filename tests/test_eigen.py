@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from random_models import custom_model, paper_model
-from tolerance import POSITIVITY_TOL, product_tol
 from transformer_lens.FactoredMatrix import FactoredMatrix as TLFactoredMatrix
 
 from pycircuits_widgets.analysis import eigenvalue_positivity, eigenvalues, full_ov_circuit, full_qk_circuit
 from pycircuits_widgets.factored import gram
+from random_models import custom_model, paper_model
+from tolerance import POSITIVITY_TOL, product_tol
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_spectrum_and_positivity_match_the_dense_vocab_circuit(model, kind, circ
             mine = _top_by_magnitude(ours[l, h], model.cfg.d_head)
             theirs = _top_by_magnitude(dense, model.cfg.d_head)
             # compare as multisets: sort by (real, imag) after rounding away ordering noise
-            key = lambda e: (e.real * 1e6).round() * 1e7 + (e.imag * 1e6).round()  # noqa: E731
+            key = lambda e: (e.real * 1e6).round() * 1e7 + (e.imag * 1e6).round()
             torch.testing.assert_close(mine[key(mine).argsort()], theirs[key(theirs).argsort()])
             expected = dense.sum().real / dense.abs().sum()
             # both spectra float64; the positivity is returned as float32 (POSITIVITY_TOL's derivation)

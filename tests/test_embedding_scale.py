@@ -16,16 +16,27 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from random_models import custom_model, paper_model
-from tolerance import (
-    POSITIVITY_TOL, assert_within, centred_product_tol, logit_tol, model_forward_length, normalization_tol,
-    product_tol, reduction_tol, score_tol,
-)
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import eigenvalue_positivity, full_ov_circuit, full_qk_circuit, skip_trigrams
 from pycircuits_widgets.analysis.circuits import (
-    direct_path, embedding, embedding_is_normalized, embedding_note, k_composition_circuit,
+    direct_path,
+    embedding,
+    embedding_is_normalized,
+    embedding_note,
+    k_composition_circuit,
+)
+from random_models import custom_model, paper_model
+from tolerance import (
+    POSITIVITY_TOL,
+    assert_within,
+    centred_product_tol,
+    logit_tol,
+    model_forward_length,
+    normalization_tol,
+    product_tol,
+    reduction_tol,
+    score_tol,
 )
 
 

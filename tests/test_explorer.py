@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 import traitlets
-from tolerance import COPY, assert_within, gamma, logit_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.sharing.standalone import render_html
 from random_models import custom_model, paper_model
+from tolerance import COPY, assert_within, gamma, logit_tol
 
 TEXT = "t1 t2 t3 t1 t2 t3 t7 t1"
 
@@ -226,7 +226,7 @@ def test_initial_selection_is_applied_to_every_view(model):
 
 def test_standalone_page_registers_every_child_once_without_mounting_it(explorer):
     page = render_html([explorer, explorer.loss])  # the loss view also shown on its own
-    state = json.loads(re.search(r'id="pcw-state">(.*?)</script>', page, re.S).group(1))
+    state = json.loads(re.search(r'id="pcw-state">(.*?)</script>', page, re.DOTALL).group(1))
     ids = [w["model_id"] for w in state["widgets"]]
     assert len(ids) == len(set(ids)) == 1 + len(explorer.views())
     mounted = {w["model_id"] for w in state["widgets"] if w["el"]}

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 import traitlets
-from runner_loop import WAIT, Blocker, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
-from test_interventions import oracle, set_heads, token_loss
-from tolerance import assert_within, logit_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.demo import SAMPLE_TEXT
 from pycircuits_widgets.models.corpus import corpus_documents
+from runner_loop import WAIT, Blocker, giving_way, manual_kernel_loop  # noqa: F401 (fixture)
+from test_interventions import oracle, set_heads, token_loss
+from tolerance import assert_within, logit_tol
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +41,11 @@ def payloads(explorer) -> dict:
 
 def assert_same(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], np.ndarray):
-            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+    for key, value in a.items():
+        if isinstance(value, np.ndarray):
+            assert value.dtype == b[key].dtype and np.array_equal(value, b[key]), key
         else:
-            assert a[key] == b[key], key
+            assert value == b[key], key
 
 
 class Forwards:

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from random_models import custom_model
-from tolerance import COPY
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import run
+from random_models import custom_model
+from tolerance import COPY
 
 IDS = [5, 9, 2, 5, 9, 2, 31]
 

@@ -10,17 +10,16 @@ import pytest
 import torch
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.analysis import path_expansion
-from pycircuits_widgets.analysis import activations
+from pycircuits_widgets.analysis import activations, path_expansion
 from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.composition import composition_scores
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
-from pycircuits_widgets.widgets.views.positional_qk import MAX_OFFSET
+from pycircuits_widgets.widgets.core.selection import SELECTION_KEYS
 from pycircuits_widgets.widgets.views import explorer as explorer_module
 from pycircuits_widgets.widgets.views import registry
-from pycircuits_widgets.widgets.core.selection import SELECTION_KEYS
+from pycircuits_widgets.widgets.views.positional_qk import MAX_OFFSET
 from tolerance import COPY
 
 TEXT = "def f(x):\n    return x + 1\n\ndef g(x):\n    return f(x) + 1\n"
@@ -94,7 +93,7 @@ def test_numbers_in_the_explorers_paper_views_equal_the_analysis_functions(compu
     ref = top_virtual_heads(m2, 12, 8)
     assert [r["pair"] for r in e.virtual.heads] == [[*v.h1, *v.h2] for v in ref]
     assert [r["norm"] for r in e.virtual.heads] == pytest.approx([v.norm for v in ref], rel=COPY["rtol"], abs=0)
-    values, ids = bigram_top(m2, 10)
+    _values, ids = bigram_top(m2, 10)
     np.testing.assert_array_equal(e.bigrams.top_ids, ids.numpy())
     # the induction view: every verdict, and each embedded table
     assert len(e.induction.pairs) == 64 and len(e.induction.tables) == 16
@@ -156,7 +155,8 @@ def test_a_reading_head_brings_its_strongest_k_composition_writer(computed, m2, 
 def test_the_browser_gets_every_section_from_the_registry_in_order(computed):
     """The sections the browser lays out and links are the registry's, each with its followed
     keys (no list of views in js/src: tests/browser/test_selection_rules_browser.py)."""
-    without_sweep = [spec.name for spec in registry.VIEWS if not spec.needs_sweep]  # no sweep given: no examples
+    # no sweep and no task given: no examples, no task section
+    without_sweep = [spec.name for spec in registry.VIEWS if not (spec.needs_sweep or spec.needs_task)]
     assert [s["name"] for s in computed.sections] == without_sweep
     assert list(computed.views()) == [name for name in without_sweep if name != "neurons"]
     assert set(computed.notices) == {"neurons"}  # attention-only: no MLP neurons (tests/test_neurons.py)

@@ -6,6 +6,7 @@ and in any order or kernel, agree within ``product_tol`` (``gamma`` of the inner
 acceptance bound, ``n eps`` times the input's norm). Eigenvalue comparisons run in float64.
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -14,8 +15,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tolerance import assert_within, factorization_tol, gamma, product_tol, reduction_tol
-
 from pycircuits_widgets import factored, screen
 from pycircuits_widgets.factored import (
     FactoredMatrix,
@@ -23,6 +22,7 @@ from pycircuits_widgets.factored import (
     eigenvalues_of_product,
     frobenius_norm_of_product,
 )
+from tolerance import assert_within, factorization_tol, gamma, product_tol, reduction_tol
 
 LEADS = [(), (3,), (2, 3)]
 FAST = settings(max_examples=25, deadline=None)
@@ -210,7 +210,7 @@ def test_frobenius_norm_of_product_matches_dense_with_broadcast_heads(dims, lead
     # every other factor has leading dims, like per-head W_V/W_O between shared W_E/W_U
     factors = [
         torch.randn(*(lead if i % 2 else ()), a, b, generator=gen, dtype=torch.float64)
-        for i, (a, b) in enumerate(zip(dims, dims[1:]))
+        for i, (a, b) in enumerate(itertools.pairwise(dims))
     ]
     dense = factors[0]
     for f in factors[1:]:

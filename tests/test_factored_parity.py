@@ -4,10 +4,10 @@ on the same tensors and against dense float64 math; and where pcw differs on pur
 import numpy as np
 import pytest
 import torch
-from tolerance import factorization_tol, product_tol
 from transformer_lens import FactoredMatrix as TLFactoredMatrix
 
 from pycircuits_widgets.factored import FactoredMatrix
+from tolerance import factorization_tol, product_tol
 
 
 def randn(*shape, seed=0, dtype=torch.float64):

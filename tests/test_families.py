@@ -14,14 +14,14 @@ import dataclasses
 import pytest
 import torch
 import transformers
-from family_configs import CONFIGS, REFUSED, probe_tokens, reference, tiny_model
-from tolerance import logit_tol, pattern_tol, reduction_tol
 
 import pycircuits_widgets as pcw
+from family_configs import CONFIGS, REFUSED, probe_tokens, reference, tiny_model
 from pycircuits_widgets.models.adapters import families as families_module
 from pycircuits_widgets.models.adapters.verify import TranslationError
 from pycircuits_widgets.models.circuit_model import CircuitModel
 from pycircuits_widgets.models.rotary import rotary_frequencies
+from tolerance import logit_tol, pattern_tol, reduction_tol
 
 EXACT = sorted(set(CONFIGS) - set(REFUSED))
 ROPE_ROUNDINGS = 10

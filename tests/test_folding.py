@@ -5,7 +5,6 @@ within ``centred_mean_tol`` (a centred row's mean) and ``reduction_tol``, forwar
 
 import pytest
 import torch
-from tolerance import assert_within, centred_mean_tol, gamma, logit_tol, reduction_tol
 
 from pycircuits_widgets.models import (
     CHECKPOINT_DIR,
@@ -19,6 +18,7 @@ from pycircuits_widgets.models.folding import (
     fold_bias_into_reader,
     fold_scale_into_reader,
 )
+from tolerance import assert_within, centred_mean_tol, gamma, logit_tol, reduction_tol
 
 
 def dense_layer_norm(x, w, b, eps=1e-5):

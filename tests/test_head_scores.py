@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from tolerance import gamma, gamma_tilde
 from transformer_lens import head_detector as tl
 
 from pycircuits_widgets.analysis.head_scores import head_scores, repeated_random_tokens
 from pycircuits_widgets.models import load_pretrained
+from tolerance import gamma, gamma_tilde
 
 TL_PATTERNS = {
     "previous_token": tl.get_previous_token_head_detection_pattern,

@@ -23,9 +23,8 @@ import transformers.modeling_utils
 from safetensors.torch import load_file, save_file
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.models.adapters import checkpoint_model
-
 from family_configs import tiny_model
+from pycircuits_widgets.models.adapters import checkpoint_model
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 LOADERS = {"from_safetensors": pcw.from_safetensors, "from_hf": lambda folder: pcw.from_hf(str(folder))}
@@ -198,7 +197,7 @@ def test_a_shard_set_without_its_index(saved, tmp_path):
     torch.testing.assert_close(pcw.from_safetensors(folder).W_E, saved[1], rtol=0, atol=0)
     with pytest.raises(pcw.CheckpointError, match=rf"from_hf: .* shards and no {INDEX}, which transformers needs"):
         pcw.from_hf(str(folder))
-    last = sorted(folder.glob("model-*.safetensors"))[-1]
+    last = max(folder.glob("model-*.safetensors"))
     last.unlink()
     with pytest.raises(FileNotFoundError, match=rf"lacks {last.name}"):
         pcw.from_safetensors(folder)
@@ -217,8 +216,8 @@ def no_skeleton(monkeypatch):
 @pytest.mark.parametrize("field, value, expected", [
     ("num_hidden_layers", 10 ** 7, r"num_hidden_layers=10000000; expected the 2 layers the shards hold"),
     ("num_hidden_layers", -1, r"num_hidden_layers=-1; expected an int >= 0"),
-    ("vocab_size", 2 ** 40, r"vocab_size=1099511627776; expected 128, the rows of model\.embed_tokens\.weight in "
-                            r"model\.safetensors"),
+    ("vocab_size", 2 ** 40, (r"vocab_size=1099511627776; expected 128, the rows of model\.embed_tokens\.weight in "
+                            r"model\.safetensors")),
     ("hidden_size", 96, r"hidden_size=96; expected 64, the width of model\.norm\.weight in model\.safetensors"),
     ("num_attention_heads", 0, r"num_attention_heads=0; expected a positive int"),
     ("num_attention_heads", -4, r"num_attention_heads=-4; expected a positive int"),
@@ -306,8 +305,8 @@ def test_a_truncated_shard_is_refused_naming_it(folder, load):
 
 @pytest.mark.parametrize("index, expected", [
     ({"metadata": {}, "weight_map": ["a"]}, r"weight_map is list, expected a JSON object"),
-    ({"metadata": {}, "weight_map": {"model.norm.weight": 3}}, r"weight_map\['model\.norm\.weight'\] is 3, expected "
-                                                               r"a shard file name"),
+    ({"metadata": {}, "weight_map": {"model.norm.weight": 3}}, (r"weight_map\['model\.norm\.weight'\] is 3, expected "
+                                                               r"a shard file name")),
     ({"weight_map": {"model.norm.weight": SINGLE}}, r"metadata is NoneType, expected a JSON object"),
 ])
 def test_a_malformed_index_is_refused_naming_the_entry(folder, load, index, expected):

@@ -6,14 +6,21 @@ ranked tables and diagonal ranks multiply float32 factors (``centred_product_tol
 
 import pytest
 import torch
-from random_models import custom_model, paper_model
-from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import composition_detail, eigenvalue_positivity, head_scores
-from pycircuits_widgets.analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, classify_pair, induction_pair,
-                                                   k_composition_diagonal_rank, k_composition_positivity,
-                                                   k_composition_top, pair_verdicts)
+from pycircuits_widgets.analysis.induction import (
+    COPY_THRESHOLD,
+    MATCH_THRESHOLD,
+    classify_pair,
+    induction_pair,
+    k_composition_diagonal_rank,
+    k_composition_positivity,
+    k_composition_top,
+    pair_verdicts,
+)
+from random_models import custom_model, paper_model
+from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol
 
 
 @pytest.fixture(scope="module")

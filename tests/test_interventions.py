@@ -36,17 +36,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from family_configs import CONFIGS, probe_tokens, tiny_model
-from random_models import custom_model
 from tokenizers import Tokenizer, models, pre_tokenizers
-from tolerance import assert_within, chain_tol, logit_tol, model_forward_length, pattern_tol
 
 import pycircuits_widgets as pcw
+from family_configs import CONFIGS, probe_tokens, tiny_model
 from pycircuits_widgets.analysis.neurons import neuron_activations
 from pycircuits_widgets.analysis.path_patching import writer_removal
 from pycircuits_widgets.demo import SAMPLE_TEXT
 from pycircuits_widgets.models.corpus import corpus_documents
 from pycircuits_widgets.models.interventions import Interventions
+from random_models import custom_model
+from tolerance import assert_within, chain_tol, logit_tol, model_forward_length, pattern_tol
 
 # --- the float64 oracle ----------------------------------------------------------------------
 

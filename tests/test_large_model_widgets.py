@@ -15,14 +15,15 @@ import torch
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import composition_scores
+from pycircuits_widgets.analysis.circuits import short_name
 from pycircuits_widgets.analysis.composition import random_baseline
 from pycircuits_widgets.analysis.eigen import eigenvalue_positivity, eigenvalues
 from pycircuits_widgets.analysis.head_scores import head_scores
-from pycircuits_widgets.analysis.circuits import short_name
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 from random_models import custom_model, paper_model
-from tolerance import COPY
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
+from tolerance import COPY
+
 
 @pytest.fixture(scope="module")
 def m2():
@@ -80,7 +81,7 @@ def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monke
     monkeypatch.setattr(pcw.EigenvaluePlot, "EAGER_HEADS", 4)
     w = pcw.EigenvaluePlot(m2)
     ref = head_scores(m2)
-    assert w.scores == dict.fromkeys(ref, {})
+    assert w.scores == {name: {} for name in ref}
     w.color_by = "induction"
     assert w.wait(30) and not w.error
     for name, value in ref.items():
@@ -89,8 +90,9 @@ def test_head_scores_of_a_large_model_are_computed_when_colouring_asks(m2, monke
 
 def test_explorer_on_a_rotary_mlp_model_shows_every_section(rotary):
     e = pcw.CircuitExplorer(rotary, "t1 t2 t3 t1 t2")
-    # every section but those that read a corpus sweep (none given)
-    assert set(e.views()) == {n for n, spec in BY_NAME.items() if not spec.needs_sweep} and not e.notices
+    # every section but those that read a corpus sweep or a task (none given)
+    assert set(e.views()) == {n for n, spec in BY_NAME.items() if not (spec.needs_sweep or spec.needs_task)}
+    assert not e.notices
     assert "offsets 0..4" in e.eigen.offset_note and "offsets 0..4" in e.trigrams.offset_note
 
 

@@ -182,9 +182,9 @@ def _random_model(**cfg_changes):
 
 
 @pytest.mark.parametrize("changes", [
-    dict(positional="learned", normalization="rmsnorm", attn_only=False, d_mlp=32, act_fn="gelu_new"),
-    dict(positional="rotary", normalization=None, attn_only=False, d_mlp=32, act_fn="silu", gated_mlp=True),
-    dict(positional="none", normalization="layernorm"),
+    {"positional": "learned", "normalization": "rmsnorm", "attn_only": False, "d_mlp": 32, "act_fn": "gelu_new"},
+    {"positional": "rotary", "normalization": None, "attn_only": False, "d_mlp": 32, "act_fn": "silu", "gated_mlp": True},
+    {"positional": "none", "normalization": "layernorm"},
 ])
 def test_general_configs_keep_the_residual_sum_identity(changes):
     m = _random_model(**changes)
@@ -215,8 +215,8 @@ def test_rotary_scores_depend_only_on_relative_position():
 
 def test_wrong_weight_shapes_are_rejected():
     cfg = ModelConfig(n_layers=1, n_heads=2, d_model=8, d_head=4, d_vocab=5, n_ctx=4, positional="none")
-    good = dict(W_E=torch.zeros(5, 8), W_U=torch.zeros(8, 5), W_Q=torch.zeros(1, 2, 8, 4),
-                W_K=torch.zeros(1, 2, 8, 4), W_V=torch.zeros(1, 2, 8, 4), W_O=torch.zeros(1, 2, 4, 8))
+    good = {"W_E": torch.zeros(5, 8), "W_U": torch.zeros(8, 5), "W_Q": torch.zeros(1, 2, 8, 4),
+                "W_K": torch.zeros(1, 2, 8, 4), "W_V": torch.zeros(1, 2, 8, 4), "W_O": torch.zeros(1, 2, 4, 8)}
     CircuitModel(cfg, **good)
     with pytest.raises(ValueError, match=r"W_O has shape \(1, 2, 8, 4\), expected \(1, 2, 4, 8\)"):
         CircuitModel(cfg, **{**good, "W_O": torch.zeros(1, 2, 8, 4)})
@@ -236,18 +236,18 @@ def _good_weights():
 @pytest.mark.parametrize("name, bad, error, message", [
     ("W_Q", lambda w: w.index_put((torch.tensor(0), torch.tensor(1), torch.tensor(2), torch.tensor(3)),
                                   torch.tensor(float("nan"))),
-     ValueError, r"^CircuitModel: W_Q has 1 non-finite values \(NaN or inf\), first at index \(0, 1, 2, 3\); "
-                 r"weights must be finite$"),
+     ValueError, (r"^CircuitModel: W_Q has 1 non-finite values \(NaN or inf\), first at index \(0, 1, 2, 3\); "
+                 r"weights must be finite$")),
     ("W_U", lambda w: w.fill_(float("inf")), ValueError, r"W_U has 40 non-finite values"),
     ("W_E", lambda w: w.to(torch.int8), TypeError,
-     r"^CircuitModel: W_E has dtype int8; expected a real floating-point tensor \(float16, bfloat16, float32 or "
-     r"float64\)$"),
+     (r"^CircuitModel: W_E has dtype int8; expected a real floating-point tensor \(float16, bfloat16, float32 or "
+     r"float64\)$")),
     ("W_V", lambda w: w > 0, TypeError, "W_V has dtype bool; expected a real floating-point tensor"),
     ("W_O", lambda w: w.to(torch.complex64), TypeError, "W_O has dtype complex64; expected a real floating-point"),
     ("W_K", lambda w: w.numpy(), TypeError, r"^CircuitModel: W_K must be a torch.Tensor, got ndarray$"),
     ("W_K", lambda w: w.double(), ValueError,
-     r"^CircuitModel: weights mix dtypes \(W_E float32, W_U float32, W_Q float32, W_K float64, W_V float32, "
-     r"W_O float32\); expected one floating dtype for all"),
+     (r"^CircuitModel: weights mix dtypes \(W_E float32, W_U float32, W_Q float32, W_K float64, W_V float32, "
+     r"W_O float32\); expected one floating dtype for all")),
 ])
 def test_bad_weights_are_refused_naming_the_tensor(name, bad, error, message):
     cfg, weights = _good_weights()
@@ -298,31 +298,31 @@ def test_weights_made_non_finite_after_loading_never_give_numbers(weight):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(n_heads=True), r"^ModelConfig.n_heads must be an int, got True \(bool\)$"),
-    (dict(n_kv_heads=False), r"ModelConfig.n_kv_heads must be an int, got False \(bool\)"),
-    (dict(attn_scale=0.0), r"ModelConfig.attn_scale must be a finite number > 0 \(at most 1e15\), got 0.0"),
-    (dict(attn_scale=float("nan")), "ModelConfig.attn_scale must be a finite number > 0"),
-    (dict(attn_scale=float("inf")), "ModelConfig.attn_scale must be a finite number > 0"),
-    (dict(eps=-1e-5), r"ModelConfig.eps must be a finite number >= 0 \(at most 1e15\), got -1e-05"),
-    (dict(eps=float("nan")), "ModelConfig.eps must be a finite number >= 0"),
-    (dict(pos_scale=0.0), "ModelConfig.pos_scale must be a finite number > 0"),
-    (dict(pos_scale=1e30), r"ModelConfig.pos_scale must be a finite number > 0 \(at most 1e15\), got 1e\+30"),
-    (dict(pos_scale=True), "ModelConfig.pos_scale must be a finite number > 0"),
-    (dict(attn_only="yes"), "ModelConfig.attn_only must be a bool, got 'yes'"),
-    (dict(attn_softcap=-3.0), "ModelConfig.attn_softcap must be a finite number > 0"),
-    (dict(window=[4]), r"ModelConfig.window must be a list of one entry per layer \(2\), got \[4\]"),
-    (dict(window=[4, 0]), r"ModelConfig.window entries must be int \(or None\)"),
-    (dict(alibi_slopes=[0.5] * 3), r"ModelConfig.alibi_slopes needs one slope per head \(4\), got 3"),
-    (dict(positional="rotary", rotary_dim=3), "ModelConfig.rotary_dim must be even and in 2..d_head=4, got 3"),
-    (dict(positional="rotary", rope={"rope_type": "ntk"}), "rope_type 'ntk' is not supported"),
-    (dict(qk_norm="l2"), r"ModelConfig.qk_norm must be one of \('rmsnorm', 'layernorm', None\), got 'l2'"),
-    (dict(attn_only=False, d_mlp=30, act_fn="silu", n_experts=4, experts_per_token=2),
+    ({"n_heads": True}, r"^ModelConfig.n_heads must be an int, got True \(bool\)$"),
+    ({"n_kv_heads": False}, r"ModelConfig.n_kv_heads must be an int, got False \(bool\)"),
+    ({"attn_scale": 0.0}, r"ModelConfig.attn_scale must be a finite number > 0 \(at most 1e15\), got 0.0"),
+    ({"attn_scale": float("nan")}, "ModelConfig.attn_scale must be a finite number > 0"),
+    ({"attn_scale": float("inf")}, "ModelConfig.attn_scale must be a finite number > 0"),
+    ({"eps": -1e-5}, r"ModelConfig.eps must be a finite number >= 0 \(at most 1e15\), got -1e-05"),
+    ({"eps": float("nan")}, "ModelConfig.eps must be a finite number >= 0"),
+    ({"pos_scale": 0.0}, "ModelConfig.pos_scale must be a finite number > 0"),
+    ({"pos_scale": 1e30}, r"ModelConfig.pos_scale must be a finite number > 0 \(at most 1e15\), got 1e\+30"),
+    ({"pos_scale": True}, "ModelConfig.pos_scale must be a finite number > 0"),
+    ({"attn_only": "yes"}, "ModelConfig.attn_only must be a bool, got 'yes'"),
+    ({"attn_softcap": -3.0}, "ModelConfig.attn_softcap must be a finite number > 0"),
+    ({"window": [4]}, r"ModelConfig.window must be a list of one entry per layer \(2\), got \[4\]"),
+    ({"window": [4, 0]}, r"ModelConfig.window entries must be int \(or None\)"),
+    ({"alibi_slopes": [0.5] * 3}, r"ModelConfig.alibi_slopes needs one slope per head \(4\), got 3"),
+    ({"positional": "rotary", "rotary_dim": 3}, "ModelConfig.rotary_dim must be even and in 2..d_head=4, got 3"),
+    ({"positional": "rotary", "rope": {"rope_type": "ntk"}}, "rope_type 'ntk' is not supported"),
+    ({"qk_norm": "l2"}, r"ModelConfig.qk_norm must be one of \('rmsnorm', 'layernorm', None\), got 'l2'"),
+    ({"attn_only": False, "d_mlp": 30, "act_fn": "silu", "n_experts": 4, "experts_per_token": 2},
      r"a mixture of n_experts=4 needs MLPs, d_mlp=30 a multiple of it"),
-    (dict(attn_only=False, d_mlp=32, act_fn="silu", n_experts=4, experts_per_token=5), r"got 5\)"),
+    ({"attn_only": False, "d_mlp": 32, "act_fn": "silu", "n_experts": 4, "experts_per_token": 5}, r"got 5\)"),
 ])
 def test_config_values_that_cannot_work_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):
-        ModelConfig(**{**dict(n_layers=2, n_heads=4, d_model=16, d_head=4, d_vocab=23, n_ctx=10), **changes})
+        ModelConfig(**{"n_layers": 2, "n_heads": 4, "d_model": 16, "d_head": 4, "d_vocab": 23, "n_ctx": 10, **changes})
 
 
 def test_weights_on_the_meta_device_are_refused_at_construction():

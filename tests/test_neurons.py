@@ -21,13 +21,11 @@ import traitlets
 import transformers
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.analysis.neurons import neuron_activations, neuron_terms
-from pycircuits_widgets.widgets.core import offline
+from pycircuits_widgets.analysis.neurons import mlp_input, neuron_activations, neuron_terms
 from pycircuits_widgets.models.tokenizer import reading_ids  # a model without a tokenizer reads ids
+from pycircuits_widgets.widgets.core import offline
 from test_adapters_hf import float64_pair
 from tolerance import chain_tol, gamma, model_forward_length, reduction_tol
-
-from pycircuits_widgets.analysis.neurons import mlp_input
 
 V, D_MLP, K = 48, 40, 10
 IDS = [3, 7, 11, 3, 7, 11, 19, 2, 30, 5]
@@ -94,7 +92,7 @@ def dense_terms(kind, hf, layer, head, neuron):
 
 SLOPE = 1.13
 """A bound on the slopes of GELU (exact and tanh form) and SiLU: 1.129 and 1.100 at most."""
-COPIES = dict(rtol=gamma(2), atol=1e-12)
+COPIES = {"rtol": gamma(2), "atol": 1e-12}
 """The views' float32 copies of float64 numbers: one rounding (float64's own differences far below)."""
 
 
@@ -141,7 +139,7 @@ def test_activations_are_hugging_faces_and_rebuild_the_mlp_output(adapted):
 
 def test_recorded_post_activations_are_hugging_faces_and_the_rest_of_the_cache_unchanged(adapted):
     kind, hf, model = adapted
-    plain_logits, plain = model.run_with_cache(torch.tensor(IDS))
+    _plain_logits, plain = model.run_with_cache(torch.tensor(IDS))
     logits, cache = model.run_with_cache(torch.tensor(IDS), mlp_post=True, logits=False)
     assert logits is None and plain.mlp_post is None
     assert cache.mlp_post.shape == (1, 2, len(IDS), D_MLP)

@@ -3,7 +3,6 @@ used to come back as inf scores, empty tables, a positivity of 0.0 or a LAPACK e
 
 import pytest
 import torch
-from random_models import custom_model, paper_model
 
 from pycircuits_widgets.analysis import (
     composition_detail,
@@ -16,6 +15,7 @@ from pycircuits_widgets.analysis import (
 from pycircuits_widgets.analysis.finite import NonFiniteError
 from pycircuits_widgets.analysis.induction import k_composition_positivity
 from pycircuits_widgets.analysis.virtual_heads import virtual_head_norms
+from random_models import custom_model, paper_model
 
 
 def scaled(model, name, factor):

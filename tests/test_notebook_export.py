@@ -8,25 +8,28 @@ import json
 import os
 import pathlib
 import re
-import subprocess
-import sys
 import zlib
 
 import nbclient
 import nbformat
 import numpy as np
 import pytest
-from harness import open_offline
 
 import pycircuits_widgets as pcw
+from harness import open_offline
 from pycircuits_widgets.__main__ import main as cli_main
 from pycircuits_widgets.widgets import CircuitWidget
+from pycircuits_widgets.widgets.core.bundle import bundle_code, bundle_packed, carrier_esm, stub_esm
+from pycircuits_widgets.widgets.sharing import standalone
+from pycircuits_widgets.widgets.sharing.notebook_export import (
+    WIDGET_STATE,
+    WIDGET_VIEW,
+    ExportError,
+    render_notebook_html,
+)
 from pycircuits_widgets.widgets.sharing.pictures import BUDGET
 from pycircuits_widgets.widgets.sharing.pictures import TOKENS as MAX_TOKENS
-from pycircuits_widgets.widgets.core.bundle import bundle_code, bundle_packed, carrier_esm, stub_esm
-from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW, ExportError, render_notebook_html
 from pycircuits_widgets.widgets.sharing.standalone import render_html, widget_state
-from pycircuits_widgets.widgets.sharing import standalone
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 XSS = '<img src=x onerror="window.__pwned = 1">'
@@ -97,10 +100,10 @@ def test_fallback_shows_the_error_and_a_subclass_can_replace_it():
 
 
 def test_fallback_summarises_a_view_without_a_picture():
-    from pycircuits_widgets.widgets.sharing.fallback import summary_html
-    from pycircuits_widgets.widgets.core.arrays import Array
-
     import traitlets
+
+    from pycircuits_widgets.widgets.core.arrays import Array
+    from pycircuits_widgets.widgets.sharing.fallback import summary_html
 
     class Grid(CircuitWidget):
         _view = traitlets.Unicode("MyGrid").tag(sync=True)
@@ -164,9 +167,9 @@ CELLS = [
     ("code", "ipywidgets.VBox([pcw.ColoredTokens(['boxed'], [1.0]), ipywidgets.Label('label in box')])"),
     ("code", f"pcw.AttentionPatterns(tokens=['p0', 'p1', 'p2', 'p3', 'p4'], patterns={PATTERNS})"),
     # a composite view: its child views are separate widgets, referenced as IPY_MODEL_<id>
-    ("code", "from random_models import paper_model\n"
+    ("code", ("from random_models import paper_model\n"
              "e = pcw.CircuitExplorer(paper_model(n_layers=2, n_heads=2), 't1 t2 t3 t1 t2')\n"
-             "assert e.wait()\ne"),
+             "assert e.wait()\ne")),
     ("code", "print('stdout line')"),
 ]
 MOUNTED = ["ColoredTokens", "ColoredTokens", "ColoredTokens", "AttentionPatterns", "CircuitExplorer"]
@@ -197,7 +200,7 @@ def exported(executed):
 
 
 def saved_state(page: str) -> list[dict]:
-    found = re.search(r'<script type="application/json" id="pcw-state">(.*?)</script>', page, re.S)
+    found = re.search(r'<script type="application/json" id="pcw-state">(.*?)</script>', page, re.DOTALL)
     return json.loads(found.group(1))["widgets"]
 
 
@@ -275,7 +278,7 @@ def test_export_mounts_every_pycircuits_view_and_registers_composite_children(ex
 
 def test_export_keeps_cells_and_shows_other_widgets_as_text_with_a_note(exported):
     assert "stdout line" in exported and re.search(r"<h1[^>]*>Export <b>test</b>", exported)
-    assert re.search(r"IntSlider.*?widget not shown: only pycircuits_widgets views run in this page", exported, re.S)
+    assert re.search(r"IntSlider.*?widget not shown: only pycircuits_widgets views run in this page", exported, re.DOTALL)
     assert "@jupyter-widgets/controls.LabelModel widget not shown" in exported
     assert exported.count('class="pcw-placeholder"') == 2
     # the tokens live in the JSON state (escaped for <script>), never as raw HTML

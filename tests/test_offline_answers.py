@@ -14,12 +14,12 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.widgets.core import offline
 from pycircuits_widgets.widgets.core.offline import BUDGET, NEEDS_KERNEL, key
 from random_models import paper_model
+from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 from tolerance import gamma
 
 PACKED = {"rtol": gamma(1, torch.float16), "atol": 2**-25}

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 import torch
 import traitlets
-from random_models import custom_model, paper_model
-from tolerance import COPY, gamma, path_expansion_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import path_expansion, run
@@ -21,6 +19,8 @@ from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
 from pycircuits_widgets.analysis.virtual_heads import top_virtual_heads
 from pycircuits_widgets.widgets.core.selection import pair_key
+from random_models import custom_model, paper_model
+from tolerance import COPY, gamma, path_expansion_tol
 
 TEXT = "t1 t5 t9 t2 t1 t5 t9 t2 t7 t3"
 

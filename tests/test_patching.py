@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_interventions import oracle
-from tolerance import logit_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.patching import SITES, Task, activation_patch, logit_diff
+from test_interventions import oracle
+from tolerance import logit_tol
 
 N_PROMPTS, HALF = 6, 8
 TL_VOCAB = 50

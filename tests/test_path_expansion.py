@@ -6,10 +6,10 @@ above the expansion's rounding (``tolerance.path_expansion_tol``, ~1e-13 at thes
 import pytest
 import torch
 import torch.nn.functional as F
-from random_models import custom_model, paper_model
 
 from pycircuits_widgets import FactoredMatrix
 from pycircuits_widgets.analysis import path_expansion
+from random_models import custom_model, paper_model
 
 TOKENS = torch.tensor([[4, 11, 29, 4, 11, 2, 36, 29], [1, 2, 3, 1, 2, 3, 0, 9]])
 

@@ -16,14 +16,14 @@ import dataclasses
 
 import pytest
 import torch
-from family_configs import CONFIGS, probe_tokens, tiny_model
-from random_models import custom_model
-from tolerance import path_expansion_tol
 
 import pycircuits_widgets as pcw
+from family_configs import CONFIGS, probe_tokens, tiny_model
 from pycircuits_widgets.analysis import NonlinearFeatureError, path_expansion
 from pycircuits_widgets.models.circuit_model import CircuitModel
 from pycircuits_widgets.widgets.sharing import pictures
+from random_models import custom_model
+from tolerance import path_expansion_tol
 
 
 def weight_view(name: str, dtype=torch.float64) -> CircuitModel:
@@ -102,7 +102,7 @@ def test_layer_norm_post_norms_with_biases_are_exact(pre_norm, mlp):
     """No family has these: layer-norm post-norms (their centering kept as a projection), attention
     biases passing through them (a source that varies with the position's division), with and
     without pre-norms and MLPs; random unfolded float64 weights."""
-    extra = dict(attn_only=False, d_mlp=32, act_fn="gelu") if mlp else {}
+    extra = {"attn_only": False, "d_mlp": 32, "act_fn": "gelu"} if mlp else {}
     model = custom_model(normalization="layernorm", post_norms=True, pre_norm=pre_norm, positional="learned",
                          biases=True, **extra)
     tokens = torch.tensor([[1, 5, 9, 2, 1, 5, 9, 2], [3, 3, 0, 7, 12, 3, 3, 0]])

@@ -13,8 +13,14 @@ import numpy as np
 import pytest
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.analysis import (bigram_top, induction_pair, path_expansion, positional_scores_by_offset,
-                                         run, top_virtual_heads)
+from pycircuits_widgets.analysis import (
+    bigram_top,
+    induction_pair,
+    path_expansion,
+    positional_scores_by_offset,
+    run,
+    top_virtual_heads,
+)
 from pycircuits_widgets.widgets.sharing.pictures import BUDGET, TABLE_ROWS
 from tolerance import gamma
 
@@ -35,14 +41,14 @@ def figure(widget, name: str) -> str:
     """The widget's fallback (checked under budget) and its figure ``name``."""
     page = widget._fallback_html()
     assert len(page.encode("utf-8")) <= BUDGET
-    found = re.search(rf'<(svg|table)[^>]*data-pcw-figure="{name}".*?</\1>', page, re.S)
+    found = re.search(rf'<(svg|table)[^>]*data-pcw-figure="{name}".*?</\1>', page, re.DOTALL)
     assert found, f"no {name} figure in the fallback of {type(widget).__name__}"
     return found.group(0)
 
 
 def cells(table: str) -> list[list[str]]:
-    rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)
-    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td>(.*?)</td>", r, re.S)]
+    rows = re.findall(r"<tr>(.*?)</tr>", table, re.DOTALL)
+    return [[html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td>(.*?)</td>", r, re.DOTALL)]
             for r in rows[1:]]
 
 

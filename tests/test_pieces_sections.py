@@ -10,13 +10,22 @@ import pytest
 import torch
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.analysis.neurons import (neuron_activations, neuron_activations_steps, neuron_out_norms,
-                                                 neuron_out_norms_steps)
-from pycircuits_widgets.analysis.positional import positional_scores_by_offset, positional_scores_by_offset_steps
-from pycircuits_widgets.analysis import cache
-from pycircuits_widgets.analysis.skip_trigrams import (SEARCH_STAGES, SEED_SOURCES, head_table, head_table_steps,
-                                                     kept_head_table)
 from pycircuits_widgets import screen
+from pycircuits_widgets.analysis import cache
+from pycircuits_widgets.analysis.neurons import (
+    neuron_activations,
+    neuron_activations_steps,
+    neuron_out_norms,
+    neuron_out_norms_steps,
+)
+from pycircuits_widgets.analysis.positional import positional_scores_by_offset, positional_scores_by_offset_steps
+from pycircuits_widgets.analysis.skip_trigrams import (
+    SEARCH_STAGES,
+    SEED_SOURCES,
+    head_table,
+    head_table_steps,
+    kept_head_table,
+)
 from pycircuits_widgets.widgets.core import runner
 from pycircuits_widgets.widgets.views import skip_trigram_table
 from random_models import custom_model
@@ -84,12 +93,12 @@ class Held:
 
 # -- the analyses: pieces run through are the plain function -----------------------------------
 def test_positional_scores_come_one_layer_a_piece_and_equal_the_plain_function(shipped, rotary_mlp):
-    for model, cache in ((shipped, None), (rotary_mlp, pcw.run(rotary_mlp, TEXT).cache)):
-        n_pos = 8 if cache is None else cache.tokens.shape[-1]
-        pieces, scores = run_through(positional_scores_by_offset_steps(model, n_pos, 5, cache=cache))
+    for model, run_cache in ((shipped, None), (rotary_mlp, pcw.run(rotary_mlp, TEXT).cache)):
+        n_pos = 8 if run_cache is None else run_cache.tokens.shape[-1]
+        pieces, scores = run_through(positional_scores_by_offset_steps(model, n_pos, 5, cache=run_cache))
         L = model.cfg.n_layers
         assert pieces == [(i, L) for i in range(L + 1)]
-        assert same(scores, positional_scores_by_offset(model, n_pos, 5, cache=cache))
+        assert same(scores, positional_scores_by_offset(model, n_pos, 5, cache=run_cache))
 
 
 def test_positional_pieces_refuse_bad_arguments_before_the_first_piece(shipped):

@@ -9,12 +9,12 @@ import math
 
 import pytest
 import torch
-from random_models import custom_model, paper_model
-from tolerance import gamma, unit_roundoff
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import head_scores, run
 from pycircuits_widgets.analysis.positional import attention_by_offset, positional_scores_by_offset
+from random_models import custom_model, paper_model
+from tolerance import gamma, unit_roundoff
 
 
 def frequency_error(base: float) -> float:

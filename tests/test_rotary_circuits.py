@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol, gamma, product_tol, score_tol
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import pycircuits_widgets as pcw
@@ -32,12 +31,13 @@ from pycircuits_widgets.analysis.induction import k_composition_positivity
 from pycircuits_widgets.analysis.rotary import DEFAULT_OFFSETS, describe
 from pycircuits_widgets.models.rotary import rotary_frequencies
 from test_adapters_hf import randomize
+from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol, gamma, product_tol, score_tol
 
 V, H, KV, DH = 48, 4, 2, 8
 OFFSETS = (1, 5)
 CONFIGS = {
-    "llama_gqa": dict(),
-    "llama_linear_rope": dict(rope_scaling={"type": "linear", "factor": 2.0}),
+    "llama_gqa": {},
+    "llama_linear_rope": {"rope_scaling": {"type": "linear", "factor": 2.0}},
 }
 
 

@@ -20,19 +20,18 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import pycircuits_widgets as pcw
+from family_configs import tiny_model
 from pycircuits_widgets.models.adapters import checkpoint_model
 from pycircuits_widgets.models.adapters.checkpoint_model import NeedsModel
-
-from family_configs import tiny_model
 from tolerance import assert_within, logit_tol, reduction_tol
 
 # llama: GQA, rotary, biases; gpt2: Conv1D, learned positions, layer norm, tied embeddings;
 # gpt_neox: fused per-head QKV, a checkpoint name transformers renames (embed_out -> lm_head);
 # gptj: interleaved rotary; granite: multipliers folded into the weights
 FAMILIES = ("llama", "gpt2", "gpt_neox", "gptj", "granite")
-FLOAT64 = dict(rtol=1e-10, atol=1e-12)
+FLOAT64 = {"rtol": 1e-10, "atol": 1e-12}
 """Float64 views of the same weights: the same analysis code, a few float64 ulps apart at most."""
-COPIES = dict(rtol=torch.finfo(torch.float32).eps, atol=1e-12)
+COPIES = {"rtol": torch.finfo(torch.float32).eps, "atol": 1e-12}
 """Positivities come back in float32: two such float64 values, each rounded once, lie a float32 ulp apart at most."""
 
 

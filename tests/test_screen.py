@@ -152,7 +152,7 @@ def test_int8_saturated_rows_get_no_finite_bound(backend):
     s = ProductScreen(a, b, backend)
     upper = s.row_max_upper(torch.arange(50))
     assert torch.isinf(upper[7]) and torch.isfinite(upper[torch.arange(50) != 7]).all()
-    i, j = s.candidates(torch.tensor([7]), float("1e30"))
+    _i, j = s.candidates(torch.tensor([7]), float("1e30"))
     assert (j == 3).any()  # the saturated entry stays a candidate at any level
 
 
@@ -162,7 +162,7 @@ def test_bf16_gemm_error_stays_within_the_stated_bound():
         g = torch.Generator().manual_seed(r)
         x = (1 + (torch.randint(0, 128, (200, r), generator=g) + 0.499) * 2.0**-7).double()
         y = (1 + (torch.randint(0, 128, (r, 150), generator=g) + 0.499) * 2.0**-7).double()
-        x, y = x * torch.sign(torch.randn(200, r, generator=g)), y
+        x = x * torch.sign(torch.randn(200, r, generator=g))
         low = (x.float().bfloat16() @ y.float().bfloat16()).double()
         exact = x.float().double() @ y.float().double()
         err = (low - exact).abs() / (x.float().double().abs() @ y.float().double().abs())

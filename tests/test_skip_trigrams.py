@@ -14,13 +14,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from random_models import custom_model, paper_model
-from tolerance import assert_within, centred_product_tol, normalization_tol, product_tol, score_tol
 
 from pycircuits_widgets import screen
 from pycircuits_widgets.analysis import circuit_query, skip_trigrams
 from pycircuits_widgets.analysis.circuits import embedding_is_normalized
 from pycircuits_widgets.analysis.skip_trigrams import centred_factors, top_skip_trigrams, triple_entries, window_bound
+from random_models import custom_model, paper_model
+from tolerance import assert_within, centred_product_tol, normalization_tol, product_tol, score_tol
 
 
 def _dense_centred(model, layer, head, vocab=None):

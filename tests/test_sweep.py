@@ -28,15 +28,15 @@ from safetensors.torch import load_file
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.head_scores import head_scores as analysis_head_scores
 from pycircuits_widgets.corpus import Corpus, CorpusError, StoreMismatch
-from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.corpus.windows import PIECE_CHARS
+from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.models.corpus import corpus_documents
 from random_models import custom_model
 from tolerance import chain_tol, model_forward_length, pattern_tol
 
 ROOT = Path(__file__).resolve().parent.parent
 N, T, K = 2000, 32, 20
-SETTINGS = dict(seq_len=T, k=K, max_windows=N, batch_size=50, shard_windows=250, progress=False)
+SETTINGS = {"seq_len": T, "k": K, "max_windows": N, "batch_size": 50, "shard_windows": 250, "progress": False}
 
 
 @contextlib.contextmanager
@@ -336,11 +336,11 @@ def test_the_sweeps_tables_and_its_refusals(model, reference):
 def test_bad_arguments_are_refused_before_any_work(model, mlp_model, corpus, tmp_path):
     store = tmp_path / "s"
     for kwargs, error, message in (
-            (dict(engine="spark"), ValueError, "engine must be one of"),
-            (dict(seq_len=129), ValueError, "longer than the model's context"),
-            (dict(batch_size=3, shard_windows=10), ValueError, "multiple of batch_size"),
-            (dict(k=0), ValueError, "k must be a positive int"),
-            (dict(workers=2), TypeError, "engine options are for engine='ray'")):
+            ({"engine": "spark"}, ValueError, "engine must be one of"),
+            ({"seq_len": 129}, ValueError, "longer than the model's context"),
+            ({"batch_size": 3, "shard_windows": 10}, ValueError, "multiple of batch_size"),
+            ({"k": 0}, ValueError, "k must be a positive int"),
+            ({"workers": 2}, TypeError, "engine options are for engine='ray'")):
         with pytest.raises(error, match=message):
             pcw.sweep(model, corpus, store, **kwargs)
     with pytest.raises(TypeError, match="takes a pcw.Corpus"):
@@ -379,7 +379,7 @@ def test_the_readme_corpus_sweeps_examples_run_as_written(tmp_path, monkeypatch)
 
 
 # -- a store that checks itself (issue 52) ------------------------------------------------------------
-SMALL = dict(seq_len=16, k=5, batch_size=4, shard_windows=8, progress=False)
+SMALL = {"seq_len": 16, "k": 5, "batch_size": 4, "shard_windows": 8, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -417,7 +417,7 @@ def test_a_flipped_byte_in_any_stored_file_is_refused_naming_it(model, small_tex
         flip_byte(path / name)
         with pytest.raises(pcw.StoreCorrupt, match=f"{name} is not the file the sweep wrote .its sha256 differs"):
             s = pcw.Sweep.open(path)
-            s.windows  # noqa: B018 (read on first use)
+            s.windows
             s.head_examples(0, 0)
 
 
@@ -444,7 +444,7 @@ def test_an_edited_manifest_is_refused_by_its_digest_and_by_its_schema(model, sm
         (path / "manifest.json").write_text(original)
         edit_manifest(path, edit, redigest)
         with pytest.raises((pcw.StoreCorrupt, ValueError), match=message):
-            pcw.Sweep.open(path).windows  # noqa: B018 (read on first use)
+            pcw.Sweep.open(path).windows
     (path / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(ValueError, match=r"manifest.json is not a sweep manifest \(not JSON: RecursionError"):
         pcw.Sweep.open(path)
@@ -494,7 +494,7 @@ def test_a_file_changed_during_a_sweep_leaves_no_shard_of_its_changed_text(model
     for i, text in enumerate(["x = 1\n" * 30, long_doc, "def f():\n    return 2\n" * 20]):
         files.append(tmp_path / f"doc{i}.py")
         files[-1].write_text(text)
-    settings = dict(seq_len=32, k=5, batch_size=64, shard_windows=128, progress=False)
+    settings = {"seq_len": 32, "k": 5, "batch_size": 64, "shard_windows": 128, "progress": False}
     corpus = Corpus.from_files([str(f) for f in files])
     corpus.scan()
     files[1].write_text(long_doc[:5000].replace("e", "E") + long_doc[5000:])
@@ -527,8 +527,8 @@ def test_a_finished_store_reads_back_from_read_only_media(model, small_texts, tm
     (path / ".lock").unlink()
     modes = {p: p.stat().st_mode for p in [path, *path.rglob("*")]}
     try:
-        for p in modes:
-            p.chmod(modes[p] & ~0o222)
+        for p, mode in modes.items():
+            p.chmod(mode & ~0o222)
         assert_same_store(small_sweep(model, path, small_texts), reference)
         assert not (path / ".lock").exists()
     finally:
@@ -539,11 +539,11 @@ def test_a_finished_store_reads_back_from_read_only_media(model, small_texts, tm
 def test_arguments_with_a_unit_or_a_range_are_refused_not_defaulted(model, corpus, tmp_path):
     store = tmp_path / "s"
     for kwargs, error, message in (
-            (dict(seq_len=0), ValueError, "seq_len must be a positive int, got 0"),
-            (dict(batch_size=0), ValueError, "batch_size must be a positive int, got 0"),
-            (dict(shard_windows=0), ValueError, "shard_windows must be a positive int, got 0"),
-            (dict(scores_only="no"), TypeError, "scores_only must be True or False, got 'no'"),
-            (dict(k=100_000), ValueError, "k must be at most 1000 examples per head and neuron, got 100000")):
+            ({"seq_len": 0}, ValueError, "seq_len must be a positive int, got 0"),
+            ({"batch_size": 0}, ValueError, "batch_size must be a positive int, got 0"),
+            ({"shard_windows": 0}, ValueError, "shard_windows must be a positive int, got 0"),
+            ({"scores_only": "no"}, TypeError, "scores_only must be True or False, got 'no'"),
+            ({"k": 100_000}, ValueError, "k must be at most 1000 examples per head and neuron, got 100000")):
         with pytest.raises(error, match=message):
             pcw.sweep(model, corpus, store, **kwargs)
     with pytest.raises(ValueError, match="seq_len must be a positive int, got 0"):

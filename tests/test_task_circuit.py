@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 import traitlets
-from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
-from test_interventions import oracle, token_loss
-from tolerance import assert_within, logit_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.patching import Task
 from pycircuits_widgets.widgets.views.task_circuit import AGREEMENT_K, SITES
+from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
+from test_interventions import oracle, token_loss
+from tolerance import assert_within, logit_tol
 
 N_PROMPTS, HALF = 4, 6
 

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from tolerance import gamma_tilde
 
 from pycircuits_widgets.models import CheckpointError, load_attn_only
 from pycircuits_widgets.models.checkpoints import load_tensors
 from pycircuits_widgets.train import batch_at, lr_at, main, parse_args, train
+from tolerance import gamma_tilde
 
 TINY = ["--layers", "1", "--heads", "2", "--d-model", "16", "--d-head", "8", "--n-ctx", "16", "--batch", "4",
         "--steps", "6", "--warmup", "2", "--checkpoint-every", "2", "--corpus", "pydoc", "--threads", "1"]

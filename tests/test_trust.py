@@ -10,12 +10,12 @@ import traitlets
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.__main__ import main as cli_main
-from random_models import paper_model
-from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 from pycircuits_widgets.models.tokenizer import escape_invisible
+from pycircuits_widgets.widgets.core.payload import encode_json
 from pycircuits_widgets.widgets.sharing import standalone
 from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW
-from pycircuits_widgets.widgets.core.payload import encode_json
+from random_models import paper_model
+from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)
 
 
 def test_save_html_refuses_to_replace_a_notebook(tmp_path):

@@ -6,13 +6,17 @@ factors within ``centred_product_tol``; top-k indices are checked as far as roun
 
 import pytest
 import torch
-from random_models import paper_model
-from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol, gamma, logit_tol
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.bigrams import bigram_top
-from pycircuits_widgets.analysis.virtual_heads import (top_virtual_heads, virtual_head_copies, virtual_head_norms,
-                                                       virtual_head_positivity)
+from pycircuits_widgets.analysis.virtual_heads import (
+    top_virtual_heads,
+    virtual_head_copies,
+    virtual_head_norms,
+    virtual_head_positivity,
+)
+from random_models import paper_model
+from tolerance import POSITIVITY_TOL, assert_within, centred_product_tol, gamma, logit_tol
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,16 @@ import importlib.metadata
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import tarfile
 import zipfile
 
 import pytest
-from harness import open_offline
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from harness import open_offline
 
 pytestmark = pytest.mark.browser
 
@@ -57,7 +57,7 @@ def test_sdist_carries_front_end_sources_and_no_bundle(dist):
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     for source in ("js/package.json", "js/package-lock.json", "js/vite.config.js", "js/src/index.js"):
         assert source in names
-    assert not [n for n in names if n.startswith(f"{PACKAGE}/static/") or n.startswith("js/node_modules/")]
+    assert not [n for n in names if n.startswith((f"{PACKAGE}/static/", "js/node_modules/"))]
 
 
 def test_wheel_carries_the_bundle_and_the_shipped_models(dist):

@@ -4,10 +4,10 @@ circuit views say which embedding their token circuits read (in the real bundle 
 import numpy as np
 import pytest
 import torch
-from test_circuit_widgets import tiny_model
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.circuits import embedding_note
+from test_circuit_widgets import tiny_model
 
 
 def test_colored_tokens_refuses_values_that_overflow_float32():

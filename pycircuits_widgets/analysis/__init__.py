@@ -39,11 +39,18 @@ from .composition import CompositionDetail, composition_detail, composition_scor
 from .effective_embedding import EffectiveEmbedding, effective_embedding
 from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
-from .induction import InductionPair, PairVerdict, classify_pair, induction_pair, k_composition_positivity, pair_verdicts
+from .induction import (
+    InductionPair,
+    PairVerdict,
+    classify_pair,
+    induction_pair,
+    k_composition_positivity,
+    pair_verdicts,
+)
+from .neurons import neuron_activations, neuron_out_norms, neuron_terms
+from .patching import PatchResult, Task, activation_patch
 from .path_expansion import NonlinearFeatureError, PathExpansion, PathTerm, path_expansion
 from .path_patching import PathPatchResult, measured_composition, path_patch
-from .patching import PatchResult, Task, activation_patch
-from .neurons import neuron_activations, neuron_out_norms, neuron_terms
 from .positional import attention_by_offset, positional_scores_by_offset
 from .skip_trigrams import SkipTrigram, circuit_query, skip_trigrams
 from .virtual_heads import VirtualHead, top_virtual_heads

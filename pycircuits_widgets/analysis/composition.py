@@ -66,8 +66,17 @@ from .cache import MODEL, cached
 from .circuits import Head, check_earlier
 from .eigen import positivity, token_gram
 from .finite import NonFiniteError, naming_non_finite, require_finite
-from .rotary import (check_reduce, matmul_rotation, offset_window, reduce_offsets, rotation, rotation_matmul,
-                     rotation_parts, rotations, span)
+from .rotary import (
+    check_reduce,
+    matmul_rotation,
+    offset_window,
+    reduce_offsets,
+    rotation,
+    rotation_matmul,
+    rotation_parts,
+    rotations,
+    span,
+)
 
 WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 """The weights composition scores read (named when a score is not finite)."""

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from ..models.interventions import Interventions
-from .circuits import check_index, embedding
 from .ablation import check_model
+from .circuits import check_index, embedding
 
 KINDS = ("raw", "mlp0", "corpus")
 BATCH_WINDOWS = 16

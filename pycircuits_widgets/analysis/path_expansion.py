@@ -46,12 +46,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..factored import FactoredMatrix
 from ..models.forward import next_token_loss
 from .activations import RunResult
-from ..factored import FactoredMatrix
 from .circuits import TensorProductTerm
 from .pieces import drained
-
 
 LINEARISED = {
     "qk_norm": "QK-norm only shapes the attention patterns, which are frozen",

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 
 from ..progress import progress
+from .activation_cache import ActivationCache
 from .adapters import CheckpointModel, from_hf, from_safetensors, from_transformer_lens
 from .attn_only import AttnOnlyTransformer, attn_only_config
 from .checkpoints import CheckpointError, load_json, load_tensors
-from .activation_cache import ActivationCache
 from .circuit_model import CircuitModel
 from .config import ModelConfig
 from .folding import fold_attn_only

@@ -44,7 +44,6 @@ them (``run_with_cache``, interventions, resumption) is ``forward.Forward``; wha
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 

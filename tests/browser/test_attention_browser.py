@@ -197,7 +197,13 @@ def test_bad_selection_from_browser_shows_error_and_keeps_state(show):
 
 
 def test_editing_the_text_box_reruns_the_model(show):
-    from pycircuits_widgets.models import CHECKPOINT_DIR, AttnOnlyTransformer, Tokenizer, attn_only_config, from_attn_only
+    from pycircuits_widgets.models import (
+        CHECKPOINT_DIR,
+        AttnOnlyTransformer,
+        Tokenizer,
+        attn_only_config,
+        from_attn_only,
+    )
 
     tok = Tokenizer.load(CHECKPOINT_DIR / "tokenizer.json")
     cfg = attn_only_config(1, n_heads=2, d_model=16, d_head=8, d_vocab=tok.vocab_size, n_ctx=32)

@@ -1,6 +1,5 @@
 """SkipTrigramTable, CompositionMatrix and EigenvaluePlot from the real bundle in headless Chromium."""
 
-import numpy as np
 import pytest
 
 import pycircuits_widgets as pcw

@@ -1,5 +1,6 @@
 """ColoredTokens rendered from the real bundle in headless Chromium."""
 
+import itertools
 import re
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_sequential_colours_get_darker_as_value_grows(show):
     styles = view.page.locator(".token").evaluate_all("els => els.map(e => e.style.backgroundColor)")
     light = [lightness(rgb(s)) for s in styles]
     order = np.argsort(values)
-    assert all(light[a] > light[b] for a, b in zip(order[:-1], order[1:]))
+    assert all(light[a] > light[b] for a, b in itertools.pairwise(order))
 
 
 def test_diverging_scale_is_white_at_zero_and_monotone_in_redness(show):

@@ -68,7 +68,7 @@ def test_click_on_a_head_thumbnail_recomputes_the_other_views(show, model):
     assert view.received[before:] == [(explorer.model_id, "update")]
     for name, child in explorer.views().items():
         if "head" in type(child).class_trait_names():
-            view.wait_until(lambda: view.js_model(child, "head") == 2, what=f"the page's {name} model at head 2")
+            view.wait_until(lambda child=child: view.js_model(child, "head") == 2, what=f"the page's {name} model at head 2")
             # its layer and head in one message: the page never shows (new layer, old head)
             moved = [keys for mid, keys in view.sent[sent_before:] if mid == child.model_id and keys & {"layer", "head"}]
             assert len(moved) == 1 and {"layer", "head"} <= moved[0], (name, moved)

@@ -7,7 +7,8 @@ import torch
 from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
-from harness import explorer_section as section, js_state, saved_page_open
+from harness import explorer_section as section
+from harness import js_state, saved_page_open
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser

@@ -8,7 +8,8 @@ import pytest
 from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
-from harness import explorer_section as section, js_state, saved_page_open
+from harness import explorer_section as section
+from harness import js_state, saved_page_open
 from pycircuits_widgets.analysis.bigrams import bigram_top
 
 pytestmark = pytest.mark.browser

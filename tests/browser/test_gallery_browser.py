@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from harness import saved_page_open
 from playwright.sync_api import expect
 
+from harness import saved_page_open
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 
 pytestmark = pytest.mark.browser

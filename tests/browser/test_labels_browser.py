@@ -7,9 +7,9 @@ import re
 
 import pytest
 import torch
-from harness import open_offline
 
 import pycircuits_widgets as pcw
+from harness import open_offline
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser

@@ -6,6 +6,8 @@ the explorer's layout from 400 to 1280 px, rotary models' eigenvalue view.
 Oracles: the page's own geometry (bounding boxes, scroll sizes), canvas pixels read back,
 the widgets' Python state."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -58,12 +60,12 @@ def test_composition_labels_layers_on_both_axes_and_leaves_the_undefined_half_bl
     cell = canvas.bounding_box()["width"] / 8
     # row 4 = L1.H0, column 0 = L1.H0: same layer, undefined -> not drawn (transparent)
     alpha = page.evaluate(
-        """([x, y]) => {
+        f"""([x, y]) => {{
           const c = document.querySelector("[data-testid=heatmap-correct]");
           const k = c.width / c.getBoundingClientRect().width;
           return [c.getContext("2d").getImageData(x * k, y * k, 1, 1).data[3],
-                  c.getContext("2d").getImageData(x * k, (y - 4 * %f) * k, 1, 1).data[3]];
-        }""" % cell,
+                  c.getContext("2d").getImageData(x * k, (y - 4 * {cell:f}) * k, 1, 1).data[3]];
+        }}""",
         [0.5 * cell, 4.5 * cell],
     )
     assert alpha == [0, 255]  # undefined L1 -> L1 blank; defined L0 -> L1 painted
@@ -93,7 +95,7 @@ def test_composition_of_a_deep_model_opens_on_layers_and_zooms_into_a_layer_pair
     page.get_by_test_id("mode-heads").click()
     spans = boxes(page.get_by_test_id("col-labels-heads").locator("span"))
     assert len(spans) >= 4
-    assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in zip(spans, spans[1:]))
+    assert all(a["x"] + a["width"] <= b["x"] + 0.5 for a, b in itertools.pairwise(spans))
 
 
 def test_attention_grid_scrolls_the_selected_head_into_view_and_filters_by_layer(show, deep):
@@ -156,7 +158,7 @@ def test_explorer_has_no_sideways_scroll_and_no_hidden_table_column(show, page, 
     model = paper_model(n_layers=2, n_heads=3, n_ctx=64, dtype=torch.float32)
     explorer = pcw.CircuitExplorer(model, "t1 t2 t3 t4 t1 t2 t3 t4 " * 6)
     explorer.wait()
-    view = show_explorer(show, explorer)
+    show_explorer(show, explorer)
     page.locator(".pcw-explorer section[data-view=trigrams] tr.trigram").first.wait_for()
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     overflow = page.locator(".pcw-explorer section").evaluate_all(

@@ -9,12 +9,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import transformers
-from harness import explorer_section, open_offline
 from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.core import offline
+from harness import explorer_section, open_offline
 from pycircuits_widgets.models.tokenizer import reading_ids
+from pycircuits_widgets.widgets.core import offline
 from test_adapters_hf import randomize
 
 pytestmark = pytest.mark.browser

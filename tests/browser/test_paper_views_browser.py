@@ -3,7 +3,6 @@ bundle in headless Chromium: what they show equals the analysis, clicks reach th
 saved pages work (or say "needs a kernel") without one."""
 
 import pytest
-from random_models import paper_model
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import path_expansion
@@ -11,6 +10,7 @@ from pycircuits_widgets.analysis.bigrams import bigram_top
 from pycircuits_widgets.analysis.induction import induction_pair
 from pycircuits_widgets.analysis.positional import positional_scores_by_offset
 from pycircuits_widgets.widgets.core import offline
+from random_models import paper_model
 
 pytestmark = pytest.mark.browser
 

@@ -12,14 +12,14 @@ import nbformat
 import numpy as np
 import pytest
 import transformers
-from harness import saved_page_open
 from playwright.sync_api import expect
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.views.registry import BY_NAME
+from harness import saved_page_open
 from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
 from pycircuits_widgets.widgets.sharing.standalone import widget_state
+from pycircuits_widgets.widgets.views.registry import BY_NAME
 from test_adapters_hf import randomize
 
 pytestmark = pytest.mark.browser
@@ -58,7 +58,7 @@ def section(page, name):
 
 def test_every_section_is_in_the_saved_page_without_a_notice(browser, saved):
     kind, explorer, path = saved
-    shown = {n for n, spec in BY_NAME.items() if not spec.needs_sweep}  # no corpus sweep given
+    shown = {n for n, spec in BY_NAME.items() if not (spec.needs_sweep or spec.needs_task)}  # no sweep, no task
     assert set(explorer.views()) == shown and not explorer.notices
     with saved_page_open(browser, path) as page:
         expect(page.get_by_test_id("notice")).to_have_count(0)
@@ -99,7 +99,7 @@ def test_a_notebook_holding_the_explorer_exports_and_opens(browser, saved, tmp_p
     src = tmp_path / f"{kind}.ipynb"
     nbformat.write(nb, str(src))
     with saved_page_open(browser, export_notebook(src)) as page:
-        for name in (n for n, spec in BY_NAME.items() if not spec.needs_sweep):  # no corpus sweep given
+        for name in (n for n, spec in BY_NAME.items() if not (spec.needs_sweep or spec.needs_task)):  # none given
             expect(section(page, name)).to_have_count(1)
         expect(page.get_by_test_id("notice")).to_have_count(0)
         detail = explorer.composition.detail

@@ -10,15 +10,15 @@ import re
 
 import nbformat
 import pytest
-from harness import open_offline, token_as_shown
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
+from harness import open_offline, token_as_shown
 from pycircuits_widgets.analysis.eigen import eigenvalues
 from pycircuits_widgets.widgets.core import offline
-from pycircuits_widgets.widgets.core.offline import NEEDS_KERNEL, NONFINITE
 from pycircuits_widgets.widgets.core.bundle import bundle_code, carrier_esm
+from pycircuits_widgets.widgets.core.offline import NEEDS_KERNEL, NONFINITE
 from pycircuits_widgets.widgets.sharing import standalone
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, WIDGET_VIEW, export_notebook
 from pycircuits_widgets.widgets.sharing.standalone import widget_state
 
 pytestmark = pytest.mark.browser
@@ -40,7 +40,7 @@ def page_entries(html: str) -> list[dict]:
     def refuse(name):
         raise AssertionError(f"bare {name} in the page's JSON")
 
-    found = re.search(r'<script type="application/json" id="pcw-state">(.*?)</script>', html, re.S)
+    found = re.search(r'<script type="application/json" id="pcw-state">(.*?)</script>', html, re.DOTALL)
     return json.loads(found.group(1), parse_constant=refuse)["widgets"]
 
 

@@ -4,11 +4,11 @@ a head's cell and a scatter point select the head, the direction switch recomput
 
 import numpy as np
 import pytest
-from test_task_circuit import induction_task
 
 import pycircuits_widgets as pcw
-from harness import explorer_section, saved_page_open, show_explorer
+from harness import explorer_section, saved_page_open
 from pycircuits_widgets.widgets.views.task_circuit import SITES
+from test_task_circuit import induction_task
 
 pytestmark = pytest.mark.browser
 

@@ -10,17 +10,17 @@ import zlib
 import nbformat
 import pytest
 import torch
-from harness import open_offline
 
 import pycircuits_widgets as pcw
-from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
+from harness import open_offline
 from pycircuits_widgets.widgets.core.payload import MAX_INFLATED
+from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
 from pycircuits_widgets.widgets.sharing.standalone import widget_state
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser
 
-PAGE_STATE = re.compile(r'(<script type="application/json" id="pcw-state">)(.*?)(</script>)', re.S)
+PAGE_STATE = re.compile(r'(<script type="application/json" id="pcw-state">)(.*?)(</script>)', re.DOTALL)
 
 
 def notebook_of(widgets, extra_cells=()) -> nbformat.NotebookNode:
@@ -266,7 +266,7 @@ def test_a_page_whose_bundle_is_a_gzip_bomb_stops_inflating_it(page, tmp_path):
     # gzip header, 1 GiB of deflated spaces, then a trailer whose checksum is never reached
     bomb_gz = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + bomb() + bytes(8)
     text = path.read_text(encoding="utf-8")
-    packed = re.search(r'(<script type="text/plain" class="pcw-bundle"[^>]*>)(.*?)(</script>)', text, re.S)
+    packed = re.search(r'(<script type="text/plain" class="pcw-bundle"[^>]*>)(.*?)(</script>)', text, re.DOTALL)
     path.write_text(text[: packed.start(2)] + base64.b64encode(bomb_gz).decode("ascii") + text[packed.end(2):],
                     encoding="utf-8")
     with page.expect_event("pageerror", timeout=30000) as error:

@@ -10,7 +10,6 @@ live_hosts.py).
 """
 
 import pytest
-
 from live_lab import JupyterLab, JupyterNotebook
 
 

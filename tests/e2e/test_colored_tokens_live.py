@@ -3,21 +3,20 @@ Chromium, a click in the view reaches the kernel, and a kernel-side recompute co
 to the view."""
 
 import pytest
-
 from live_lab import kernel_exec, open_notebook, run_all_cells, wait_for_kernel, write_notebook
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 CELLS = [
-    "import pycircuits_widgets as pcw\n"
+    ("import pycircuits_widgets as pcw\n"
     "w = pcw.ColoredTokens(['alpha', ' beta', ' gamma', ' delta'], [0.1, 0.7, 0.3, 0.9], label='loss')\n"
-    "w",
+    "w"),
     # a kernel-side recompute: the selection renames the legend
-    "picked = []\n"
+    ("picked = []\n"
     "def recompute(change):\n"
     "    picked.append(change['new'])\n"
     "    w.label = f'picked {change[\"new\"]}'\n"
-    "w.observe(recompute, 'position')",
+    "w.observe(recompute, 'position')"),
 ]
 
 

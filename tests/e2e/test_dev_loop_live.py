@@ -11,7 +11,6 @@ bundle is never touched (other tests may be reading it)."""
 import shutil
 
 import pytest
-
 from live_lab import REPO, kernel_eval, kernel_exec, open_notebook, run_all_cells, wait_for_kernel, write_notebook
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -31,18 +30,17 @@ def _package_copy(dest):
 def test_a_rebuilt_bundle_remounts_the_shown_view_without_a_kernel_restart(lab_page, jupyter_lab, tmp_path):
     static = _package_copy(tmp_path)
     write_notebook(jupyter_lab.root, "dev_loop.ipynb", [
-        "import os, sys\n"
+        ("import os, sys\n"
         "os.environ['ANYWIDGET_HMR'] = '1'  # as `ANYWIDGET_HMR=1 jupyter lab` sets it\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "import pycircuits_widgets as pcw\n"
-        "from pycircuits_widgets.widgets.core import bundle",
-        "w = pcw.ColoredTokens(['alpha', ' beta', ' gamma', ' delta'], [0.1, 0.7, 0.3, 0.9], label='loss')\n"
-        "w",
+        "from pycircuits_widgets.widgets.core import bundle"),
+        ("w = pcw.ColoredTokens(['alpha', ' beta', ' gamma', ' delta'], [0.1, 0.7, 0.3, 0.9], label='loss')\n"
+        "w"),
     ])  # fmt: skip
     open_notebook(lab_page, jupyter_lab, "dev_loop.ipynb")
     run_all_cells(lab_page)
-    assert kernel_eval(lab_page, "[pcw.__file__.startswith(%r), bundle.dev_mode(), w._esm == bundle.stub_esm(bundle.DEV_KEY)]"
-                       % str(tmp_path)) == [True, True, True]  # fmt: skip
+    assert kernel_eval(lab_page, f"[pcw.__file__.startswith({str(tmp_path)!r}), bundle.dev_mode(), w._esm == bundle.stub_esm(bundle.DEV_KEY)]") == [True, True, True]  # fmt: skip
     lab_page.locator(".jp-OutputArea-output .pcw-colored-tokens .token").first.wait_for()
     kernel_exec(lab_page, "w.position = 2")  # state the re-mounted view must show
     selected = "document.querySelector('.pcw-colored-tokens.pcw-rebuilt .token.selected')?.textContent === '·gamma'"

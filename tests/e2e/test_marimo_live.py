@@ -7,7 +7,6 @@ checked against a direct ``pcw.skip_trigrams`` call in this process, after the c
 after the Python-side change."""
 
 import pytest
-
 from live_hosts import Marimo, wait_for_trigram_rows
 
 import pycircuits_widgets as pcw

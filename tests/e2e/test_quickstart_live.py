@@ -9,7 +9,6 @@ import re
 import shutil
 
 import pytest
-
 from live_lab import REPO, kernel_eval, kernel_exec, open_notebook, run_all_cells, wait_for_kernel
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

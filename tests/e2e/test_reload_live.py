@@ -5,9 +5,8 @@ views reach the kernel's explorer; with the kernel gone, the page restored from 
 so and answers from the answers saved with it."""
 
 import pytest
-from playwright.sync_api import expect
-
 from live_lab import open_notebook, run_all_cells, wait_for_kernel, write_notebook
+from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

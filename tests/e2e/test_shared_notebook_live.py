@@ -6,11 +6,9 @@ children, a child shown on its own, and separate views)."""
 import json
 
 import pytest
-
 from live_lab import kernel_eval, open_notebook, run_all_cells, write_notebook
 
 import pycircuits_widgets as pcw
-
 from pycircuits_widgets.widgets.core.bundle import bundle_code, carrier_esm, stub_esm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -96,8 +94,8 @@ def test_reopened_saved_notebook_shows_every_view_and_answers_clicks_with_no_ker
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
             page = context.new_page()
             errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            page.on("console", lambda m, errors=errors: m.type == "error" and errors.append(m.text))
             open_notebook(page, jupyter_lab, name)  # a kernel starts; nothing runs in it
             views_rendered(page)
             assert page.locator(".pcw-child-error").count() == 0

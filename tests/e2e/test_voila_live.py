@@ -4,7 +4,6 @@ induction head) shows, and a click on another head makes the kernel recompute th
 skip-trigram table, which must equal a direct ``pcw.skip_trigrams`` call in this process."""
 
 import pytest
-
 from live_hosts import Voila, wait_for_trigram_rows
 from live_lab import REPO
 

@@ -36,16 +36,23 @@ import torch
 
 from ...factored import FactoredMatrix
 from ...progress import progress
-from ..circuit_model import CircuitModel, weight_shapes
 from ..checkpoints import CheckpointError
+from ..circuit_model import CircuitModel, weight_shapes
 from .checkpoint_config import read_checked_config
 from .checkpoint_files import CheckpointFiles, ModuleTree
 from .families import FAMILIES
-from .hf_weights import (ATTENTION_KEYS, LAYER_KEYS, apply_folds, layer_weights, read_config, submodule,
-                         token_embedding, unembedding)
 from .hf_tokenizer import as_tokenizer, folder_tokenizer
+from .hf_weights import (
+    ATTENTION_KEYS,
+    LAYER_KEYS,
+    apply_folds,
+    layer_weights,
+    read_config,
+    submodule,
+    token_embedding,
+    unembedding,
+)
 from .weight_view import BIASES, circuit_notes, fold_norms
-
 
 VOCAB_BLOCK = 8192  # token ids per block of a vocab-sized contraction (67 MB of float32 W_E at d_model 2048)
 

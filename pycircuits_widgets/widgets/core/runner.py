@@ -36,7 +36,6 @@ from ... import progress as bars
 from . import scheduler
 from .scheduler import ASKED, CLICK, FILL, TIERS
 
-
 # A recompute: a generator of trait updates (dicts name -> value; None is a checkpoint with
 # no update; GIVE_WAY a checkpoint after which the rest is asked-for work). Each yield is a
 # chunk boundary where stale work stops.

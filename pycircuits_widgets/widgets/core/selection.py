@@ -23,7 +23,6 @@ import traitlets
 from ...models import weight_view_hint
 from .base import check_range
 
-
 SELECTION_KEYS = ("layer", "head", "position", "token", "selected_pair")
 """The whole selection, as the explorer holds it (``js/src/lib/selection.js`` ``SELECTION_KEYS``; a
 view follows some of them: ``views.registry.ViewSpec.follows``)."""

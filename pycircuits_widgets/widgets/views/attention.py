@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import traitlets
 
-from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.arrays import Patterns
+from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.payload import max_pool, to_numpy
 from ..core.selection import HeadSelection, Index, PositionSelection
 

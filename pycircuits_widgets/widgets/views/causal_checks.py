@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import traitlets
 
-from ...analysis.ablation import ablate, head_loss_changes_steps
 from ...analysis import activations
+from ...analysis.ablation import ablate, head_loss_changes_steps
 from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ..core.base import CircuitWidget, rolls_back

@@ -19,8 +19,15 @@ from ..core import offline
 from ..core.arrays import Array
 from ..core.base import SAVE_BUDGET, CircuitWidget, PageState, check_text, rolls_back
 from ..core.meter import Meter
-from ..core.selection import (SELECTION_KEYS, HeadSelection, PairSelection, PositionSelection, TokenSelection,
-                              check_model, resolve_selection)
+from ..core.selection import (
+    SELECTION_KEYS,
+    HeadSelection,
+    PairSelection,
+    PositionSelection,
+    TokenSelection,
+    check_model,
+    resolve_selection,
+)
 from ..core.shown_run import ShownRun
 from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
 from .registry import BY_NAME, EXPLORER, LINKS, ON_DEMAND, VIEWS, ViewSpec

@@ -6,8 +6,15 @@ import torch
 import traitlets
 
 from ...analysis.composition import random_baseline
-from ...analysis.induction import (COPY_THRESHOLD, MATCH_THRESHOLD, PairVerdict, best_offset,
-                                   k_composition_diagonal_rank, k_composition_top, pair_verdicts_steps)
+from ...analysis.induction import (
+    COPY_THRESHOLD,
+    MATCH_THRESHOLD,
+    PairVerdict,
+    best_offset,
+    k_composition_diagonal_rank,
+    k_composition_top,
+    pair_verdicts_steps,
+)
 from ..core import offline
 from ..core.arrays import ArrayDict, id_dtype
 from ..core.base import CircuitWidget
@@ -16,7 +23,6 @@ from ..core.offset_window import OffsetWindow
 from ..core.on_demand import OnDemand
 from ..core.payload import JSON_BUFFER
 from ..core.selection import Bounded, HeadSelection, PairSelection, TokenSelection, check_model, pair_key
-
 
 N_TABLES = 16
 """Ranked tables embedded up front (the strongest K-composition pairs) for small vocabularies."""

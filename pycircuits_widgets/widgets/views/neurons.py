@@ -6,8 +6,14 @@ import torch
 import traitlets
 
 from ...analysis.circuits import require_mlp
-from ...analysis.neurons import (neuron_activations_steps, neuron_out_norms, neuron_out_norms_steps, neuron_terms,
-                                 ranked_neurons, top_tokens)
+from ...analysis.neurons import (
+    neuron_activations_steps,
+    neuron_out_norms,
+    neuron_out_norms_steps,
+    neuron_terms,
+    ranked_neurons,
+    top_tokens,
+)
 from ..core import offline
 from ..core.arrays import Array, ArrayDict
 from ..core.base import CircuitWidget

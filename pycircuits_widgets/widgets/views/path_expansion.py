@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import traitlets
 
-from ...analysis.path_expansion import (LINEARISED, NonlinearFeatureError, check_path_features, path_expansion_steps,
-                                        path_specs)
+from ...analysis.path_expansion import (
+    LINEARISED,
+    NonlinearFeatureError,
+    check_path_features,
+    path_expansion_steps,
+    path_specs,
+)
 from ..core.arrays import Array
 from ..core.base import CircuitWidget
 from ..core.meter import metered

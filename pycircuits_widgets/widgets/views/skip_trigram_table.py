@@ -13,8 +13,8 @@ from ...models.tokenizer import visible_whitespace
 from ..core import offline
 from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, check_text, rolls_back
-from ..core.offset_window import OffsetWindow
 from ..core.meter import cancelled, metered
+from ..core.offset_window import OffsetWindow
 from ..core.runner import GIVE_WAY, give_way_between
 from ..core.selection import Bounded, HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import traitlets
-
 from dataclasses import dataclass
 
 import torch
+import traitlets
 
 from ...analysis.attribution import attribution_patch
 from ...analysis.patching import DIRECTIONS, Task, activation_patch_steps, check_patching, head_outs
