@@ -185,3 +185,16 @@ def test_composition_of_a_rotary_model_states_the_offsets_q_and_k_are_read_at(sh
     assert "at the strongest of query - key offsets 0..5" in note and "offsets=" not in note  # no Python advice
     view.page.get_by_test_id("kind-V").click()
     view.wait_until(lambda: view.page.get_by_test_id("offset-note").count() == 0, what="V has no offset")
+
+
+def test_a_deeper_head_is_read_through_the_embedding_chosen_in_the_view(show):
+    model = pcw.load_pretrained("attn-only-2l")
+    w = pcw.SkipTrigramTable(model, layer=1, head=6, k=10)
+    view = show(w)
+    assert view.page.get_by_test_id("embedding-corpus").is_disabled()  # no sweep: the reason in its title
+    assert "needs a sweep" in view.page.get_by_test_id("embedding-corpus").get_attribute("title")
+    view.page.get_by_test_id("embedding-mlp0").click()
+    assert w.embedding == "mlp0"
+    w.wait()
+    view.wait_until(lambda: view.page.get_by_test_id("read-through").count() == 1, what="the read-through note")
+    assert view.page.get_by_test_id("read-through").inner_text().startswith("Head L1.H6 read through W_E + block 0")

@@ -63,6 +63,7 @@ NEEDS_KERNEL = {
     "ablation": "Ablating a head runs the model: it needs a running kernel.",
     "patched": "Patching a head runs the model: it needs a running kernel.",
     "direction": "The other direction's patching runs the model: it needs a running kernel.",
+    "embedding": "Reading the heads through another embedding runs the model: it needs a running kernel.",
 }
 
 

@@ -6,6 +6,7 @@ import torch
 import traitlets
 
 from ...analysis.circuits import embedding_note
+from ...analysis.effective_embedding import effective_embedding
 from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_table, head_table_steps, kept_head_table
 from ...corpus.sweeps import checked_sweep
 from ...corpus.trigram_counts import kept_trigram_counts, trigram_counts
@@ -25,6 +26,9 @@ SEARCH = {"screen": ("exact table: screening sources", "source blocks"),
 """The ``progress`` text and unit of each stage of a head's exact search (``head_table_steps``), metered apart."""
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
+READ_THROUGH = {"raw": "W_E", "mlp0": "W_E + block 0", "corpus": "the corpus stream"}
+"""How the view names each embedding a head's circuits can be read through (``embedding``)."""
+NO_SWEEP = "the corpus stream needs a sweep: SkipTrigramTable(model, sweep=...) (the explorer's)"
 
 
 class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidget):
@@ -45,6 +49,11 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         sweep: a ``pcw.Sweep`` of this model: each listed triple also shows how often it occurs in the
             swept windows and the head's mean attention from destination to source there
             (``pcw.trigram_counts``: exact, counted when the table is shown); "never seen" for none.
+        embedding: what a head of layer >= 1 is read through (``pcw.effective_embedding``): "raw" (``W_E``,
+            the paper's reading, default), "mlp0" (``W_E`` through block 0) or "corpus" (each token's mean
+            stream entering the head's layer over the sweep's positions: needs ``sweep``). A layer-0 head
+            reads ``W_E`` itself: "raw" is exact there, and the view reads it whatever the choice.
+            ``read_through`` says what the shown table read.
 
     ``recompute()`` and ``search(text)`` / ``query_token(id)`` run synchronously and return
     the new state; trait changes run them on the widget's runner, where the head's table, the
@@ -54,7 +63,8 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     _view = traitlets.Unicode("SkipTrigramTable").tag(sync=True)
     _embedding_note = traitlets.Unicode("").tag(sync=True)
     """str (kernel's): which embedding the token circuits read (``analysis.circuits.embedding_note``)."""
-    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size", "offsets"})
+    _browser_writable = frozenset({"layer", "head", "token", "query", "sort_by", "page", "page_size", "offsets",
+                                   "embedding"})
     # Above ``partial_above`` vocabulary entries, a first table over the ``partial_sources``
     # sources with the largest factors is sent before the exact one (seconds at GPT-2 size).
     partial_sources = 64
@@ -83,6 +93,14 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
 
+    embedding = traitlets.Enum(list(READ_THROUGH), default_value="raw").tag(sync=True)
+    """str, default "raw": what a head of layer >= 1 is read through (class docstring)."""
+    embedding_kinds = traitlets.Dict().tag(sync=True)
+    """{kind: "" where available, else why not} (read-only), for each ``embedding`` choice."""
+    read_through = traitlets.Unicode("").tag(sync=True)
+    """str (read-only): what the shown table's head read ("W_E", "W_E + block 0", "the corpus stream at
+    layer 1 (812 tokens seen)"), with what that reading leaves out."""
+
     # -- input --
     query = traitlets.Unicode("").tag(sync=True)
     """str: token search text (typed as text; "·" or a space both mean a space)."""
@@ -100,13 +118,15 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     page_size = Bounded(20, min=1, max=MAX_K).tag(sync=True)
     """int, default 20: rows per page, in ``1..MAX_K``."""
 
-    _offline_inputs = ("k",)  # the saved tables are k rows long
+    _offline_inputs = ("k", "embedding")  # the saved tables are k rows long, read through the embedding
 
     def __init__(self, model, offsets=None, sweep=None, **kwargs):
         check_model(model, "SkipTrigramTable")
         if checked_sweep(sweep, model, "SkipTrigramTable") is not None:
             kwargs["corpus"] = {"windows": sweep.n_windows, "seq_len": sweep.seq_len, "model": sweep.model_name}
+        kwargs["embedding_kinds"] = {"raw": "", "mlp0": "", "corpus": "" if sweep is not None else NO_SWEEP}
         self._sweep = sweep
+        self._embeddings = {}  # (kind, layer) -> EffectiveEmbedding, computed once each
         self._strings = model.token_strings
         super().__init__(model, offsets, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
@@ -124,7 +144,7 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
             self.search(self.query)
         elif self.token >= 0:
             self.query_token(self.token)
-        self.observe(self._on_head, ["layer", "head", "k"])
+        self.observe(self._on_head, ["layer", "head", "k", "embedding"])
         self.observe(self._on_query, ["query"])
         self.observe(self._on_token, ["token", "n_related"])
 
@@ -140,6 +160,28 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     def _on_window(self) -> None:
         self._snapshot_window()
         self._on_head({"name": "offsets"})
+
+    @traitlets.validate("embedding")
+    def _valid_embedding(self, proposal):
+        why = self.embedding_kinds.get(proposal["value"], "")
+        if why:
+            raise traitlets.TraitError(f"embedding={proposal['value']!r}: {why}")
+        return proposal["value"]
+
+    def _read(self, layer: int):
+        """``(embedding, read_through)``: the ``EffectiveEmbedding`` a head of ``layer`` is read through now
+        (None: ``W_E``), computed once per kind and layer, and how the view names it."""
+        kind = self.embedding if layer > 0 else "raw"
+        if kind == "raw":
+            why = "" if layer > 0 or self.embedding == "raw" else " (a layer-0 head reads the embedding itself)"
+            return None, f"W_E{why}"
+        if (kind, layer) not in self._embeddings:
+            self._embeddings[kind, layer] = effective_embedding(self.model, layer, kind, sweep=self._sweep if
+                                                                kind == "corpus" else None)
+        found = self._embeddings[kind, layer]
+        named = READ_THROUGH[kind] + (f" at layer {layer} ({len(found.tokens):,} tokens seen)" if kind == "corpus"
+                                      else "")
+        return found, f"{named}: {found.note}"
 
     @traitlets.validate("query")
     def _valid_query(self, proposal):
@@ -170,10 +212,14 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         """Kernel-less: every head's table, as many rows as the kernel's (``k``, at most
         ``offline.TABLE_K``; the token strings of all tables once, in the rule's base); token
         search and token queries need a kernel."""
-        answers.needs_kernel("query", "token", *self._window_needs_kernel())
+        answers.needs_kernel("query", "token", "embedding", *self._window_needs_kernel())
         if self.model.cfg.d_vocab > self.partial_above:  # seconds per head: minutes for every head
             answers.rule(["layer", "head"], [], missing="Skip-trigram tables of other heads need a running "
                                                         "kernel (large vocabulary).")
+            return
+        if self.embedding != "raw":  # a whole search per head, kept nowhere: the shown head's table only
+            answers.rule(["layer", "head"], [], missing=f"Skip-trigram tables of other heads read through "
+                                                        f"{READ_THROUGH[self.embedding]} need a running kernel.")
             return
         rows = min(self.k, offline.TABLE_K)
         base = {"trigrams": {"strings": {}, "exact": True, "progress": 1.0}, "k": rows,
@@ -223,17 +269,20 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         sweep, then the same table with its corpus counts (``pcw.trigram_counts``, kept per model too;
         ``counting="kept"``: only counts the cache holds, none computed)."""
         window = self._window
-        table = kept_head_table(self.model, layer, head, k, offset=window)
+        embedding, read_through = self._read(layer)
+        table = kept_head_table(self.model, layer, head, k, offset=window) if embedding is None else None
         if table is None and self.model.cfg.d_vocab > self.partial_above:
             partial = head_table(self.model, layer, head, k, offset=window, approximate=True,
-                                 sources=self.partial_sources)
-            yield {"trigrams": self._payload(partial), "progress": {}}  # (no count of the head before)
+                                 sources=self.partial_sources, embedding=embedding)
+            # (no count of the head before)
+            yield {"trigrams": self._payload(partial), "read_through": read_through, "progress": {}}
             yield GIVE_WAY  # the exact search takes seconds: the click's other views first
         if table is None:  # block by block (a newer head stops it at the next), each after other views' clicks
             table = yield from give_way_between(metered(
-                head_table_steps(self.model, layer, head, k, offset=window, approximate=True), SEARCH))
+                head_table_steps(self.model, layer, head, k, offset=window, approximate=True, embedding=embedding),
+                SEARCH))
         payload = self._payload(table)
-        yield {"trigrams": payload, "progress": {}}
+        yield {"trigrams": payload, "read_through": read_through, "progress": {}}
         if self._sweep is not None:
             yield GIVE_WAY  # a forward of every window holding a triple: the click's other views first
             count = trigram_counts if counting == "count" else kept_trigram_counts
@@ -250,7 +299,10 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
 
     def fill_steps(self, selection):
         """The exact table of ``selection``'s head into the per-model cache (no partial first), block
-        by block: the fill gives way between blocks."""
+        by block: the fill gives way between blocks. A table read through another embedding is kept
+        nowhere: nothing to precompute."""
+        if self.embedding != "raw":
+            return
         for _ in head_table_steps(self.model, selection["layer"], selection["head"], self.k, offset=self._window,
                                   approximate=True):
             yield None
