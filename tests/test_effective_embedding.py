@@ -164,3 +164,32 @@ def test_skip_trigrams_read_through_an_effective_embedding_are_its_dense_circuit
         skip_trigrams(learned, 2, 0, approximate=True, embedding="mlp1")
     with pytest.raises(TypeError, match="embedding must be None, 'raw', 'mlp0' or an EffectiveEmbedding, got Tensor"):
         skip_trigrams(learned, 2, 0, approximate=True, embedding=emb.vectors)
+
+
+@pytest.mark.parametrize("kind", ["mlp0", "corpus"])
+def test_eigenvalue_positivity_read_through_an_effective_embedding_is_its_dense_spectrum(learned, swept, kind):
+    """Each head of layers 1.. read through ``kind``: the positivity of the dense spectrum of its full circuit
+    with the effective vectors in place of ``W_E`` (OV: ``E W_V W_O W_U[:, tokens]``, square over the tokens
+    held; QK: ``E W_Q W_K^T E^T``), written out in float64 here; layer 0 as through ``W_E``."""
+    from pycircuits_widgets.analysis import eigenvalue_positivity
+
+    sweep = swept if kind == "corpus" else None
+    for circuit in ("OV", "QK"):
+        got = eigenvalue_positivity(learned, circuit, embedding=kind, sweep=sweep)
+        assert torch.equal(got[0], eigenvalue_positivity(learned, circuit)[0])
+        for layer in (1, 2):
+            emb = effective_embedding(learned, layer, kind, sweep=sweep)
+            E = emb.vectors.double()
+            for head in range(learned.cfg.n_heads):
+                if circuit == "OV":
+                    M = E @ learned.W_V[layer, head] @ learned.W_O[layer, head] @ learned.W_U[:, emb.tokens]
+                else:
+                    M = E @ learned.W_Q[layer, head] @ learned.W_K[layer, head].T @ E.T
+                eigs = torch.linalg.eigvals(M)
+                want = float(eigs.sum().real / eigs.abs().sum())
+                # the result is float32 (its rounding: |want| 2^-24); both routes run in float64, the dense
+                # n x n spectrum's n - d_head zero eigenvalues coming out at float64 rounding of |M| each
+                tol = abs(want) * 2.0 ** -24 + len(E) * 2.0 ** -50 * float(M.abs().max()) / float(eigs.abs().sum())
+                assert abs(float(got[layer, head]) - want) <= tol, (circuit, layer, head)
+    with pytest.raises(ValueError, match="embedding must be None, 'raw', 'mlp0' or 'corpus', got 'mlp1'"):
+        eigenvalue_positivity(learned, "OV", embedding="mlp1")

@@ -23,6 +23,12 @@ with ``|E| <= γ_{V + 2 d_model} |W_K|^T |W_E|^T |W_E| |W_Q|`` entrywise (OV ali
 (``1.4e-5``). Positivity is a ratio of two such sums; a test holds a float32 model's positivity to ``1e-6``
 of the same model's in float64 at d_vocab 20000.
 
+Read through an effective embedding (``embedding="mlp0"`` or ``"corpus"``: ``effective_embedding``), a
+head of layer ``l >= 1`` reads ``E`` (``[n, d_model]``, one row per token it holds, after the layer's norm)
+instead of ``W_E``: its full OV circuit is ``E W_V W_O W_U[:, tokens]`` (each token's effect on the logits
+of the same tokens: square, ``n x n``) and its QK circuit ``E W_Q W_K^T E^T``; the shared middles are
+``W_U[:, tokens] E`` and ``E^T E`` per layer. Layer 0 reads the embedding itself, as above.
+
 Rotary models (``rotary``): the QK circuit at query - key offset ``o`` is ``W_E W_Q R(o) W_K^T W_E^T``,
 so its spectrum is that of ``W_K^T (W_E^T W_E) W_Q R(o)``: one more ``d_head x d_head`` factor per
 offset. QK spectra and positivity are read at a stated offset or over a window (``eigenvalues``,
@@ -40,6 +46,7 @@ from ..linalg import eigvals
 from ..progress import steps
 from .cache import MODEL, cached
 from .circuits import embedding, embedding_is_normalized
+from .effective_embedding import effective_embedding
 from .finite import non_finite_error
 from .rotary import matmul_rotation, offset_window, reduce_offsets, rotation_parts
 
@@ -83,27 +90,51 @@ def token_gram(model, kind: str, layer: int | None = None, dtype: torch.dtype = 
     return cached(model, ("token_gram", kind, layer), compute, tier=MODEL).to(dtype)
 
 
+def _effective_grams(model, kind: str, embedding, sweep, work: torch.dtype) -> dict:
+    """``{layer: G [d_model, d_model]}`` for layers ``1..L-1`` read through ``embedding`` ("mlp0" or "corpus":
+    module docstring), in ``work``; {} for None or "raw"."""
+    if embedding in (None, "raw"):
+        if sweep is not None:
+            raise ValueError("eigenvalues: sweep= is read by embedding='corpus' only")
+        return {}
+    if embedding not in ("mlp0", "corpus"):
+        raise ValueError(f"eigenvalues: embedding must be None, 'raw', 'mlp0' or 'corpus', got {embedding!r}")
+    grams = {}
+    for layer in range(1, model.cfg.n_layers):
+        found = effective_embedding(model, layer, embedding, sweep=sweep)
+        E = found.vectors.to(work)
+        grams[layer] = model.W_U[:, found.tokens].to(work) @ E if kind == "OV" else gram(E)
+    return grams
+
+
 @torch.no_grad()
-def eigenvalues(model, kind: str, offset=None) -> torch.Tensor:
+def eigenvalues(model, kind: str, offset=None, embedding=None, sweep=None) -> torch.Tensor:
     """Nonzero spectrum of every head's full circuit: complex128 ``[L, H, d_head]``.
 
     OV: eigenvalues of ``W_E W_V W_O W_U``; QK: of ``W_E W_Q W_K^T W_E^T`` (paper:
     ``W_U W_OV W_E`` and ``W_E^T W_QK W_E``). The remaining ``d_vocab - d_head`` eigenvalues are 0.
     Rotary QK: at query - key ``offset``, ``W_E W_Q R(offset) W_K^T W_E^T``; an int gives
     ``[L, H, d_head]``, a window (default ``rotary.DEFAULT_OFFSETS``) ``[n_offsets, L, H, d_head]``.
-    Computed once per model and window (``cache``): do not modify the result in place.
+    ``embedding``: what the heads of layers ``1..`` read (None or "raw": ``W_E``; "mlp0"; "corpus" with
+    ``sweep``: module docstring). Computed once per model, window and embedding (``cache``; a corpus
+    reading, whose sweep may change, every call): do not modify the result in place.
     """
     offsets = offset_window(model, offset, "the QK spectrum") if _check_kind(kind) == "QK" else None
     if kind == "OV" and offset is not None:
         raise ValueError("offset only applies to the QK circuit: the OV circuit does not depend on position")
     window = hasattr(offset, "__iter__") or offset is None
-    key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window)
-    return cached(model, key, lambda: _eigenvalues(model, kind, offsets, window), tier=MODEL)
+    work = _compute_dtype(model)
+    if embedding == "corpus":
+        return _eigenvalues(model, kind, offsets, window, _effective_grams(model, kind, embedding, sweep, work))
+    key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window, embedding or "raw")
+    return cached(model, key, lambda: _eigenvalues(model, kind, offsets, window,
+                                                   _effective_grams(model, kind, embedding, sweep, work)), tier=MODEL)
 
 
-def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> torch.Tensor:
-    """``eigenvalues`` at the validated ``offsets`` (``window``: keep the offset dimension)."""
-    small = _head_circuits(model, kind, _compute_dtype(model))
+def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool, effective: dict) -> torch.Tensor:
+    """``eigenvalues`` at the validated ``offsets`` (``window``: keep the offset dimension), the layers in
+    ``effective`` read through their Gram (``_effective_grams``)."""
+    small = _head_circuits(model, kind, _compute_dtype(model), effective)
     if not bool(torch.isfinite(small).all()):
         # LAPACK would return NaN (printing DGEBAL to stderr) and positivity would read it as 0.0
         weights = ("W_E", "W_V", "W_O", "W_U") if kind == "OV" else ("W_E", "W_Q", "W_K")
@@ -123,11 +154,11 @@ def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool) -> t
     return eigs if window else eigs[0]
 
 
-def _head_circuits(model, kind: str, work: torch.dtype) -> torch.Tensor:
+def _head_circuits(model, kind: str, work: torch.dtype, effective: dict | None = None) -> torch.Tensor:
     """Every head's ``d_head x d_head`` rotation of its full circuit, ``[L, H, d_head, d_head]`` in ``work``:
     ``W_O G W_V`` (OV) or ``W_K^T G W_Q`` (QK), ``G`` the ``token_gram`` of the embedding the layer
-    reads. Only layer 0 can read a different embedding (``circuits.embedding``), so at most two
-    vocab-sized products. One layer at a time, all its heads in one GEMM (a batched matmul against
+    reads, or ``effective[layer]`` (an effective embedding's). Of ``W_E``, only layer 0 can read a
+    different one (``circuits.embedding``), so at most two vocab-sized products. One layer at a time, all its heads in one GEMM (a batched matmul against
     ``G`` would broadcast it into one ``d_model x d_model`` copy per head): besides the two Grams
     this holds one layer's weights, which is all a checkpoint view (``from_safetensors``) reads."""
     L, H, d_head = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
@@ -136,14 +167,18 @@ def _head_circuits(model, kind: str, work: torch.dtype) -> torch.Tensor:
     grams = {}
     for layer in range(L):
         first = normalized and layer == 0
-        if first not in grams:
-            grams = {first: token_gram(model, kind, 0 if first else None, work)}  # the layer-0 Gram is dropped after
+        if layer in (effective or {}):
+            G = effective[layer]
+        else:
+            if first not in grams:
+                grams = {first: token_gram(model, kind, 0 if first else None, work)}  # layer 0's is dropped after
+            G = grams[first]
         if kind == "OV":
             left, right = model.W_O[layer].to(work), model.W_V[layer].to(work)
         else:
             left, right = model.W_K[layer].to(work).mT, model.W_Q[layer].to(work)
         d_model = left.shape[-1]
-        torch.matmul((left.reshape(-1, d_model) @ grams[first]).view(H, d_head, d_model), right, out=out[layer])
+        torch.matmul((left.reshape(-1, d_model) @ G).view(H, d_head, d_model), right, out=out[layer])
     return out
 
 
@@ -153,7 +188,8 @@ def positivity(eigs: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, eigs.sum(-1).real / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
 
 
-def eigenvalue_positivity(model, kind: str = "OV", offset=None, reduce: str = "max") -> torch.Tensor:
+def eigenvalue_positivity(model, kind: str = "OV", offset=None, reduce: str = "max", embedding=None,
+                          sweep=None) -> torch.Tensor:
     """Positivity of every head's full OV or QK circuit: float32 ``[L, H]`` in ``[-1, 1]``.
 
     ``sum(lambda) / sum(|lambda|)`` of ``W_E W_V W_O W_U`` (OV, copying) or
@@ -161,15 +197,17 @@ def eigenvalue_positivity(model, kind: str = "OV", offset=None, reduce: str = "m
     product, then one batched ``eig`` of ``[L, H, d_head, d_head]``. Rotary QK: at query - key
     ``offset`` (an int) or over a window (default ``rotary.DEFAULT_OFFSETS``) reduced per head by
     ``reduce``: "max" (the most positive offset; ``eigenvalue_positivity_offsets`` says which) or
-    "mean" of the per-offset positivities.
+    "mean" of the per-offset positivities. ``embedding``, ``sweep``: what the heads of layers ``1..`` read
+    (``eigenvalues``).
     """
-    return eigenvalue_positivity_offsets(model, kind, offset, reduce)[0]
+    return eigenvalue_positivity_offsets(model, kind, offset, reduce, embedding, sweep)[0]
 
 
-def eigenvalue_positivity_offsets(model, kind: str = "OV", offset=None, reduce: str = "max"):
+def eigenvalue_positivity_offsets(model, kind: str = "OV", offset=None, reduce: str = "max", embedding=None,
+                                  sweep=None):
     """``(positivity [L, H], offset [L, H] or None)``: ``eigenvalue_positivity`` and, for a rotary QK
     circuit reduced by "max" over a window, the offset each head's positivity is read at."""
-    values = positivity(eigenvalues(model, kind, offset)).float()
+    values = positivity(eigenvalues(model, kind, offset, embedding, sweep)).float()
     if values.ndim == 2:
         return values, None
     offsets = offset_window(model, offset, "the QK spectrum")
