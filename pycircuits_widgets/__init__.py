@@ -30,6 +30,7 @@ _EXPORTS = {
     "Task": "pycircuits_widgets.analysis",
     "activation_patch": "pycircuits_widgets.analysis",
     "attribution_patch": "pycircuits_widgets.analysis",
+    "edge_attribution": "pycircuits_widgets.analysis",
     "effective_embedding": "pycircuits_widgets.analysis",
     "Corpus": "pycircuits_widgets.corpus",
     "CorpusError": "pycircuits_widgets.corpus",

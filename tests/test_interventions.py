@@ -50,15 +50,18 @@ from tolerance import assert_within, chain_tol, logit_tol, model_forward_length,
 
 # --- the float64 oracle ----------------------------------------------------------------------
 
-def oracle(model, tokens, *, resid=None, inputs=None, pattern=None, z=None, head_out=None, neurons=None) -> dict:
+def oracle(model, tokens, *, resid=None, inputs=None, pattern=None, z=None, head_out=None, neurons=None,
+           mlp_input=None, final=None) -> dict:
     """A float64 forward of ``model``'s folded tensors, each head on its own. Hooks, each
     ``(layer, tensor) -> tensor``: ``resid(layer, x [b, pos, d_model])`` the stream before each layer,
     ``inputs(layer, via, x [b, H, pos, d_model])`` each head's query,
     key or value input stream (before its norm), ``pattern(layer, p [b, H, dest, src])``,
     ``z(layer, z [b, H, pos, d_head])``,
-    ``head_out(layer, out [b, H, pos, d_model])``, ``neurons(layer, act [b, pos, d_mlp])``.
-    Returns logits, patterns ``[b, L, H, pos, pos]``, z ``[b, L, H, pos, d_head]`` and the
-    heads' outputs ``[b, L, H, pos, d_model]``."""
+    ``head_out(layer, out [b, H, pos, d_model])``, ``neurons(layer, act [b, pos, d_mlp])``,
+    ``mlp_input(layer, x [b, pos, d_model])`` the stream the MLP reads (before its norm; the residual stream
+    goes on without the hook's change), ``final(x [b, pos, d_model])`` the stream the unembedding reads.
+    Returns logits, patterns ``[b, L, H, pos, pos]``, z ``[b, L, H, pos, d_head]``, the
+    heads' outputs ``[b, L, H, pos, d_model]`` and (models with MLPs) the MLPs' ``mlp_out [b, L, pos, d_model]``."""
     c = model.cfg
     assert c.normalization == "layernorm" and c.positional in ("learned", "shortformer") and c.pre_norm
     assert not (c.post_norms or c.qk_norm or c.parallel_attn_mlp or c.gated_mlp or c.rotary_dim)
@@ -86,7 +89,7 @@ def oracle(model, tokens, *, resid=None, inputs=None, pattern=None, z=None, head
     x = w("W_E")[tokens] + (W_pos[:n] if c.positional == "learned" else 0)
     qk_pos = W_pos[:n] if c.positional == "shortformer" else 0
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    patterns, zs, outs = [], [], []
+    patterns, zs, outs, mlp_outs = [], [], [], []
     for layer in range(c.n_layers):
         x = resid(layer, x) if resid else x
         per_head = x[:, None].expand(b, c.n_heads, n, c.d_model)
@@ -103,12 +106,15 @@ def oracle(model, tokens, *, resid=None, inputs=None, pattern=None, z=None, head
         patterns.append(patterns_l), zs.append(zl), outs.append(out)
         x = x + out.sum(1) + bias("b_O", layer)
         if not c.attn_only:
-            act = gelu_new(norm(x) @ w("W_in")[layer] + bias("b_in", layer))
+            read = mlp_input(layer, x) if mlp_input else x
+            act = gelu_new(norm(read) @ w("W_in")[layer] + bias("b_in", layer))
             act = neurons(layer, act) if neurons else act
-            x = x + act @ w("W_out")[layer] + bias("b_out", layer)
+            mlp_outs.append(act @ w("W_out")[layer] + bias("b_out", layer))
+            x = x + mlp_outs[-1]
+    x = final(x) if final else x
     logits = norm(x) @ w("W_U") + bias("b_U")
     return {"logits": logits, "patterns": torch.stack(patterns, 1), "z": torch.stack(zs, 1),
-            "head_out": torch.stack(outs, 1)}
+            "head_out": torch.stack(outs, 1), "mlp_out": torch.stack(mlp_outs, 1) if mlp_outs else None}
 
 
 def token_loss(logits, tokens):

@@ -9,6 +9,7 @@ pair's induction mechanism), ``positional`` (attention by relative offset), ``vi
 output removed from one later head's query, key or value; measured composition), ``patching`` (a
 counterfactual ``Task`` and exact activation patching between its clean and corrupted runs),
 ``attribution`` (attribution patching: the first-order estimate of every cell of a site at once),
+``edges`` (edge attribution patching, EAP and EAP-IG, a circuit of the top edges and its exact faithfulness),
 ``effective_embedding`` (the token representation a deeper layer's heads read: ``W_E``, ``W_E`` through
 block 0, or a corpus's mean stream).
 """
@@ -36,6 +37,7 @@ from .circuits import (
     virtual_head_ov,
 )
 from .composition import CompositionDetail, composition_detail, composition_scores, random_baseline, strongest_writers
+from .edges import Circuit, EdgeAttribution, Faithfulness, edge_attribution
 from .effective_embedding import EffectiveEmbedding, effective_embedding
 from .eigen import eigenvalue_positivity, eigenvalues
 from .head_scores import head_scores
@@ -59,8 +61,11 @@ __all__ = [
     "AblationResult",
     "Agreement",
     "AttributionResult",
+    "Circuit",
     "CompositionDetail",
+    "EdgeAttribution",
     "EffectiveEmbedding",
+    "Faithfulness",
     "InductionPair",
     "NonlinearFeatureError",
     "PairVerdict",
@@ -83,6 +88,7 @@ __all__ = [
     "composition_detail",
     "composition_scores",
     "direct_path",
+    "edge_attribution",
     "effective_embedding",
     "eigenvalue_positivity",
     "eigenvalues",

@@ -139,14 +139,18 @@ def attribution_patch(model, task: Task, site: str, direction: str = "denoise") 
     return AttributionResult(site, direction, task.normalise(start + estimate), SITES[site])
 
 
-def _metric_gradients(task: Task, run, leaves: list) -> tuple:
-    """The task's metric of ``run()``'s logits, differentiated with respect to ``leaves`` (refused unless the
-    metric is a scalar tensor computed from the logits)."""
+def _metric_gradients(task: Task, run, leaves: list, where: str = "attribution_patch", metric=None) -> tuple:
+    """The task's metric of ``run()``'s logits (``metric()``, the metric itself, where given), differentiated
+    with respect to ``leaves`` (refused, naming ``where``, unless the metric is a scalar tensor computed
+    from the logits, and a finite one)."""
     with torch.enable_grad():
-        value = task.metric_fn(run(), task)
+        value = metric() if metric is not None else task.metric_fn(run(), task)
         if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.requires_grad:
-            raise TypeError("attribution_patch: the task's metric must give a scalar tensor computed from the logits "
+            raise TypeError(f"{where}: the task's metric must give a scalar tensor computed from the logits "
                             f"with torch operations (its gradient is taken), got {type(value).__name__}")
+        if not bool(torch.isfinite(value.detach())):
+            raise ValueError(f"{where}: the task's metric is {float(value.detach())} on the run its gradient is taken on; "
+                             "it must be finite")
         return torch.autograd.grad(value, leaves)
 
 

@@ -167,18 +167,25 @@ class Task:
         return float(value)
 
     def run_metric(self, tokens: torch.Tensor, interventions: Interventions, resume, where: str) -> float:
-        """The metric of the forward of ``tokens`` with ``interventions``, resumed from ``resume``. The
-        logit difference reads two logits per prompt: that forward then stops at the final stream and
-        unembeds only the answers' columns at ``position``, not ``[batch, pos, d_vocab]`` (a half-precision
-        model, whose cache holds the stream rounded, and any other metric read the whole logits)."""
+        """The metric of the forward of ``tokens`` with ``interventions``, resumed from ``resume`` (a float;
+        refused unless a finite scalar, naming ``where``)."""
+        return self._number(self.metric_tensor(tokens, interventions, resume), where)
+
+    def metric_tensor(self, tokens: torch.Tensor, interventions: Interventions | None, resume=None):
+        """The metric of the forward of ``tokens`` with ``interventions`` (resumed from ``resume``, a clean
+        cache, or None), as the metric computes it: a tensor differentiable through the forward where the
+        metric is. The logit difference reads two logits per prompt: that forward then stops at the final
+        stream and unembeds only the answers' columns at ``position``, not ``[batch, pos, d_vocab]`` (a
+        half-precision model, whose cache holds the stream rounded, and any other metric read the whole
+        logits)."""
         if self.metric_fn is logit_diff and self.model.dtype in (torch.float32, torch.float64):
             _, cache = self.model.run_with_cache(tokens, interventions=interventions, resume=resume, logits=False)
             xn = self.model.read(cache.resid[:, -1, self.position])[0]  # [batch, d_model]
             every = self.model.unembed(xn, self.answer_ids.flatten().to(xn.device))  # [batch, 2 * batch]
             rows = torch.arange(len(xn), device=xn.device)
-            return self._number(_mean_difference(every.view(len(xn), -1, 2)[rows, rows]), where)
+            return _mean_difference(every.view(len(xn), -1, 2)[rows, rows])
         logits, _ = self.model.run_with_cache(tokens, interventions=interventions, resume=resume)
-        return self.metric(logits, where)
+        return self.metric_fn(logits, self)
 
     def normalise(self, value: float) -> float:
         """``value`` on the scale where the corrupted run's metric is 0 and the clean run's 1."""

@@ -127,7 +127,8 @@ class Forward:
 
     def project(self, layer: int, xn: torch.Tensor, via: str, heads: list[int] | None = None) -> torch.Tensor:
         """Queries (``via="Q"``), keys (``"K"``) or values (``"V"``) of layer ``layer``'s heads from
-        ``xn [b, pos, d_model]`` as ``layer_read`` returns it: ``[b, H, pos, d_head]``, after every
+        ``xn [b, pos, d_model]`` as ``layer_read`` returns it (or ``[b, H, pos, d_model]``, each head's own,
+        per-head QK-norm only): ``[b, H, pos, d_head]``, after every
         step the forward takes before the scores (Shortformer positions, biases, ``clip_qkv``,
         QK-norm and rotary for Q and K). ``heads`` (head indices) keeps only those heads; a QK-norm
         over all heads of a position (``qk_norm_heads`` False) is taken over all of them first."""
@@ -139,7 +140,9 @@ class Forward:
         joint = qk and cfg.qk_norm is not None and not cfg.qk_norm_heads
         some = slice(None) if heads is None or joint else heads
         weight = weight[layer][some]
-        if xn.shape[0] == 1:
+        if xn.ndim == 4:  # each head its own input [b, H, pos, d] (a read tap): one product per head
+            out = xn @ weight
+        elif xn.shape[0] == 1:
             # [1, 1, pos, d] @ [H, d, d_head]: a batched product reading each head's weight in place
             # (one product over a [d, H * d_head] copy of the weights costs that copy on each call)
             out = xn[:, None] @ weight
@@ -199,10 +202,14 @@ class Forward:
         z ``[b, H, pos, d_head]``, the heads' summed output ``[b, pos, d_model]`` without ``b_O``,
         scale ``[b, pos]``). ``edits``: this layer's interventions (``Interventions.at``); ``clean``:
         (pattern, z, scale) of a clean run on the same ``x``, taken instead of recomputed."""
-        if clean is None:
+        tapped = {} if edits is None else {via: edits.taps[via] for via in VIAS if via in edits.taps}
+        if clean is None or tapped:
             xn, scale = self.layer_read(x)
-            pattern = self.attention_pattern(layer, self.project(layer, xn, "Q"), self.project(layer, xn, "K"))
-            z = pattern @ self.project(layer, xn, "V")
+            # a read tap: that input of each head reads the stream plus its own delta [b, H, pos, d_model]
+            q, k, v = (self.project(layer, self.layer_read(x[:, None] + tapped[via].to(x.dtype))[0] if via in tapped
+                                    else xn, via) for via in VIAS)
+            pattern = self.attention_pattern(layer, q, k)
+            z = pattern @ v
         else:
             (pattern, z, scale), xn = clean, None
         if edits is None:
@@ -235,6 +242,8 @@ class Forward:
              edits: LayerEdits | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s MLP reading ``x [b, pos, d_model]``: (output ``[b, pos, d_model]`` with ``b_out``,
         scale ``[b, pos]``, post-activation ``[b, pos, d_mlp]``: what ``W_out`` reads, after ``edits``)."""
+        if edits is not None and "mlp_in" in edits.taps:  # a read tap: the MLP alone reads the stream plus it
+            x = x + edits.taps["mlp_in"].to(x.dtype)
         xn, scale = self.layer_read(x)
         b_in = self.b_in[layer] if self.b_in is not None else 0
         act = ACTIVATIONS[self.cfg.act_fn]

@@ -25,7 +25,13 @@ the model's own forward, with these changes at the layers they name (0-based lay
   *added* to the stream before the layer (``"pre"``), after its attention (``"mid"``) or after its MLP
   (``"post"``). Zeros that require grad leave the forward as it is and give, in one backward, the
   gradient of anything read from it with respect to the stream at every such point (attribution
-  patching: ``analysis.attribution``); nothing upstream is cut, unlike a replacement.
+  patching: ``analysis.attribution``); nothing upstream is cut, unlike a replacement. ``where`` one of
+  ``READ_TAPS`` adds ``delta`` to one *reader's* input only, the residual stream going on without it:
+  ``"Q"``, ``"K"``, ``"V"`` with ``delta [batch, n_heads, pos, d_model]`` to the stream each head's query
+  (key, value) reads, head by head, before the layer's norm (a head also in ``head_inputs`` reads
+  those streams instead); ``"mlp_in"`` with ``delta [batch, pos, d_model]`` to the stream the layer's
+  MLP reads. Edge attribution patching (``analysis.edges``) takes its gradients there, and measures a
+  circuit by adding there what each edge left out changes.
 
 Everything after the first layer named is recomputed from the changed stream.
 """
@@ -43,6 +49,9 @@ VIAS = ("Q", "K", "V")
 """The inputs of a head a path can enter by: its query, key or value."""
 TAPS = ("pre", "mid", "post")
 """Where in a layer ``Interventions.taps`` adds to the stream: before it, after its attention, after its MLP."""
+READ_TAPS = ("Q", "K", "V", "mlp_in")
+"""Where in a layer ``Interventions.taps`` adds to one reader's input only: each head's query, key or value
+input ``[batch, n_heads, pos, d_model]``, the MLP's input ``[batch, pos, d_model]``."""
 
 
 class LayerEdits(NamedTuple):
@@ -122,11 +131,22 @@ class Interventions:
             check_index(layer, "Interventions.resid: a key (a layer)", L)
             _check_stream(f"resid[{layer}]", stream, (batch, pos, cfg.d_model))
         for key, delta in self.taps.items():
-            if not (isinstance(key, tuple) and len(key) == 2 and key[1] in TAPS):
-                raise ValueError(f"Interventions.taps: key {key!r} must be (layer, where) with where one of {TAPS}")
+            if not (isinstance(key, tuple) and len(key) == 2 and key[1] in TAPS + READ_TAPS):
+                raise ValueError(f"Interventions.taps: key {key!r} must be (layer, where) with where one of "
+                                 f"{TAPS + READ_TAPS}")
             check_index(key[0], f"Interventions.taps: {key!r}: layer", L)
-            if key[1] == "post" and cfg.attn_only:
-                raise ValueError(f"Interventions.taps: {key!r}: {cfg.name!r} is attention-only (no MLP to tap after)")
+            if key[1] in ("post", "mlp_in") and cfg.attn_only:
+                raise ValueError(f"Interventions.taps: {key!r}: {cfg.name!r} is attention-only (no MLP to tap "
+                                 f"{'after' if key[1] == 'post' else 'the input of'})")
+            if key[1] in VIAS:
+                if cfg.qk_norm is not None and not cfg.qk_norm_heads:
+                    raise ValueError(f"Interventions.taps: {key!r}: {cfg.name!r} normalises the queries and keys of "
+                                     "all heads of a position together, so one head's input is not its own")
+                if not isinstance(delta, torch.Tensor) or tuple(delta.shape) != (batch, H, pos, cfg.d_model):
+                    got = tuple(delta.shape) if isinstance(delta, torch.Tensor) else type(delta).__name__
+                    raise ValueError(f"Interventions.taps[{key!r}]: a head input's delta is a tensor [batch, n_heads, "
+                                     f"pos, d_model] = {[batch, H, pos, cfg.d_model]}, got {got}")
+                continue
             _check_stream(f"taps[{key!r}]", delta, (batch, pos, cfg.d_model))
 
 
