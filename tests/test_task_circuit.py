@@ -14,7 +14,7 @@ import traitlets
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.patching import Task
-from pycircuits_widgets.widgets.views.task_circuit import AGREEMENT_K, SITES
+from pycircuits_widgets.widgets.views.task_circuit import AGREEMENT_K, CIRCUIT_EDGES, SITES
 from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
 from test_interventions import oracle, token_loss
 from tolerance import assert_within, logit_tol
@@ -154,3 +154,25 @@ def test_the_patched_run_needs_an_explorer_reading_one_of_the_tasks_prompts(mode
         with pytest.raises(traitlets.TraitError, match="patched: patching the shown run needs"):
             view.patched = True
         assert not view.patched
+
+
+def test_the_circuit_graph_is_edge_attributions_top_edges_and_their_faithfulness(model, task):
+    view = pcw.TaskCircuit(model, task)
+    found = pcw.edge_attribution(model, task, "eap")
+    circuit = found.circuit(top_n=CIRCUIT_EDGES)
+    shown = view.circuit
+    assert [(e["from"], e["to"], e["via"]) for e in shown["edges"]] == list(circuit.edges)
+    assert [e["score"] for e in shown["edges"]] == circuit.scores.tolist()
+    assert shown["total"] == len(found.edges) and shown["method"] == "eap"
+    assert shown["faithfulness"]["score"] == float(found.faithfulness(circuit))
+    assert [n["name"] for n in shown["nodes"]] == list(circuit.nodes)
+    assert all(n["rank"] == circuit.ranks[n["name"]] for n in shown["nodes"])
+    weights = {via: pcw.composition_scores(model, via) for via in "QKV"}
+    for e in shown["edges"]:  # a head -> head edge: the pair's composition, from the weights and measured
+        if e["via"] in "QKV" and e["from"].startswith("L"):
+            (l1, h1), (l2, h2) = (map(int, name[1:].split(".H")) for name in (e["from"], e["to"]))
+            assert e["composition"] == float(weights[e["via"]][l1, h1, l2, h2])
+            measured = pcw.measured_composition(model, task.tokens_clean, e["via"])
+            assert e["measured"] == float(measured[l1, h1, l2, h2])
+        else:
+            assert "composition" not in e and "measured" not in e

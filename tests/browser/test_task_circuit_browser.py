@@ -58,3 +58,21 @@ def test_a_saved_explorer_page_keeps_the_task_section(browser, model, tmp_path):
         section.get_by_test_id("exact-head_out-1-5").click()  # no kernel: the selection moves in the page
         assert "L1.H5" in page.get_by_test_id("selected-head").inner_text()
         section.screenshot(path=str(tmp_path / "saved-task.png"))
+
+
+def test_the_circuit_graph_selects_heads_and_shows_an_edges_composition(show, model):
+    w = pcw.TaskCircuit(model, induction_task(model))
+    view = show(w)
+    page = view.page
+    graph = page.get_by_test_id("circuit")
+    assert graph.locator("g.node").count() == len(w.circuit["nodes"])
+    assert graph.locator("line.edge").count() == len(w.circuit["edges"])
+    assert float(page.get_by_test_id("faithfulness").inner_text()) == pytest.approx(
+        w.circuit["faithfulness"]["score"], abs=5e-4)
+    head = next(n for n in w.circuit["nodes"] if n["layer"] >= 0)
+    graph.locator(f"g.node[data-node='{head['name']}']").dispatch_event("click")
+    assert (w.layer, w.head) == (head["layer"], head["head"])
+    edge = next(e for e in w.circuit["edges"] if "measured" in e)
+    graph.locator(f"line[data-edge='{edge['from']}>{edge['to']}:{edge['via']}']").dispatch_event("click")
+    detail = page.get_by_test_id("edge-detail").inner_text()
+    assert detail.startswith(f"{edge['from']} → {edge['to']} ({edge['via']})") and "measured on the clean prompts" in detail

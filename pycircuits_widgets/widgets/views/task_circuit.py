@@ -8,8 +8,11 @@ import torch
 import traitlets
 
 from ...analysis.attribution import attribution_patch
+from ...analysis.composition import composition_scores
+from ...analysis.edges import edge_attribution
 from ...analysis.patching import DIRECTIONS, Task, activation_patch_steps, check_patching, head_outs
 from ...analysis.patching import SITES as PATCH_SITES
+from ...analysis.path_patching import measured_composition
 from ...models.forward import next_token_loss
 from ...models.interventions import Interventions
 from ..core.arrays import ArrayDict
@@ -23,6 +26,8 @@ SITES = ("head_out", "resid_pre")
 the residual stream before each layer at each position ``[L, pos]`` (columns labelled by the tokens)."""
 AGREEMENT_K = 5
 """The top cells whose overlap ``agreement`` reports."""
+CIRCUIT_EDGES = 20
+"""The edges of largest |score| the circuit graph keeps (``circuit``)."""
 NO_RUN = "patching the shown run needs an explorer reading one of the task's clean prompts"
 """Why ``patched`` is unavailable to a view without one (``patch_run``)."""
 
@@ -72,6 +77,14 @@ class TaskCircuit(HeadSelection, CircuitWidget):
     """{site: float32 [L, H] or [L, pos]} (read-only): exact patching, NaN for cells not computed yet."""
     estimate = ArrayDict("float32").tag(sync=True)
     """{site: float32, the site's shape} (read-only): attribution patching's estimate of the same cells."""
+    circuit = traitlets.Dict().tag(sync=True)
+    """(read-only) the circuit graph, once computed: ``{"method", "total" (the graph's edges), "nodes": [{"name",
+    "rank" (the column: embed 0, layer l's heads 2l + 1, its MLP 2l + 2, the logits last), "layer", "head"
+    (-1 for a non-head)}], "edges": [{"from", "to", "via" ("Q" | "K" | "V" | "mlp" | "logits"), "score" (the
+    metric's units), "composition", "measured" (head -> head: the weights' composition score and the one
+    measured on the clean prompts, for the via; else absent)}], "faithfulness": {"score", "metric",
+    "metric_clean", "metric_corrupted", "edges", "total"}}``: the ``CIRCUIT_EDGES`` edges of largest |score|
+    by edge attribution patching (``pcw.edge_attribution``), and the circuit's run measured exactly."""
     patched = traitlets.Bool(False).tag(sync=True)
     """bool: the explorer's sections show the run patched at the selected head (class docstring)."""
     patch_run = traitlets.Unicode("").tag(sync=True)
@@ -202,7 +215,41 @@ class TaskCircuit(HeadSelection, CircuitWidget):
             yield {"agreement": dict(agreement)}
         self._done[direction] = ({s: t.float() for s, t in exact.items()},
                                  {s: r.scores.float() for s, r in estimate.items()}, dict(agreement))
+        if not self.circuit:
+            yield {"circuit": self._circuit()}
         yield {"progress": {}}
+
+    def _circuit(self) -> dict:
+        """The ``circuit`` trait: edge attribution, its top edges and their faithfulness, each head -> head
+        edge with the weights' and the measured composition of the pair."""
+        found = edge_attribution(self.model, self.task, "eap")
+        circuit = found.circuit(top_n=min(CIRCUIT_EDGES, len(found.edges)))
+        faithful = found.faithfulness(circuit)
+        vias = {via for _, _, via in circuit.edges if via in "QKV"}
+        weights = {via: composition_scores(self.model, via, offsets=None) for via in vias
+                   if self.model.cfg.positional != "rotary" or via == "V"}
+        clean = self.task.tokens_clean
+        measured = {via: measured_composition(self.model, clean, via) for via in vias}
+
+        def head(name: str) -> tuple[int, int]:
+            layer, h = name[1:].split(".H")
+            return int(layer), int(h)
+
+        edges = []
+        for (up, down, via), score in zip(circuit.edges, circuit.scores.tolist()):
+            edge = {"from": up, "to": down, "via": via, "score": score}
+            if via in vias and up.startswith("L"):
+                pair = (*head(up), *head(down))
+                if via in weights:
+                    edge["composition"] = float(weights[via][pair])
+                edge["measured"] = float(measured[via][pair])
+            edges.append(edge)
+        nodes = [{"name": n, "rank": circuit.ranks[n], **dict(zip(("layer", "head"), head(n) if n.startswith("L")
+                                                                  else (-1, -1)))} for n in circuit.nodes]
+        return {"method": found.method, "total": len(found.edges), "nodes": nodes, "edges": edges,
+                "faithfulness": {"score": faithful.score, "metric": faithful.metric,
+                                 "metric_clean": faithful.metric_clean, "metric_corrupted": faithful.metric_corrupted,
+                                 "edges": faithful.edges, "total": faithful.total}}
 
     def cancel(self) -> None:
         """Stop the patching between two layers (what was computed stays shown)."""
