@@ -5,15 +5,19 @@ changed between the scan and the sweep): a counted skip or a clear error, in bou
 
 import codecs
 import errno
+import glob
 import json
 import os
 import tracemalloc
+from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
 
+import pycircuits_widgets as pcw
 from pycircuits_widgets.corpus import Corpus, CorpusError
+from pycircuits_widgets.corpus.globs import expand
 from pycircuits_widgets.corpus.windows import PIECE_CHARS, pieces, separator_id, tokenizer_identity, window_blocks
 from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.models.corpus import corpus_documents
@@ -282,3 +286,40 @@ def test_a_read_error_is_refused_naming_the_file(tmp_path, monkeypatch):
                         else real_open(p, *a, **k))
     with pytest.raises(CorpusError, match=r"doc\.txt: read error at byte 0 \(Input/output error\)"):
         corpus.scan()
+
+
+def test_a_glob_lists_each_real_folder_once_whatever_links_loop_back(tmp_path, tok, monkeypatch):
+    # two links back to the top under ** made glob.glob walk 2**40 paths (one made it read the tree 41 times):
+    # every real folder is listed once, links to folders elsewhere are followed, hidden names stay unmatched
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("first file\n")
+    (tmp_path / "docs" / ".hidden.txt").write_text("not matched by *\n")
+    (tmp_path / "docs" / "sub" / "b.txt").write_text("second file\n")
+    (tmp_path / "outside" / "c.txt").write_text("third file\n")
+    for name in ("up1", "up2", "up3"):
+        (tmp_path / "docs" / "sub" / name).symlink_to(tmp_path / "docs")
+    (tmp_path / "docs" / "ext").symlink_to(tmp_path / "outside")
+    listed = []
+    scandir = os.scandir
+
+    def counting_scandir(path="."):
+        listed.append(os.path.realpath(path))
+        if len(listed) > 100:  # the loops' walk would not end: stop it, and fail below
+            raise RecursionError("more than 100 folder listings for 3 folders")
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    try:
+        corpus = Corpus.from_files(str(tmp_path / "docs" / "**" / "*.txt"))
+    except RecursionError as err:
+        pytest.fail(f"{err}: the glob walks the link cycles")
+    monkeypatch.undo()
+    assert sorted(listed) == sorted({str(tmp_path / "docs"), str(tmp_path / "docs" / "sub"), str(tmp_path / "outside")})
+    assert corpus.documents == 3 and dict(corpus.skipped) == {}
+    assert windows(corpus, tok, 1)[:, 0].tolist() == hand_stream(tok, ["first file\n", "third file\n", "second file\n"])
+    # without loops the matches are glob's own (this package's tree, hidden files and patterns of each kind)
+    package = Path(pcw.__file__).parent
+    for pattern in ("**/*.py", "*/__init__.py", "corpus/[gs]*.p?", "**/.*", "**"):
+        ours = expand(str(package / pattern))
+        assert ours == sorted({p.rstrip(os.sep) for p in glob.glob(str(package / pattern), recursive=True)}), pattern
