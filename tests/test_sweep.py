@@ -14,6 +14,7 @@ in the same batches on one thread, merged in shard order, is the same computatio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -433,7 +434,7 @@ def test_an_edited_manifest_is_refused_by_its_digest_and_by_its_schema(model, sm
         (lambda m: m.update(shards=2, windows=16, merged_through=1), True,
          r"files must be the files its progress implies, got .*'unexpected': \['windows/000002"),
         (lambda m: m.update(windows=41), True, r"windows must be in 33\.\.40 for 5 shards of 8 windows"),
-        (lambda m: m["settings"].update(seq_len=8), True, "is not the file|window files hold"),
+        (lambda m: m["settings"].update(seq_len=8), True, "settings.seq_len: 16 sealed, 8 now"),
         (lambda m: m["settings"].update(seq_len="16"), True, "settings.seq_len must be an int >= 1, got '16'"),
         (lambda m: m.update(complete="yes"), True, "complete must be true or false"),
         (lambda m: m["files"].update({"../other/stats.safetensors": m["files"]["stats.safetensors"]}), True,
@@ -448,6 +449,29 @@ def test_an_edited_manifest_is_refused_by_its_digest_and_by_its_schema(model, sm
     (path / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(ValueError, match=r"manifest.json is not a sweep manifest \(not JSON: RecursionError"):
         pcw.Sweep.open(path)
+
+
+def test_a_manifest_edited_with_its_digest_redone_is_refused_naming_the_field(model, small_texts, tmp_path):
+    # a deliberate edit recomputes the manifest's own digest; counts that the schema allows (39 of 40 windows),
+    # the model's fingerprint (a sweep then passes for another model's) or k change nothing the schema
+    # sees: the finished sweep's content, sealed in its statistics file, gives them away on open
+    path = tmp_path / "s"
+    small_sweep(model, path, small_texts)
+    original = (path / "manifest.json").read_text()
+    for edit, field, was, now in (
+            (lambda m: m.update(windows=39), "windows", 40, 39),
+            (lambda m: m["settings"].update(seq_len=8), "settings.seq_len", 16, 8),
+            (lambda m: m["settings"].update(k=4), "settings.k", 5, 4),
+            (lambda m: m["model"].update(fingerprint="0" * 64), "model.fingerprint", None, "0" * 64),
+            (lambda m: m["info"]["model"].update(n_heads=4), "info.model.n_heads", 8, 4),
+            (lambda m: m["tokenization"].update(separator=5), "tokenization.separator", None, 5)):
+        (path / "manifest.json").write_text(original)
+        edit_manifest(path, edit)
+        expected = rf"manifest\.json: {re.escape(field)}: {'.*' if was is None else was} sealed, {now!r} now"
+        with pytest.raises(pcw.StoreCorrupt, match=expected):
+            pcw.Sweep.open(path)
+    (path / "manifest.json").write_text(original)
+    assert pcw.Sweep.open(path).n_tokens == 40 * 16
 
 
 class Stop(Exception):

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from ..analysis.cache import MODEL, cached
 from ..analysis.circuits import model_name
@@ -34,7 +33,7 @@ from ..models.circuit_model import CircuitModel, weight_shapes
 from ..progress import progress as progress_bar
 from .documents import Corpus, CorpusError
 from .memory import release_free_memory
-from .store import Store, StoreCorrupt, check_file, example_rows, identity_differences, read_manifest
+from .store import Store, StoreCorrupt, check_file, example_rows, identity_differences, read_manifest, read_stats
 from .windows import RULE, separator_id, tokenizer_identity, window_blocks
 
 ENGINES = ("serial", "ray")
@@ -351,7 +350,7 @@ class Sweep:
             raise ValueError(f"the sweep in {self.path} is not finished ({m['merged_through'] + 1 + len(m['pending'])} "
                              "shards recorded); run pcw.sweep with the same arguments again to resume it")
         self._verified: set[str] = set()  # files checked against the manifest (``_checked``)
-        self._stats = load_file(self._checked("stats.safetensors"))
+        self._stats = read_stats(self.path, self.manifest)
         self._tables: dict = {}
         self._windows: torch.Tensor | None = None
         self._documents: np.ndarray | None = None
