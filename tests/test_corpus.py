@@ -126,6 +126,10 @@ def test_missing_paths_directories_and_empty_globs_are_refused_by_name(tmp_path)
         Corpus.from_texts(["x", b"y"])
     with pytest.raises(TypeError, match="got one str"):
         Corpus.from_texts("just one text")
+    (tmp_path / "docs.jsonl").write_text('{"text": "one"}\n')
+    for bad in (0, -1, 2.5, "64"):  # -1 read every line as empty: a corpus of no documents, no error
+        with pytest.raises(ValueError, match=f"max_line_bytes must be a positive int .bytes., got {bad!r}"):
+            Corpus.from_jsonl(tmp_path / "docs.jsonl", max_line_bytes=bad)
     gone = tmp_path / "gone.txt"
     gone.write_text("here when listed\n")
     corpus = Corpus.from_files(gone)

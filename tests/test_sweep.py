@@ -572,7 +572,21 @@ def test_arguments_with_a_unit_or_a_range_are_refused_not_defaulted(model, corpu
             pcw.sweep(model, corpus, store, **kwargs)
     with pytest.raises(ValueError, match="seq_len must be a positive int, got 0"):
         pcw.head_scores(model, corpus, seq_len=0)
+    with pytest.raises(TypeError, match=r"progress must be True, False or a callable taking a SweepProgress, got 'yes'"):
+        pcw.sweep(model, corpus, store, progress="yes")
+    for call in (lambda: pcw.sweep(model, corpus, None), lambda: pcw.Sweep.open(None),
+                 lambda: pcw.head_scores(model, corpus, store=3)):
+        with pytest.raises(TypeError, match=r"store must be a folder's path \(str or os.PathLike\), got (NoneType|int)"):
+            call()
     assert not store.exists()  # refused before the store was made
+    # the Ray engine's sizes, before any cluster is started or joined
+    from pycircuits_widgets.corpus import ray_engine
+
+    for kwargs, message in ((dict(workers=0), r"workers must be a positive int or None .*got 0"),
+                            (dict(cpus_per_worker=0), "cpus_per_worker must be a positive int, got 0"),
+                            (dict(num_gpus=-1), r"num_gpus must be a number >= 0 .*got -1")):
+        with pytest.raises(ValueError, match=message):
+            next(ray_engine.run(model, {}, iter([]), **kwargs))
 
 
 def test_a_ray_cluster_that_cannot_start_or_be_reached_names_the_serial_engine(monkeypatch):

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .arguments import check_positive
 from .globs import expand
 
 CHUNK_BYTES = 1 << 20
@@ -336,6 +337,7 @@ class Corpus:
             raise CorpusError(f"from_jsonl: {path} is {kind}, not a regular file")
         if not isinstance(field, str):
             raise TypeError(f"from_jsonl: field must be a str, got {type(field).__name__}")
+        check_positive("from_jsonl: max_line_bytes", max_line_bytes, "a positive int (bytes)")
         # the file's name, not its path: a store and a saved page must not carry the author's folders
         return cls(lambda: _jsonl_documents(path, field, errors, max_line_bytes), f"{path.name} [{field!r}]")
 

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import queue
 import tempfile
 import threading
@@ -31,6 +32,7 @@ from ..analysis.head_scores import SCORE_NAMES
 from ..analysis.head_scores import head_scores as analysis_head_scores
 from ..models.circuit_model import CircuitModel, weight_shapes
 from ..progress import progress as progress_bar
+from .arguments import check_positive
 from .documents import Corpus, CorpusError
 from .memory import release_free_memory
 from .store import Store, StoreCorrupt, check_file, example_rows, identity_differences, read_manifest, read_stats
@@ -90,16 +92,18 @@ def _check_model(model) -> None:
         raise ValueError(f"model {model.cfg.name!r} has no tokenizer: a corpus of text cannot be cut into its tokens")
 
 
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+def store_path(store) -> Path:
+    """``store`` as a ``Path``, or a ``TypeError`` naming the argument and what it takes."""
+    if not isinstance(store, (str, os.PathLike)):
+        raise TypeError(f"store must be a folder's path (str or os.PathLike), got {type(store).__name__}")
+    return Path(store)
 
 
 def _settings(model, seq_len, k, max_windows, batch_size, shard_windows, scores_only) -> dict:
     """The sweep's settings, checked (``batch_size`` and ``shard_windows`` given or defaulted by the caller)."""
     for name, value in (("k", k), ("batch_size", batch_size), ("shard_windows", shard_windows),
                         ("max_windows", 1 if max_windows is None else max_windows)):
-        _positive(name, value)
+        check_positive(name, value)
     if k > MAX_K:
         raise ValueError(f"k must be at most {MAX_K} examples per head and neuron, got {k} (each example costs "
                          "memory and merge time in every shard)")
@@ -145,12 +149,15 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
         raise TypeError(f"sweep: unexpected arguments {sorted(engine_options)} (engine options are for engine='ray')")
     if not isinstance(corpus, Corpus):
         raise TypeError(f"sweep takes a pcw.Corpus (Corpus.from_texts, .from_files, ...), got {type(corpus).__name__}")
+    if not isinstance(progress, bool) and not callable(progress):
+        raise TypeError(f"progress must be True, False or a callable taking a SweepProgress, got {progress!r}")
+    store = store_path(store)
     _check_model(model)
-    _positive("seq_len", seq_len)
+    check_positive("seq_len", seq_len)
     # None: the default; anything else is checked as given (a 0 is refused, not taken for the default)
     batch_size = max(1, BATCH_TOKENS // seq_len) if batch_size is None else batch_size
     if shard_windows is None:
-        _positive("batch_size", batch_size)
+        check_positive("batch_size", batch_size)
         shard_windows = batch_size * max(1, SHARD_TOKENS // (batch_size * seq_len))
     settings = _settings(model, seq_len, k, max_windows, batch_size, shard_windows, scores_only)
     tokenizer = model.tokenizer
@@ -177,11 +184,11 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     return Sweep(store.path)
 
 
-def _finished(path, identity: dict) -> Sweep | None:
+def _finished(path: Path, identity: dict) -> Sweep | None:
     """The finished sweep of ``identity`` kept at ``path``, read without the writer's lock or any write (a
     store on read-only media reads back); None where there is none to read (``Store`` then says why)."""
     try:
-        manifest = read_manifest(Path(path))
+        manifest = read_manifest(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     if not manifest["complete"] or identity_differences(manifest, identity):
@@ -343,7 +350,7 @@ class Sweep:
     first; tensors are CPU float32 (statistics) or int64 (``windows``)."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = store_path(path)
         self.manifest = read_manifest(self.path)
         if not self.manifest["complete"]:
             m = self.manifest
