@@ -301,8 +301,7 @@ def test_two_ray_nodes_with_a_worker_killed_mid_sweep_end_with_the_serial_store(
 def test_a_store_made_by_another_sweep_is_refused_naming_what_differs(model, corpus, reference, tmp_path):
     with pytest.raises(StoreMismatch, match=r"settings\.k: 20 in the store, 10 now"):
         pcw.sweep(model, corpus, reference.path, **{**SETTINGS, "k": 10})
-    with pytest.raises(StoreMismatch, match=r"model\.fingerprint: .*model\.name: 'attn-only-2l' in the store, "
-                                            r"'attn-only-1l' now"):
+    with pytest.raises(StoreMismatch, match=r"made by another sweep \(of model 'attn-only-2l'\): model\.fingerprint: "):
         pcw.sweep(load_pretrained("attn-only-1l"), corpus, reference.path, **SETTINGS)
     with pytest.raises(StoreMismatch, match=r"corpus\.fingerprint"):
         pcw.sweep(model, Corpus.from_texts(["x = 1\n" * 400]), reference.path, **SETTINGS)
@@ -472,6 +471,24 @@ def test_a_manifest_edited_with_its_digest_redone_is_refused_naming_the_field(mo
             pcw.Sweep.open(path)
     (path / "manifest.json").write_text(original)
     assert pcw.Sweep.open(path).n_tokens == 40 * 16
+
+
+def test_the_same_weights_under_another_name_share_a_store_that_names_no_folder(model, small_texts, tmp_path):
+    # from_hf names a model by the folder it was loaded from (an absolute path): the fingerprint hashed it, so
+    # a colleague's copy of the same checkpoint, or a model its user renamed, was "another model" to the store,
+    # the explorer and mean ablation. The fingerprint is what computes; the store keeps the name's last part
+    made = small_sweep(model, tmp_path / "s", small_texts)
+    elsewhere = load_pretrained("attn-only-2l")
+    elsewhere.cfg.name = "/home/alice/checkpoints/step-1000/"
+    assert_same_store(small_sweep(elsewhere, tmp_path / "s", small_texts), made)  # read back, not refused
+    made.check_model(elsewhere, "test")
+    tokens = model.to_tokens("def f(x):\n    return x + 1\n")
+    assert pcw.ablate(elsewhere, tokens, heads=[(1, 6)], kind="mean", means=made).loss.equal(
+        pcw.ablate(model, tokens, heads=[(1, 6)], kind="mean", means=made).loss)
+    theirs = small_sweep(elsewhere, tmp_path / "t", small_texts)
+    assert theirs.model_name == "step-1000" and "alice" not in (tmp_path / "t" / "manifest.json").read_text()
+    with pytest.raises(StoreMismatch, match=r"made by another sweep \(of model 'attn-only-2l'\): model\.fingerprint"):
+        small_sweep(load_pretrained("attn-only-1l"), tmp_path / "s", small_texts)
 
 
 class Stop(Exception):

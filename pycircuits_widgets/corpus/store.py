@@ -169,9 +169,13 @@ def _check_schema(m: dict, file: Path) -> None:
     for key in ("model", "corpus", "tokenization", "settings", "info", "files"):
         if not isinstance(m.get(key), dict):
             fail(key, "an object", m.get(key))
-    for part, field in (("model", "fingerprint"), ("model", "name"), ("corpus", "fingerprint")):
+    if not isinstance(m["info"].get("model"), dict):
+        fail("info.model", "an object", m["info"].get("model"))
+    for part, field in (("model", "fingerprint"), ("corpus", "fingerprint")):
         if not isinstance(m[part].get(field), str):
             fail(f"{part}.{field}", "a string", m[part].get(field))
+    if not isinstance(m["info"]["model"].get("name"), str):
+        fail("info.model.name", "a string", m["info"]["model"].get("name"))
     settings = m["settings"]
     for field in ("seq_len", "k", "batch_size", "shard_windows"):
         if not integer(settings.get(field), 1):
@@ -270,9 +274,10 @@ def differences(recorded: dict, wanted: dict, where: str = "", labels: tuple[str
 class Store:
     """A store opened for writing by one sweep (module docstring). ``identity``: ``{"model", "corpus",
     "tokenization", "settings"}``, each a JSON-able dict; an existing store must have the same. ``info``:
-    recorded, not compared (e.g. what the corpus skipped)."""
+    recorded, not compared: ``{"corpus": {...}, "model": {"name", ...}}`` (what the corpus skipped, how the
+    model is called: a name is no part of what it computes)."""
 
-    def __init__(self, path, identity: dict, info: dict | None = None):
+    def __init__(self, path, identity: dict, info: dict):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"store {self.path} is a file; pass a folder (it is created if missing)")
@@ -287,12 +292,13 @@ class Store:
             raise
         self._tidy()
 
-    def _open(self, identity: dict, info: dict | None) -> None:
+    def _open(self, identity: dict, info: dict) -> None:
         if (self.path / "manifest.json").exists():
             self.manifest = read_manifest(self.path)
             diff = identity_differences(self.manifest, identity)
             if diff:
-                raise StoreMismatch(f"store {self.path} was made by another sweep: " + "; ".join(diff)
+                raise StoreMismatch(f"store {self.path} was made by another sweep (of model "
+                                    f"{self.manifest['info']['model']['name']!r}): " + "; ".join(diff)
                                     + ". Use another folder, or delete this one to start over")
             if not self.complete:  # before a resume builds on them: every file as the sweep wrote it
                 for name in self.manifest["files"]:
@@ -305,7 +311,7 @@ class Store:
         if leftovers:
             raise StoreMismatch(f"store {self.path} is a folder with files and no sweep manifest "
                                 f"({', '.join(sorted(p.name for p in leftovers)[:5])}); pass an empty or new folder")
-        self.manifest = {"format": FORMAT, **identity, "info": info or {}, "merged": None, "merged_through": -1,
+        self.manifest = {"format": FORMAT, **identity, "info": info, "merged": None, "merged_through": -1,
                          "pending": [], "shards": None, "windows": None, "complete": False, "files": {}}
         for part in PARTS:
             (self.path / part).mkdir(exist_ok=True)

@@ -59,8 +59,11 @@ class SweepProgress:
 
 
 def model_fingerprint(model) -> str:
-    """sha256 (hex) of the model's config and every weight's name, dtype, shape and bytes."""
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(model.cfg), sort_keys=True, default=str).encode())
+    """sha256 (hex) of what the model computes: its config but its name, and every weight's name, dtype,
+    shape and bytes. Not the name: ``from_hf`` names a model by the folder it was loaded from, which differs
+    between machines sharing a store (and a user may rename a model)."""
+    config = {key: value for key, value in dataclasses.asdict(model.cfg).items() if key != "name"}
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     for name in weight_shapes(model.cfg):
         w = getattr(model, name)
         if w is None:
@@ -162,15 +165,16 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     settings = _settings(model, seq_len, k, max_windows, batch_size, shard_windows, scores_only)
     tokenizer = model.tokenizer
     identity = {
-        # the name as its user calls it (no folder of the author's machine: a store is shared)
-        "model": {"fingerprint": model_fingerprint(model), "name": model_name(model)},
+        "model": {"fingerprint": model_fingerprint(model)},
         "corpus": {"fingerprint": corpus.fingerprint},
         "tokenization": {"tokenizer": tokenizer_identity(tokenizer), "separator": separator_id(tokenizer), "rule": RULE},
         "settings": settings,
     }
     info = {"corpus": {"description": corpus.description, "documents": corpus.documents,
                        "skipped": dict(corpus.skipped)},
-            "model": {k: getattr(model.cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")}}
+            # the name as its user calls it (no folder of the author's machine: a store is shared)
+            "model": {"name": model_name(model),
+                      **{k: getattr(model.cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")}}}
     finished = _finished(store, identity)
     if finished is not None:
         return finished
@@ -399,8 +403,8 @@ class Sweep:
 
     @property
     def model_name(self) -> str:
-        """The swept model's name (``cfg.name``)."""
-        return self.manifest["model"]["name"]
+        """The swept model's name (``cfg.name``'s last part: ``analysis.circuits.model_name``)."""
+        return self.manifest["info"]["model"]["name"]
 
     def check_model(self, model, who: str) -> None:
         """Refuse (``ValueError``, naming both models) a ``model`` other than the one swept: its
@@ -523,7 +527,7 @@ class Sweep:
 
     def __repr__(self) -> str:
         m = self.manifest
-        return (f"Sweep({str(self.path)!r}: model {m['model']['name']!r}, {self.n_windows} windows of "
+        return (f"Sweep({str(self.path)!r}: model {self.model_name!r}, {self.n_windows} windows of "
                 f"{self.seq_len} tokens, k={self.k}{', scores only' if m['settings']['scores_only'] else ''})")
 
 
