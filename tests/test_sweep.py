@@ -562,19 +562,46 @@ def test_a_store_killed_before_its_first_manifest_is_taken_again(model, small_te
     assert small_sweep(model, path, small_texts).n_windows == 40
 
 
-def test_a_finished_store_reads_back_from_read_only_media(model, small_texts, tmp_path):
-    path = tmp_path / "s"
-    reference = small_sweep(model, path, small_texts)
-    (path / ".lock").unlink()
-    modes = {p: p.stat().st_mode for p in [path, *path.rglob("*")]}
+READ_ONLY = """
+import json, sys, torch
+import pycircuits_widgets as pcw
+from pycircuits_widgets.models.corpus import corpus_documents
+
+torch.set_num_threads(1)
+model, texts, out = pcw.load_pretrained("attn-only-2l"), json.loads(sys.argv[2]), {}
+for name, k in (("same", 5), ("finished", 6), ("unfinished", 5)):
     try:
-        for p in modes:
-            p.chmod(modes[p] & ~0o222)
-        assert_same_store(small_sweep(model, path, small_texts), reference)
-        assert not (path / ".lock").exists()
-    finally:
-        for p, mode in modes.items():
-            p.chmod(mode)
+        swept = pcw.sweep(model, pcw.Corpus.from_texts(texts), f"{sys.argv[1]}/{name.replace('same', 'finished')}",
+                          max_windows=40, seq_len=16, k=k, batch_size=4, shard_windows=8, progress=False)
+        out[name] = swept.head_scores()["induction"].tolist()
+    except Exception as err:
+        out[name] = f"{type(err).__name__}: {err}"
+print(json.dumps(out))
+"""
+
+
+def test_a_store_on_read_only_media_reads_back_or_says_why_it_cannot(model, small_texts, tmp_path):
+    # on media mounted read-only (a bind mount in a mount namespace of its own: file modes do not stop root)
+    # the same call reads its finished store back without writing a lock; another sweep's finished store and
+    # an unfinished one were refused by the lock file's own error, not saying what was wrong or what to do
+    media = tmp_path / "media"
+    reference = small_sweep(model, media / "finished", small_texts)
+    with pytest.raises(Stop), threads(1):
+        pcw.sweep(model, Corpus.from_texts(small_texts), media / "unfinished", max_windows=40,
+                  **{**SMALL, "progress": stop_after(2)})
+    for store in ("finished", "unfinished"):
+        (media / store / ".lock").unlink()
+    script = f"mount --bind {media} {media} && mount -o remount,bind,ro {media} && exec {sys.executable} -c \"$0\" \"$@\""
+    run = subprocess.run(["unshare", "-rm", "sh", "-c", script, READ_ONLY, str(media), json.dumps(small_texts)],
+                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PCW_PROGRESS": "0"}, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["same"] == reference.head_scores()["induction"].tolist()
+    assert re.fullmatch(r"StoreMismatch: store .*finished was made by another sweep \(of model 'attn-only-2l'\): "
+                        r"settings\.k: 5 in the store, 6 now\. .*", out["finished"]), out["finished"]
+    assert re.fullmatch(r"OSError: store .*unfinished cannot be written \(Read-only file system\): an unfinished sweep "
+                        r"resumes only in a folder it can write; copy it to one", out["unfinished"]), out["unfinished"]
+    assert not (media / "finished" / ".lock").exists() and not (media / "unfinished" / ".lock").exists()
 
 
 def test_arguments_with_a_unit_or_a_range_are_refused_not_defaulted(model, corpus, tmp_path):

@@ -253,9 +253,13 @@ def read_stats(path: Path, manifest: dict) -> dict[str, torch.Tensor]:
     return stats
 
 
-def identity_differences(manifest: dict, identity: dict) -> list[str]:
-    """``differences`` between the identity a manifest records and ``identity`` (its keys only)."""
-    return differences({key: manifest.get(key) for key in identity}, identity)
+def check_identity(path: Path, manifest: dict, identity: dict) -> None:
+    """Refuse (``StoreMismatch``, naming each difference) the store at ``path`` unless its manifest records
+    ``identity`` (its keys only: ``Store``'s)."""
+    diff = differences({key: manifest.get(key) for key in identity}, identity)
+    if diff:
+        raise StoreMismatch(f"store {path} was made by another sweep (of model {manifest['info']['model']['name']!r}): "
+                            + "; ".join(diff) + ". Use another folder, or delete this one to start over")
 
 
 def differences(recorded: dict, wanted: dict, where: str = "", labels: tuple[str, str] = ("in the store", "now")
@@ -295,11 +299,7 @@ class Store:
     def _open(self, identity: dict, info: dict) -> None:
         if (self.path / "manifest.json").exists():
             self.manifest = read_manifest(self.path)
-            diff = identity_differences(self.manifest, identity)
-            if diff:
-                raise StoreMismatch(f"store {self.path} was made by another sweep (of model "
-                                    f"{self.manifest['info']['model']['name']!r}): " + "; ".join(diff)
-                                    + ". Use another folder, or delete this one to start over")
+            check_identity(self.path, self.manifest, identity)
             if not self.complete:  # before a resume builds on them: every file as the sweep wrote it
                 for name in self.manifest["files"]:
                     check_file(self.path, self.manifest, name)
@@ -463,7 +463,11 @@ def _lock(path: Path):
         import fcntl
     except ImportError:  # Windows: no advisory locks here
         return None
-    handle = open(path / ".lock", "a")  # noqa: SIM115 - held open: the lock lasts as long as the handle
+    try:
+        handle = open(path / ".lock", "a")  # noqa: SIM115 - held open: the lock lasts as long as the handle
+    except OSError as err:  # read-only media (a finished store reads back without it: sweeps._finished)
+        raise OSError(f"store {path} cannot be written ({err.strerror or err}): an unfinished sweep resumes only "
+                      "in a folder it can write; copy it to one") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

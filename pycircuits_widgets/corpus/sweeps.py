@@ -35,7 +35,7 @@ from ..progress import progress as progress_bar
 from .arguments import check_positive
 from .documents import Corpus, CorpusError
 from .memory import release_free_memory
-from .store import Store, StoreCorrupt, check_file, example_rows, identity_differences, read_manifest, read_stats
+from .store import Store, StoreCorrupt, check_file, check_identity, example_rows, read_manifest, read_stats
 from .windows import RULE, separator_id, tokenizer_identity, window_blocks
 
 ENGINES = ("serial", "ray")
@@ -190,13 +190,15 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
 
 def _finished(path: Path, identity: dict) -> Sweep | None:
     """The finished sweep of ``identity`` kept at ``path``, read without the writer's lock or any write (a
-    store on read-only media reads back); None where there is none to read (``Store`` then says why)."""
+    store on read-only media reads back; one of another sweep is refused here, naming what differs); None
+    where there is none (``Store`` then makes one or says why it cannot)."""
     try:
         manifest = read_manifest(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    if not manifest["complete"] or identity_differences(manifest, identity):
+    if not manifest["complete"]:
         return None
+    check_identity(path, manifest, identity)
     return Sweep(path)
 
 
