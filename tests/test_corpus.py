@@ -264,15 +264,18 @@ def test_jsonl_lines_that_cannot_be_read_are_refused_naming_the_file_and_line(tm
     assert corpus.description == "docs.jsonl ['text']" and str(tmp_path) not in corpus.description
 
 
-def test_a_read_error_is_refused_naming_the_file(tmp_path, monkeypatch):
-    path = tmp_path / "doc.txt"
+def test_a_read_error_is_refused_naming_the_file_and_line(tmp_path, monkeypatch):
+    path, lines = tmp_path / "doc.txt", tmp_path / "docs.jsonl"
     path.write_text("text\n" * 10)
-    corpus = Corpus.from_files(path)
+    lines.write_text((json.dumps({"text": "one\n"}) + "\n") * 3)
+    corpus, by_line = Corpus.from_files(path), Corpus.from_jsonl(lines)
     real_open = open
 
     class Failing:
-        def __init__(self, f):
-            self.f = f
+        """A file whose reads fail (EIO, a bad disk) after ``good`` lines."""
+
+        def __init__(self, f, good):
+            self.f, self.good = f, good
 
         def __enter__(self):
             return self
@@ -283,13 +286,22 @@ def test_a_read_error_is_refused_naming_the_file(tmp_path, monkeypatch):
         def read(self, n=-1):
             raise OSError(errno.EIO, "Input/output error")
 
+        def readline(self, n=-1):
+            if self.good == 0:
+                raise OSError(errno.EIO, "Input/output error")
+            self.good -= 1
+            return self.f.readline(n)
+
         def tell(self):
             return 0
 
-    monkeypatch.setattr("builtins.open", lambda p, *a, **k: Failing(real_open(p, *a, **k)) if str(p) == str(path)
-                        else real_open(p, *a, **k))
+    failing = {str(path): 0, str(lines): 2}
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: Failing(real_open(p, *a, **k), failing[str(p)])
+                        if str(p) in failing else real_open(p, *a, **k))
     with pytest.raises(CorpusError, match=r"doc\.txt: read error at byte 0 \(Input/output error\)"):
         corpus.scan()
+    with pytest.raises(CorpusError, match=r"docs\.jsonl: read error after line 2 \(Input/output error\)"):
+        by_line.scan()
 
 
 def test_a_glob_lists_each_real_folder_once_whatever_links_loop_back(tmp_path, tok, monkeypatch):
