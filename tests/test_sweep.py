@@ -642,10 +642,9 @@ def test_a_ray_cluster_that_cannot_start_or_be_reached_names_the_serial_engine(m
 
     calls = []
 
-    def init(*args, **kwargs):
+    def init(*args, **kwargs):  # Ray raises a bare Exception for a node that did not start, joining or starting
         calls.append(kwargs)
-        raise (ConnectionError if "address" in kwargs and kwargs["address"] != "local" else Exception)(
-            "The current node timed out during startup")
+        raise Exception("The current node timed out during startup")  # noqa: TRY002 (Ray's own)
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "shutdown", lambda: None)

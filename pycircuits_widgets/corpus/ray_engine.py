@@ -127,7 +127,7 @@ def run(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *, device
         if address:
             try:
                 ray.init(address=address, logging_level="warning")
-            except (ConnectionError, TimeoutError, RuntimeError) as err:
+            except Exception as err:  # ConnectionError, TimeoutError, or Ray's bare Exception for a late node
                 raise RuntimeError(f"could not connect to the Ray cluster at {address!r} ({err}); {SERIAL}") from err
         else:
             start_local_cluster()
