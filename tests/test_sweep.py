@@ -633,6 +633,36 @@ def test_arguments_with_a_unit_or_a_range_are_refused_not_defaulted(model, corpu
             next(ray_engine.run(model, {}, iter([]), **kwargs))
 
 
+ONE_SHARD = """
+import resource, sys, torch
+sys.path.insert(0, sys.argv[1])
+from random_models import custom_model
+from pycircuits_widgets.corpus.record import Recorder
+
+torch.set_num_threads(1)
+# many neurons, a tiny forward: the shard's memory is its accumulators
+model = custom_model(dtype=torch.float32, n_layers=1, n_heads=1, d_model=8, d_head=8, d_vocab=40, n_ctx=4,
+                     attn_only=False, d_mlp=16384, act_fn="gelu")
+windows = torch.randint(0, 40, (400, 4), generator=torch.Generator().manual_seed(0))
+recorder = Recorder(model, 20)
+one = sum(t.nbytes for t in recorder.record(windows[:2], 0, 2).tensors().values())
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+recorder.record(windows, 0, 2)
+print(one, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+"""
+
+
+def test_a_shards_memory_does_not_grow_with_its_batches():
+    # each batch's accumulator was kept until the shard's end (merged once): GPT-2 small's shape, a shard of
+    # 128 batches peaked at 7.7 GiB. Merged as each batch ends, a shard holds two accumulators and the merge's
+    # working copies (a few accumulators' bytes), whatever its number of batches (here 200)
+    run = subprocess.run([sys.executable, "-c", ONE_SHARD, str(ROOT / "tests")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    one, growth = map(int, run.stdout.split())
+    assert growth < 20 * one, f"peak RSS grew {growth / 2**20:.0f} MiB over 200 batches of {one / 2**20:.1f} MiB each"
+
+
 def test_a_ray_cluster_that_cannot_start_or_be_reached_names_the_serial_engine(monkeypatch):
     # a busy 2-core machine has made Ray's own start-up deadlines expire (issue 52): after its retries the
     # sweep says what else makes the same store

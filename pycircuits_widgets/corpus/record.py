@@ -58,15 +58,17 @@ class Recorder:
     def record(self, windows: torch.Tensor, first_window: int, batch_size: int,
                on_batch: Callable[[int], None] | None = None) -> Accumulator:
         """The accumulator of ``windows [n, T]`` (numbered from ``first_window``), run ``batch_size`` at a
-        time and merged once (``Accumulator.merge_all``, sums in batch order); on the CPU. ``on_batch(b)``
-        after each batch of ``b`` windows (a progress bar's tick)."""
-        batches = []
+        time, each batch merged into the shard's as it ends (sums in batch order: the same bits as merging
+        them all at the end, in the memory of two accumulators, not one per batch); on the CPU.
+        ``on_batch(b)`` after each batch of ``b`` windows (a progress bar's tick)."""
+        acc = None
         for start in range(0, len(windows), batch_size):
             tokens = windows[start:start + batch_size]
-            batches.append(self.batch(tokens.to(self.device), first_window + start))
+            batch = self.batch(tokens.to(self.device), first_window + start)
+            acc = batch if acc is None else acc.merge(batch)
             if on_batch is not None:
                 on_batch(len(tokens))
-        return Accumulator.merge_all(batches).to("cpu")
+        return acc.to("cpu")
 
     def batch(self, tokens: torch.Tensor, first_window: int) -> Accumulator:
         """The accumulator of one batch ``tokens [b, T]`` (windows from ``first_window``), on the device."""
