@@ -107,9 +107,11 @@ class Recorder:
         b, L, T, d_mlp = post.shape
         totals, positives, values, index = [], [], [], []
         for layer in range(L):
-            # one layer at a time, one copy into rows (neuron n, column window * T + t) that top-k and the
-            # sums read: half the time of one permuted copy of every layer (GPT-2 small, 16 windows of 128)
-            scores = post[:, layer].permute(2, 0, 1).reshape(d_mlp, b * T).to(self.work)
+            # one layer at a time, into rows (neuron n, column window * T + t) that top-k and the sums read:
+            # the layer's [b * T, d_mlp] gathered (a copy of b contiguous blocks), then one 2-D transpose.
+            # Half the time of one 3-D permuted copy of the layer, itself half that of all layers at once
+            # (GPT-2 small, 16 windows of 128, 2 threads)
+            scores = post[:, layer].to(self.work).reshape(b * T, d_mlp).T.contiguous()
             totals.append(scores.sum(-1))
             positives.append((scores > 0).sum(-1))
             top = top_k_first(scores, self.k)
