@@ -5,15 +5,19 @@ changed between the scan and the sweep): a counted skip or a clear error, in bou
 
 import codecs
 import errno
+import glob
 import json
 import os
 import tracemalloc
+from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
 
+import pycircuits_widgets as pcw
 from pycircuits_widgets.corpus import Corpus, CorpusError
+from pycircuits_widgets.corpus.globs import expand
 from pycircuits_widgets.corpus.windows import PIECE_CHARS, pieces, separator_id, tokenizer_identity, window_blocks
 from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.models.corpus import corpus_documents
@@ -122,6 +126,10 @@ def test_missing_paths_directories_and_empty_globs_are_refused_by_name(tmp_path)
         Corpus.from_texts(["x", b"y"])
     with pytest.raises(TypeError, match="got one str"):
         Corpus.from_texts("just one text")
+    (tmp_path / "docs.jsonl").write_text('{"text": "one"}\n')
+    for bad in (0, -1, 2.5, "64"):  # -1 read every line as empty: a corpus of no documents, no error
+        with pytest.raises(ValueError, match=f"max_line_bytes must be a positive int .bytes., got {bad!r}"):
+            Corpus.from_jsonl(tmp_path / "docs.jsonl", max_line_bytes=bad)
     gone = tmp_path / "gone.txt"
     gone.write_text("here when listed\n")
     corpus = Corpus.from_files(gone)
@@ -255,15 +263,18 @@ def test_jsonl_lines_that_cannot_be_read_are_refused_naming_the_file_and_line(tm
     assert corpus.description == "docs.jsonl ['text']" and str(tmp_path) not in corpus.description
 
 
-def test_a_read_error_is_refused_naming_the_file(tmp_path, monkeypatch):
-    path = tmp_path / "doc.txt"
+def test_a_read_error_is_refused_naming_the_file_and_line(tmp_path, monkeypatch):
+    path, lines = tmp_path / "doc.txt", tmp_path / "docs.jsonl"
     path.write_text("text\n" * 10)
-    corpus = Corpus.from_files(path)
+    lines.write_text((json.dumps({"text": "one\n"}) + "\n") * 3)
+    corpus, by_line = Corpus.from_files(path), Corpus.from_jsonl(lines)
     real_open = open
 
     class Failing:
-        def __init__(self, f):
-            self.f = f
+        """A file whose reads fail (EIO, a bad disk) after ``good`` lines."""
+
+        def __init__(self, f, good):
+            self.f, self.good = f, good
 
         def __enter__(self):
             return self
@@ -274,10 +285,56 @@ def test_a_read_error_is_refused_naming_the_file(tmp_path, monkeypatch):
         def read(self, n=-1):
             raise OSError(errno.EIO, "Input/output error")
 
+        def readline(self, n=-1):
+            if self.good == 0:
+                raise OSError(errno.EIO, "Input/output error")
+            self.good -= 1
+            return self.f.readline(n)
+
         def tell(self):
             return 0
 
-    monkeypatch.setattr("builtins.open", lambda p, *a, **k: Failing(real_open(p, *a, **k)) if str(p) == str(path)
-                        else real_open(p, *a, **k))
+    failing = {str(path): 0, str(lines): 2}
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: Failing(real_open(p, *a, **k), failing[str(p)])
+                        if str(p) in failing else real_open(p, *a, **k))
     with pytest.raises(CorpusError, match=r"doc\.txt: read error at byte 0 \(Input/output error\)"):
         corpus.scan()
+    with pytest.raises(CorpusError, match=r"docs\.jsonl: read error after line 2 \(Input/output error\)"):
+        by_line.scan()
+
+
+def test_a_glob_lists_each_real_folder_once_whatever_links_loop_back(tmp_path, tok, monkeypatch):
+    # two links back to the top under ** made glob.glob walk 2**40 paths (one made it read the tree 41 times):
+    # every real folder is listed once, links to folders elsewhere are followed, hidden names stay unmatched
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("first file\n")
+    (tmp_path / "docs" / ".hidden.txt").write_text("not matched by *\n")
+    (tmp_path / "docs" / "sub" / "b.txt").write_text("second file\n")
+    (tmp_path / "outside" / "c.txt").write_text("third file\n")
+    for name in ("up1", "up2", "up3"):
+        (tmp_path / "docs" / "sub" / name).symlink_to(tmp_path / "docs")
+    (tmp_path / "docs" / "ext").symlink_to(tmp_path / "outside")
+    listed = []
+    scandir = os.scandir
+
+    def counting_scandir(path="."):
+        listed.append(os.path.realpath(path))
+        if len(listed) > 100:  # the loops' walk would not end: stop it, and fail below
+            raise RecursionError("more than 100 folder listings for 3 folders")
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    try:
+        corpus = Corpus.from_files(str(tmp_path / "docs" / "**" / "*.txt"))
+    except RecursionError as err:
+        pytest.fail(f"{err}: the glob walks the link cycles")
+    monkeypatch.undo()
+    assert sorted(listed) == sorted({str(tmp_path / "docs"), str(tmp_path / "docs" / "sub"), str(tmp_path / "outside")})
+    assert corpus.documents == 3 and dict(corpus.skipped) == {}
+    assert windows(corpus, tok, 1)[:, 0].tolist() == hand_stream(tok, ["first file\n", "third file\n", "second file\n"])
+    # without loops the matches are glob's own (this package's tree, hidden files and patterns of each kind)
+    package = Path(pcw.__file__).parent
+    for pattern in ("**/*.py", "*/__init__.py", "corpus/[gs]*.p?", "**/.*", "**"):
+        ours = expand(str(package / pattern))
+        assert ours == sorted({p.rstrip(os.sep) for p in glob.glob(str(package / pattern), recursive=True)}), pattern

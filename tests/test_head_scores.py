@@ -113,3 +113,17 @@ def test_repeat_loss_ratio_depends_on_the_sequence_length(model):
     assert all(0.45 <= r <= 0.51 for r in short), short
     assert all(0.35 <= r <= 0.44 for r in long), long
     assert min(short) - max(long) > 0.03
+
+
+def test_the_random_tokens_arguments_are_refused_with_tokens_given_and_checked_without(model):
+    # with tokens given seq_len was ignored (seq_len=0 gave the scores of the whole text, no error)
+    with pytest.raises(TypeError, match=r"head_scores: seq_len, batch are for the random tokens .tokens=None.; got "
+                                        r"seq_len=0, batch=3 with tokens"):
+        head_scores(model, "def f(x): return x", seq_len=0, batch=3)
+    for kwargs, error, message in (({"seq_len": 0}, ValueError, "seq_len must be a positive int, got 0"),
+                                   ({"seq_len": "8"}, ValueError, "seq_len must be a positive int, got '8'"),
+                                   ({"batch": 0}, ValueError, "batch must be a positive int, got 0"),
+                                   ({"n_repeats": 1.5}, ValueError, "n_repeats must be a positive int, got 1.5"),
+                                   ({"seed": "0"}, TypeError, "seed must be an int, got '0'")):
+        with pytest.raises(error, match=message):
+            head_scores(model, **kwargs)

@@ -31,8 +31,11 @@ def repeated_random_tokens(model, seq_len: int | None = None, n_repeats: int = 2
                            seed: int = 0) -> torch.Tensor:
     """``[batch, seq_len * n_repeats]``: uniform random ids (seeded) over the vocab, repeated.
     ``seq_len`` defaults to ``min(64, n_ctx // n_repeats)``."""
-    if n_repeats < 1:
-        raise ValueError(f"n_repeats must be >= 1, got {n_repeats}")
+    for name, value in (("n_repeats", n_repeats), ("batch", batch), ("seq_len", 1 if seq_len is None else seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
     seq_len = min(64, model.cfg.n_ctx // n_repeats) if seq_len is None else seq_len
     if seq_len < 1 or seq_len * n_repeats > model.cfg.n_ctx:
         raise ValueError(f"seq_len * n_repeats = {seq_len} * {n_repeats} must be in [1, n_ctx={model.cfg.n_ctx}]")
@@ -74,18 +77,25 @@ def scores_from_patterns(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[s
 
 
 @torch.no_grad()
-def head_scores(model, tokens=None, *, seq_len: int | None = None, n_repeats: int = 2, batch: int = 8,
-                seed: int = 0) -> dict[str, torch.Tensor]:
+def head_scores(model, tokens=None, *, seq_len: int | None = None, n_repeats: int | None = None,
+                batch: int | None = None, seed: int | None = None) -> dict[str, torch.Tensor]:
     """Previous-token, duplicate-token and induction score of every head (module docstring).
 
     ``tokens``: text, ``[pos]`` or ``[batch, pos]`` ids; default ``repeated_random_tokens(model,
-    seq_len, n_repeats, batch, seed)``. Returns ``{"previous_token", "duplicate_token",
+    seq_len, n_repeats, batch, seed)`` (defaults there: 2 repeats, 8 sequences, seed 0; these four
+    arguments are for the random tokens only, refused with ``tokens`` given). Returns ``{"previous_token", "duplicate_token",
     "induction"}``, each ``[n_layers, n_heads]`` in [0, 1] (NaN: no position had a target).
     A batch runs ``BATCH_TOKENS // pos`` sequences at a time, each forward's patterns summed
     (``target_mass``) and dropped, counted on a progress bar past a second. Over a corpus:
     ``pcw.head_scores(model, corpus)`` (a sweep)."""
+    random = {"seq_len": seq_len, "n_repeats": n_repeats, "batch": batch, "seed": seed}
+    given = {name: value for name, value in random.items() if value is not None}
     if tokens is None:
-        tokens = repeated_random_tokens(model, seq_len, n_repeats, batch, seed)
+        tokens = repeated_random_tokens(model, **given)
+    elif given:  # they would be ignored: the tokens' own length and batch are scored
+        raise TypeError(f"head_scores: {', '.join(given)} are for the random tokens (tokens=None); got "
+                        f"{', '.join(f'{k}={v!r}' for k, v in given.items())} with tokens (cut the tokens instead, or "
+                        "pass a pcw.Corpus to score its windows of seq_len tokens)")
     if not (isinstance(tokens, torch.Tensor) and tokens.ndim == 2 and len(tokens) > 1):
         _, cache = model.run_with_cache(tokens)
         return scores_from_patterns(cache.patterns, cache.tokens)

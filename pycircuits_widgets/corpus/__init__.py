@@ -1,4 +1,5 @@
-"""Corpus work: documents and their windows (``documents``, ``windows``), what a sweep records per batch
+"""Corpus work: documents and their windows (``documents``, with ``globs`` for file patterns; ``windows``),
+the check of count arguments (``arguments``), what a sweep records per batch
 (``record``) and how it merges (``accumulators``), the store on disk (``store``), memory handed back between shards (``memory``), the engines (``engines``:
 serial; ``ray_engine``), the sweep and its reader (``sweeps``). Imports the analysis and the models, never
 the widgets; views read a ``Sweep``, never run one. ``trigram_counts``: a head's skip-trigrams counted

@@ -43,6 +43,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .arguments import check_positive
+from .globs import expand
+
 CHUNK_BYTES = 1 << 20
 """Most bytes of input read (and characters yielded) at a time."""
 BINARY_PROBE = 8192
@@ -158,9 +161,9 @@ def _file_document(path: Path, errors: str) -> Document:
 
 
 def _expand(paths_or_glob) -> tuple[list[Path], Counter]:
-    """Files named by a path, a glob or a list of them: globs sorted, each file once (the first path that
-    reaches it, links followed), in order; and what the globs matched and left out (``skipped`` reasons).
-    A directory entry reached by several paths (a link cycle under ``**``) counts once."""
+    """Files named by a path, a glob or a list of them: globs sorted (``globs.expand``: each real folder
+    listed once, whatever links loop back), each file once (the first path that reaches it, links
+    followed), in order; and what the globs matched and left out (``skipped`` reasons)."""
     items = [paths_or_glob] if isinstance(paths_or_glob, (str, Path)) else paths_or_glob
     try:
         items = list(items)
@@ -168,26 +171,18 @@ def _expand(paths_or_glob) -> tuple[list[Path], Counter]:
         raise TypeError("from_files takes a path, a glob or a list of them, got "
                         f"{type(paths_or_glob).__name__}") from None
     files: dict[tuple[int, int], Path] = {}  # (device, inode) -> the first path to it
-    entries: set[tuple[str, str]] = set()  # (real folder, name) of every entry met
     skipped: Counter = Counter()
     for item in items:
         if not isinstance(item, (str, Path)):
             raise TypeError(f"from_files: {item!r} is a {type(item).__name__}, expected a path or a glob (str)")
         if isinstance(item, str) and globbing.has_magic(item):
-            matched = sorted(Path(p) for p in globbing.glob(item, recursive=True))
-            found = []
-            for path in matched:
-                entry = (os.path.realpath(path.parent), path.name)
-                if entry in entries:
-                    continue
-                entries.add(entry)
-                kind = _kind(path)
-                if kind == "file":
-                    found.append(path)
-                elif kind != "a directory":
-                    skipped["not_a_file"] += 1
-            if not found and not any(_kind(Path(p)) == "file" for p in matched):
+            matched = [(Path(p), _kind(Path(p))) for p in expand(item)]
+            found = [path for path, kind in matched if kind == "file"]
+            if not found:
                 raise CorpusError(f"from_files: no file matches {item!r}")
+            others = sum(kind not in ("file", "a directory") for _, kind in matched)
+            if others:
+                skipped["not_a_file"] += others
         else:
             path, kind = Path(item), _kind(Path(item))
             if kind == "missing":
@@ -196,7 +191,6 @@ def _expand(paths_or_glob) -> tuple[list[Path], Counter]:
                 raise CorpusError(f"from_files: {path} is a directory; pass a glob such as '{path}/**/*.txt'")
             if kind != "file":
                 raise CorpusError(f"from_files: {path} is {kind}, not a regular file")
-            entries.add((os.path.realpath(path.parent), path.name))
             found = [path]
         for path in found:
             st = os.stat(path)
@@ -343,6 +337,7 @@ class Corpus:
             raise CorpusError(f"from_jsonl: {path} is {kind}, not a regular file")
         if not isinstance(field, str):
             raise TypeError(f"from_jsonl: field must be a str, got {type(field).__name__}")
+        check_positive("from_jsonl: max_line_bytes", max_line_bytes, "a positive int (bytes)")
         # the file's name, not its path: a store and a saved page must not carry the author's folders
         return cls(lambda: _jsonl_documents(path, field, errors, max_line_bytes), f"{path.name} [{field!r}]")
 

@@ -29,6 +29,7 @@ import torch
 
 from ..models.circuit_model import weight_shapes
 from .accumulators import Accumulator
+from .arguments import check_positive
 from .memory import release_free_memory
 
 IN_FLIGHT_PER_WORKER = 2
@@ -115,13 +116,18 @@ def run(model, settings: dict, todo: Iterator[tuple[int, np.ndarray]], *, device
     actor reserves; the model goes to its GPU. ``device`` is for the serial engine."""
     if device is not None:
         raise TypeError("device= is for engine='serial'; Ray workers take num_gpus= (the model goes to their GPU)")
+    if workers is not None:
+        check_positive("workers", workers, "a positive int or None (as many as the cluster has room for)")
+    check_positive("cpus_per_worker", cpus_per_worker)
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, (int, float)) or not num_gpus >= 0:
+        raise ValueError(f"num_gpus must be a number >= 0 (GPUs per worker), got {num_gpus!r}")
     ray = _ray()
     started = False
     if not ray.is_initialized():
         if address:
             try:
                 ray.init(address=address, logging_level="warning")
-            except (ConnectionError, TimeoutError, RuntimeError) as err:
+            except Exception as err:  # ConnectionError, TimeoutError, or Ray's bare Exception for a late node
                 raise RuntimeError(f"could not connect to the Ray cluster at {address!r} ({err}); {SERIAL}") from err
         else:
             start_local_cluster()

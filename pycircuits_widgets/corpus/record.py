@@ -58,15 +58,17 @@ class Recorder:
     def record(self, windows: torch.Tensor, first_window: int, batch_size: int,
                on_batch: Callable[[int], None] | None = None) -> Accumulator:
         """The accumulator of ``windows [n, T]`` (numbered from ``first_window``), run ``batch_size`` at a
-        time and merged once (``Accumulator.merge_all``, sums in batch order); on the CPU. ``on_batch(b)``
-        after each batch of ``b`` windows (a progress bar's tick)."""
-        batches = []
+        time, each batch merged into the shard's as it ends (sums in batch order: the same bits as merging
+        them all at the end, in the memory of two accumulators, not one per batch); on the CPU.
+        ``on_batch(b)`` after each batch of ``b`` windows (a progress bar's tick)."""
+        acc = None
         for start in range(0, len(windows), batch_size):
             tokens = windows[start:start + batch_size]
-            batches.append(self.batch(tokens.to(self.device), first_window + start))
+            batch = self.batch(tokens.to(self.device), first_window + start)
+            acc = batch if acc is None else acc.merge(batch)
             if on_batch is not None:
                 on_batch(len(tokens))
-        return Accumulator.merge_all(batches).to("cpu")
+        return acc.to("cpu")
 
     def batch(self, tokens: torch.Tensor, first_window: int) -> Accumulator:
         """The accumulator of one batch ``tokens [b, T]`` (windows from ``first_window``), on the device."""
@@ -105,9 +107,11 @@ class Recorder:
         b, L, T, d_mlp = post.shape
         totals, positives, values, index = [], [], [], []
         for layer in range(L):
-            # one layer at a time, one copy into rows (neuron n, column window * T + t) that top-k and the
-            # sums read: half the time of one permuted copy of every layer (GPT-2 small, 16 windows of 128)
-            scores = post[:, layer].permute(2, 0, 1).reshape(d_mlp, b * T).to(self.work)
+            # one layer at a time, into rows (neuron n, column window * T + t) that top-k and the sums read:
+            # the layer's [b * T, d_mlp] gathered (a copy of b contiguous blocks), then one 2-D transpose.
+            # Half the time of one 3-D permuted copy of the layer, itself half that of all layers at once
+            # (GPT-2 small, 16 windows of 128, 2 threads)
+            scores = post[:, layer].to(self.work).reshape(b * T, d_mlp).T.contiguous()
             totals.append(scores.sum(-1))
             positives.append((scores > 0).sum(-1))
             top = top_k_first(scores, self.k)

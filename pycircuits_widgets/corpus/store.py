@@ -31,7 +31,10 @@ relative to the store (only the layout's own names are taken: no other folder is
 through it), with its size and sha256, and a sha256 of its own content (``digest``). On open the manifest
 is checked against its digest and its schema (types, ranges, and counts that agree: shards, windows and
 ``shard_windows``; a finished store names exactly its shards' windows). A file is checked against its record
-before it is read: every file before a resume, a finished store's lazily, each file on first use.
+before it is read: every file before a resume, a finished store's lazily, each file on first use. A
+finished store's statistics file carries the manifest's final content but for ``files`` and ``digest``
+(``SEAL``, in its safetensors metadata; ``read_stats``): an edit that also redid the digest (a count the
+schema allows, the model's fingerprint) differs from it, and is refused naming the field.
 """
 
 from __future__ import annotations
@@ -46,13 +49,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
 from .accumulators import EMPTY, Accumulator
 
-FORMAT = "pycircuits_widgets.sweep/2"
+FORMAT = "pycircuits_widgets.sweep/3"
+SEAL = "pycircuits_widgets.manifest"
+"""The statistics file's metadata key holding the sealed manifest (module docstring)."""
 PARTS = ("windows", "shards", "merged")
 _SHARD_FILE = re.compile(r"\d{6}\.safetensors")
 _FILE = re.compile(r"(windows|shards|merged)/\d{6}\.safetensors|stats\.safetensors|(heads|neurons)\.parquet")
@@ -142,7 +148,7 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(f"{file} is not a sweep manifest of format {FORMAT!r}")
     if manifest["format"] != FORMAT:
         raise ValueError(f"{file} is a sweep store of format {manifest['format']!r}, made by an earlier version "
-                         f"(this one reads {FORMAT!r}, whose files are checked against recorded digests): sweep "
+                         f"(this one reads {FORMAT!r}, whose stores check themselves: module docstring): sweep "
                          "again into a new folder")
     if manifest.get("digest") != _content_digest(manifest):
         raise StoreCorrupt(f"{file} was edited or damaged after the sweep wrote it (its digest does not match its "
@@ -163,9 +169,13 @@ def _check_schema(m: dict, file: Path) -> None:
     for key in ("model", "corpus", "tokenization", "settings", "info", "files"):
         if not isinstance(m.get(key), dict):
             fail(key, "an object", m.get(key))
-    for part, field in (("model", "fingerprint"), ("model", "name"), ("corpus", "fingerprint")):
+    if not isinstance(m["info"].get("model"), dict):
+        fail("info.model", "an object", m["info"].get("model"))
+    for part, field in (("model", "fingerprint"), ("corpus", "fingerprint")):
         if not isinstance(m[part].get(field), str):
             fail(f"{part}.{field}", "a string", m[part].get(field))
+    if not isinstance(m["info"]["model"].get("name"), str):
+        fail("info.model.name", "a string", m["info"]["model"].get("name"))
     settings = m["settings"]
     for field in ("seq_len", "k", "batch_size", "shard_windows"):
         if not integer(settings.get(field), 1):
@@ -221,29 +231,57 @@ def _check_schema(m: dict, file: Path) -> None:
                                                          "unexpected": sorted(named - wanted - optional)})
 
 
-def identity_differences(manifest: dict, identity: dict) -> list[str]:
-    """``differences`` between the identity a manifest records and ``identity`` (its keys only)."""
-    return differences({key: manifest.get(key) for key in identity}, identity)
+def _sealed_content(manifest: dict) -> dict:
+    """What a finished store seals in its statistics file: the manifest less ``files`` and ``digest``."""
+    return {key: value for key, value in manifest.items() if key not in ("files", "digest")}
 
 
-def differences(recorded: dict, wanted: dict, where: str = "") -> list[str]:
-    """``"where.key: recorded -> wanted"`` for every leaf that differs between two identity dicts."""
+def read_stats(path: Path, manifest: dict) -> dict[str, torch.Tensor]:
+    """The statistics of the finished store at ``path``: its file checked against the manifest's record,
+    and the manifest against the content sealed in the file (module docstring)."""
+    file = check_file(path, manifest, "stats.safetensors")
+    with safe_open(file, "pt") as f:
+        sealed = (f.metadata() or {}).get(SEAL)
+        stats = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+    if sealed is None:
+        raise StoreCorrupt(f"store {path}: stats.safetensors carries no sealed manifest ({SEAL!r} metadata); the "
+                           "store was not finished by this version: sweep again into a new folder")
+    diff = differences(json.loads(sealed), _sealed_content(manifest), labels=("sealed", "now"))
+    if diff:
+        raise StoreCorrupt(f"{Path(path) / 'manifest.json'}: " + "; ".join(diff) + " (the manifest was edited after "
+                           "the sweep finished: stats.safetensors seals what it wrote); sweep again into a new folder")
+    return stats
+
+
+def check_identity(path: Path, manifest: dict, identity: dict) -> None:
+    """Refuse (``StoreMismatch``, naming each difference) the store at ``path`` unless its manifest records
+    ``identity`` (its keys only: ``Store``'s)."""
+    diff = differences({key: manifest.get(key) for key in identity}, identity)
+    if diff:
+        raise StoreMismatch(f"store {path} was made by another sweep (of model {manifest['info']['model']['name']!r}): "
+                            + "; ".join(diff) + ". Use another folder, or delete this one to start over")
+
+
+def differences(recorded: dict, wanted: dict, where: str = "", labels: tuple[str, str] = ("in the store", "now")
+                ) -> list[str]:
+    """``"where.key: recorded labels[0], wanted labels[1]"`` for every leaf that differs between two dicts."""
     out = []
     for key in sorted(set(recorded) | set(wanted)):
         a, b = recorded.get(key), wanted.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{where}{key}.")
+            out += differences(a, b, f"{where}{key}.", labels)
         elif a != b:
-            out.append(f"{where}{key}: {a!r} in the store, {b!r} now")
+            out.append(f"{where}{key}: {a!r} {labels[0]}, {b!r} {labels[1]}")
     return out
 
 
 class Store:
     """A store opened for writing by one sweep (module docstring). ``identity``: ``{"model", "corpus",
     "tokenization", "settings"}``, each a JSON-able dict; an existing store must have the same. ``info``:
-    recorded, not compared (e.g. what the corpus skipped)."""
+    recorded, not compared: ``{"corpus": {...}, "model": {"name", ...}}`` (what the corpus skipped, how the
+    model is called: a name is no part of what it computes)."""
 
-    def __init__(self, path, identity: dict, info: dict | None = None):
+    def __init__(self, path, identity: dict, info: dict):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"store {self.path} is a file; pass a folder (it is created if missing)")
@@ -258,13 +296,10 @@ class Store:
             raise
         self._tidy()
 
-    def _open(self, identity: dict, info: dict | None) -> None:
+    def _open(self, identity: dict, info: dict) -> None:
         if (self.path / "manifest.json").exists():
             self.manifest = read_manifest(self.path)
-            diff = identity_differences(self.manifest, identity)
-            if diff:
-                raise StoreMismatch(f"store {self.path} was made by another sweep: " + "; ".join(diff)
-                                    + ". Use another folder, or delete this one to start over")
+            check_identity(self.path, self.manifest, identity)
             if not self.complete:  # before a resume builds on them: every file as the sweep wrote it
                 for name in self.manifest["files"]:
                     check_file(self.path, self.manifest, name)
@@ -276,7 +311,7 @@ class Store:
         if leftovers:
             raise StoreMismatch(f"store {self.path} is a folder with files and no sweep manifest "
                                 f"({', '.join(sorted(p.name for p in leftovers)[:5])}); pass an empty or new folder")
-        self.manifest = {"format": FORMAT, **identity, "info": info or {}, "merged": None, "merged_through": -1,
+        self.manifest = {"format": FORMAT, **identity, "info": info, "merged": None, "merged_through": -1,
                          "pending": [], "shards": None, "windows": None, "complete": False, "files": {}}
         for part in PARTS:
             (self.path / part).mkdir(exist_ok=True)
@@ -375,18 +410,19 @@ class Store:
         return self._merged
 
     def finish(self, tables: dict, stats: dict[str, torch.Tensor]) -> None:
-        """Write the final tables (Parquet) and statistics (safetensors), mark the store complete and
-        drop the accumulators."""
+        """Write the final tables (Parquet) and statistics (safetensors, sealing the finished manifest:
+        module docstring), mark the store complete and drop the accumulators."""
         files = self.manifest["files"]
         for name, table in tables.items():
             import pyarrow.parquet as pq
 
             files.update(self._write(f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp)))
+        self.manifest.update(complete=True, merged=None, pending=[])  # saved below, once stats is written
+        seal = {SEAL: json.dumps(_sealed_content(self.manifest), sort_keys=True)}
         files.update(self._write("stats.safetensors",
-                                 lambda tmp: save_file({k: v.contiguous() for k, v in stats.items()}, tmp)))
+                                 lambda tmp: save_file({k: v.contiguous() for k, v in stats.items()}, tmp, seal)))
         for name in [n for n in files if n.startswith(("shards/", "merged/"))]:
             del files[name]
-        self.manifest.update(complete=True, merged=None, pending=[])
         self._save()
         for part in ("shards", "merged"):
             shutil.rmtree(self.path / part, ignore_errors=True)
@@ -427,7 +463,11 @@ def _lock(path: Path):
         import fcntl
     except ImportError:  # Windows: no advisory locks here
         return None
-    handle = open(path / ".lock", "a")  # noqa: SIM115 - held open: the lock lasts as long as the handle
+    try:
+        handle = open(path / ".lock", "a")  # noqa: SIM115 - held open: the lock lasts as long as the handle
+    except OSError as err:  # read-only media (a finished store reads back without it: sweeps._finished)
+        raise OSError(f"store {path} cannot be written ({err.strerror or err}): an unfinished sweep resumes only "
+                      "in a folder it can write; copy it to one") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import queue
 import tempfile
 import threading
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from ..analysis.cache import MODEL, cached
 from ..analysis.circuits import model_name
@@ -32,9 +32,10 @@ from ..analysis.head_scores import SCORE_NAMES
 from ..analysis.head_scores import head_scores as analysis_head_scores
 from ..models.circuit_model import CircuitModel, weight_shapes
 from ..progress import progress as progress_bar
+from .arguments import check_positive
 from .documents import Corpus, CorpusError
 from .memory import release_free_memory
-from .store import Store, StoreCorrupt, check_file, example_rows, identity_differences, read_manifest
+from .store import Store, StoreCorrupt, check_file, check_identity, example_rows, read_manifest, read_stats
 from .windows import RULE, separator_id, tokenizer_identity, window_blocks
 
 ENGINES = ("serial", "ray")
@@ -58,8 +59,11 @@ class SweepProgress:
 
 
 def model_fingerprint(model) -> str:
-    """sha256 (hex) of the model's config and every weight's name, dtype, shape and bytes."""
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(model.cfg), sort_keys=True, default=str).encode())
+    """sha256 (hex) of what the model computes: its config but its name, and every weight's name, dtype,
+    shape and bytes. Not the name: ``from_hf`` names a model by the folder it was loaded from, which differs
+    between machines sharing a store (and a user may rename a model)."""
+    config = {key: value for key, value in dataclasses.asdict(model.cfg).items() if key != "name"}
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     for name in weight_shapes(model.cfg):
         w = getattr(model, name)
         if w is None:
@@ -91,16 +95,18 @@ def _check_model(model) -> None:
         raise ValueError(f"model {model.cfg.name!r} has no tokenizer: a corpus of text cannot be cut into its tokens")
 
 
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+def store_path(store) -> Path:
+    """``store`` as a ``Path``, or a ``TypeError`` naming the argument and what it takes."""
+    if not isinstance(store, (str, os.PathLike)):
+        raise TypeError(f"store must be a folder's path (str or os.PathLike), got {type(store).__name__}")
+    return Path(store)
 
 
 def _settings(model, seq_len, k, max_windows, batch_size, shard_windows, scores_only) -> dict:
     """The sweep's settings, checked (``batch_size`` and ``shard_windows`` given or defaulted by the caller)."""
     for name, value in (("k", k), ("batch_size", batch_size), ("shard_windows", shard_windows),
                         ("max_windows", 1 if max_windows is None else max_windows)):
-        _positive(name, value)
+        check_positive(name, value)
     if k > MAX_K:
         raise ValueError(f"k must be at most {MAX_K} examples per head and neuron, got {k} (each example costs "
                          "memory and merge time in every shard)")
@@ -146,25 +152,29 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
         raise TypeError(f"sweep: unexpected arguments {sorted(engine_options)} (engine options are for engine='ray')")
     if not isinstance(corpus, Corpus):
         raise TypeError(f"sweep takes a pcw.Corpus (Corpus.from_texts, .from_files, ...), got {type(corpus).__name__}")
+    if not isinstance(progress, bool) and not callable(progress):
+        raise TypeError(f"progress must be True, False or a callable taking a SweepProgress, got {progress!r}")
+    store = store_path(store)
     _check_model(model)
-    _positive("seq_len", seq_len)
+    check_positive("seq_len", seq_len)
     # None: the default; anything else is checked as given (a 0 is refused, not taken for the default)
     batch_size = max(1, BATCH_TOKENS // seq_len) if batch_size is None else batch_size
     if shard_windows is None:
-        _positive("batch_size", batch_size)
+        check_positive("batch_size", batch_size)
         shard_windows = batch_size * max(1, SHARD_TOKENS // (batch_size * seq_len))
     settings = _settings(model, seq_len, k, max_windows, batch_size, shard_windows, scores_only)
     tokenizer = model.tokenizer
     identity = {
-        # the name as its user calls it (no folder of the author's machine: a store is shared)
-        "model": {"fingerprint": model_fingerprint(model), "name": model_name(model)},
+        "model": {"fingerprint": model_fingerprint(model)},
         "corpus": {"fingerprint": corpus.fingerprint},
         "tokenization": {"tokenizer": tokenizer_identity(tokenizer), "separator": separator_id(tokenizer), "rule": RULE},
         "settings": settings,
     }
     info = {"corpus": {"description": corpus.description, "documents": corpus.documents,
                        "skipped": dict(corpus.skipped)},
-            "model": {k: getattr(model.cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")}}
+            # the name as its user calls it (no folder of the author's machine: a store is shared)
+            "model": {"name": model_name(model),
+                      **{k: getattr(model.cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "d_vocab")}}}
     finished = _finished(store, identity)
     if finished is not None:
         return finished
@@ -178,15 +188,17 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     return Sweep(store.path)
 
 
-def _finished(path, identity: dict) -> Sweep | None:
+def _finished(path: Path, identity: dict) -> Sweep | None:
     """The finished sweep of ``identity`` kept at ``path``, read without the writer's lock or any write (a
-    store on read-only media reads back); None where there is none to read (``Store`` then says why)."""
+    store on read-only media reads back; one of another sweep is refused here, naming what differs); None
+    where there is none (``Store`` then makes one or says why it cannot)."""
     try:
-        manifest = read_manifest(Path(path))
+        manifest = read_manifest(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    if not manifest["complete"] or identity_differences(manifest, identity):
+    if not manifest["complete"]:
         return None
+    check_identity(path, manifest, identity)
     return Sweep(path)
 
 
@@ -344,14 +356,14 @@ class Sweep:
     first; tensors are CPU float32 (statistics) or int64 (``windows``)."""
 
     def __init__(self, path):
-        self.path = Path(path)
+        self.path = store_path(path)
         self.manifest = read_manifest(self.path)
         if not self.manifest["complete"]:
             m = self.manifest
             raise ValueError(f"the sweep in {self.path} is not finished ({m['merged_through'] + 1 + len(m['pending'])} "
                              "shards recorded); run pcw.sweep with the same arguments again to resume it")
         self._verified: set[str] = set()  # files checked against the manifest (``_checked``)
-        self._stats = load_file(self._checked("stats.safetensors"))
+        self._stats = read_stats(self.path, self.manifest)
         self._tables: dict = {}
         self._windows: torch.Tensor | None = None
         self._documents: np.ndarray | None = None
@@ -393,8 +405,8 @@ class Sweep:
 
     @property
     def model_name(self) -> str:
-        """The swept model's name (``cfg.name``)."""
-        return self.manifest["model"]["name"]
+        """The swept model's name (``cfg.name``'s last part: ``analysis.circuits.model_name``)."""
+        return self.manifest["info"]["model"]["name"]
 
     def check_model(self, model, who: str) -> None:
         """Refuse (``ValueError``, naming both models) a ``model`` other than the one swept: its
@@ -517,7 +529,7 @@ class Sweep:
 
     def __repr__(self) -> str:
         m = self.manifest
-        return (f"Sweep({str(self.path)!r}: model {m['model']['name']!r}, {self.n_windows} windows of "
+        return (f"Sweep({str(self.path)!r}: model {self.model_name!r}, {self.n_windows} windows of "
                 f"{self.seq_len} tokens, k={self.k}{', scores only' if m['settings']['scores_only'] else ''})")
 
 

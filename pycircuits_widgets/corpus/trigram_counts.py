@@ -37,6 +37,7 @@ import torch
 from ..analysis.cache import RESULT, cached, stored
 from ..analysis.circuits import check_head
 from ..progress import progress
+from .arguments import check_positive
 from .sweeps import Sweep, checked_sweep
 
 CHUNK_WINDOWS = 4096
@@ -124,8 +125,7 @@ def _checked(sweep, model, layer, head, triples, max_windows, batch_size):
     t = check_triples(model, triples)
     batch_size = sweep.settings["batch_size"] if batch_size is None else batch_size
     for name, value in (("batch_size", batch_size), ("max_windows", 1 if max_windows is None else max_windows)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_positive(name, value)
     # key[1:3] is the head, as for every per-head entry of the cache
     key = ("trigram_counts", layer, head, str(sweep.path.resolve()), tuple(map(tuple, t.tolist())), max_windows,
            batch_size)
