@@ -1,7 +1,9 @@
 // The pure parts of a view's figure (lib/figure.js); the figure itself is checked in real
 // Chromium (tests/browser/test_figures_browser.py).
 import { describe, expect, it } from "vitest";
-import { figureFileName, figureSvg, registerFigure, selectionCaption, viewTitle, withDpi } from "../src/lib/figure.js";
+import {
+  figureFileName, figureSvg, registerFigure, selectionCaption, svgDocument, viewTitle, withDpi,
+} from "../src/lib/figure.js";
 
 /** A PNG's chunks: [type, data length] in order, each CRC checked. */
 function chunks(png) {
@@ -72,5 +74,16 @@ describe("a figure's SVG", () => {
     expect(text).toContain("loss (nats)");
     for (const chrome of ["⤓ figure", "click a token", "a text", "recomputing"]) expect(text).not.toContain(chrome);
     mount.remove();
+  });
+
+  it("carries a picture for tools that draw no HTML, which browsers pass over", () => {
+    const svg = svgDocument({ body: "<div xmlns='http://www.w3.org/1999/xhtml'>L1.H6</div>", width: 10, height: 5,
+                              label: "a < b" }, "data:image/png;base64,AAAA");
+    const doc = new DOMParser().parseFromString(svg, "image/svg+xml");
+    const choice = doc.querySelector("switch");
+    expect([...choice.children].map((c) => c.localName)).toEqual(["foreignObject", "image"]);
+    expect(choice.children[1].getAttribute("href")).toBe("data:image/png;base64,AAAA");
+    expect(doc.querySelector("title").textContent).toBe("a < b");
+    expect(svgDocument({ body: "", width: 1, height: 1, label: "" })).not.toContain("<switch>");
   });
 });

@@ -1,7 +1,8 @@
 """Figures (js/src/lib/figure.js, ``CircuitWidget.save_figure``) in real headless Chromium: every view
 of the registry downloads its figure from its own "figure" menu on an offline saved page (the view
 gallery's saved views, scripts/gallery.py), and the SVG parses and holds the labels the view shows,
-its title and its selection, and none of the page's controls; the PNG decodes (by Chromium), is as
+its title and its selection, and none of the page's controls (and, for tools that draw no HTML in an
+SVG, the same figure as a picture); the PNG decodes (by Chromium), is as
 large as the SVG at 3 pixels per CSS pixel, says its dpi and is not blank. Then ``save_figure`` from
 Python, in each format, of an explorer's section."""
 
@@ -133,6 +134,10 @@ def test_every_view_downloads_its_figure_with_its_labels(browser, gallery, name)
         # its selection, as the view's state holds it
         if isinstance(state.get("head"), int) and state["head"] >= 0:
             assert squeezed(f"head L{state['layer']}.H{state['head']}") in text
+        # for tools that draw no HTML in an SVG: the same figure as a picture, after the HTML
+        switch = svg.find(f"{SVG}switch")
+        assert [child.tag for child in switch] == [f"{SVG}foreignObject", f"{SVG}image"]
+        assert switch[1].get("href").startswith("data:image/png;base64,")
         # none of the page's chrome
         assert "⤓" not in text, "the figure holds its own download menu"
         assert "data-chrome" not in ET.tostring(svg, encoding="unicode")

@@ -8,11 +8,16 @@
 // laid out once in the page (to measure it) and serialised into an SVG <foreignObject> with the
 // bundle's CSS and the palette's resolved colours inside (an SVG drawn as an image, or opened
 // on its own, sees no stylesheet of the page). Text stays text: the SVG holds the view's labels.
+// Tools that draw no <foreignObject> (Inkscape, a word processor) get the same figure as a
+// picture inside the SVG (svgDocument's <switch>).
 import { headLabel } from "./selection.js";
 import { stylesFor } from "./styles.js";
 
 /** PNG pixels per CSS pixel: about 300 dpi at the view's size (96 CSS pixels per inch). */
 export const FIGURE_SCALE = 3;
+
+/** PNG pixels per CSS pixel of the picture an SVG figure carries for tools that draw no HTML. */
+export const FALLBACK_SCALE = 2;
 
 /** What a figure leaves out: the page's chrome, never what the view shows. */
 export const CHROME = [
@@ -120,7 +125,8 @@ const escapeXml = (s) => s.replace(/[<>&"]/g, (c) => ({ "<": "&lt;", ">": "&gt;"
 /**
  * The figure of the view whose root (`.pcw-view`) is `view`: a standalone SVG document.
  * `title` and `caption` default to what the view's mount registered (its title, else its view
- * name's; its selection). Returns {svg, width, height} (CSS pixels).
+ * name's; its selection). Returns {svg, body, width, height, label}: the SVG document (no fallback
+ * picture), its XHTML body, its size in CSS pixels and its <title>.
  */
 export function figureSvg(view, { title, caption } = {}) {
   const source = sourceOf(view);
@@ -154,11 +160,21 @@ export function figureSvg(view, { title, caption } = {}) {
   style.textContent = `${css}\n.pcw-figure, .pcw-figure .pcw-view { ${tokens} }\n${FIGURE_CSS}`;
   figure.prepend(style);
   const body = new XMLSerializer().serializeToString(figure);
-  const svg =
-    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}">` +
-    `<title>${escapeXml([title, caption].filter(Boolean).join(": "))}</title>` +
-    `<foreignObject x="0" y="0" width="${width}" height="${height}">${body}</foreignObject></svg>`;
-  return { svg, width, height };
+  const label = [title, caption].filter(Boolean).join(": ");
+  return { svg: svgDocument({ body, width, height, label }), body, width, height, label };
+}
+
+/**
+ * The SVG document of a figure: its XHTML `body` in a <foreignObject>, which browsers draw; with
+ * `fallback` (a PNG data URL of the same figure), that picture for the tools that draw no
+ * <foreignObject> (a vector editor, a word processor), chosen by <switch> as draw.io's exports do.
+ */
+export function svgDocument({ body, width, height, label }, fallback = null) {
+  const html = `<foreignObject x="0" y="0" width="${width}" height="${height}"` +
+    `${fallback ? ' requiredFeatures="http://www.w3.org/TR/SVG11/feature#Extensibility"' : ""}>${body}</foreignObject>`;
+  const picture = fallback ? `<image x="0" y="0" width="${width}" height="${height}" href="${fallback}"/>` : "";
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}">` +
+    `<title>${escapeXml(label)}</title>${fallback ? `<switch>${html}${picture}</switch>` : html}</svg>`;
 }
 
 // -- PNG ----------------------------------------------------------------------------------
@@ -196,7 +212,7 @@ export function withDpi(png, dpi) {
   return out;
 }
 
-/** The SVG figure rasterised at `scale` PNG pixels per CSS pixel: PNG bytes. */
+/** The figure's SVG (without a fallback picture) rasterised at `scale` PNG pixels per CSS pixel: PNG bytes. */
 async function rasterise({ svg, width, height }, scale, doc) {
   const img = new Image();
   img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(svg)}`;
@@ -211,6 +227,15 @@ async function rasterise({ svg, width, height }, scale, doc) {
   return withDpi(new Uint8Array(await blob.arrayBuffer()), 96 * scale);
 }
 
+function dataUrl(blob) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(blob);
+  });
+}
+
 /**
  * The figure of the view rooted at `view` as a Blob: `format` "svg" or "png" (at `scale` PNG
  * pixels per CSS pixel); `title`, `caption`: as figureSvg.
@@ -220,8 +245,9 @@ export async function figure(view, { format = "svg", scale = FIGURE_SCALE, title
     throw new Error(`pycircuits_widgets: a figure is "svg" or "png", not ${JSON.stringify(format)}`);
   }
   const drawn = figureSvg(view, { title, caption });
-  if (format === "svg") return new Blob([drawn.svg], { type: "image/svg+xml" });
-  return new Blob([await rasterise(drawn, scale, view.ownerDocument)], { type: "image/png" });
+  const png = await rasterise(drawn, format === "svg" ? FALLBACK_SCALE : scale, view.ownerDocument);
+  if (format === "png") return new Blob([png], { type: "image/png" });
+  return new Blob([svgDocument(drawn, await dataUrl(new Blob([png], { type: "image/png" })))], { type: "image/svg+xml" });
 }
 
 /** A file name for a figure titled `title`: "attention-patterns.svg". */
