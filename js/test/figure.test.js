@@ -63,7 +63,7 @@ describe("a figure's SVG", () => {
     const mount = document.createElement("div");
     document.body.append(mount);
     mount.innerHTML = `<div class="pcw-view"><div data-chrome><button>⤓ figure</button></div>
-      <span class="legend-label">loss (nats)</span><p class="pcw-note hint">click a token</p>
+      <span class="legend-label">loss (nats)</span><p class="pcw-note hint" data-chrome>click a token</p><p class="pcw-note hint">loss of each token</p>
       <textarea>a text</textarea><span class="pcw-busy">recomputing…</span></div>`;
     registerFigure(mount, { model: { get: (k) => ({ _view: "ColoredTokens", position: 4 })[k] }, title: "Per-token loss" });
     const { svg } = figureSvg(mount.firstElementChild);
@@ -72,6 +72,7 @@ describe("a figure's SVG", () => {
     expect(doc.documentElement.localName).toBe("svg");
     expect(doc.querySelector("title").textContent).toBe("Per-token loss: position 4");
     expect(text).toContain("loss (nats)");
+    expect(text).toContain("loss of each token"); // an explanation, kept
     for (const chrome of ["⤓ figure", "click a token", "a text", "recomputing"]) expect(text).not.toContain(chrome);
     mount.remove();
   });

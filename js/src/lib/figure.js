@@ -3,7 +3,7 @@
 // figure is the view's rendered element, cloned, with
 //   - each <canvas> replaced by an <img> of its pixels (a heatmap as drawn),
 //   - the state of its form controls written into attributes (a clone keeps only attributes),
-//   - the page's chrome removed (CHROME: the figure menu, spinners, click hints, search boxes),
+//   - the page's chrome removed (CHROME: the figure menu, spinners, how to click, search boxes),
 //   - a title and the selection above it,
 // laid out once in the page (to measure it) and serialised into an SVG <foreignObject> with the
 // bundle's CSS and the palette's resolved colours inside (an SVG drawn as an image, or opened
@@ -16,14 +16,18 @@ import { stylesFor } from "./styles.js";
 /** PNG pixels per CSS pixel: about 300 dpi at the view's size (96 CSS pixels per inch). */
 export const FIGURE_SCALE = 3;
 
+/** CSS pixels of margin around a figure. */
+const PADDING = 8;
+
 /** PNG pixels per CSS pixel of the picture an SVG figure carries for tools that draw no HTML. */
 export const FALLBACK_SCALE = 2;
 
 /** What a figure leaves out: the page's chrome, never what the view shows. */
 export const CHROME = [
-  "[data-chrome]", // marked where it is made: the figure menu, paging, search and compute controls
+  // marked where it is made: the figure menu, paging, search and compute controls, how to click
+  // (components/Note.svelte `chrome`), what needs a kernel
+  "[data-chrome]",
   ".pcw-busy", // the busy indicator (components/Busy.svelte)
-  ".pcw-note.hint", // how to click: nothing on paper is clicked
   "textarea",
   "input[type=search]",
   "input[type=text]",
@@ -106,19 +110,17 @@ function frozen(view) {
   return clone;
 }
 
-function textBlock(doc, className, text) {
+// The figure's own lines (title, selection), styled inline: the page where the figure is measured
+// and the SVG it is drawn in then lay them out alike.
+const TITLE_STYLE = "font-size: 14px; font-weight: 600; margin: 0 4px 2px;";
+const CAPTION_STYLE = "font-size: 12px; color: var(--pcw-text-muted); margin: 0 4px 4px;";
+
+function textBlock(doc, style, text) {
   const el = doc.createElement("div");
-  el.className = className;
+  el.setAttribute("style", style);
   el.textContent = text;
   return el;
 }
-
-// The figure's own lines (title, selection), in the palette.
-const FIGURE_CSS = `
-.pcw-figure { display: block; padding: 8px; box-sizing: border-box; }
-.pcw-figure-title { font-size: 14px; font-weight: 600; margin: 0 4px 2px; }
-.pcw-figure-caption { font-size: 12px; color: var(--pcw-text-muted); margin: 0 4px 4px; }
-`;
 
 const escapeXml = (s) => s.replace(/[<>&"]/g, (c) => ({ "<": "&lt;", ">": "&gt;", "&": "&amp;", '"': "&quot;" })[c]);
 
@@ -136,18 +138,22 @@ export function figureSvg(view, { title, caption } = {}) {
   const doc = view.ownerDocument;
   const figure = doc.createElement("div");
   figure.className = "pcw-page pcw-figure";
-  if (title) figure.append(textBlock(doc, "pcw-figure-title", title));
-  if (caption) figure.append(textBlock(doc, "pcw-figure-caption", caption));
+  if (title) figure.append(textBlock(doc, TITLE_STYLE, title));
+  if (caption) figure.append(textBlock(doc, CAPTION_STYLE, caption));
   figure.append(frozen(view));
+  // what the view inherits from the page, which the SVG's root would not
+  const host = getComputedStyle(view.parentElement ?? view);
+  const base = `display: block; box-sizing: border-box; padding: ${PADDING}px; font-size: ${host.fontSize}; ` +
+    `line-height: ${host.lineHeight};`;
   // laid out beside the view (same stylesheets, same root), out of sight, to be measured: as
   // wide as its content, at most as the view (lines wrap where the view wraps them)
-  const most = Math.ceil(Math.max(view.scrollWidth, view.getBoundingClientRect().width)) + 16;
-  figure.style.cssText = `position: absolute; left: -100000px; top: 0; width: fit-content; max-width: ${most}px;`;
+  const most = Math.ceil(Math.max(view.scrollWidth, view.getBoundingClientRect().width)) + 2 * PADDING;
+  figure.style.cssText = `${base} position: absolute; left: -100000px; top: 0; width: fit-content; max-width: ${most}px;`;
   view.after(figure);
   const box = figure.getBoundingClientRect();
   const [width, height] = [Math.ceil(box.width), Math.ceil(box.height)];
   figure.remove();
-  figure.style.cssText = `width: ${width}px; height: ${height}px;`;
+  figure.style.cssText = `${base} width: ${width}px; height: ${height}px;`;
 
   const css = stylesFor(view);
   // the palette's tokens as the page resolves them here (a notebook's theme included): in the
@@ -157,7 +163,7 @@ export function figureSvg(view, { title, caption } = {}) {
     .map((name) => `${name}: ${resolved.getPropertyValue(name).trim()};`)
     .join(" ");
   const style = doc.createElement("style");
-  style.textContent = `${css}\n.pcw-figure, .pcw-figure .pcw-view { ${tokens} }\n${FIGURE_CSS}`;
+  style.textContent = `${css}\n.pcw-figure, .pcw-figure .pcw-view { ${tokens} }`;
   figure.prepend(style);
   const body = new XMLSerializer().serializeToString(figure);
   const label = [title, caption].filter(Boolean).join(": ");
