@@ -6,6 +6,7 @@ SVG, the same figure as a picture); the PNG decodes (by Chromium), is as
 large as the SVG at 3 pixels per CSS pixel, says its dpi and is not blank. Then ``save_figure`` from
 Python, in each format, of an explorer's section."""
 
+import asyncio
 import base64
 import importlib.util
 import json
@@ -171,6 +172,17 @@ def test_an_explorer_section_saves_its_figure_as_png_from_python(explorer, tmp_p
     svg = svg_root(explorer.save_figure(tmp_path / "eigen.svg", section="eigen").read_bytes())
     assert BY_NAME["eigen"].title in svg.find(f"{SVG}title").text
     check_png(page, path.read_bytes(), svg)
+
+
+def test_save_figure_works_where_an_event_loop_runs(explorer, tmp_path):
+    """A notebook's kernel runs an event loop in the thread a cell runs in, where Playwright's sync API
+    refuses to start: save_figure draws in a thread of its own."""
+
+    async def in_a_cell():
+        return explorer.save_figure(tmp_path / "loss.svg", section="loss")
+
+    svg = svg_root(asyncio.run(in_a_cell()).read_bytes())
+    assert squeezed(BY_NAME["loss"].title) in squeezed(svg.find(f"{SVG}title").text)
 
 
 def test_save_figure_names_what_was_wrong(explorer, tmp_path):
