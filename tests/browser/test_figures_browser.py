@@ -13,6 +13,7 @@ import json
 import pathlib
 import re
 import struct
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -183,6 +184,13 @@ def test_save_figure_works_where_an_event_loop_runs(explorer, tmp_path):
 
     svg = svg_root(asyncio.run(in_a_cell()).read_bytes())
     assert squeezed(BY_NAME["loss"].title) in squeezed(svg.find(f"{SVG}title").text)
+
+
+def test_save_figure_without_playwright_names_what_to_install(explorer, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "playwright.sync_api", None)  # its import fails, as where it is not installed
+    with pytest.raises(ModuleNotFoundError, match="pip install playwright.*chromium"):
+        explorer.save_figure(tmp_path / "loss.svg", section="loss")
+    assert not list(tmp_path.iterdir())
 
 
 def test_save_figure_names_what_was_wrong(explorer, tmp_path):
