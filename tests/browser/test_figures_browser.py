@@ -168,6 +168,15 @@ def test_an_explorer_section_saves_its_figure_as_svg_from_python(explorer, tmp_p
     assert "runmodel" not in text, "the figure holds the text box's 'run model' button"
 
 
+def test_a_narrower_page_makes_a_narrower_figure_of_the_same_view(explorer, tmp_path):
+    wide = svg_root(explorer.save_figure(tmp_path / "wide.svg", section="attention").read_bytes())
+    narrow = svg_root(explorer.save_figure(tmp_path / "narrow.svg", section="attention", width=600).read_bytes())
+    assert int(narrow.get("width")) <= 600 < int(wide.get("width"))
+    assert int(narrow.get("height")) > int(wide.get("height")), "the head grid should wrap into more rows"
+    text = squeezed("".join(narrow.itertext()))
+    assert all(f"L{layer}.H{head}" in text for layer in range(2) for head in range(8))
+
+
 def test_an_explorer_section_saves_its_figure_as_png_from_python(explorer, tmp_path, page):
     path = explorer.save_figure(tmp_path / "eigen.png", section="eigen")
     svg = svg_root(explorer.save_figure(tmp_path / "eigen.svg", section="eigen").read_bytes())
@@ -198,6 +207,8 @@ def test_save_figure_names_what_was_wrong(explorer, tmp_path):
         explorer.save_figure(tmp_path / "figure.pdf", section="eigen")
     with pytest.raises(ValueError, match="this explorer shows loss, .*attention"):
         explorer.save_figure(tmp_path / "figure.svg", section="attentoin")
+    with pytest.raises(ValueError, match="width is the page's width in CSS pixels"):
+        explorer.save_figure(tmp_path / "figure.svg", section="eigen", width=50)
     with pytest.raises(TypeError, match="EigenvaluePlot has no sections"):
         explorer.eigen.save_figure(tmp_path / "figure.svg", section="eigen")
     assert not list(tmp_path.iterdir()), "a refused figure wrote a file"

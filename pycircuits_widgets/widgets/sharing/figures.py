@@ -23,8 +23,11 @@ from .standalone import render_html, write_atomic
 FORMATS = ("svg", "png")
 """The figure formats, named by the path's suffix or ``format=``."""
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
-VIEWPORT = {"width": 1400, "height": 1000}
-"""The page's size in CSS pixels: a figure is as wide as its view, at most this."""
+WIDTH = 1000
+"""CSS pixels wide, the page a figure's view is laid out in by default: a figure is as wide as what the view
+shows, at most this (less the page's margin). 12 px text is 9 pt at the figure's natural size (96 px an inch),
+about 6 pt in a 6.5 inch column at this width; a narrower page wraps the view into a taller, larger-type figure."""
+HEIGHT = 1000
 MOUNT_TIMEOUT_MS = 30_000
 
 _INSTALL = ("save_figure draws the figure in headless Chromium through Playwright: pip install playwright, "
@@ -75,7 +78,7 @@ def chromium() -> str | None:
     return found if found and os.path.exists(found) else None
 
 
-def _draw(page_file: pathlib.Path, format: str, scale: float, title: str | None) -> bytes:
+def _draw(page_file: pathlib.Path, format: str, scale: float, title: str | None, width: int) -> bytes:
     try:
         from playwright.sync_api import Error, sync_playwright
     except ImportError as exc:
@@ -88,7 +91,7 @@ def _draw(page_file: pathlib.Path, format: str, scale: float, title: str | None)
         except Error as exc:
             raise RuntimeError(f"{_INSTALL}; launching {executable or 'Playwright’s Chromium'} failed: {exc}") from exc
         try:
-            page = browser.new_page(viewport=VIEWPORT)
+            page = browser.new_page(viewport={"width": width, "height": HEIGHT})
             # the page is the saved page: it fetches nothing (its content policy says so too)
             page.route(re.compile(r"^(?!file:|data:|blob:)"), lambda route: route.abort())
             page.on("pageerror", lambda e: errors.append(str(e)))
@@ -102,12 +105,14 @@ def _draw(page_file: pathlib.Path, format: str, scale: float, title: str | None)
 
 
 def save_figure(widget, path, *, section: str | None = None, title: str | None = None, format: str | None = None,
-                scale: float = 3.0, budget: float | None = None) -> pathlib.Path:
+                scale: float = 3.0, width: int = WIDTH, budget: float | None = None) -> pathlib.Path:
     """Write the figure of ``widget`` (or of its ``section``) to ``path``: ``CircuitWidget.save_figure``."""
     path = pathlib.Path(path)
     chosen = figure_format(path, format)
     if not scale > 0:
         raise ValueError(f"scale is PNG pixels per CSS pixel, > 0; got {scale!r}")
+    if not (isinstance(width, int) and width >= 200):
+        raise ValueError(f"width is the page's width in CSS pixels, an int >= 200; got {width!r}")
     view, section_title = section_view(widget, section)
     # the view as it stands: its kernel-less answers to other selections are not drawn (offline=False)
     page = render_html([view], title=title or section_title or type(view).__name__, offline=False, budget=budget)
@@ -116,7 +121,7 @@ def save_figure(widget, path, *, section: str | None = None, title: str | None =
         page_file.write_text(page, encoding="utf-8")
         # Playwright's sync API refuses a thread with a running event loop (a notebook's kernel): its own thread
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            data = pool.submit(_draw, page_file, chosen, scale, title or section_title).result()
+            data = pool.submit(_draw, page_file, chosen, scale, title or section_title, width).result()
     if chosen == "svg":
         return write_atomic(path, data.decode("utf-8"))
     path.write_bytes(data)
