@@ -8,6 +8,7 @@ Python, in each format, of an explorer's section."""
 
 import asyncio
 import base64
+import concurrent.futures
 import importlib.util
 import json
 import pathlib
@@ -191,7 +192,9 @@ def test_save_figure_works_where_an_event_loop_runs(explorer, tmp_path):
     async def in_a_cell():
         return explorer.save_figure(tmp_path / "loss.svg", section="loss")
 
-    svg = svg_root(asyncio.run(in_a_cell()).read_bytes())
+    # the cell's thread: one of its own (this test's may hold the session's sync Playwright, which runs a loop)
+    with concurrent.futures.ThreadPoolExecutor(1) as kernel:
+        svg = svg_root(kernel.submit(asyncio.run, in_a_cell()).result().read_bytes())
     assert squeezed(BY_NAME["loss"].title) in squeezed(svg.find(f"{SVG}title").text)
 
 

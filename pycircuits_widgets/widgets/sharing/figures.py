@@ -56,13 +56,13 @@ def figure_format(path: pathlib.Path, format: str | None) -> str:
 
 
 def section_view(widget, section: str | None):
-    """``(view, title)``: the widget itself (titled as its section of the explorer, if it is one), or
-    with ``section``, the explorer's section of that name and its title. TypeError for ``section`` of a
-    view without sections, ValueError naming the sections for one the explorer does not show."""
-    from ..views.registry import BY_NAME, VIEWS
+    """``(view, title)``: the widget itself and None (its figure is titled by its view's name, as its menu's
+    is), or with ``section``, the explorer's section of that name and the section's title. TypeError for
+    ``section`` of a view without sections, ValueError naming the sections for one the explorer does not show."""
+    from ..views.registry import BY_NAME
 
     if section is None:
-        return widget, next((spec.title for spec in VIEWS if spec.cls is type(widget)), None)
+        return widget, None
     sections = getattr(widget, "views", None)
     if not callable(sections):
         raise TypeError(f"section={section!r}: {type(widget).__name__} has no sections (the explorer has)")
