@@ -4,6 +4,7 @@
 // live in a folder beside it, e.g. ./views/attention/, and are not registered.)
 import { defineWidget } from "@anywidget/svelte";
 import { createHost } from "./lib/host.js";
+import { figure, registerFigure } from "./lib/figure.js";
 import { answerOffline, parseTagged } from "./lib/offline.js";
 import { SELECTION_KEYS } from "./lib/selection.js";
 import { mountTracked, publish } from "./lib/slot.js";
@@ -34,13 +35,15 @@ function viewFor(model) {
  * Mount the view named by the model's `_view` trait into `el`; returns the cleanup.
  * Composite views (the explorer) use it to show child widgets resolved through `host`, and
  * pass `select(change)`: the child's own writes of selection traits (a click) then go to the
- * explorer, which moves every view (lib/selection.js) instead of this one alone.
+ * explorer, which moves every view (lib/selection.js) instead of this one alone, and `title`:
+ * the section's, which the view's figure carries (lib/figure.js).
  */
-export function mountView({ model, el, host, select = null }) {
+export function mountView({ model, el, host, select = null, title = "" }) {
   // anywidget may share one definition object between models, so each render builds its
   // own per-model bindings instead of keeping them in a closure set by initialize().
   const widget = viewFor(model);
   applyStyles(el); // the bundle's CSS where this view is shown, once per root (lib/styles.js)
+  registerFigure(el, { model, title }); // what the view's figure states: its title, its selection
   const withHost = {
     get: (name) => model.get(name),
     set: (name, value) =>
@@ -60,8 +63,8 @@ export function mountView({ model, el, host, select = null }) {
     host,
     // how a composite view shows a child widget: handed down here, so that
     // components/ChildView.svelte need not import this entry point back
-    mountChild: ({ model: child, el: childEl, select: childSelect = null }) =>
-      mountView({ model: child, el: childEl, host, select: childSelect }),
+    mountChild: ({ model: child, el: childEl, select: childSelect = null, title: childTitle = "" }) =>
+      mountView({ model: child, el: childEl, host, select: childSelect, title: childTitle }),
   };
   widget.initialize({ model: withHost });
   // no kernel attached: selection changes are answered from the view's saved `_offline`
@@ -93,5 +96,6 @@ export default definition;
 
 // Kernel-less host (standalone HTML export and the browser test harness) and its JSON reader
 // (non-finite numbers tagged, pycircuits_widgets/widgets/core/offline.py NONFINITE); the
-// loaders of the packed bundle hand its CSS to `useStyles`.
-export { createHost, parseTagged, useStyles };
+// loaders of the packed bundle hand its CSS to `useStyles`; a view's figure (`save_figure` in
+// Python calls it in a saved page).
+export { createHost, figure, parseTagged, useStyles };

@@ -43,3 +43,19 @@ export function applyStyles(el) {
   style.textContent = styles;
   parent.append(style);
 }
+
+/**
+ * The bundle's CSS as it applies to `el`: the loader's (`useStyles`), else the <style> elements
+ * of el's root that style the views (where the host added anywidget's `_css` itself). A figure
+ * (lib/figure.js) carries it, since an SVG drawn as an image sees no stylesheet of the page.
+ * @param {Element} el
+ * @returns {string}
+ */
+export function stylesFor(el) {
+  if (styles) return styles;
+  const root = el.getRootNode();
+  return [...(root.querySelectorAll?.("style") ?? [])]
+    .map((s) => s.textContent)
+    .filter((css) => css.includes(".pcw-view"))
+    .join("\n");
+}

@@ -322,6 +322,27 @@ class CircuitWidget(anywidget.AnyWidget):
         bundle_code()  # BundleMissing, naming the build command, before any work too
         return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline, budget=budget)
 
+    def save_figure(self, path, *, section: str | None = None, title: str | None = None, format: str | None = None,
+                    scale: float = 3.0, width: int = 1000, budget: float | None = SAVE_BUDGET) -> pathlib.Path:
+        """Write what the view shows as a figure for a paper or a slide: ``path`` ending in ``.svg``
+        (text stays text) or ``.png`` (``scale`` pixels per CSS pixel: 3, about 300 dpi at the view's
+        size, which the file states), or ``format="svg"``/``"png"``. The figure holds the view's title
+        (``title``; default its explorer section's title), its selection, axes and legend, and none of
+        the page's controls; it is the one the view's "figure" menu downloads (``js/src/lib/figure.js``),
+        drawn from the same payload in headless Chromium (``pip install playwright`` and a Chromium:
+        the error says which is missing). ``width``: CSS pixels of the page the view is laid out in; the
+        figure is as wide as what the view shows, at most this (a narrower page: larger type relative to
+        the figure, as a paper's column wants).
+
+        ``section``: of an explorer, the section to draw (``"attention"``, ...: ``explorer.views()``).
+        The view is drawn as it stands once its recompute is done (``budget`` seconds, as ``save_html``):
+        an on-demand section not computed yet shows so (``explorer.compute(name)`` first)."""
+        from ..sharing import figures
+
+        bundle_code()  # BundleMissing, naming the build command, before any work
+        return figures.save_figure(self, path, section=section, title=title, format=format, scale=scale,
+                                   width=width, budget=budget)
+
 
 def _message(exc: Exception) -> str:
     return str(exc) if isinstance(exc, traitlets.TraitError) else f"{type(exc).__name__}: {exc}"

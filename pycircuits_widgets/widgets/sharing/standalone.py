@@ -115,7 +115,8 @@ const mod = await import(url);
 mod.useStyles(await both.slice(0, cssBytes).text());
 const host = mod.createHost(mod.default, bridge ? bridge.hooks : {});
 const saved = mod.parseTagged(document.getElementById("pcw-state").textContent);
-window.pcwHost = { models: host.models };
+// the models (tests read them) and a view's figure (CircuitWidget.save_figure calls it)
+window.pcwHost = { models: host.models, figure: mod.figure };
 const failures = [];
 // Register every saved model first: composite views resolve their children (entries
 // without an element, shown by their parent) when they mount.
