@@ -18,9 +18,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from harness import saved_page_open
 
 import pycircuits_widgets as pcw
+from harness import saved_page_open
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 
 pytestmark = pytest.mark.browser
