@@ -68,7 +68,7 @@ def test_each_heads_table_is_what_the_widget_computes_for_that_head():
     state = offline.fill(table)
     rules = saved_rules(state)
     assert [r["on"] for r in rules] == [["layer", "head"]] and len(rules[0]["patches"]) == 6
-    assert state["kernel"] == {"query": NEEDS_KERNEL["query"], "token": NEEDS_KERNEL["token"]}
+    assert state["kernel"] == {name: NEEDS_KERNEL[name] for name in ("query", "token", "embedding")}
     for layer, head in [(1, 2), (0, 1)]:
         table.layer, table.head = layer, head  # the kernel's own recompute, as oracle
         assert table.wait()
