@@ -254,28 +254,20 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
                 cancelled.append(name)
         return cancelled
 
-    def wait(self, timeout: float | None = 30.0) -> bool:
+    def settle(self, timeout, note=None) -> bool:
         """Wait until every section's work a reader waits for (``CircuitWidget.settle``: its recomputes, the
         ablated run) is done and applied (True if all are idle); not the background precompute
         (:meth:`wait_background`). A result applied in one view can move the selection and start work in
-        another, so this repeats until a full pass finds every view idle. A wait over a second shows a bar
-        of the views done."""
+        another, so this repeats until a full pass finds every view idle (``wait()``: with a bar). ``timeout``
+        bounds each view's wait."""
         views = self.views()
-        with bars.progress("CircuitExplorer: computing", total=len(views), unit="view") as bar:
-            while True:
-                busy_before = [v for v in views.values() if v.busy]
-                bar.n = 0
-                for name, view in views.items():
-                    bar.note(name)
-                    if not view.settle(timeout, lambda what, name=name: bar.note(f"{name}: {what}")):
-                        return False
-                    bar.update()
-                if not busy_before and not any(v.busy for v in views.values()):
-                    return True
-
-    def settle(self, timeout, note=None) -> bool:
-        """The explorer's own work is its background precompute, which :meth:`wait` never waits for."""
-        return True
+        while True:
+            busy_before = any(v.busy for v in views.values())
+            for name, view in views.items():
+                if not view.settle(timeout, note and (lambda what, name=name: note(f"{name}: {what}"))):
+                    return False
+            if not busy_before and not any(v.busy for v in views.values()):
+                return True
 
     # -- background precompute ----------------------------------------------------------------
     def start_background(self) -> bool:
