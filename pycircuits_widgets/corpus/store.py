@@ -35,6 +35,10 @@ before it is read: every file before a resume, a finished store's lazily, each f
 finished store's statistics file carries the manifest's final content but for ``files`` and ``digest``
 (``SEAL``, in its safetensors metadata; ``read_stats``): an edit that also redid the digest (a count the
 schema allows, the model's fingerprint) differs from it, and is refused naming the field.
+
+This module owns the layout: ``Store`` writes a store (and, once every shard is merged, turns the
+accumulators into its tables and statistics: ``Store.finish``), ``FinishedStore`` reads a finished one
+back for ``sweeps.Sweep``, which only queries it; no other module names a store's file.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
+from ..analysis.head_scores import SCORE_NAMES
 from .accumulators import EMPTY, Accumulator
 
 FORMAT = "pycircuits_widgets.sweep/3"
@@ -76,6 +81,20 @@ class StoreCorrupt(ValueError):
 
 def _name(shard: int) -> str:
     return f"{shard:06d}.safetensors"
+
+
+STATS = "stats.safetensors"
+"""The statistics file (module docstring, "Layout")."""
+
+
+def windows_file(shard: int) -> str:
+    """Shard ``shard``'s windows file, relative to the store."""
+    return f"windows/{_name(shard)}"
+
+
+def table_file(table: str) -> str:
+    """A finished store's examples table ``table`` ("heads", "neurons"), relative to the store."""
+    return f"{table}.parquet"
 
 
 def _atomic(path: Path, write) -> None:
@@ -212,17 +231,17 @@ def _check_schema(m: dict, file: Path) -> None:
     if windows is not None and settings.get("max_windows") is not None and windows > settings["max_windows"]:
         fail("windows", f"at most settings.max_windows = {settings['max_windows']}", windows)
     recorded = set(range(m["merged_through"] + 1)) | set(pending)
-    wanted = {f"windows/{_name(s)}" for s in recorded}
+    wanted = {windows_file(s) for s in recorded}
     optional = set()
     if m["complete"]:
         if shards is None or m["merged"] is not None or pending or m["merged_through"] + 1 != shards:
             fail("complete", "true only once every shard is merged and written out (shards set, merged null, "
                              "pending empty, merged_through = shards - 1)",
                  {k: m[k] for k in ("shards", "merged", "pending", "merged_through")})
-        wanted.add("stats.safetensors")
+        wanted.add(STATS)
         if not settings["scores_only"]:
-            wanted.add("heads.parquet")
-            optional.add("neurons.parquet")  # attention-only models have no neurons
+            wanted.add(table_file("heads"))
+            optional.add(table_file("neurons"))  # attention-only models have no neurons
     else:
         wanted |= {f"shards/{_name(s)}" for s in pending} | ({f"merged/{m['merged']}"} if m["merged"] else set())
     named = set(m["files"])
@@ -239,7 +258,7 @@ def _sealed_content(manifest: dict) -> dict:
 def read_stats(path: Path, manifest: dict) -> dict[str, torch.Tensor]:
     """The statistics of the finished store at ``path``: its file checked against the manifest's record,
     and the manifest against the content sealed in the file (module docstring)."""
-    file = check_file(path, manifest, "stats.safetensors")
+    file = check_file(path, manifest, STATS)
     with safe_open(file, "pt") as f:
         sealed = (f.metadata() or {}).get(SEAL)
         stats = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is no dict)
@@ -340,7 +359,7 @@ class Store:
         (``windows.window_blocks``): its files are written but the manifest does not name them (a crash
         leaves files the next open removes) until ``confirm`` reaches it."""
         dtype = np.uint16 if vocab <= 1 << 16 else np.int32
-        files = self._write(f"windows/{_name(shard)}",
+        files = self._write(windows_file(shard),
                             lambda tmp: save_numpy({"windows": np.ascontiguousarray(windows, dtype=dtype)}, tmp))
         if checked and shard == self.manifest["merged_through"] + 1:
             self.manifest["files"].update(files)
@@ -409,26 +428,71 @@ class Store:
             (self.path / "merged" / old).unlink(missing_ok=True)
         return self._merged
 
-    def finish(self, tables: dict, stats: dict[str, torch.Tensor]) -> None:
+    def finish(self, model) -> None:
+        """Every shard merged into the finished store: the examples tables (Parquet: each head's and neuron's
+        top k, with their tokens) and the statistics (head scores, head_out means, neuron means and
+        fractions > 0, counts), written and sealed (``_write_final``)."""
+        merged = self.fold()
+        m = self.manifest
+        if merged is None or m["merged_through"] + 1 != m["shards"]:
+            raise RuntimeError(f"store {self.path}: {m['merged_through'] + 1} of {m['shards']} shards merged")
+        sums = merged.sums
+        positions = int(sums["positions"])
+        stats = {"positions": sums["positions"], "windows": sums["windows"]}
+        for name in SCORE_NAMES:
+            stats[name] = sums[f"mass.{name}"] / sums[f"targets.{name}"]
+            stats[f"targets.{name}"] = sums[f"targets.{name}"]
+        tables = {}
+        if merged.heads is not None:  # examples: Parquet (pyarrow, the `sweep` extra); a scores-only sweep needs none
+            import pyarrow as pa
+
+            strings = np.array(model.token_strings, dtype=object)
+            W_O = model.W_O.detach().to("cpu", torch.float64)
+            stats["head_out_mean"] = torch.einsum("lhe,lhed->lhd", sums["z"] / positions, W_O)
+            cols = example_rows(merged.heads, ("layer", "head"), model.cfg.n_heads)
+            cols["token"] = strings[self._tokens_at(cols["window"], cols["position"])]
+            cols["source_token"] = strings[self._tokens_at(cols["window"], cols["source"])]
+            tables["heads"] = pa.table(cols)
+            if merged.neurons is not None:
+                stats["neuron_mean"] = sums["neuron_sum"] / positions
+                stats["neuron_fraction_positive"] = sums["neuron_positive"].to(torch.float64) / positions
+                cols = example_rows(merged.neurons, ("layer", "neuron"), model.cfg.d_mlp)
+                cols["token"] = strings[self._tokens_at(cols["window"], cols["position"])]
+                tables["neurons"] = pa.table(cols)
+        self._write_final(tables, stats)
+
+    def _tokens_at(self, windows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Token ids at ``(windows[i], positions[i])``, reading one shard's windows at a time."""
+        shard_windows = self.manifest["settings"]["shard_windows"]
+        out = np.zeros(len(windows), dtype=np.int64)
+        shards = windows // shard_windows
+        for shard in np.unique(shards):
+            at = shards == shard
+            block = self.windows_of(int(shard))
+            out[at] = block[windows[at] - shard * shard_windows, positions[at]]
+        return out
+
+    def windows_of(self, shard: int) -> np.ndarray:
+        """Shard ``shard``'s windows ``[n, seq_len]`` as written."""
+        return load_numpy(self.path / windows_file(shard))["windows"]
+
+    def _write_final(self, tables: dict, stats: dict[str, torch.Tensor]) -> None:
         """Write the final tables (Parquet) and statistics (safetensors, sealing the finished manifest:
         module docstring), mark the store complete and drop the accumulators."""
         files = self.manifest["files"]
         for name, table in tables.items():
             import pyarrow.parquet as pq
 
-            files.update(self._write(f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp)))
+            files.update(self._write(table_file(name), lambda tmp, t=table: pq.write_table(t, tmp)))
         self.manifest.update(complete=True, merged=None, pending=[])  # saved below, once stats is written
         seal = {SEAL: json.dumps(_sealed_content(self.manifest), sort_keys=True)}
-        files.update(self._write("stats.safetensors",
+        files.update(self._write(STATS,
                                  lambda tmp: save_file({k: v.contiguous() for k, v in stats.items()}, tmp, seal)))
         for name in [n for n in files if n.startswith(("shards/", "merged/"))]:
             del files[name]
         self._save()
         for part in ("shards", "merged"):
             shutil.rmtree(self.path / part, ignore_errors=True)
-
-    def windows_of(self, shard: int) -> np.ndarray:
-        return load_numpy(self.path / "windows" / _name(shard))["windows"]
 
     # --- housekeeping -------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -454,6 +518,44 @@ class Store:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+
+class FinishedStore:
+    """A finished store read back (what ``Sweep`` queries): its ``manifest``, ``stats`` (``read_stats``),
+    windows and examples tables, each file checked against its manifest record on first use
+    (``check_file``). A store not finished yet is refused, saying how to resume it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.manifest = m = read_manifest(self.path)
+        if not m["complete"]:
+            raise ValueError(f"the sweep in {self.path} is not finished ({m['merged_through'] + 1 + len(m['pending'])} "
+                             "shards recorded); run pcw.sweep with the same arguments again to resume it")
+        self.stats = read_stats(self.path, m)
+        self._verified: set[str] = set()
+
+    def _checked(self, name: str) -> Path:
+        if name not in self._verified:
+            check_file(self.path, self.manifest, name)
+            self._verified.add(name)
+        return self.path / name
+
+    def windows(self) -> np.ndarray:
+        """``[n_windows, seq_len]`` int64: every shard's windows in order, checked against the manifest's
+        counts (files as written, counts edited with the digest redone: ``StoreCorrupt``)."""
+        m = self.manifest
+        windows = np.concatenate([load_numpy(self._checked(windows_file(s)))["windows"] for s in range(m["shards"])])
+        expected = (m["windows"], m["settings"]["seq_len"])
+        if windows.shape != expected:
+            raise StoreCorrupt(f"store {self.path}: its window files hold {list(windows.shape)} windows x tokens, the "
+                               f"manifest says {list(expected)}; sweep again into a new folder")
+        return windows.astype(np.int64)
+
+    def table(self, name: str):
+        """The examples table ``name`` ("heads", "neurons") as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.read_parquet(self._checked(table_file(name)))
 
 
 def _lock(path: Path):

@@ -35,7 +35,7 @@ from ..progress import progress as progress_bar
 from .arguments import check_positive
 from .documents import Corpus, CorpusError
 from .memory import release_free_memory
-from .store import Store, StoreCorrupt, check_file, check_identity, example_rows, read_manifest, read_stats
+from .store import FinishedStore, Store, check_identity, read_manifest
 from .windows import RULE, separator_id, tokenizer_identity, window_blocks
 
 ENGINES = ("serial", "ray")
@@ -182,7 +182,7 @@ def sweep(model, corpus: Corpus, store, *, seq_len: int = 128, k: int = 20, max_
     try:
         if not store.complete:
             _run(model, corpus, store, settings, engine, device, progress, engine_options)
-            _finish(model, store)
+            store.finish(model)
     finally:
         store.close()
     return Sweep(store.path)
@@ -306,76 +306,19 @@ def prefetched(items: Iterator, depth: int = 1) -> Iterator:
         thread.join()
 
 
-def _finish(model, store: Store) -> None:
-    """The merged accumulator into Parquet tables and statistics (``store.py``)."""
-    merged = store.fold()
-    m = store.manifest
-    if merged is None or m["merged_through"] + 1 != m["shards"]:
-        raise RuntimeError(f"store {store.path}: {m['merged_through'] + 1} of {m['shards']} shards merged")
-    H = model.cfg.n_heads
-    sums = merged.sums
-    positions = int(sums["positions"])
-    stats = {"positions": sums["positions"], "windows": sums["windows"]}
-    for name in SCORE_NAMES:
-        stats[name] = sums[f"mass.{name}"] / sums[f"targets.{name}"]
-        stats[f"targets.{name}"] = sums[f"targets.{name}"]
-    tables = {}
-    if merged.heads is not None:  # examples: Parquet (pyarrow, the `sweep` extra); a scores-only sweep needs none
-        import pyarrow as pa
-
-        strings = np.array(model.token_strings, dtype=object)
-        shard_windows = m["settings"]["shard_windows"]
-        W_O = model.W_O.detach().to("cpu", torch.float64)
-        stats["head_out_mean"] = torch.einsum("lhe,lhed->lhd", sums["z"] / positions, W_O)
-        cols = example_rows(merged.heads, ("layer", "head"), H)
-        cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_windows)]
-        cols["source_token"] = strings[_tokens_at(store, cols["window"], cols["source"], shard_windows)]
-        tables["heads"] = pa.table(cols)
-        if merged.neurons is not None:
-            stats["neuron_mean"] = sums["neuron_sum"] / positions
-            stats["neuron_fraction_positive"] = sums["neuron_positive"].to(torch.float64) / positions
-            cols = example_rows(merged.neurons, ("layer", "neuron"), model.cfg.d_mlp)
-            cols["token"] = strings[_tokens_at(store, cols["window"], cols["position"], shard_windows)]
-            tables["neurons"] = pa.table(cols)
-    store.finish(tables, stats)
-
-
-def _tokens_at(store: Store, windows: np.ndarray, positions: np.ndarray, shard_windows: int) -> np.ndarray:
-    """Token ids at ``(windows[i], positions[i])``, reading one shard's windows at a time."""
-    out = np.zeros(len(windows), dtype=np.int64)
-    shards = windows // shard_windows
-    for shard in np.unique(shards):
-        at = shards == shard
-        block = store.windows_of(int(shard))
-        out[at] = block[windows[at] - shard * shard_windows, positions[at]]
-    return out
-
-
 class Sweep:
     """A finished sweep read from its store (``Sweep.open(path)``). Tables are pandas DataFrames, best
     first; tensors are CPU float32 (statistics) or int64 (``windows``)."""
 
     def __init__(self, path):
         self.path = store_path(path)
-        self.manifest = read_manifest(self.path)
-        if not self.manifest["complete"]:
-            m = self.manifest
-            raise ValueError(f"the sweep in {self.path} is not finished ({m['merged_through'] + 1 + len(m['pending'])} "
-                             "shards recorded); run pcw.sweep with the same arguments again to resume it")
-        self._verified: set[str] = set()  # files checked against the manifest (``_checked``)
-        self._stats = read_stats(self.path, self.manifest)
+        self._store = FinishedStore(self.path)  # the store's layout is its own (``store.py``)
+        self.manifest, self._stats = self._store.manifest, self._store.stats
         self._tables: dict = {}
         self._windows: torch.Tensor | None = None
         self._documents: np.ndarray | None = None
         info = self.manifest["info"]["model"]
         self.n_layers, self.n_heads, self.d_mlp = info["n_layers"], info["n_heads"], info["d_mlp"]
-
-    def _checked(self, name: str) -> Path:
-        """The store's file ``name``, checked against its manifest record once per ``Sweep`` (``store.py``)."""
-        if name not in self._verified:
-            check_file(self.path, self.manifest, name)
-            self._verified.add(name)
-        return self.path / name
 
     @classmethod
     def open(cls, store) -> Sweep:
@@ -427,15 +370,7 @@ class Sweep:
     def windows(self) -> torch.Tensor:
         """``[n_windows, seq_len]`` int64: the token ids swept (window ``w`` is row ``w``)."""
         if self._windows is None:
-            from safetensors.numpy import load_file as load_numpy
-
-            parts = [load_numpy(self._checked(f"windows/{s:06d}.safetensors"))["windows"]
-                     for s in range(self.manifest["shards"])]
-            self._windows = torch.from_numpy(np.concatenate(parts).astype(np.int64))
-            expected = (self.n_windows, self.seq_len)
-            if tuple(self._windows.shape) != expected:  # files as written, counts edited with the digest redone
-                raise StoreCorrupt(f"store {self.path}: its window files hold {list(self._windows.shape)} windows x "
-                                   f"tokens, the manifest says {list(expected)}; sweep again into a new folder")
+            self._windows = torch.from_numpy(self._store.windows())
         return self._windows
 
     def window_documents(self) -> np.ndarray | None:
@@ -488,9 +423,8 @@ class Sweep:
         if self.manifest["settings"]["scores_only"]:
             raise ValueError("this sweep recorded head scores only (scores_only=True): no examples")
         if table not in self._tables:
-            import pandas as pd
 
-            self._tables[table] = pd.read_parquet(self._checked(f"{table}.parquet"))
+            self._tables[table] = self._store.table(table)
         df = self._tables[table]
         rows = df[(df["layer"] == layer) & (df[unit] == index)].sort_values("rank")
         return rows.drop(columns=["layer", unit, "rank"]).reset_index(drop=True)
