@@ -61,3 +61,27 @@ class ShownRun(traitlets.HasTraits):
     def taken_from(self, section) -> bool:
         """Whether another section's run is shown now (``section``'s toggle then goes off)."""
         return self.shown is not None and self.shown.by not in (None, section)
+
+
+class RunWriter(traitlets.HasTraits):
+    """A section that writes an explorer's ``ShownRun`` (``self.run``) from its runner's jobs: a job yields
+    ``{"_written_run": (text, label, result)}``, applied on the kernel's thread like every result, and shown
+    while ``writing()`` holds; when another section's run is shown, ``taken()`` turns this one's toggle off."""
+
+    _written_run = traitlets.Any(None)
+
+    def writing(self) -> bool:
+        """Whether a run that arrives now is still wanted (its toggle still on)."""
+        return True
+
+    def taken(self) -> None:
+        """Another section's run is shown now: turn this section's toggle off."""
+
+    @traitlets.observe("_written_run")
+    def _show_written(self, change) -> None:
+        if change["new"] is not None and self.writing():
+            self.run.show(*change["new"], by=self)
+
+    def _on_shown(self, change) -> None:
+        if self.run.taken_from(self):
+            self.taken()

@@ -11,7 +11,7 @@ from ..core.arrays import Array
 from ..core.base import CircuitWidget, rolls_back
 from ..core.meter import Meter, metered
 from ..core.selection import HeadSelection, check_model, head_label
-from ..core.shown_run import ShownRun
+from ..core.shown_run import RunWriter, ShownRun
 
 NO_SWEEP = "mean ablation needs a sweep: CircuitExplorer(model, text, sweep=...)"
 """Why ``ablation="mean"`` is unavailable without a sweep (``ablation_kinds``)."""
@@ -19,7 +19,7 @@ ABLATING = ("ablating heads", "heads")
 """How ``progress`` names the head-loss table's pieces (one head's ablation each)."""
 
 
-class CausalChecks(HeadSelection, CircuitWidget):
+class CausalChecks(RunWriter, HeadSelection, CircuitWidget):
     """Causal checks of one text's run: ablate the selected head, and each head's ablation loss change.
 
     ``ablation`` "zero" or "mean" ablates the selected head (``pcw.ablate``, resumed from the clean run at
@@ -106,21 +106,15 @@ class CausalChecks(HeadSelection, CircuitWidget):
         clean = self.run.clean
         result = ablate(self.model, clean.tokens, heads=[head], kind=kind,
                         means=self._sweep if kind == "mean" else None, clean=clean)
-        yield {"_ablated_run": (text, f"ablated: {head_label(*head)} ({kind})", result)}
+        yield {"_written_run": (text, f"ablated: {head_label(*head)} ({kind})", result)}
 
-    _ablated_run = traitlets.Any(None)
-    # (text, label, AblationResult): the runner applies results as trait values, on the kernel's thread
-
-    @traitlets.observe("_ablated_run")
-    def _show_ablated(self, change):
-        if change["new"] is not None:
-            self.run.show(*change["new"], by=self)
+    def taken(self) -> None:
+        self.ablation = "off"
 
     def _on_shown(self, change) -> None:
         shown = change["new"]
         self.ablated = shown.label if shown.by is self else ""
-        if self.run.taken_from(self):  # another section's run is shown: this toggle goes off
-            self.ablation = "off"
+        super()._on_shown(change)
 
     # -- a new text ------------------------------------------------------------------------------
     def _on_text(self, change) -> None:

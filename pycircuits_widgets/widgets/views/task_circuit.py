@@ -19,7 +19,7 @@ from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
 from ..core.meter import Meter
 from ..core.selection import HeadSelection, check_model, head_label
-from ..core.shown_run import ShownRun
+from ..core.shown_run import RunWriter, ShownRun
 
 SITES = ("head_out", "resid_pre")
 """What the view patches: each head's output over all positions ``[L, H]`` (a click selects the head) and
@@ -42,7 +42,7 @@ class PatchedRun:
     cache: object
 
 
-class TaskCircuit(HeadSelection, CircuitWidget):
+class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
     """A task's patching heatmaps: for each site of :data:`SITES`, exact activation patching
     (``pcw.activation_patch``: one resumed forward per cell) beside its first-order estimate
     (``pcw.attribution_patch``: two forwards and a backward), both on the task's scale (0 the
@@ -130,9 +130,11 @@ class TaskCircuit(HeadSelection, CircuitWidget):
         if self.patched:
             self._start_patched()
 
-    def _on_shown(self, change) -> None:
-        if self.run.taken_from(self):  # another section's run is shown: this toggle goes off
-            self.patched = False
+    def writing(self) -> bool:
+        return self.patched
+
+    def taken(self) -> None:
+        self.patched = False
 
     @traitlets.validate("patched")
     def _valid_patched(self, proposal):
@@ -163,18 +165,9 @@ class TaskCircuit(HeadSelection, CircuitWidget):
             logits, cache = self.model.run_with_cache(clean.tokens, interventions=Interventions(heads={head: value}),
                                                       resume=clean.cache)
         result = PatchedRun(next_token_loss(logits, cache.tokens), clean.token_loss, cache)
-        yield {"_patched_run": (text, f"patched: {head_label(layer, h)} from the corrupted prompt", result)}
-
-    _patched_run = traitlets.Any(None)
-    # (text, label, PatchedRun): the runner applies results as trait values, on the kernel's thread
-
-    @traitlets.observe("_patched_run")
-    def _show_patched(self, change) -> None:
-        if change["new"] is not None and self.patched:
-            self.run.show(*change["new"], by=self)
+        yield {"_written_run": (text, f"patched: {head_label(layer, h)} from the corrupted prompt", result)}
 
     # -- the patching tables ---------------------------------------------------------------------
-
     @rolls_back
     def _on_direction(self, change) -> None:
         self._start()
