@@ -363,3 +363,20 @@ def test_a_post_norm_model_is_refused():
     task = Task(m, tokens, tokens.flip(1), answers=[(1, 2), (3, 4)])
     with pytest.raises(ValueError, match="post-norms"):
         edge_attribution(m, task)
+
+
+def test_a_deeper_model_s_circuit_run_equals_the_oracle():
+    """Three layers (a forward stopped early holds fewer layers' z than the model has W_O: a head's output is
+    read from its own layer's), one random circuit against the oracle's run built edge by edge."""
+    m = pcw.from_hf(tiny_model("gpt2", dtype=torch.float64, n_layer=3), verify=False)
+    g = torch.Generator().manual_seed(5)
+    first, other = torch.randint(1, m.cfg.d_vocab, (3, 4), generator=g), torch.randint(1, m.cfg.d_vocab, (3, 4), generator=g)
+    task = Task(m, torch.cat([first, first[:, :-1]], 1), torch.cat([other, first[:, :-1]], 1),
+                answers=[(int(a), int(b)) for a, b in zip(first[:, -1], other[:, -1])])
+    _, stopped = m.run_with_cache(task.tokens_clean, layers=1, logits=False)
+    assert stopped.head_out.shape[1] == 1 and torch.equal(stopped.head_out[:, 0], task.clean.head_out[:, 0])
+    result = edge_attribution(m, task)
+    n = len(result.edges)
+    circuit = result.circuit(edges=[result.edges[i] for i in torch.randperm(n, generator=g)[: n // 2].tolist()])
+    want = oracle_circuit_metric(m, task, set(circuit.edges))
+    assert abs(result.faithfulness(circuit).metric - want) <= metric_tol(m, task)
