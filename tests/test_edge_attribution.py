@@ -363,3 +363,68 @@ def test_a_post_norm_model_is_refused():
     task = Task(m, tokens, tokens.flip(1), answers=[(1, 2), (3, 4)])
     with pytest.raises(ValueError, match="post-norms"):
         edge_attribution(m, task)
+
+
+def test_a_deeper_model_s_circuit_run_equals_the_oracle():
+    """Three layers (a forward stopped early holds fewer layers' z than the model has W_O: a head's output is
+    read from its own layer's), one random circuit against the oracle's run built edge by edge."""
+    m = pcw.from_hf(tiny_model("gpt2", dtype=torch.float64, n_layer=3), verify=False)
+    g = torch.Generator().manual_seed(5)
+    first, other = torch.randint(1, m.cfg.d_vocab, (3, 4), generator=g), torch.randint(1, m.cfg.d_vocab, (3, 4), generator=g)
+    task = Task(m, torch.cat([first, first[:, :-1]], 1), torch.cat([other, first[:, :-1]], 1),
+                answers=[(int(a), int(b)) for a, b in zip(first[:, -1], other[:, -1])])
+    _, stopped = m.run_with_cache(task.tokens_clean, layers=1, logits=False)
+    assert stopped.head_out.shape[1] == 1 and torch.equal(stopped.head_out[:, 0], task.clean.head_out[:, 0])
+    result = edge_attribution(m, task)
+    n = len(result.edges)
+    circuit = result.circuit(edges=[result.edges[i] for i in torch.randperm(n, generator=g)[: n // 2].tolist()])
+    want = oracle_circuit_metric(m, task, set(circuit.edges))
+    assert abs(result.faithfulness(circuit).metric - want) <= metric_tol(m, task)
+
+
+def test_a_parallel_block_model_s_edges_and_circuit():
+    """GPT-NeoX (attention and MLP read the same stream, rotary): an MLP reads no head of its own layer. Each
+    score against its definition through one read tap ``alpha * (a_u(corrupted) - a_u(clean))`` at the input,
+    differentiated in ``alpha`` (a path apart from the batched gradients and product); every edge's circuit is
+    the clean run, no edge's the corrupted run, all but one head's outgoing edges exact noising of that head."""
+    m = pcw.from_hf(tiny_model("gpt_neox", dtype=torch.float64), verify=False)
+    assert m.cfg.parallel_attn_mlp
+    g = torch.Generator().manual_seed(6)
+    first, other = torch.randint(1, m.cfg.d_vocab, (3, 4), generator=g), torch.randint(1, m.cfg.d_vocab, (3, 4), generator=g)
+    task = Task(m, torch.cat([first, first[:, :-1]], 1), torch.cat([other, first[:, :-1]], 1),
+                answers=[(int(a), int(b)) for a, b in zip(first[:, -1], other[:, -1])])
+    result = edge_attribution(m, task)
+    reads = {(d, via): [u for u, d2, v2 in result.edges if (d2, v2) == (d, via)] for d, via in result.inputs}
+    assert reads["MLP1", "mlp"] == ["embed", *(f"L0.H{h}" for h in range(m.cfg.n_heads)), "MLP0"]
+    H = m.cfg.n_heads
+    outputs = {}
+    for name, cache in (("clean", task.clean), ("corrupted", task.corrupted)):
+        outputs[name] = {"embed": cache.embed, **{f"L{l}.H{h}": cache.head_out[:, l, h] for l in range(2) for h in range(H)},
+                         **{f"MLP{l}": cache.mlp_out[:, l] for l in range(2)}}
+    n = model_forward_length(m.cfg, task.n_pos) + m.cfg.d_model * task.n_pos * len(task.tokens_clean)
+    for u, d, via in [("embed", "L0.H1", "K"), ("L0.H2", "L1.H3", "Q"), ("L0.H0", "MLP1", "mlp"), ("MLP0", "L1.H1", "V"),
+                      ("MLP1", "logits", "logits"), ("L1.H2", "logits", "logits")]:
+        diff = outputs["corrupted"][u] - outputs["clean"][u]
+        alpha = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        if via in "QKV":
+            layer, head = int(d[1]), int(d[4:])
+            delta = torch.zeros(diff.shape[0], H, *diff.shape[1:], dtype=torch.float64)
+            delta[:, head] = diff
+            key = (layer, via)
+        else:
+            delta, key = diff, ((int(d[3]), "mlp_in") if via == "mlp" else (1, "post"))
+        zero = torch.zeros_like(delta, requires_grad=True)  # its gradient: dm/dx at the input, for the bound
+        with torch.enable_grad():
+            value = task.metric_tensor(task.tokens_clean, Interventions(taps={key: alpha * delta + zero}))
+            want, grad = torch.autograd.grad(value, (alpha, zero))
+        tol = chain_tol(n, 1.0, torch.float64) * (1e-3 + float((delta * grad).abs().sum()))
+        assert abs(result.score(u, d, via) - float(want)) <= tol, (u, d, via, result.score(u, d, via), float(want))
+    tol = metric_tol(m, task)
+    assert abs(result.faithfulness(result.circuit(top_n=len(result.edges))).metric - task.metric_clean) <= tol
+    assert abs(result.faithfulness(result.circuit(top_n=0)).metric - task.metric_corrupted) <= tol
+    heads = activation_patch(m, task, "head_out", "noise").scores
+    for layer, head in ((0, 1), (1, 2)):
+        name = f"L{layer}.H{head}"
+        without = result.circuit(edges=[e for e in result.edges if e[0] != name])
+        got = result.faithfulness(without).metric
+        assert abs(task.normalise(got) - float(heads[layer, head])) <= 2 * tol / abs(task.metric_clean - task.metric_corrupted)

@@ -42,7 +42,7 @@ import torch
 from ..models.interventions import VIAS, Interventions
 from .ablation import check_model
 from .attribution import _metric_gradients
-from .patching import Task
+from .patching import Task, head_outs
 
 METHODS = ("eap", "eap-ig")
 DEFAULT_STEPS = {"eap": 1, "eap-ig": 5}
@@ -251,7 +251,7 @@ class EdgeAttribution:
                 taps[layer, via] = less(i, g.n_heads).transpose(0, 1)  # [b, H, pos, d]
                 i += g.n_heads
             _, cache = model.run_with_cache(tokens, Interventions(taps=dict(taps)), logits=False, layers=layer + 1)
-            patched += list(cache.head_out[:, layer].transpose(0, 1).flatten(1))
+            patched += list(head_outs(model, cache, layer).transpose(0, 1).flatten(1))  # [b, H, pos, d]: H outputs
             if g.mlps:
                 taps[layer, "mlp_in"] = less(i, 1)[0]
                 i += 1

@@ -72,7 +72,8 @@ class ActivationCache:
         if self.W_O._version != self._W_O_version:  # head_out must be what this run's heads wrote
             raise RuntimeError("ActivationCache.head_out: the model's W_O was modified in place after this run; "
                                "run the model again to get head outputs for the new weights")
-        out = torch.einsum("blhpe,lhed->blhpd", self.z, self.W_O)
+        # (a forward stopped early, run_with_cache(layers=k), holds the first k layers' z)
+        out = torch.einsum("blhpe,lhed->blhpd", self.z, self.W_O[: self.z.shape[1]])
         for (layer, head), replacement in (self.interventions.heads if self.interventions else {}).items():
             if replacement is not None:  # a mean-ablated head wrote its mean (its z is zero)
                 out[:, layer, head] = torch.as_tensor(replacement, dtype=out.dtype, device=out.device)
