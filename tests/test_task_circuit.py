@@ -14,7 +14,7 @@ import traitlets
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis.patching import Task
-from pycircuits_widgets.widgets.views.task_circuit import AGREEMENT_K, CIRCUIT_EDGES, SITES
+from pycircuits_widgets.widgets.views.task_circuit import AGREEMENT_K, CIRCUIT_SIZES, FAITHFUL, SITES
 from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
 from test_interventions import oracle, token_loss
 from tolerance import assert_within, logit_tol
@@ -159,8 +159,14 @@ def test_the_patched_run_needs_an_explorer_reading_one_of_the_tasks_prompts(mode
 def test_the_circuit_graph_is_edge_attributions_top_edges_and_their_faithfulness(model, task):
     view = pcw.TaskCircuit(model, task)
     found = pcw.edge_attribution(model, task, "eap")
-    circuit = found.circuit(top_n=CIRCUIT_EDGES)
     shown = view.circuit
+    # the sizes tried: the ladder, in order, up to the first whose faithfulness reaches the target
+    tried = [n for n, _ in shown["sizes"]]
+    assert tried == sorted({min(n, len(found.edges)) for n in CIRCUIT_SIZES})[:len(tried)]
+    assert [v for _, v in shown["sizes"]] == [float(found.faithfulness(found.circuit(top_n=n))) for n in tried]
+    reached = [v >= FAITHFUL for _, v in shown["sizes"]]
+    assert not any(reached[:-1]) and (reached[-1] or tried[-1] == min(max(CIRCUIT_SIZES), len(found.edges)))
+    circuit = found.circuit(top_n=tried[-1])
     assert [(e["from"], e["to"], e["via"]) for e in shown["edges"]] == list(circuit.edges)
     assert [e["score"] for e in shown["edges"]] == circuit.scores.tolist()
     assert shown["total"] == len(found.edges) and shown["method"] == "eap"

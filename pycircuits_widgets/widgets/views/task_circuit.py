@@ -26,8 +26,11 @@ SITES = ("head_out", "resid_pre")
 the residual stream before each layer at each position ``[L, pos]`` (columns labelled by the tokens)."""
 AGREEMENT_K = 5
 """The top cells whose overlap ``agreement`` reports."""
-CIRCUIT_EDGES = 20
-"""The edges of largest |score| the circuit graph keeps (``circuit``)."""
+CIRCUIT_SIZES = (10, 20, 40, 80, 160, 320)
+"""The circuit sizes tried, in edges of largest |score|: the graph shows the first whose faithfulness reaches
+``FAITHFUL`` (else the largest, at most the graph's edges)."""
+FAITHFUL = 0.8
+"""The faithfulness (1 the full model, 0 the corrupted run) the graph's circuit is grown to."""
 NO_RUN = "patching the shown run needs an explorer reading one of the task's clean prompts"
 """Why ``patched`` is unavailable to a view without one (``patch_run``)."""
 
@@ -83,8 +86,10 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
     (-1 for a non-head)}], "edges": [{"from", "to", "via" ("Q" | "K" | "V" | "mlp" | "logits"), "score" (the
     metric's units), "composition", "measured" (head -> head: the weights' composition score and the one
     measured on the clean prompts, for the via; else absent)}], "faithfulness": {"score", "metric",
-    "metric_clean", "metric_corrupted", "edges", "total"}}``: the ``CIRCUIT_EDGES`` edges of largest |score|
-    by edge attribution patching (``pcw.edge_attribution``), and the circuit's run measured exactly."""
+    "metric_clean", "metric_corrupted", "edges", "total"}, "sizes": [[edges, faithfulness], ...], "target"}``:
+    the smallest circuit of ``CIRCUIT_SIZES`` edges of largest |score| by edge attribution patching
+    (``pcw.edge_attribution``) whose run, measured exactly, keeps ``FAITHFUL`` of the behaviour (the sizes
+    tried, with theirs)."""
     patched = traitlets.Bool(False).tag(sync=True)
     """bool: the explorer's sections show the run patched at the selected head (class docstring)."""
     patch_run = traitlets.Unicode("").tag(sync=True)
@@ -216,8 +221,13 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
         """The ``circuit`` trait: edge attribution, its top edges and their faithfulness, each head -> head
         edge with the weights' and the measured composition of the pair."""
         found = edge_attribution(self.model, self.task, "eap")
-        circuit = found.circuit(top_n=min(CIRCUIT_EDGES, len(found.edges)))
-        faithful = found.faithfulness(circuit)
+        sizes = []
+        for n in sorted({min(n, len(found.edges)) for n in CIRCUIT_SIZES}):
+            circuit = found.circuit(top_n=n)
+            faithful = found.faithfulness(circuit)
+            sizes.append([n, faithful.score])
+            if faithful.score >= FAITHFUL:
+                break
         vias = {via for _, _, via in circuit.edges if via in "QKV"}
         weights = {via: composition_scores(self.model, via, offsets=None) for via in vias
                    if self.model.cfg.positional != "rotary" or via == "V"}
@@ -240,6 +250,7 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
         nodes = [{"name": n, "rank": circuit.ranks[n], **dict(zip(("layer", "head"), head(n) if n.startswith("L")
                                                                   else (-1, -1)))} for n in circuit.nodes]
         return {"method": found.method, "total": len(found.edges), "nodes": nodes, "edges": edges,
+                "sizes": sizes, "target": FAITHFUL,
                 "faithfulness": {"score": faithful.score, "metric": faithful.metric,
                                  "metric_clean": faithful.metric_clean, "metric_corrupted": faithful.metric_corrupted,
                                  "edges": faithful.edges, "total": faithful.total}}
