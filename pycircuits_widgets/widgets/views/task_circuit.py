@@ -214,15 +214,18 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
         self._done[direction] = ({s: t.float() for s, t in exact.items()},
                                  {s: r.scores.float() for s, r in estimate.items()}, dict(agreement))
         if not self.circuit:
-            yield {"circuit": self._circuit()}
+            circuit = yield from self._circuit_steps()
+            yield {"circuit": circuit}
         yield {"progress": {}}
 
-    def _circuit(self) -> dict:
-        """The ``circuit`` trait: edge attribution, its top edges and their faithfulness, each head -> head
-        edge with the weights' and the measured composition of the pair."""
+    def _circuit_steps(self):
+        """The ``circuit`` trait (returned): edge attribution, then each size's faithfulness a piece (about
+        ``n_layers`` forwards each), each head -> head edge with the weights' and the measured composition
+        of the pair."""
         found = edge_attribution(self.model, self.task, "eap")
         sizes = []
         for n in sorted({min(n, len(found.edges)) for n in CIRCUIT_SIZES}):
+            yield None  # a chunk boundary: a click goes first
             circuit = found.circuit(top_n=n)
             faithful = found.faithfulness(circuit)
             sizes.append([n, faithful.score])
