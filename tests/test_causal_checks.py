@@ -98,3 +98,14 @@ def test_every_declared_link_names_a_section_and_traits_it_has():
     for spec in VIEWS:
         for name in spec.options:
             assert spec.cls.class_traits().get(name) is not None, (spec.name, name)
+
+
+def test_a_section_closed_while_its_run_is_shown_leaves_the_clean_run_and_follows_no_text(model):
+    explorer = pcw.CircuitExplorer(model, SAMPLE_TEXT, layer=1, head=6)
+    section = explorer.causal
+    section.ablation = "zero"
+    assert explorer.attention.run_label == "ablated: L1.H6 (zero)"
+    section.close()
+    assert explorer.causal is None and explorer.attention.run_label == "" and explorer.run.shown.result is None
+    explorer.text = "x = 1\ny = 2\n"  # the closed section computes nothing for it
+    assert explorer.run.shown.result is None and section.head_loss_change is None

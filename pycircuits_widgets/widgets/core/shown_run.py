@@ -66,9 +66,26 @@ class ShownRun(traitlets.HasTraits):
 class RunWriter(traitlets.HasTraits):
     """A section that writes an explorer's ``ShownRun`` (``self.run``) from its runner's jobs: a job yields
     ``{"_written_run": (text, label, result)}``, applied on the kernel's thread like every result, and shown
-    while ``writing()`` holds; when another section's run is shown, ``taken()`` turns this one's toggle off."""
+    while ``writing()`` holds; when another section's run is shown, ``taken()`` turns this one's toggle off;
+    a new text reaches ``_on_text``. Closed, the section's run is shown no more and the run not followed."""
 
     _written_run = traitlets.Any(None)
+
+    def _follow_run(self) -> None:
+        """Observe ``self.run`` (from the section's ``_started``)."""
+        self.run.observe(self._on_text, ["clean"])
+        self.run.observe(self._on_shown, ["shown"])
+        self._following = True
+
+    def _on_text(self, change) -> None:
+        """A new text's clean run (``ShownRun.read``)."""
+
+    def close(self) -> None:
+        if self.__dict__.pop("_following", False):  # (close runs again from __del__)
+            self.run.unobserve(self._on_text, ["clean"])
+            self.run.unobserve(self._on_shown, ["shown"])
+            self.run.withdraw(self.run.shown.text, self)
+        super().close()
 
     def writing(self) -> bool:
         """Whether a run that arrives now is still wanted (its toggle still on)."""

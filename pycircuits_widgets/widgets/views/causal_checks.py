@@ -72,8 +72,7 @@ class CausalChecks(RunWriter, HeadSelection, CircuitWidget):
 
     def _started(self) -> None:
         self.observe(self._on_ablation, ["ablation", "layer", "head"])
-        self.run.observe(self._on_text, ["clean"])
-        self.run.observe(self._on_shown, ["shown"])
+        self._follow_run()
         if self._owns_run:  # (an explorer starts it with the rest of its background work: start_background)
             self._start_head_losses()
 

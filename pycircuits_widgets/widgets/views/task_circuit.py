@@ -116,8 +116,7 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
         self.observe(self._on_direction, ["direction"])
         self.observe(self._on_patched, ["patched", "layer", "head"])
         if self.run is not None:
-            self.run.observe(self._on_text, ["clean"])
-            self.run.observe(self._on_shown, ["shown"])
+            self._follow_run()
         self._on_text(None)
         self._start()
 
