@@ -15,6 +15,7 @@ import pycircuits_widgets as pcw
 from pycircuits_widgets.demo import SAMPLE_TEXT
 from pycircuits_widgets.widgets.core.shown_run import ShownRun
 from pycircuits_widgets.widgets.views.registry import BY_NAME, EXPLORER, LINKS, VIEWS
+from random_models import paper_model
 from runner_loop import WAIT, manual_kernel_loop  # noqa: F401 (fixture)
 
 
@@ -109,3 +110,11 @@ def test_a_section_closed_while_its_run_is_shown_leaves_the_clean_run_and_follow
     assert explorer.causal is None and explorer.attention.run_label == "" and explorer.run.shown.result is None
     explorer.text = "x = 1\ny = 2\n"  # the closed section computes nothing for it
     assert explorer.run.shown.result is None and section.head_loss_change is None
+
+
+def test_an_ablation_asked_of_a_model_without_heads_is_refused_naming_the_section():
+    model = paper_model(n_layers=0, dtype=torch.float32)
+    assert set(pcw.CircuitExplorer(model, "t1 t2 t3", ablation="off").views()) == {"loss", "bigrams"}
+    with pytest.raises(ValueError, match=r"ablation='zero' is an option of the causal checks section, which this "
+                                         r"model has not: No causal checks: .*n_layers=0"):
+        pcw.CircuitExplorer(model, "t1 t2 t3", ablation="zero")

@@ -161,10 +161,11 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             setattr(self, name, value)
         for (spec, name), value in options.items():  # once the selection is (a section acts on it)
             view = getattr(self, spec.name)
-            if view is None:
+            if view is None and value != spec.cls.class_traits()[name].default_value:
                 raise ValueError(f"CircuitExplorer: {name}={value!r} is an option of the {spec.noun} section, which "
                                  f"this model has not: {self.notices.get(spec.name, 'no such section')}")
-            setattr(view, name, value)
+            if view is not None:
+                setattr(view, name, value)
         self.start_background()
 
     # -- building ---------------------------------------------------------------------------
