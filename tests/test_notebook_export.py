@@ -204,7 +204,7 @@ def saved_state(page: str) -> list[dict]:
     return json.loads(found.group(1))["widgets"]
 
 
-QUICK_START_BUDGET = 377_000
+QUICK_START_BUDGET = 390_000
 """Bytes of the quick start's explorer as a notebook saves it (its widget state written as
 nbformat writes it, indented, plus the bundle carrier once). The saved quick start notebook's
 target is 0.4 MB, of which its cells and outputs take about 27 KB: this budget is the rest. Its
@@ -214,7 +214,9 @@ buffers, 0.372 MB once the corpus sections and the causal checks' controls (issu
 of front end) joined it, 0.387 MB with the dataset examples, the corpus counts, the jobs' counts and
 cancel and the greyed stale views, 0.371 MB once the bundle's CSS (22 KB, saved uncompressed as the
 carrier's ``_css`` until then) was packed with the gzipped javascript (5 KB there), 0.376 MB once the
-causal checks became a section of their own (a child widget's state and its layout model: 3 KB)."""
+causal checks became a section of their own (a child widget's state and its layout model: 3 KB), 0.388 MB
+once every view exported figures and the task section's view joined the bundle (12 KB more of gzipped
+front end, saved once in the carrier)."""
 
 
 def test_quick_start_explorer_saved_with_every_view_computed_stays_under_its_budget():

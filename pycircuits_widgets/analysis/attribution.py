@@ -139,7 +139,7 @@ def attribution_patch(model, task: Task, site: str, direction: str = "denoise") 
     return AttributionResult(site, direction, task.normalise(start + estimate), SITES[site])
 
 
-def _metric_gradients(task: Task, run, leaves: list, where: str = "attribution_patch", metric=None) -> tuple:
+def metric_gradients(task: Task, run, leaves: list, where: str = "attribution_patch", metric=None) -> tuple:
     """The task's metric of ``run()``'s logits (``metric()``, the metric itself, where given), differentiated
     with respect to ``leaves`` (refused, naming ``where``, unless the metric is a scalar tensor computed
     from the logits, and a finite one)."""
@@ -166,7 +166,7 @@ def _value_estimate(model, task: Task, layer: int, tokens, base, source) -> torc
     requiring grad as every head's value input, a forward resumed at the layer and a backward)."""
     leaves = [_zeros(model, tokens) for _ in range(model.cfg.n_heads)]
     inputs = {(layer, h, "V"): base.resid[:, layer] + leaf for h, leaf in enumerate(leaves)}
-    grads = _metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(head_inputs=inputs),
+    grads = metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(head_inputs=inputs),
                                                                  resume=base)[0], leaves)
     delta = (source.resid[:, layer] - base.resid[:, layer]).double()
     return torch.stack([torch.einsum("bpd,bpd->", delta, g.double()) for g in grads])
@@ -181,7 +181,7 @@ def _pattern_estimate(model, task: Task, site: str, layer: int, tokens, base, so
     patterns = base.patterns[:, layer]  # [b, H, dest, src]
     leaves = [torch.zeros_like(patterns[:, 0], requires_grad=True) for _ in range(model.cfg.n_heads)]
     given = {(layer, h): patterns[:, h] + leaf for h, leaf in enumerate(leaves)}
-    grads = _metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(patterns=given),
+    grads = metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(patterns=given),
                                                                  resume=base)[0], leaves)
     with torch.no_grad():
         if site == "pattern":
@@ -200,7 +200,7 @@ def _stream_gradients(model, task: Task, tokens: torch.Tensor) -> dict:
     points = [(layer, where) for layer in range(model.cfg.n_layers) for where in TAPS
               if where != "post" or not model.cfg.attn_only]
     taps = {p: _zeros(model, tokens) for p in points}
-    grads = _metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(taps=taps))[0], list(taps.values()))
+    grads = metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(taps=taps))[0], list(taps.values()))
     return {p: g.double() for p, g in zip(points, grads)}
 
 

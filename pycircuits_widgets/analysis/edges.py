@@ -41,7 +41,7 @@ import torch
 
 from ..models.interventions import VIAS, Interventions
 from .ablation import check_model
-from .attribution import _metric_gradients
+from .attribution import metric_gradients
 from .patching import Task, head_outs
 
 METHODS = ("eap", "eap-ig")
@@ -351,7 +351,7 @@ def _read_gradients(model, task: Task, graph: Graph, embed: torch.Tensor | None,
             taps[layer, "mlp_in"] = zeros(b, pos, d)
     taps[L - 1, "post" if graph.mlps else "mid"] = zeros(b, pos, d)
     edits = Interventions(taps=taps, resid={} if embed is None else {0: embed})
-    return list(_metric_gradients(task, None, list(taps.values()), where,
+    return list(metric_gradients(task, None, list(taps.values()), where,
                                   metric=lambda: task.metric_tensor(tokens, edits)))
 
 

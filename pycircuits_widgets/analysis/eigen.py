@@ -126,7 +126,8 @@ def eigenvalues(model, kind: str, offset=None, embedding=None, sweep=None) -> to
     work = _compute_dtype(model)
     if embedding == "corpus":
         return _eigenvalues(model, kind, offsets, window, _effective_grams(model, kind, embedding, sweep, work))
-    key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window, embedding or "raw")
+    key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window,
+           *(() if embedding in (None, "raw") else (embedding,)))
     return cached(model, key, lambda: _eigenvalues(model, kind, offsets, window,
                                                    _effective_grams(model, kind, embedding, sweep, work)), tier=MODEL)
 

@@ -59,8 +59,6 @@ def section_view(widget, section: str | None):
     """``(view, title)``: the widget itself and None (its figure is titled by its view's name, as its menu's
     is), or with ``section``, the explorer's section of that name and the section's title. TypeError for
     ``section`` of a view without sections, ValueError naming the sections for one the explorer does not show."""
-    from ..views.registry import BY_NAME
-
     if section is None:
         return widget, None
     sections = getattr(widget, "views", None)
@@ -69,7 +67,8 @@ def section_view(widget, section: str | None):
     shown = sections()
     if section not in shown:
         raise ValueError(f"section={section!r}: this explorer shows {', '.join(shown)}")
-    return shown[section], BY_NAME[section].title
+    titles = {s["name"]: s["title"] for s in widget.sections}  # the explorer's own record of its sections
+    return shown[section], titles[section]
 
 
 def chromium() -> str | None:
