@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import traitlets
 
+from ...analysis import activations
 from ...analysis.attribution import attribution_patch
 from ...analysis.composition import composition_scores
 from ...analysis.edges import edge_attribution
@@ -233,8 +234,8 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
         vias = {via for _, _, via in circuit.edges if via in "QKV"}
         weights = {via: composition_scores(self.model, via, offsets=None) for via in vias
                    if self.model.cfg.positional != "rotary" or via == "V"}
-        clean = self.task.tokens_clean
-        measured = {via: measured_composition(self.model, clean, via) for via in vias}
+        clean = activations.run(self.model, self.task.tokens_clean)  # one clean run for every via's measurement
+        measured = {via: measured_composition(self.model, clean.tokens, via, clean=clean) for via in vias}
 
         def head(name: str) -> tuple[int, int]:
             layer, h = name[1:].split(".H")
