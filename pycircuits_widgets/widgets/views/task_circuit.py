@@ -185,16 +185,19 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
             with self.hold_sync():
                 self.exact, self.estimate, self.agreement = exact, estimate, agreement
             return
-        L = self.model.cfg.n_layers
         self._runner.submit("patching", lambda: self._patching_steps(direction),
-                            progress=Meter(f"patching ({direction})", len(SITES) * L, "layers").report(0))
+                            progress=self._patching(direction).report(0))
+
+    def _patching(self, direction: str) -> Meter:
+        """The meter of the exact cells: each site's layers."""
+        return Meter(f"patching ({direction})", len(SITES) * self.model.cfg.n_layers, "layers")
 
     def _patching_steps(self, direction: str):
         """The estimate of every site (one piece), then each site's exact cells a layer a piece."""
         estimate = {site: attribution_patch(self.model, self.task, site, direction) for site in SITES}
         yield {"estimate": {site: r.scores for site, r in estimate.items()}, "exact": {}, "agreement": {}}
         L = self.model.cfg.n_layers
-        meter = Meter(f"patching ({direction})", len(SITES) * L, "layers")
+        meter = self._patching(direction)
         exact, agreement = {}, {}
         for i, site in enumerate(SITES):
             partial = {}
