@@ -68,13 +68,17 @@ def test_any_sharding_and_merge_order_gives_the_serial_top_k(examples, k, n_shar
 
 def test_accumulators_round_trip_through_flat_tensors_and_add_their_sums():
     acc = Accumulator(table([(2.0, 1, 3)], 2), None, {"z": torch.ones(2, 3, dtype=torch.float64),
-                                                        "positions": torch.tensor(5)})
+                                                        "positions": torch.tensor(5)},
+                      {"induction": table([(0.5, 1, 2)], 2), "previous_token": table([(0.9, 1, 0)], 2)})
     again = Accumulator.from_tensors(acc.tensors())
-    assert again.neurons is None and all(torch.equal(a, b) for a, b in zip(acc.tensors().values(),
-                                                                          again.tensors().values()))
+    assert again.neurons is None and set(again.roles) == {"induction", "previous_token"}
+    assert acc.tensors().keys() == again.tensors().keys()
+    assert all(torch.equal(acc.tensors()[n], again.tensors()[n]) for n in acc.tensors())
     other = Accumulator(table([(3.0, 2, 0)], 2), None, {"z": torch.ones(2, 3, dtype=torch.float64),
-                                                          "positions": torch.tensor(7)})
+                                                          "positions": torch.tensor(7)},
+                        {"induction": table([(0.7, 0, 5)], 2), "previous_token": table([(0.1, 2, 1)], 2)})
     both = acc.merge(other)
+    assert both.roles["induction"].window.tolist() == [[0, 1]] and both.roles["previous_token"].window.tolist() == [[1, 2]]
     assert torch.equal(both.sums["z"], 2 * torch.ones(2, 3, dtype=torch.float64)) and int(both.sums["positions"]) == 12
     assert both.heads.window.tolist() == [[2, 1]] and both.heads.extras["source"].tolist() == [[0, 1]]
 
@@ -84,6 +88,8 @@ def test_accumulators_of_different_sweeps_do_not_merge():
     b = Accumulator(None, None, {"positions": torch.tensor(5)})
     with pytest.raises(ValueError, match="different statistics"):
         a.merge(b)
+    with pytest.raises(ValueError, match="different statistics"):  # one recorded examples by role, one not
+        a.merge(Accumulator(a.heads, None, a.sums, {"induction": a.heads}))
     with pytest.raises(ValueError, match="cannot merge top-k"):
         table([(1.0, 0, 0)], 2).merge(table([(1.0, 0, 0)], 3))
 

@@ -9,6 +9,7 @@ windows before it."""
 
 import pytest
 import torch
+import traitlets
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets import DatasetExamples
@@ -82,7 +83,7 @@ def test_a_heads_rows_are_its_sweep_examples_in_context_with_the_attention_of_it
         model, swept, examples, layer, head):
     examples.layer, examples.head = layer, head
     assert examples.wait()
-    assert examples.shown == [layer, head, -1]
+    assert examples.shown == [layer, head, -1, "norm"]
     table = swept.head_examples(layer, head)
     assert [(r["window"], r["position"]) for r in examples.rows] == list(zip(table["window"], table["position"]))
     documents = oracle_documents(swept)
@@ -104,6 +105,25 @@ def test_a_heads_rows_are_its_sweep_examples_in_context_with_the_attention_of_it
         assert r["attention"] == pytest.approx(float(pattern[source]), abs=tol + ROUNDING)
     strings = model.token_strings
     assert all(examples.strings[str(i)] == strings[i] for r in examples.rows for s in r["segments"] for i in s["ids"])
+
+
+@pytest.mark.parametrize("rank_by", ["induction", "previous_token", "duplicate_token"])
+def test_a_heads_rows_by_a_role_are_its_sweeps_examples_by_that_role_with_the_target_attended(model, swept, rank_by):
+    view = DatasetExamples(swept, model, layer=1, head=6, rank_by=rank_by)
+    assert view.wait() and view.shown == [1, 6, -1, rank_by]
+    table = swept.head_examples(1, 6, by=rank_by)
+    assert [(r["window"], r["position"]) for r in view.rows] == list(zip(table["window"], table["position"]))
+    assert [r["source"] for r in view.rows] == table["source"].tolist()
+    for r, want in zip(view.rows, table[rank_by]):
+        assert r["score"] == pytest.approx(float(want), rel=ROUNDING)
+    view.rank_by = "norm"  # back to the output norm: the rows of head_examples(by="norm")
+    assert view.wait() and view.shown == [1, 6, -1, "norm"]
+    assert [r["window"] for r in view.rows] == swept.head_examples(1, 6)["window"].tolist()
+    with pytest.raises(traitlets.TraitError):
+        view.rank_by = "copying"
+    view.close()
+    with pytest.raises(ValueError, match="rank_by must be one of 'norm', 'previous_token'"):
+        DatasetExamples(swept, model, rank_by="copying")
 
 
 def test_a_head_shown_before_answers_with_its_values_at_once(model, swept):
@@ -149,7 +169,7 @@ def test_an_example_opened_in_the_explorer_is_its_windows_exact_tokens_and_every
     explorer = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept, layer=1, head=5)
     try:
         explorer.wait()
-        assert explorer.examples.shown == [1, 5, -1]
+        assert explorer.examples.shown == [1, 5, -1, "norm"]
         row = explorer.examples.rows[2]
         window, position = row["window"], row["position"]
         explorer.examples.set_state({"opened": [window, position]})  # the page's click
@@ -207,9 +227,9 @@ def test_a_neurons_rows_carry_its_activation_on_every_token_and_the_explorer_fol
     try:
         explorer.compute("neurons")
         explorer.neurons.set_state({"layer": 1, "neuron": 17})
-        assert explorer.wait() and explorer.examples.shown == [1, explorer.head, 17]
+        assert explorer.wait() and explorer.examples.shown == [1, explorer.head, 17, "norm"]
         explorer.attention.set_state({"layer": 0, "head": 2})  # a head click: the head's examples again
-        assert explorer.wait() and explorer.examples.shown == [0, 2, -1]
+        assert explorer.wait() and explorer.examples.shown == [0, 2, -1, "norm"]
     finally:
         explorer.close()
 
@@ -220,12 +240,14 @@ def test_a_saved_page_keeps_every_heads_examples_within_the_budget_and_says_when
         state = offline.fill(view)
         assert len(offline.rules(state)) == 1 and state["kernel"] == {"opened": offline.NEEDS_KERNEL["opened"]}
         rule = offline.rules(state)[0]
-        assert rule["on"] == ["layer", "head"]
-        assert len(rule["patches"]) == 16  # every head of the model fits
+        assert rule["on"] == ["layer", "head", "rank_by"]
+        # every head of the model in the current ranking, and the current head in the three others
+        assert set(rule["patches"]) == ({offline.key(l, h, "norm") for l in range(2) for h in range(8)}
+                                        | {offline.key(1, 3, r) for r in ("induction", "previous_token", "duplicate_token")})
         assert len(state["rules"]["view"]) + len(state["data"]) <= offline.BUDGET
-        for (layer, head) in [(1, 3), (0, 6)]:
-            saved = rule["patches"][offline.key(layer, head)]["rows"]
-            table = swept.head_examples(layer, head)
+        for layer, head, by in [(1, 3, "norm"), (0, 6, "norm"), (1, 3, "induction")]:
+            saved = rule["patches"][offline.key(layer, head, by)]["rows"]
+            table = swept.head_examples(layer, head, by=by)
             assert [(r["window"], r["position"]) for r in saved] == list(zip(table["window"], table["position"]))
             assert all(s["values"] is not None for r in saved for s in r["segments"])
         assert view.cut == ""

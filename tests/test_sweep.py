@@ -145,6 +145,46 @@ def test_every_heads_examples_are_the_brute_force_top_k(model, reference, brute)
             assert np.all(df["source"].to_numpy() <= df["position"].to_numpy())  # causal
 
 
+def role_targets(windows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{role: [N, dest, src]}``, written here from the definitions: the previous token (``src = dest - 1``),
+    an earlier copy of the destination's token (``src < dest``, same token), the token after an earlier copy
+    (``1 <= src <= dest``, ``t[src - 1] = t[dest]``)."""
+    N_, T_ = windows.shape
+    dest, src = torch.arange(T_)[:, None], torch.arange(T_)[None, :]
+    previous = (src == dest - 1).expand(N_, T_, T_)
+    duplicate = (windows[:, :, None] == windows[:, None, :]) & (src < dest)
+    after = torch.zeros_like(duplicate)
+    after[:, :, 1:] = (windows[:, :, None] == windows[:, None, :-1]) & (src[:, 1:] <= dest)
+    return {"previous_token": previous, "duplicate_token": duplicate, "induction": after}
+
+
+def test_every_heads_examples_by_role_are_the_brute_force_top_k(model, reference, brute):
+    """``head_examples(by=role)``: the positions with the most attention on the role's targets (float64 sums
+    of the brute-force patterns; positions without a target are no example), with the target attended most.
+    The mass is a sum of pattern entries over targets, which a softmax perturbation moves by at most twice its
+    score error (``4 * pattern_tol``), plus float32 summation over at most ``T`` terms of at most 1."""
+    cfg = model.cfg
+    ptol = pattern_tol(cfg, T, brute["patterns"])
+    tol = 4 * ptol + T * torch.finfo(torch.float32).eps
+    windows = reference.windows
+    for role, targets in role_targets(windows).items():
+        mass = torch.einsum("nlhij,nij->nlhi", brute["patterns"].double(), targets.double())
+        mass = mass.masked_fill(~targets.any(-1)[:, None, None], float("-inf"))
+        for layer in range(cfg.n_layers):
+            for head in range(cfg.n_heads):
+                df = reference.head_examples(layer, head, by=role)
+                assert role in df.columns and "score" not in df.columns
+                check_top(df.rename(columns={role: "score"}), mass[:, layer, head], tol, f"L{layer}H{head} by {role}")
+                w, p = torch.tensor(df["window"].to_numpy()), torch.tensor(df["position"].to_numpy())
+                src = torch.tensor(df["source"].to_numpy())
+                assert targets[w, p, src].all(), f"L{layer}H{head} by {role}: a source that is not a target"
+                rows = brute["patterns"][w, layer, head, p].masked_fill(~targets[w, p], -1.0)
+                attended = rows.gather(-1, src[:, None])[:, 0]
+                assert torch.all(attended >= rows.amax(-1) - 2 * ptol), f"L{layer}H{head} by {role}: not the top target"
+    with pytest.raises(ValueError, match="by must be 'norm' or one of 'previous_token'"):
+        reference.head_examples(0, 0, by="copying")
+
+
 def test_ties_rank_by_window_then_position(reference, model):
     """Position 0 attends only to itself, so its ||head_out|| depends on its token alone: windows starting
     with the same token tie exactly, and rank by window."""
@@ -221,10 +261,11 @@ def assert_same_store(a, b) -> None:
     """Bit for bit: windows, example tables, statistics, manifest."""
     assert a.manifest == b.manifest
     assert torch.equal(a.windows, b.windows)
-    for table in ("heads", "neurons"):
-        if (a.path / f"{table}.parquet").exists() or (b.path / f"{table}.parquet").exists():
-            pd.testing.assert_frame_equal(pd.read_parquet(a.path / f"{table}.parquet"),
-                                          pd.read_parquet(b.path / f"{table}.parquet"), check_exact=True)
+    tables = sorted({p.name for p in a.path.glob("*.parquet")} | {p.name for p in b.path.glob("*.parquet")})
+    assert tables and tables == sorted(p.name for p in b.path.glob("*.parquet"))
+    for table in tables:
+        pd.testing.assert_frame_equal(pd.read_parquet(a.path / table), pd.read_parquet(b.path / table),
+                                      check_exact=True)
     sa, sb = load_file(a.path / "stats.safetensors"), load_file(b.path / "stats.safetensors")
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
@@ -258,8 +299,9 @@ def test_a_killed_sweep_resumes_to_the_uninterrupted_store(model, corpus, refere
     with threads(1):
         resumed = pcw.sweep(model, corpus, path, **SETTINGS)
     assert_same_store(resumed, reference)
-    assert sorted(p.name for p in path.iterdir()) == [".lock", "heads.parquet", "manifest.json", "stats.safetensors",
-                                                      "windows"]
+    assert sorted(p.name for p in path.iterdir()) == [".lock", "heads.parquet", "heads_by_duplicate_token.parquet",
+                                                      "heads_by_induction.parquet", "heads_by_previous_token.parquet",
+                                                      "manifest.json", "stats.safetensors", "windows"]
 
 
 def test_an_interrupted_ray_sweep_resumes_to_the_serial_store(model, corpus, reference, ray_cluster, tmp_path):

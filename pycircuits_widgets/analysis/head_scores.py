@@ -57,6 +57,22 @@ def target_masks(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"previous_token": previous, "duplicate_token": duplicate, "induction": induction}
 
 
+def target_attention(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each score at each destination: ``{name: (attention [batch, L, H, dest], targets [batch, dest, src])}``,
+    ``attention`` the pattern's mass on the position's targets (0 where it has none; the per-position
+    terms of ``target_mass``'s mean), in the patterns' dtype; ``targets`` the score's mask
+    (``target_masks``). ``patterns [batch, L, H, dest, src]``,
+    ``tokens [batch, pos]``. The targets are few (one per position for the previous token, the earlier
+    copies for the others): gathered, not a masked pass over every pattern."""
+    b, L, H, T, _ = patterns.shape
+    out = {}
+    for name, mask in target_masks(tokens).items():
+        seq, dest, src = mask.nonzero(as_tuple=True)
+        at = patterns.new_zeros(b, T, L, H).index_put_((seq, dest), patterns[seq, :, :, dest, src], accumulate=True)
+        out[name] = (at.permute(0, 2, 3, 1), mask)
+    return out
+
+
 def target_mass(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The parts of each score's mean, summable over batches: ``{name: (mass [L, H], n)}``, ``mass`` the
     attention on targets summed over every (sequence, position) (float64; a position without a target

@@ -112,13 +112,16 @@ class TopK:
 @dataclass
 class Accumulator:
     """What a sweep records over some windows: ``heads`` (``TopK`` of ``L * H`` rows, head ``(l, h)`` at
-    row ``l * H + h``; None when only scores are recorded), ``neurons`` (``L * d_mlp`` rows, neuron
-    ``(l, n)`` at ``l * d_mlp + n``; None without MLPs or when only scores are recorded) and ``sums``
-    (``{name: tensor}``, float64 or int64, added on merge)."""
+    row ``l * H + h``, by ``||head_out||``; None when only scores are recorded), ``neurons`` (``L * d_mlp``
+    rows, neuron ``(l, n)`` at ``l * d_mlp + n``; None without MLPs or when only scores are recorded),
+    ``sums`` (``{name: tensor}``, float64 or int64, added on merge) and ``roles`` (``{score name: TopK}``,
+    rows as ``heads``: each head's top k by its attention to that score's targets at a position; empty
+    when only scores are recorded)."""
 
     heads: TopK | None
     neurons: TopK | None
     sums: dict[str, torch.Tensor]
+    roles: dict[str, TopK] = field(default_factory=dict)
 
     def merge(self, other: Accumulator) -> Accumulator:
         return Accumulator.merge_all([self, other])
@@ -129,7 +132,7 @@ class Accumulator:
         first = accs[0]
         for a in accs[1:]:
             if set(a.sums) != set(first.sums) or (a.heads is None) != (first.heads is None) \
-                    or (a.neurons is None) != (first.neurons is None):
+                    or (a.neurons is None) != (first.neurons is None) or set(a.roles) != set(first.roles):
                 raise ValueError("cannot merge accumulators of different sweeps (different statistics recorded)")
         sums = {}
         for name in first.sums:
@@ -141,18 +144,21 @@ class Accumulator:
             None if first.heads is None else TopK.merge_all([a.heads for a in accs]),
             None if first.neurons is None else TopK.merge_all([a.neurons for a in accs]),
             sums,
+            {name: TopK.merge_all([a.roles[name] for a in accs]) for name in first.roles},
         )
 
     def to(self, device) -> Accumulator:
         return Accumulator(None if self.heads is None else self.heads.to(device),
                            None if self.neurons is None else self.neurons.to(device),
-                           {n: t.to(device) for n, t in self.sums.items()})
+                           {n: t.to(device) for n, t in self.sums.items()},
+                           {n: t.to(device) for n, t in self.roles.items()})
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Flat ``{name: tensor}`` (``heads.score``, ``sums.z``, ...) for a safetensors file."""
+        """Flat ``{name: tensor}`` (``heads.score``, ``sums.z``, ``roles.induction.score``, ...) for a
+        safetensors file."""
         out = {f"sums.{n}": t for n, t in self.sums.items()}
-        for part in ("heads", "neurons"):
-            table = getattr(self, part)
+        tables = {"heads": self.heads, "neurons": self.neurons, **{f"roles.{n}": t for n, t in self.roles.items()}}
+        for part, table in tables.items():
             if table is not None:
                 out.update({f"{part}.{n}": t for n, t in table.fields().items()})
         return {n: t.contiguous() for n, t in out.items()}
@@ -162,6 +168,10 @@ class Accumulator:
         parts: dict[str, dict[str, torch.Tensor]] = {"heads": {}, "neurons": {}, "sums": {}}
         for name, t in tensors.items():
             part, _, key = name.partition(".")
+            if part == "roles":
+                role, _, key = key.partition(".")
+                part = f"roles.{role}"
+                parts.setdefault(part, {})
             if part not in parts:
                 raise ValueError(f"unexpected tensor {name!r} in an accumulator file")
             parts[part][key] = t
@@ -171,4 +181,6 @@ class Accumulator:
                 return None
             return TopK(fields.pop("score"), fields.pop("window"), fields.pop("position"), fields)
 
-        return cls(table(parts["heads"]), table(parts["neurons"]), parts["sums"])
+        roles = {part.removeprefix("roles."): table(fields) for part, fields in parts.items()
+                 if part.startswith("roles.")}
+        return cls(table(parts["heads"]), table(parts["neurons"]), parts["sums"], roles)

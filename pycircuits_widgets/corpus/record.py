@@ -10,6 +10,11 @@ mlp_post=True, logits=False)`` (no unembedding: a sweep reads none of the logits
   Its top k with, for each, the source position the head attends to most there (the first of equal
   maxima) and that attention;
 * every neuron: its top k by post-activation (the input to ``W_out``), its sum and how often it is > 0;
+* every head's top k for each role the head scores measure (``roles``: previous-token, duplicate-token,
+  induction): the positions where the head puts most attention on that score's targets
+  (``analysis.head_scores.target_attention``; positions without a target are no example), with the
+  target it attends to most there and that attention: the examples that show a head's role, where its
+  largest outputs may sit on an attention sink;
 * the head scores' parts (``analysis.head_scores.target_mass``), and ``sum_t z[l, h, t]`` (the mean
   ``head_out`` is that mean times ``W_O``, linear), with the number of positions.
 
@@ -22,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..analysis.head_scores import SCORE_NAMES, target_mass
+from ..analysis.head_scores import SCORE_NAMES, target_attention, target_mass
 from ..linalg import linalg_dtype, qr_r
-from .accumulators import Accumulator, TopK, top_k_first
+from .accumulators import EMPTY, Accumulator, TopK, top_k_first
 
 HEAD_EXTRAS = {"source": torch.long, "attention": torch.float32}
 
@@ -79,11 +84,13 @@ class Recorder:
             sums[f"mass.{name}"], sums[f"targets.{name}"] = mass, n
         self._check_finite(sums[f"mass.{SCORE_NAMES[0]}"], "attention patterns", first_window, b)
         heads = neurons = None
+        roles = {}
         if not self.scores_only:
             heads = self._heads(cache, first_window, sums)
+            roles = self._roles(cache, first_window)
         if self.mlps:
             neurons = self._neurons(cache.mlp_post, first_window, sums)
-        return Accumulator(heads, neurons, sums)
+        return Accumulator(heads, neurons, sums, roles)
 
     def _heads(self, cache, first_window: int, sums: dict) -> TopK:
         z = cache.z  # [b, L, H, T, d_head]
@@ -102,6 +109,27 @@ class Recorder:
         source = picked.argmax(-1)
         attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
         return TopK(values + 0.0, win + first_window, pos, {"source": source, "attention": attention}).padded(self.k)
+
+    def _roles(self, cache, first_window: int) -> dict[str, TopK]:
+        """Each role's ``TopK`` (module docstring): rows ``l * H + h``, a position's score its attention on
+        the role's targets, ``-inf`` (no example) where it has none."""
+        patterns = cache.patterns  # [b, L, H, T, T]
+        b, L, H, T, _ = patterns.shape
+        rows = torch.arange(L * H, device=patterns.device)[:, None]
+        out = {}
+        for name, (attention, targets) in target_attention(patterns, cache.tokens).items():
+            scores = attention.to(self.work).masked_fill(~targets.any(-1)[:, None, None], float("-inf"))
+            values, index = top_k_first(scores.permute(1, 2, 0, 3).reshape(L * H, b * T), self.k)
+            win, pos = index // T, index % T
+            empty = values == float("-inf")  # fewer than k positions with a target in this batch
+            # the target attended most at each example: the pattern row with non-targets below any target
+            picked = patterns[win, rows // H, rows % H, pos].masked_fill(~targets[win, pos], -1.0)
+            source = picked.argmax(-1)
+            attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
+            out[name] = TopK(values + 0.0, (win + first_window).masked_fill(empty, EMPTY), pos.masked_fill(empty, 0),
+                             {"source": source.masked_fill(empty, 0), "attention": attention.masked_fill(empty, 0.0)}
+                             ).padded(self.k)
+        return out
 
     def _neurons(self, post: torch.Tensor, first_window: int, sums: dict) -> TopK:
         b, L, T, d_mlp = post.shape

@@ -10,6 +10,9 @@ Layout (``FORMAT``)::
     merged/000006.safetensors     shards 0..6 merged (the file ``manifest["merged"]`` names)
     heads.parquet                 when complete: every head's top k (``layer, head, rank, window,
                                   position, score, source, attention, token, source_token``)
+    heads_by_induction.parquet    every head's top k by its attention to a role's targets, one table
+                                  per head score (``heads_by_previous_token``, ``..._duplicate_token``,
+                                  ``..._induction``), the columns of ``heads.parquet``
     neurons.parquet               every neuron's top k (``layer, neuron, rank, window, position,
                                   score, token``); absent for attention-only models
     stats.safetensors             head scores and their target counts, head_out means, neuron means
@@ -61,12 +64,13 @@ from safetensors.torch import load_file, save_file
 from ..analysis.head_scores import SCORE_NAMES
 from .accumulators import EMPTY, Accumulator
 
-FORMAT = "pycircuits_widgets.sweep/3"
+FORMAT = "pycircuits_widgets.sweep/4"
 SEAL = "pycircuits_widgets.manifest"
 """The statistics file's metadata key holding the sealed manifest (module docstring)."""
 PARTS = ("windows", "shards", "merged")
 _SHARD_FILE = re.compile(r"\d{6}\.safetensors")
-_FILE = re.compile(r"(windows|shards|merged)/\d{6}\.safetensors|stats\.safetensors|(heads|neurons)\.parquet")
+_FILE = re.compile(r"(windows|shards|merged)/\d{6}\.safetensors|stats\.safetensors|"
+                   rf"(heads|neurons|heads_by_({'|'.join(SCORE_NAMES)}))\.parquet")
 """The files a manifest may name (module docstring, "Layout"), relative to the store."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -93,7 +97,8 @@ def windows_file(shard: int) -> str:
 
 
 def table_file(table: str) -> str:
-    """A finished store's examples table ``table`` ("heads", "neurons"), relative to the store."""
+    """A finished store's examples table ``table`` ("heads", "neurons", "heads_by_induction", ...),
+    relative to the store."""
     return f"{table}.parquet"
 
 
@@ -218,7 +223,7 @@ def _check_schema(m: dict, file: Path) -> None:
     for name, record in m["files"].items():
         if not _FILE.fullmatch(name):
             fail("files", "names of the store's layout (windows/, shards/ or merged/ then six digits and "
-                          ".safetensors; stats.safetensors; heads.parquet, neurons.parquet)", name)
+                          ".safetensors; stats.safetensors; heads.parquet, heads_by_<score>.parquet, neurons.parquet)", name)
         if not (isinstance(record, dict) and set(record) == {"size", "sha256"} and integer(record["size"], 0)
                 and isinstance(record["sha256"], str) and _SHA256.fullmatch(record["sha256"])):
             fail(f"files[{name!r}]", '{"size": bytes, "sha256": 64 hex digits}', record)
@@ -240,7 +245,7 @@ def _check_schema(m: dict, file: Path) -> None:
                  {k: m[k] for k in ("shards", "merged", "pending", "merged_through")})
         wanted.add(STATS)
         if not settings["scores_only"]:
-            wanted.add(table_file("heads"))
+            wanted |= {table_file(name) for name in ("heads", *(f"heads_by_{r}" for r in SCORE_NAMES))}
             optional.add(table_file("neurons"))  # attention-only models have no neurons
     else:
         wanted |= {f"shards/{_name(s)}" for s in pending} | ({f"merged/{m['merged']}"} if m["merged"] else set())
@@ -449,10 +454,11 @@ class Store:
             strings = np.array(model.token_strings, dtype=object)
             W_O = model.W_O.detach().to("cpu", torch.float64)
             stats["head_out_mean"] = torch.einsum("lhe,lhed->lhd", sums["z"] / positions, W_O)
-            cols = example_rows(merged.heads, ("layer", "head"), model.cfg.n_heads)
-            cols["token"] = strings[self._tokens_at(cols["window"], cols["position"])]
-            cols["source_token"] = strings[self._tokens_at(cols["window"], cols["source"])]
-            tables["heads"] = pa.table(cols)
+            for name, table in {"heads": merged.heads, **{f"heads_by_{r}": t for r, t in merged.roles.items()}}.items():
+                cols = example_rows(table, ("layer", "head"), model.cfg.n_heads)
+                cols["token"] = strings[self._tokens_at(cols["window"], cols["position"])]
+                cols["source_token"] = strings[self._tokens_at(cols["window"], cols["source"])]
+                tables[name] = pa.table(cols)
             if merged.neurons is not None:
                 stats["neuron_mean"] = sums["neuron_sum"] / positions
                 stats["neuron_fraction_positive"] = sums["neuron_positive"].to(torch.float64) / positions
@@ -552,7 +558,7 @@ class FinishedStore:
         return windows.astype(np.int64)
 
     def table(self, name: str):
-        """The examples table ``name`` ("heads", "neurons") as a pandas DataFrame."""
+        """The examples table ``name`` (``table_file``) as a pandas DataFrame."""
         import pandas as pd
 
         return pd.read_parquet(self._checked(table_file(name)))

@@ -398,12 +398,22 @@ class Sweep:
         return int(docs[window]) + int((self.windows[window, :position] == sep).sum())
 
     # --- examples ---------------------------------------------------------------------------------
-    def head_examples(self, layer: int, head: int):
-        """Head ``(layer, head)``'s top ``k`` examples by ``||head_out||``, best first: a DataFrame with
-        ``window, position, score, source, attention, token, source_token`` (``source``: the position it
-        attends to most there; ``token``/``source_token``: their display strings)."""
+    def head_examples(self, layer: int, head: int, by: str = "norm"):
+        """Head ``(layer, head)``'s top ``k`` examples, best first: a DataFrame with ``window, position,
+        score, source, attention, token, source_token`` (``token``/``source_token``: display strings).
+
+        ``by="norm"``: ranked by ``||head_out||`` (``score``), ``source`` the position the head attends to
+        most there. ``by`` a head score (``"induction"``, ``"previous_token"``, ``"duplicate_token"``):
+        the positions where the head puts most attention on that score's targets (the token after an
+        earlier copy of the current one, the previous token, an earlier copy), the column named ``by``
+        holding that attention in place of ``score``, ``source`` the target it attends to most (fewer
+        than ``k`` rows when the corpus has fewer positions with a target)."""
+        if by != "norm" and by not in SCORE_NAMES:
+            raise ValueError(f"head_examples: by must be 'norm' or one of {', '.join(map(repr, SCORE_NAMES))}, got {by!r}")
         layer, head = self._unit(layer, head, self.n_heads, "head")
-        return self._examples("heads", "head", layer, head)
+        if by == "norm":
+            return self._examples("heads", "head", layer, head)
+        return self._examples(f"heads_by_{by}", "head", layer, head).rename(columns={"score": by})
 
     def neuron_examples(self, layer: int, neuron: int):
         """Neuron ``(layer, neuron)``'s top ``k`` examples by post-activation, best first: a DataFrame with

@@ -43,9 +43,27 @@ def shown_windows(section):
             for i in range(rows.count())]
 
 
-def kernel_windows(swept, layer, head, k=K):
-    table = swept.head_examples(layer, head).iloc[:k]
+def kernel_windows(swept, layer, head, k=K, by="norm"):
+    table = swept.head_examples(layer, head, by=by).iloc[:k]
     return list(zip(table["window"].tolist(), table["position"].tolist()))
+
+
+def test_rank_by_a_role_shows_the_heads_examples_of_that_role(show, model, swept):
+    view_ = pcw.DatasetExamples(swept, model, layer=1, head=6)
+    try:
+        view_.wait()
+        view = show(view_)
+        examples = view.page.locator(".pcw-examples")
+        assert shown_windows(examples) == kernel_windows(swept, 1, 6)
+        view.page.get_by_test_id("rank-by").select_option("induction")
+        view.wait_until(lambda: view_.rank_by == "induction" and view_.wait(0.01) and not view_.busy,
+                        what="the kernel ranking by induction")
+        examples.locator("[data-testid=examples-caption]", has_text="earlier copies").wait_for()
+        view.wait_until(lambda: shown_windows(examples) == kernel_windows(swept, 1, 6, by="induction"),
+                        what="the head's examples by induction")
+        assert examples.locator("thead th").nth(1).inner_text() == "induction"
+    finally:
+        view_.close()
 
 
 def test_a_head_click_shows_its_examples_and_an_example_click_reads_it(show, model, swept):
@@ -96,6 +114,10 @@ def test_a_saved_page_shows_another_heads_examples_without_a_kernel(browser, mod
         explorer_section(page, "attention").locator("button.thumb[data-layer='1'][data-head='2']").click()
         examples.locator("[data-testid=examples-caption]", has_text="L1.H2").wait_for()
         assert shown_windows(examples) == kernel_windows(swept, 1, 2)
+        explorer_section(page, "attention").locator("button.thumb[data-layer='0'][data-head='0']").click()
+        examples.get_by_test_id("rank-by").select_option("previous_token")  # the saved head in every ranking
+        examples.locator("[data-testid=examples-caption]", has_text="the token before it").wait_for()
+        assert shown_windows(examples) == kernel_windows(swept, 0, 0, by="previous_token")
         button = examples.locator("[data-testid=open-example]").first
         assert button.is_disabled() and "needs a running kernel" in button.get_attribute("title")
 
@@ -132,8 +154,8 @@ def test_a_saved_page_greys_the_examples_of_a_head_it_has_none_for(browser, mode
         rules = offline.rules(explorer.examples._offline)
     finally:
         explorer.close()
-    rule = next(r for r in rules if r["on"] == ["layer", "head"])
-    kept = {tuple(json.loads(f"[{k}]")) for k in rule["patches"]}
+    rule = next(r for r in rules if r["on"] == ["layer", "head", "rank_by"])
+    kept = {tuple(json.loads(f"[{k}]"))[:2] for k in rule["patches"]}
     cfg = model.cfg
     missing = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads) if (l, h) not in kept]
     assert (0, 0) in kept and missing, kept

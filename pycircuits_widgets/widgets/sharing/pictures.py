@@ -320,8 +320,9 @@ def dataset_examples(w) -> str:
     boxed and, once the re-run is in, each token's value above a tenth of the row's largest in bold."""
     if not w.rows:
         return _pending("Dataset examples")
-    layer, head, neuron = w.shown
+    layer, head, neuron, rank_by = w.shown
     unit = f"neuron {neuron} of layer {layer}" if neuron >= 0 else f"head L{layer}.H{head}"
+    score = "score" if neuron >= 0 or rank_by == "norm" else rank_by.replace("_", " ")
 
     def context(r) -> str:
         parts = []
@@ -343,7 +344,7 @@ def dataset_examples(w) -> str:
              (f"doc {r['document']} · " if r["document"] is not None else "") + f"w{r['window']}:{r['position']}",
              context(r)] for r in w.rows[:TABLE_ROWS]]
     return (_caption(f"Dataset examples of {unit} ({len(w.rows)} in the sweep of {w.corpus.get('model', '')})")
-            + _table("dataset-examples", ["score", "where", "context (destination boxed)"], rows))
+            + _table("dataset-examples", [score, "where", "context (destination boxed)"], rows))
 
 
 def explorer(w) -> str:

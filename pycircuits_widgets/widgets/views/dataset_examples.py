@@ -8,6 +8,7 @@ import math
 import torch
 import traitlets
 
+from ...analysis.head_scores import SCORE_NAMES
 from ...corpus.sweeps import checked_sweep
 from ..core import offline
 from ..core.base import CircuitWidget
@@ -32,6 +33,10 @@ RERUN_BYTES = 64 << 20
 ATTENTION_DECIMALS = 3
 """The attention on a row's tokens is shown to this many decimals (``_attention``)."""
 
+RANKINGS = ("norm", *SCORE_NAMES)
+"""How a head's examples are ranked (``Sweep.head_examples(by=)``): ``||head_out||``, or its attention
+on a head score's targets at the position (a neuron's, always by its post-activation)."""
+
 CONTEXT_RULE = (f"Each row: up to {BEFORE} tokens before the destination (boxed) and {AFTER} after it, within "
                 "its window; a head's strongest source further back is shown before a gap (…).")
 
@@ -52,7 +57,10 @@ class DatasetExamples(HeadSelection, CircuitWidget):
     ``||head_out||`` is largest, each a row of the window's tokens around that destination position
     (``CONTEXT_RULE``: ``BEFORE`` tokens before, ``AFTER`` after), the destination marked and the
     head's attention from it shaded on every source in the row, with the score, the document and the
-    window (attention shown to ``ATTENTION_DECIMALS`` decimals, activations and scores to 4 significant digits). With
+    window (attention shown to ``ATTENTION_DECIMALS`` decimals, activations and scores to 4 significant digits).
+    ``rank_by`` a head score (``RANKINGS``): the positions where the head attends most to that role's
+    targets instead (the token after an earlier copy, the previous token, an earlier copy), the examples
+    that show a role a head's largest outputs (often on an attention sink) hide. With
     ``neuron`` (>= 0), neuron ``neuron`` of layer ``layer``'s MLP: its top examples by
     post-activation, its activation shaded on every token of the row.
 
@@ -68,24 +76,28 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         model: the swept model (its token strings and the re-run).
         layer, head: the head. neuron: an MLP neuron of ``layer`` instead (-1: the head).
         k: examples shown (default: all the sweep kept, ``sweep.k``).
+        rank_by: ``"norm"`` (default) or a head score's name (``RANKINGS``).
         openable: rows are buttons that set ``opened`` (the explorer reads the example there).
     """
 
     _view = traitlets.Unicode("DatasetExamples").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "neuron", "opened"})
+    _browser_writable = frozenset({"layer", "head", "neuron", "opened", "rank_by"})
     _answers_offline = "runner"
     _offline_budget = SAVED_BUDGET
 
     neuron = Index(-1).tag(sync=True)
     """int, default -1: a neuron of layer ``layer``'s MLP whose examples are shown; -1: the head's."""
+    rank_by = traitlets.Enum(RANKINGS, "norm").tag(sync=True)
+    """str, default "norm": how a head's examples are ranked (``RANKINGS``; a neuron's by its activation)."""
     rows = traitlets.List().tag(sync=True, **JSON_BUFFER)
     """[{"window", "position", "score", "document" (None: not derivable), "segments": [{"start", "ids",
     "values"}], "source", "attention"}], best first: each example's tokens (ids into ``strings``) in one
     or two runs of window positions from ``start``; ``values`` (None until the re-run arrives) is the
     attention from the destination on each token (a neuron: its activation there); ``source`` and
     ``attention`` (heads): the position attended most and that attention, as the sweep recorded."""
-    shown = traitlets.List(traitlets.Int()).tag(sync=True)
-    """[layer, head, neuron] that ``rows`` answer (a page never shows one unit's rows under another)."""
+    shown = traitlets.List().tag(sync=True)
+    """[layer, head, neuron, rank_by] that ``rows`` answer (a page never shows one unit's rows under
+    another, nor one ranking's under another)."""
     strings = traitlets.Dict().tag(sync=True, **JSON_BUFFER)
     """{str(token id): display string} of the tokens in ``rows``."""
     corpus = traitlets.Dict().tag(sync=True)
@@ -100,7 +112,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
     """str (read-only): how each row's context is cut."""
 
     def __init__(self, sweep, model, *, layer: int = 0, head: int = 0, neuron: int = -1, k: int | None = None,
-                 **kwargs):
+                 rank_by: str = "norm", **kwargs):
         if checked_sweep(sweep, model, "DatasetExamples") is None:
             raise TypeError("DatasetExamples: sweep must be a pcw.Sweep (pcw.sweep(model, corpus, store) or "
                             "pcw.Sweep.open(store)), got None")
@@ -110,6 +122,8 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             sweep.head_examples(layer, head)  # a clear ValueError for a layer or head out of range
         else:
             sweep.neuron_examples(layer, neuron)  # ... and for an attention-only model's neurons
+        if rank_by not in RANKINGS:
+            raise ValueError(f"DatasetExamples: rank_by must be one of {', '.join(map(repr, RANKINGS))}, got {rank_by!r}")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= sweep.k):
             raise ValueError(f"DatasetExamples: k must be an int in 1..{sweep.k} (the examples the sweep kept), got {k!r}")
         self._sweep, self._k = sweep, k or sweep.k
@@ -120,7 +134,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         cut = "" if self._k <= SAVED else (f"Without a kernel this page keeps {SAVED} of the {self._k} examples of "
                                            "each head (all of the head shown when it was saved).")
         super().__init__(model, layer=layer, head=head, neuron=-1 if neuron is None else neuron, corpus=corpus,
-                         cut=cut, **kwargs)
+                         cut=cut, rank_by=rank_by, **kwargs)
 
     def _index_bounds(self, name):
         if name == "neuron":
@@ -134,19 +148,19 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         return proposal["value"]
 
     def _started(self) -> None:
-        self.observe(self._on_unit, ["layer", "head", "neuron"])
+        self.observe(self._on_unit, ["layer", "head", "neuron", "rank_by"])
         self._on_unit(None)
 
     def _on_unit(self, change) -> None:
-        unit = (self.layer, self.head, self.neuron)
+        unit = (self.layer, self.head, self.neuron, self.rank_by)
         self._runner.submit("rows", lambda: self._steps(*unit))
 
     # -- results (on the runner) ------------------------------------------------------------
-    def _steps(self, layer: int, head: int, neuron: int):
+    def _steps(self, layer: int, head: int, neuron: int, rank_by: str = "norm"):
         """The rows from the sweep (at once), then with the re-run's values; a unit shown before
         answers with its values at once (the last ``KEPT_UNITS`` are kept: a revisit runs nothing)."""
-        first = self.rows_patch(layer, head, neuron)
-        unit = (layer, head, neuron)
+        first = self.rows_patch(layer, head, neuron, rank_by)
+        unit = (layer, head, neuron, rank_by)
         if unit in self._kept:
             self._kept.move_to_end(unit)
             yield {**first, "rows": self._kept[unit]}
@@ -159,17 +173,22 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             self._kept.popitem(last=False)
         yield {"rows": rows, "shown": first["shown"]}
 
-    def rows_patch(self, layer: int, head: int, neuron: int = -1) -> dict:
+    def rows_patch(self, layer: int, head: int, neuron: int = -1, rank_by: str = "norm") -> dict:
         """What the page gets first for a unit: ``rows`` (no values yet), ``shown`` and ``strings``, from
         the sweep alone (``benchmarks/bench_examples.py`` times it)."""
-        rows, ids = self.examples(layer, head, neuron)
-        return {"rows": rows, "shown": [layer, head, neuron], "strings": self._strings_of(ids)}
+        rows, ids = self.examples(layer, head, neuron, rank_by=rank_by)
+        return {"rows": rows, "shown": [layer, head, neuron, rank_by], "strings": self._strings_of(ids)}
 
-    def examples(self, layer: int, head: int, neuron: int = -1, k: int | None = None) -> tuple[list[dict], set[int]]:
-        """The rows of head ``(layer, head)`` (or ``neuron`` of ``layer``) without values, and the token ids
-        they show (the sweep's tables and windows only: no forward)."""
+    def examples(self, layer: int, head: int, neuron: int = -1, k: int | None = None,
+                 rank_by: str = "norm") -> tuple[list[dict], set[int]]:
+        """The rows of head ``(layer, head)`` ranked by ``rank_by`` (or ``neuron`` of ``layer``'s, by its
+        activation) without values, and the token ids they show (the sweep's tables and windows only: no
+        forward)."""
         sweep, k = self._sweep, k or self._k
-        table = sweep.head_examples(layer, head) if neuron < 0 else sweep.neuron_examples(layer, neuron)
+        if neuron < 0:
+            table = sweep.head_examples(layer, head, by=rank_by).rename(columns={rank_by: "score"})
+        else:
+            table = sweep.neuron_examples(layer, neuron)
         table = table.iloc[:k]
         T = sweep.seq_len
         windows = sweep.windows
@@ -239,15 +258,19 @@ class DatasetExamples(HeadSelection, CircuitWidget):
 
     # -- kernel-less answers --------------------------------------------------------------------
     def offline_answers(self, answers) -> None:
-        """Kernel-less: every head's first ``SAVED`` examples with their attention, the current head first,
-        within the budget (a head past it says it needs a kernel); opening an example needs one."""
+        """Kernel-less: the first ``SAVED`` examples with their attention of the current head in every
+        ranking, then of every other head in the current ranking, within the budget (a head or ranking
+        past it says it needs a kernel); opening an example needs one."""
         saved = min(self._k, SAVED)
 
-        def answer(layer, head):
-            rows, ids = self.examples(layer, head, -1, saved)
-            patch = {"rows": self.with_values(rows, layer, head, -1), "shown": [layer, head, -1], "neuron": -1}
-            return (layer, head), patch, {"strings": self._strings_of(ids)}
+        def answer(layer, head, rank_by):
+            rows, ids = self.examples(layer, head, -1, saved, rank_by)
+            patch = {"rows": self.with_values(rows, layer, head, -1), "shown": [layer, head, -1, rank_by],
+                     "neuron": -1}
+            return (layer, head, rank_by), patch, {"strings": self._strings_of(ids)}
 
-        answers.rule(["layer", "head"], (answer(l, h) for l, h in offline.heads(self)),
-                     missing=offline.over_budget("This head's dataset examples"))
+        wanted = [(l, h, self.rank_by) for l, h in offline.heads(self)]
+        wanted[1:1] = [(self.layer, self.head, r) for r in RANKINGS if r != self.rank_by]
+        answers.rule(["layer", "head", "rank_by"], (answer(*unit) for unit in wanted),
+                     missing=offline.over_budget("This head's dataset examples in this ranking"))
         answers.needs_kernel("opened")
