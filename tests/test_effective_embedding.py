@@ -12,6 +12,7 @@ stream's magnitude in float32 (the models are float64, but HF's norms compute th
 float32); the means are float64 ``reduction_tol`` over the positions averaged.
 """
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,33 @@ def test_corpus_is_the_brute_force_mean_stream_entering_the_layer(learned, swept
             tol = reduction_tol(int(got.counts[i]), float(learned.W_pos.abs().max()) + float(learned.W_E[t].abs().max()),
                                 torch.float64, computations=2)
             assert (got.stream[i] - want).abs().max() <= tol, t
+
+
+def test_the_corpus_means_of_later_layers_come_from_the_same_pass_and_are_kept(learned, swept, monkeypatch):
+    """One pass over the windows reads every layer whose sums fit; a later layer then runs no forward, and
+    equals that layer read alone (the same forward, stopped later)."""
+    from pycircuits_widgets.analysis import cache
+    from pycircuits_widgets.analysis.effective_embedding import corpus_means, corpus_means_of
+
+    module = importlib.import_module("pycircuits_widgets.analysis.effective_embedding")  # (the package exports
+    # the function of the same name)
+
+    cache.clear(learned)
+    forwards = []
+    real = learned.run_with_cache
+    monkeypatch.setattr(learned, "run_with_cache", lambda *a, **k: forwards.append(k.get("layers")) or real(*a, **k))
+    first = corpus_means(learned, swept, 0)
+    batches = -(-swept.n_windows // module.BATCH_WINDOWS)
+    assert forwards == [learned.cfg.n_layers - 1] * batches  # layers 0..2 in one pass, stopped at the last
+    later = corpus_means(learned, swept, 2)
+    assert len(forwards) == batches  # kept: no forward
+    alone = corpus_means_of(learned, swept, [2])[2]
+    assert all(torch.equal(a, b) for a, b in zip(later, alone)) and torch.equal(first[0], later[0])
+    monkeypatch.setattr(module, "MEANS_BYTES", 1)  # one layer's sums at a time: a pass each
+    cache.clear(learned)
+    forwards.clear()
+    corpus_means(learned, swept, 1)
+    assert forwards == [1] * batches
 
 
 def test_min_count_leaves_rare_tokens_out_and_counts_them(learned, swept):

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 import traitlets
 
 import pycircuits_widgets as pcw
@@ -73,3 +74,49 @@ def test_the_explorer_offers_the_choice_in_its_trigram_section_and_a_page_keeps_
     assert trigrams.error == "" and trigrams.read_through.startswith("W_E + block 0")
     page = explorer.save_html(tmp_path / "page.html").read_text()
     assert json.dumps(trigrams.read_through)[1:-1] in page  # the page says what its table read
+
+
+def centred_ov_diagonal(model, layer: int, head: int, vectors, tokens):
+    """Float64, dense: the diagonal of ``E W_V W_O W_U[:, tokens]`` with each row centred over ``tokens``."""
+    full = vectors.double() @ model.W_V[layer, head].double() @ model.W_O[layer, head].double() \
+        @ model.W_U[:, tokens].double()
+    return (full - full.mean(1, keepdim=True)).diagonal()
+
+
+def test_the_eigenvalue_plot_reads_every_deeper_head_through_the_chosen_embedding(model, sweep):
+    """The scatter is ``eigenvalue_positivity(embedding=)`` (checked against dense spectra in
+    ``test_effective_embedding.py``), layer 0 keeps W_E, and the detail's copied tokens are the top of the
+    dense centred OV diagonal over the embedding's tokens (within float32 rounding of the products)."""
+    view = pcw.EigenvaluePlot(model, sweep=sweep, layer=1, head=6, n_copies=8)
+    raw = np.asarray(view.ov_positivity).copy()
+    assert view.read_through == ""
+    for kind in ("mlp0", "corpus"):
+        view.embedding = kind
+        assert view.wait() and view.error == ""
+        for circuit, shown in (("OV", view.ov_positivity), ("QK", view.qk_positivity)):
+            want = pcw.eigenvalue_positivity(model, circuit, embedding=kind, sweep=sweep if kind == "corpus" else None)
+            np.testing.assert_array_equal(np.asarray(shown), want.numpy())
+        np.testing.assert_array_equal(np.asarray(view.ov_positivity)[0], raw[0])  # layer 0 reads W_E itself
+        assert not np.array_equal(np.asarray(view.ov_positivity)[1], raw[1])
+        assert view.read_through.startswith({"mlp0": "W_E + block 0", "corpus": "the corpus stream"}[kind])
+        emb = pcw.effective_embedding(model, 1, kind, sweep=sweep if kind == "corpus" else None)
+        diagonal = centred_ov_diagonal(model, 1, 6, emb.vectors, emb.tokens)
+        copies = view.detail["copies"]
+        got = [c["id"] for c in copies]
+        assert len(got) == 8 and set(got) <= set(emb.tokens.tolist())
+        shown = torch.tensor([c["score"] for c in copies], dtype=torch.float64)
+        at = torch.searchsorted(emb.tokens, torch.tensor(got))
+        magnitude = (emb.vectors.double().abs() @ model.W_V[1, 6].double().abs() @ model.W_O[1, 6].double().abs()
+                     @ model.W_U[:, emb.tokens].double().abs())
+        scale = (magnitude.diagonal() + magnitude.mean(1))[at]  # the entry and the row mean centring subtracts
+        # float32 products of reduction lengths d_model, d_head and d_model, each computed two ways
+        n = 2 * model.cfg.d_model + model.cfg.d_head
+        tol = 2 * n * torch.finfo(torch.float32).eps * scale
+        assert torch.all((shown - diagonal[at]).abs() <= tol)
+        kth = diagonal.topk(8).values[-1]
+        assert torch.all(diagonal[at] >= kth - 2 * tol.max())  # the top 8 of the dense diagonal
+    alone = pcw.EigenvaluePlot(model)
+    with pytest.raises(traitlets.TraitError, match="the corpus stream needs a sweep: EigenvaluePlot"):
+        alone.embedding = "corpus"
+    view.close()
+    alone.close()

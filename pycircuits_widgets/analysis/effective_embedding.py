@@ -27,11 +27,16 @@ import torch
 
 from ..models.interventions import Interventions
 from .ablation import check_model
+from .cache import MODEL, holds, keeper, stored
 from .circuits import check_index, embedding
 
 KINDS = ("raw", "mlp0", "corpus")
 BATCH_WINDOWS = 16
 """Windows per forward of ``"corpus"`` (its peak memory is one batch's activations up to the layer)."""
+MEANS_BYTES = 1 << 30
+"""Most bytes of float64 sums one pass over a sweep holds: the layers after the one asked for are read in
+the same pass while their sums fit (a reading of every layer, as the eigenvalue plot's, is then a few
+passes, not one per layer)."""
 
 
 @dataclass(frozen=True)
@@ -103,17 +108,36 @@ def after_block_0(model) -> torch.Tensor:
 
 def corpus_means(model, sweep, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(tokens [n], mean stream [n, d_model] float64, counts [n])`` over the tokens ``sweep``'s windows
-    hold: each token's mean residual stream entering ``layer`` (module docstring). One forward of the
-    windows stopped at the layer, ``BATCH_WINDOWS`` at a time; sums in float64 over the tokens seen only
-    (``tokens seen x d_model x 8`` bytes)."""
+    hold: each token's mean residual stream entering ``layer`` (module docstring). Kept per model, sweep
+    and layer (``cache``: a finished sweep never changes); computed by ``corpus_means_of`` for ``layer``
+    and the next layers not kept yet, as many as ``MEANS_BYTES`` of sums hold, in one pass."""
+    key = ("corpus_means", str(sweep.path), sweep.manifest["digest"])
+    found = stored(model, (*key, layer))
+    if found is not None:
+        return found
+    L, d_model = model.cfg.n_layers, model.cfg.d_model
+    n_seen = int(torch.unique(sweep.windows).numel())
+    group = max(1, MEANS_BYTES // (n_seen * d_model * 8))
+    layers = [layer] + [later for later in range(layer + 1, min(L, layer + group)) if not holds(model, (*key, later))]
+    keep = {each: keeper(model, (*key, each), tier=MODEL) for each in layers}
+    means = corpus_means_of(model, sweep, layers)
+    return {each: keep[each](value) for each, value in means.items()}[layer]
+
+
+def corpus_means_of(model, sweep, layers: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``corpus_means`` of each of ``layers``, uncached: one forward of the windows stopped at the last of
+    them, ``BATCH_WINDOWS`` at a time; sums in float64 over the tokens seen only (``tokens seen x d_model
+    x 8`` bytes a layer)."""
     windows = sweep.windows.to(model.device)
     tokens, compact = torch.unique(windows, return_inverse=True)
-    sums = torch.zeros(len(tokens), model.cfg.d_model, dtype=torch.float64, device=model.device)
+    sums = {layer: torch.zeros(len(tokens), model.cfg.d_model, dtype=torch.float64, device=model.device)
+            for layer in layers}
     counts = torch.bincount(compact.reshape(-1), minlength=len(tokens))
     with torch.no_grad():
         for start in range(0, len(windows), BATCH_WINDOWS):
             batch = windows[start:start + BATCH_WINDOWS]
-            _, cache = model.run_with_cache(batch, logits=False, layers=max(layer, 1))
-            stream = cache.resid[:, layer].reshape(-1, model.cfg.d_model).to(torch.float64)
-            sums.index_add_(0, compact[start:start + BATCH_WINDOWS].reshape(-1), stream)
-    return tokens, sums / counts[:, None], counts
+            _, cache = model.run_with_cache(batch, logits=False, layers=max(*layers, 1))
+            rows = compact[start:start + BATCH_WINDOWS].reshape(-1)
+            for layer, total in sums.items():
+                total.index_add_(0, rows, cache.resid[:, layer].reshape(-1, model.cfg.d_model).to(torch.float64))
+    return {layer: (tokens, total / counts[:, None], counts) for layer, total in sums.items()}

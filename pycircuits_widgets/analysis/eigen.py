@@ -117,19 +117,24 @@ def eigenvalues(model, kind: str, offset=None, embedding=None, sweep=None) -> to
     ``[L, H, d_head]``, a window (default ``rotary.DEFAULT_OFFSETS``) ``[n_offsets, L, H, d_head]``.
     ``embedding``: what the heads of layers ``1..`` read (None or "raw": ``W_E``; "mlp0"; "corpus" with
     ``sweep``: module docstring). Computed once per model, window and embedding (``cache``; a corpus
-    reading, whose sweep may change, every call): do not modify the result in place.
+    reading once per sweep): do not modify the result in place.
     """
     offsets = offset_window(model, offset, "the QK spectrum") if _check_kind(kind) == "QK" else None
     if kind == "OV" and offset is not None:
         raise ValueError("offset only applies to the QK circuit: the OV circuit does not depend on position")
     window = hasattr(offset, "__iter__") or offset is None
     work = _compute_dtype(model)
-    if embedding == "corpus":
-        return _eigenvalues(model, kind, offsets, window, _effective_grams(model, kind, embedding, sweep, work))
-    key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window,
-           *(() if embedding in (None, "raw") else (embedding,)))
+    key = ("eigenvalues", kind, None if offsets is None else tuple(offsets), window, *_reading(embedding, sweep))
     return cached(model, key, lambda: _eigenvalues(model, kind, offsets, window,
                                                    _effective_grams(model, kind, embedding, sweep, work)), tier=MODEL)
+
+
+def _reading(embedding, sweep) -> tuple:
+    """What a cache key names of an embedding read through: nothing for ``W_E`` (the keys of before), the
+    kind, and a corpus reading's sweep (its folder and digest: a finished sweep never changes)."""
+    if embedding in (None, "raw"):
+        return ()
+    return (embedding,) if sweep is None else (embedding, str(sweep.path), sweep.manifest["digest"])
 
 
 def _eigenvalues(model, kind: str, offsets: list[int] | None, window: bool, effective: dict) -> torch.Tensor:
@@ -233,19 +238,20 @@ class HeadSpectra:
     the window where its positivity is largest; None otherwise."""
 
 
-def best_offset_spectra(model, offset=None) -> HeadSpectra:
+def best_offset_spectra(model, offset=None, embedding=None, sweep=None) -> HeadSpectra:
     """Every head's OV and QK spectrum and positivity (``HeadSpectra``); a rotary model's QK side over the
     window ``offset`` (default ``rotary.DEFAULT_OFFSETS``; an int: that offset), each head at the offset
     where its QK positivity is largest (``eigenvalue_positivity_offsets`` with "max"), its spectrum there.
-    Computed once per model and window (``cache``)."""
+    ``embedding``, ``sweep``: what the heads of layers ``1..`` read (``eigenvalues``). Computed once per
+    model, window and embedding (``cache``)."""
     offsets = offset_window(model, offset, "the QK spectrum")
-    key = ("best_offset_spectra", None if offsets is None else tuple(offsets))
-    return cached(model, key, lambda: _best_offset_spectra(model, offsets), tier=MODEL)
+    key = ("best_offset_spectra", None if offsets is None else tuple(offsets), *_reading(embedding, sweep))
+    return cached(model, key, lambda: _best_offset_spectra(model, offsets, embedding, sweep), tier=MODEL)
 
 
-def _best_offset_spectra(model, offsets: list[int] | None) -> HeadSpectra:
+def _best_offset_spectra(model, offsets: list[int] | None, embedding, sweep) -> HeadSpectra:
     """``best_offset_spectra`` over the validated window (None: not rotary)."""
-    ov, qk, at = eigenvalues(model, "OV"), eigenvalues(model, "QK", offsets), None
+    ov, qk, at = eigenvalues(model, "OV", None, embedding, sweep), eigenvalues(model, "QK", offsets, embedding, sweep), None
     if offsets is not None:  # [n_offsets, L, H, d_head]: each head at its best offset
         _, at = reduce_offsets(positivity(qk), offsets, "max")
         index = torch.as_tensor([offsets.index(int(o)) for o in at.flatten()]).view(at.shape)

@@ -661,11 +661,18 @@ def partial_skip_trigrams(q, k, v, u, n: int, n_sources: int, R: torch.Tensor | 
     return _ranked(top)
 
 
-def copied_tokens(model, layer: int, head: int, n: int):
+def copied_tokens(model, layer: int, head: int, n: int, embedding=None):
     """The ``n`` tokens whose own logit head ``(layer, head)`` raises most when attending to
     them: top of the diagonal of the centred full OV circuit, ``OVc[t, t] = v[t] . u[:, t]``.
-    Returns ``(ids [n], values [n])``. The diagonal ``[d_vocab]`` is kept per model and head (``cache``)."""
+    Returns ``(ids [n], values [n])``. The diagonal ``[d_vocab]`` is kept per model and head (``cache``).
+    ``embedding`` (an ``EffectiveEmbedding`` of the head's layer, or None: ``W_E``): read through it, over
+    its tokens (``n`` at most as many)."""
     layer, head = check_head(model, (layer, head))
+    if embedding is not None:
+        with torch.no_grad():
+            v, u = _ov_factors(model, layer, head, embedding.tokens, embedding.vectors)
+            values, at = torch.topk((v * u.mT).sum(1), min(n, len(embedding.tokens)))
+        return embedding.tokens[at], values
 
     def diagonal():
         with torch.no_grad():

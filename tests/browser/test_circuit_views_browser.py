@@ -138,6 +138,14 @@ def test_eigen_click_selects_head_and_shows_its_spectrum(show, m2):
     assert view.page.get_by_test_id("spectrum-OV").locator("circle").count() == 8
     view.page.get_by_test_id("color-by").select_option("induction")
     assert w.color_by == "induction"
+    assert view.page.get_by_test_id("embedding-corpus").is_disabled()  # no sweep: said on the button
+    assert "needs a sweep" in view.page.get_by_test_id("embedding-corpus").get_attribute("title")
+    view.page.get_by_test_id("embedding-mlp0").click()  # the heads of layer 1 read through W_E + block 0
+    view.wait_until(lambda: w.embedding == "mlp0" and w.wait(0.01) and not w.busy, what="the kernel reading block 0")
+    view.page.get_by_test_id("read-through").filter(has_text="W_E + block 0").wait_for()
+    want = pcw.eigenvalue_positivity(m2, "OV", embedding="mlp0")
+    view.wait_until(lambda: abs(float(view.page.locator('g.head[data-label="L1.H3"]').get_attribute("data-ov"))
+                                - float(want[1, 3])) < 1e-6, what="the scatter read through block 0")
     w.layer, w.head = 0, 0  # Python side
     assert view.page.locator("g.head.selected").get_attribute("data-label") == "L0.H0"
     set_from_browser(view, w, "layer", 5)

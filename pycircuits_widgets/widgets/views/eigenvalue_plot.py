@@ -16,11 +16,18 @@ from ..core.arrays import Array, ArrayDict
 from ..core.base import CircuitWidget, rolls_back
 from ..core.offset_window import OffsetWindow
 from ..core.payload import to_numpy
+from ..core.read_through import ReadThrough
 from ..core.selection import Bounded, HeadSelection, check_model
 from .notes import direct_path_ignores
 
+EVERY_LAYER = {"mlp0": "W_E + block 0 (each token alone through the first block; what other tokens write is left "
+                       "out)",
+               "corpus": "the corpus stream (each token's mean stream entering the head's layer over the sweep: one "
+                         "vector per token for every context it came in)"}
+"""What the scatter's heads read through, each embedding but ``W_E`` (``read_through``)."""
 
-class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
+
+class EigenvaluePlot(OffsetWindow, ReadThrough, HeadSelection, CircuitWidget):
     """Scatter of all heads at (OV positivity, QK positivity) (``pcw.eigenvalue_positivity``),
     labelled ``L1.H6`` and coloured by layer or by a head score (e.g. induction). Clicking a
     head sets ``layer``/``head``; the kernel answers with ``detail``: that head's OV and QK
@@ -41,11 +48,16 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         offsets: rotary models: the window of query - key offsets the QK side is read over
             (default ``analysis.rotary.DEFAULT_OFFSETS``; the explorer passes its text's offsets).
         sweep: a ``pcw.Sweep`` of this model: colour by its head scores, pooled over the corpus
-            (``Sweep.head_scores``; ``scores_note`` says so in the legend) instead of ``scores``.
+            (``Sweep.head_scores``; ``scores_note`` says so in the legend) instead of ``scores``; and the
+            corpus stream an ``embedding="corpus"`` reads.
+        embedding: what the heads of layers >= 1 are read through (``core.read_through``): "raw" (``W_E``,
+            the paper's reading, default), "mlp0" (``W_E`` through block 0) or "corpus" (each token's mean
+            stream entering the head's layer over ``sweep``'s positions); layer 0 reads ``W_E`` itself. The
+            scatter, the spectrum and the copied tokens all read it; ``read_through`` says what they read.
     """
 
     _view = traitlets.Unicode("EigenvaluePlot").tag(sync=True)
-    _browser_writable = frozenset({"layer", "head", "color_by", "log_scale", "offsets"})
+    _browser_writable = frozenset({"layer", "head", "color_by", "log_scale", "offsets", "embedding"})
     _window_text = ("Rotary positions: the QK circuit W_E W_Q R(offset) W_K^T W_E^T is read {how}; each head's QK "
                     "positivity is its largest over them and its QK spectrum is at that offset.")
     EAGER_HEADS = 64
@@ -100,7 +112,7 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
             scores = {name: {} for name in SCORE_NAMES}
         else:
             scores = {name: _check_score(name, value, L, H) for name, value in scores.items()}
-        super().__init__(model, offsets, scores=scores, ignores=direct_path_ignores(model.cfg),
+        super().__init__(model, offsets, sweep=sweep, scores=scores, ignores=direct_path_ignores(model.cfg),
                          _embedding_note=embedding_note(model), **kwargs)
 
     _answers_offline = "runner"
@@ -116,11 +128,19 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
                     setattr(self, name, value)
             self.recompute()
         self.observe(self._on_head, ["layer", "head", "n_copies", "color_by"])
+        self.observe(lambda change: self._on_window(), ["embedding"])
+
+    def _spectra(self):
+        """Every head's spectra read through the current embedding (``analysis.eigen.best_offset_spectra``)."""
+        corpus = self.embedding == "corpus"
+        return best_offset_spectra(self.model, self._offsets, self.embedding, self._sweep if corpus else None)
 
     def _positivities(self) -> dict:
-        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity`` (``analysis.eigen.best_offset_spectra``)."""
-        spectra = best_offset_spectra(self.model, self._offsets)
-        return {"ov_positivity": spectra.ov_positivity, "qk_positivity": spectra.qk_positivity}
+        """Trait values of the scatter: ``ov_positivity``, ``qk_positivity``, and ``read_through``."""
+        spectra = self._spectra()
+        read = "" if self.embedding == "raw" else (f"{EVERY_LAYER[self.embedding]}, every head of layers 1 and up "
+                                                   "(layer 0 reads W_E itself)")
+        return {"ov_positivity": spectra.ov_positivity, "qk_positivity": spectra.qk_positivity, "read_through": read}
 
     @traitlets.validate("color_by")
     def _valid_color_by(self, proposal):
@@ -147,11 +167,11 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         self._runner.submit("spectra", lambda: iter([self._positivities()]))
         self._on_head(None)
 
-    _offline_inputs = ("n_copies",)
+    _offline_inputs = ("n_copies", "embedding")
 
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's eigenvalue detail (spectra and most-copied tokens)."""
-        answers.needs_kernel(*self._window_needs_kernel())
+        answers.needs_kernel("embedding", *self._window_needs_kernel())
         answers.rule(["layer", "head"], (
             ((layer, head), offline.last(self._detail_steps(layer, head, self.n_copies)))
             for layer, head in offline.heads(self)
@@ -166,14 +186,14 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         yield {"scores": dict(head_scores(self.model))}
 
     def _detail_steps(self, layer, head, n):
-        spectra = best_offset_spectra(self.model, self._offsets)
+        spectra = self._spectra()
         at = spectra.qk_offset
         detail = {"layer": layer, "head": head, **({} if at is None else {"qk_offset": int(at[layer, head])})}
         for kind, eigs in (("ov", spectra.ov), ("qk", spectra.qk)):
             detail[f"{kind}_re"] = eigs[layer, head].real
             detail[f"{kind}_im"] = eigs[layer, head].imag
         yield {"detail": detail}  # the spectrum is cached: it shows at once
-        ids, values = copied_tokens(self.model, layer, head, n)
+        ids, values = copied_tokens(self.model, layer, head, n, self._read(layer)[0])
         yield {"detail": {**detail, "copies": [
             {"id": i, "str": self._strings[i], "score": s} for i, s in zip(ids.tolist(), values.tolist())
         ]}}

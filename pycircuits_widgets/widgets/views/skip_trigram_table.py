@@ -6,7 +6,6 @@ import torch
 import traitlets
 
 from ...analysis.circuits import embedding_note
-from ...analysis.effective_embedding import effective_embedding
 from ...analysis.skip_trigrams import MODES, HeadTable, circuit_query, head_table, head_table_steps, kept_head_table
 from ...corpus.sweeps import checked_sweep
 from ...corpus.trigram_counts import kept_trigram_counts, trigram_counts
@@ -16,6 +15,7 @@ from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, check_text, rolls_back
 from ..core.meter import cancelled, metered
 from ..core.offset_window import OffsetWindow
+from ..core.read_through import READ_THROUGH, ReadThrough
 from ..core.runner import GIVE_WAY, give_way_between
 from ..core.selection import Bounded, HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
@@ -26,12 +26,9 @@ SEARCH = {"screen": ("exact table: screening sources", "source blocks"),
 """The ``progress`` text and unit of each stage of a head's exact search (``head_table_steps``), metered apart."""
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
-READ_THROUGH = {"raw": "W_E", "mlp0": "W_E + block 0", "corpus": "the corpus stream"}
-"""How the view names each embedding a head's circuits can be read through (``embedding``)."""
-NO_SWEEP = "the corpus stream needs a sweep: SkipTrigramTable(model, sweep=...) (the explorer's)"
 
 
-class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidget):
+class SkipTrigramTable(OffsetWindow, ReadThrough, HeadSelection, TokenSelection, CircuitWidget):
     """Top skip-trigrams ``[source] … [destination] → [out]`` of head ``(layer, head)``
     with their QK and OV scores (``pcw.skip_trigrams``), sortable and paginated; a token
     search that runs in the kernel over the whole vocabulary ("what does this token attend
@@ -93,14 +90,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     ignores = traitlets.List(traitlets.Unicode()).tag(sync=True)
     """list[str] (read-only): what this model has that the view's weight-only circuits leave out."""
 
-    embedding = traitlets.Enum(list(READ_THROUGH), default_value="raw").tag(sync=True)
-    """str, default "raw": what a head of layer >= 1 is read through (class docstring)."""
-    embedding_kinds = traitlets.Dict().tag(sync=True)
-    """{kind: "" where available, else why not} (read-only), for each ``embedding`` choice."""
-    read_through = traitlets.Unicode("").tag(sync=True)
-    """str (read-only): what the shown table's head read ("W_E", "W_E + block 0", "the corpus stream at
-    layer 1 (812 tokens seen)"), with what that reading leaves out."""
-
     # -- input --
     query = traitlets.Unicode("").tag(sync=True)
     """str: token search text (typed as text; "·" or a space both mean a space)."""
@@ -124,11 +113,8 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
         check_model(model, "SkipTrigramTable")
         if checked_sweep(sweep, model, "SkipTrigramTable") is not None:
             kwargs["corpus"] = {"windows": sweep.n_windows, "seq_len": sweep.seq_len, "model": sweep.model_name}
-        kwargs["embedding_kinds"] = {"raw": "", "mlp0": "", "corpus": "" if sweep is not None else NO_SWEEP}
-        self._sweep = sweep
-        self._embeddings = {}  # (kind, layer) -> EffectiveEmbedding, computed once each
         self._strings = model.token_strings
-        super().__init__(model, offsets, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
+        super().__init__(model, offsets, sweep=sweep, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
 
     _answers_offline = "runner"
@@ -160,28 +146,6 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     def _on_window(self) -> None:
         self._snapshot_window()
         self._on_head({"name": "offsets"})
-
-    @traitlets.validate("embedding")
-    def _valid_embedding(self, proposal):
-        why = self.embedding_kinds.get(proposal["value"], "")
-        if why:
-            raise traitlets.TraitError(f"embedding={proposal['value']!r}: {why}")
-        return proposal["value"]
-
-    def _read(self, layer: int):
-        """``(embedding, read_through)``: the ``EffectiveEmbedding`` a head of ``layer`` is read through now
-        (None: ``W_E``), computed once per kind and layer, and how the view names it."""
-        kind = self.embedding if layer > 0 else "raw"
-        if kind == "raw":
-            why = "" if layer > 0 or self.embedding == "raw" else " (a layer-0 head reads the embedding itself)"
-            return None, f"W_E{why}"
-        if (kind, layer) not in self._embeddings:
-            self._embeddings[kind, layer] = effective_embedding(self.model, layer, kind, sweep=self._sweep if
-                                                                kind == "corpus" else None)
-        found = self._embeddings[kind, layer]
-        named = READ_THROUGH[kind] + (f" at layer {layer} ({len(found.tokens):,} tokens seen)" if kind == "corpus"
-                                      else "")
-        return found, f"{named}: {found.note}"
 
     @traitlets.validate("query")
     def _valid_query(self, proposal):
