@@ -15,10 +15,10 @@ import torch
 
 import pycircuits_widgets as pcw
 from pycircuits_widgets.analysis import composition_scores
-from pycircuits_widgets.analysis.circuits import short_name
 from pycircuits_widgets.analysis.composition import random_baseline
 from pycircuits_widgets.analysis.eigen import eigenvalue_positivity, eigenvalues
 from pycircuits_widgets.analysis.head_scores import head_scores
+from pycircuits_widgets.models.config import short_name
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 from random_models import custom_model, paper_model
 from runner_loop import manual_kernel_loop  # noqa: F401 (fixture)

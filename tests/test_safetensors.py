@@ -264,3 +264,17 @@ def test_from_hf_reads_a_device_mapped_model_where_accelerate_placed_it(tmp_path
     with torch.no_grad():
         expected = placed(tokens).logits
     assert_within(logits, expected, logit_tol(ours, cache, tokens.shape[1]))  # two float32 forwards
+
+
+def test_a_folder_is_named_by_its_own_name_never_its_path_and_a_user_can_name_it(tmp_path):
+    """Issue 55 item 4: captions, stores and pages name a model by ``cfg.name``; a folder's path (the
+    author's machine) reaches none of them, and ``name=`` sets it."""
+    folder, _ = save(tmp_path / "home" / "me" / "models", "llama")
+    for model in (pcw.from_safetensors(folder), pcw.from_hf(str(folder), verify=False)):
+        assert model.cfg.name == "llama" and str(tmp_path) not in repr(model.cfg)
+    assert pcw.from_safetensors(folder, name="my llama").cfg.name == "my llama"
+    assert pcw.from_hf(str(folder), verify=False, name="my llama").cfg.name == "my llama"
+    with pytest.raises(ValueError, match="name must be a non-empty one-line string"):
+        pcw.from_safetensors(folder, name="")
+    with pytest.raises(ValueError, match="name must be a non-empty one-line string"):
+        pcw.from_hf(str(folder), verify=False, name=3)

@@ -34,18 +34,12 @@ from dataclasses import dataclass
 import torch
 
 from ..factored import FactoredMatrix, chain_matmul, linalg_dtype
+from ..models.config import short_name
 from ..models.indices import check_index, check_pair
 from .finite import NonFiniteError, require_finite
 from .rotary import offset_window, rotations
 
 Head = tuple[int, int]
-
-
-def short_name(name: str) -> str:
-    """A model's name as its user calls it: the last part of a path or hub id
-    (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``; a site-packages path -> its folder's name)."""
-    name = str(name).rstrip("/\\")
-    return name.replace("\\", "/").rsplit("/", 1)[-1] or name
 
 
 def model_name(model) -> str:

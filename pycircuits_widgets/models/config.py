@@ -243,3 +243,24 @@ def _check_rope(rope: dict) -> None:
     rope_type = rope.get("rope_type", "default")
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"ModelConfig: rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
+
+
+def short_name(name: str) -> str:
+    """A model's name as its user calls it: the last part of a path or hub id
+    (``/home/me/models/SmolLM-135M/`` -> ``SmolLM-135M``; a site-packages path -> its folder's name).
+    The loaders name a model so (``ModelConfig.name``): no folder of the author's machine reaches a
+    store, a caption or a saved page."""
+    name = str(name).rstrip("/\\")
+    return name.replace("\\", "/").rsplit("/", 1)[-1] or name
+
+
+def named(model, name):
+    """``model`` with ``cfg.name`` set to ``name`` (a loader's ``name=``; None keeps the loader's own),
+    refused unless a non-empty one-line string."""
+    if name is None:
+        return model
+    if not isinstance(name, str) or not name.strip() or "\n" in name:
+        raise ValueError(f"name must be a non-empty one-line string (how captions, stores and pages name the "
+                         f"model), got {name!r}")
+    model.cfg.name = name
+    return model

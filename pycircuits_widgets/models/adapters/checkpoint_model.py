@@ -38,6 +38,7 @@ from ...factored import FactoredMatrix
 from ...progress import progress
 from ..checkpoints import CheckpointError
 from ..circuit_model import CircuitModel, weight_shapes
+from ..config import named
 from .checkpoint_config import read_checked_config
 from .checkpoint_files import CheckpointFiles, ModuleTree
 from .families import FAMILIES
@@ -373,8 +374,8 @@ def check_folder(path: str | Path, dtype: torch.dtype = torch.float32, device=No
     return config, model_type, files, skeleton
 
 
-def from_safetensors(path: str | Path, tokenizer=None, *, device=None, dtype: torch.dtype = torch.float32
-                     ) -> CheckpointModel:
+def from_safetensors(path: str | Path, tokenizer=None, *, device=None, dtype: torch.dtype = torch.float32,
+                     name: str | None = None) -> CheckpointModel:
     """The weight view of the Hugging Face checkpoint folder ``path`` (``config.json`` and one or many
     ``*.safetensors`` shards, any family in ``families.FAMILIES``), read per layer as analyses need it
     (module docstring: what each analysis holds). Weights are widened to ``dtype`` (float32, or
@@ -386,7 +387,8 @@ def from_safetensors(path: str | Path, tokenizer=None, *, device=None, dtype: to
     folder, a lying header or index, a tensor stored twice, a config whose sizes contradict the headers
     are refused as ``CheckpointError`` naming the file and the key or field; so are the features
     ``from_hf`` refuses and non-finite weights (each checked when read). Which shards are read:
-    ``checkpoint_files.shard_paths``. Needs ``transformers`` for ``config.json``."""
+    ``checkpoint_files.shard_paths``. Needs ``transformers`` for ``config.json``. ``name``: how captions,
+    stores and pages name the model (default: the folder's own name, never its path)."""
     folder = Path(path)
     with progress(f"from_safetensors {folder.name}", total=3, unit="step") as bar:
         bar.note("checking the shards' headers against the config")
@@ -405,4 +407,4 @@ def from_safetensors(path: str | Path, tokenizer=None, *, device=None, dtype: to
         bar.note("opening the weight view")
         model = CheckpointModel(files, tree, model_type, config, as_tokenizer(tokenizer))
         bar.update()
-    return model
+    return named(model, name)

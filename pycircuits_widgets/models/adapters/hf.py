@@ -15,6 +15,7 @@ import torch
 
 from ...progress import progress
 from ..circuit_model import CircuitModel
+from ..config import named
 from .checkpoint_model import check_folder
 from .families import FAMILIES
 from .hf_tokenizer import as_tokenizer, folder_tokenizer
@@ -32,7 +33,8 @@ def _main_device(device_map: dict) -> torch.device:
     return torch.device("cpu")
 
 
-def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | None = None) -> CircuitModel:
+def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | None = None,
+            name: str | None = None) -> CircuitModel:
     """A Hugging Face causal LM of any family in ``families.FAMILIES`` -> ``CircuitModel`` with norms
     folded, K/V expanded per query head (``cfg.n_kv_heads`` records grouped-query attention) and the
     source's biases in ``b_*``. ``tokenizer``: a ``transformers`` tokenizer (or None: token ids only).
@@ -57,7 +59,10 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
     is read from wherever its weights are (offloaded ones from their hooks' weight maps) and its weight
     view gathered on the map's first accelerator, else the CPU; the probe runs the source's own
     dispatched forward. ``pcw.run`` then runs the weight view (in memory), not the source's dispatch.
-    Past a second, a progress bar names the step running (reading, translating, verifying)."""
+    Past a second, a progress bar names the step running (reading, translating, verifying).
+
+    ``name``: how captions, stores and saved pages name the model (default: the last part of the
+    checkpoint's ``name_or_path``, a folder's own name, never its path; else its ``model_type``)."""
     if isinstance(model, str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         folder = Path(model)
@@ -70,7 +75,7 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
             bar.note("loading the tokenizer")
             if tokenizer is None:
                 tokenizer = folder_tokenizer(folder) if folder.is_dir() else AutoTokenizer.from_pretrained(model)
-        return from_hf(source.eval(), tokenizer, verify=verify)
+        return from_hf(source.eval(), tokenizer, verify=verify, name=name)
     if dtype is not None:
         raise TypeError("from_hf: dtype applies when loading by name or folder; cast a loaded model itself "
                         f"(model.to({dtype}))")
@@ -100,4 +105,4 @@ def from_hf(model, tokenizer=None, *, verify: bool = True, dtype: torch.dtype | 
             bar.note("verifying against the model's own forward")
             circuit.metadata["verified"] = probe_hf(model, circuit, model_type)
             bar.update()
-    return circuit
+    return named(circuit, name)

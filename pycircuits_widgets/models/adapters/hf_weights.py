@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
+from ..config import ModelConfig, short_name
 from .families import Family, get
 from .weight_view import act_fn, adjacent_pairs_to_halves, expand_kv_heads
 
@@ -139,7 +139,7 @@ def read_config(c, family: Family, d_mlp: int) -> tuple[ModelConfig, dict]:
         gated_mlp=family.mlp_layout != "plain",
         eps=float(get(c, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps",
                       default=1e-5)),
-        rotary_dim=rotary_dim, name=c.name_or_path or c.model_type, **rotary,
+        rotary_dim=rotary_dim, name=short_name(c.name_or_path) or c.model_type, **rotary,
     )
     fields.update(features)
     if rotary.get("rope", {}).get("rope_type") == "dynamic":

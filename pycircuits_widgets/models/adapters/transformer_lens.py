@@ -23,7 +23,7 @@ import math
 import torch
 
 from ..circuit_model import CircuitModel
-from ..config import ModelConfig
+from ..config import ModelConfig, named, short_name
 from .families import FAMILIES
 from .hf import from_hf
 from .hf_tokenizer import as_tokenizer
@@ -133,7 +133,7 @@ def _config(model, native) -> ModelConfig:
         # TransformerLens 2.x GatedMLP adds b_in after the product; the 4.x bridge runs the source's
         # linear layers, which add it inside (act(x W_gate) * (x W_in + b_in))
         b_in_outside_gate=gated and not c.attn_only and not _is_bridge(model),
-        name=getattr(c, "model_name", None) or "transformer_lens",
+        name=short_name(getattr(c, "model_name", None) or "") or "transformer_lens",
     )
 
 
@@ -187,7 +187,7 @@ def probe_transformer_lens(model, circuit, family: str) -> dict:
                    family, "from_transformer_lens")
 
 
-def from_transformer_lens(model, tokenizer=None, *, verify: bool = True) -> CircuitModel:
+def from_transformer_lens(model, tokenizer=None, *, verify: bool = True, name: str | None = None) -> CircuitModel:
     """A TransformerLens model (4.x ``TransformerBridge``; 2.x ``HookedTransformer``, untested)
     -> ``CircuitModel`` with norms folded, K/V expanded per query head (``cfg.n_kv_heads`` records
     grouped-query attention) and biases in ``b_*``. ``tokenizer`` defaults to ``model.tokenizer``.
@@ -196,7 +196,8 @@ def from_transformer_lens(model, tokenizer=None, *, verify: bool = True) -> Circ
     (``from_hf``: its declarative family description, not the bridge's stacked weights, which lose
     partial rotary, sliding windows, QK-norm, multipliers and no-rotary layers). **Verified at
     load** like ``from_hf``: a 16-token probe against the TransformerLens model's own forward and
-    attention patterns refuses a disagreement (``verify=False`` skips it)."""
+    attention patterns refuses a disagreement (``verify=False`` skips it). ``name``: how captions, stores
+    and pages name the model (default: the last part of the model's own name)."""
     for attr in ("cfg", "blocks", "W_Q", "W_E"):
         if not hasattr(model, attr):
             raise TypeError(f"from_transformer_lens expects a TransformerBridge or HookedTransformer "
@@ -224,4 +225,4 @@ def from_transformer_lens(model, tokenizer=None, *, verify: bool = True) -> Circ
         family = f"TransformerLens {type(model).__name__} ({cfg.name})"
     if verify:
         circuit.metadata["verified"] = probe_transformer_lens(model, circuit, family)
-    return circuit
+    return named(circuit, name)
