@@ -99,31 +99,36 @@ def test_corpus_is_the_brute_force_mean_stream_entering_the_layer(learned, swept
             assert (got.stream[i] - want).abs().max() <= tol, t
 
 
-def test_the_corpus_means_of_later_layers_come_from_the_same_pass_and_are_kept(learned, swept, monkeypatch):
-    """One pass over the windows reads every layer whose sums fit; a later layer then runs no forward, and
-    equals that layer read alone (the same forward, stopped later)."""
+def test_the_corpus_means_of_several_layers_come_from_one_pass_and_are_kept(learned, swept, monkeypatch):
+    """Layers asked together are read in one pass stopped at the last of them (a layer asked alone: one
+    pass stopped there), kept after: asked again, no forward; each equals that layer read alone."""
     from pycircuits_widgets.analysis import cache
     from pycircuits_widgets.analysis.effective_embedding import corpus_means, corpus_means_of
 
     module = importlib.import_module("pycircuits_widgets.analysis.effective_embedding")  # (the package exports
     # the function of the same name)
-
     cache.clear(learned)
     forwards = []
     real = learned.run_with_cache
     monkeypatch.setattr(learned, "run_with_cache", lambda *a, **k: forwards.append(k.get("layers")) or real(*a, **k))
-    first = corpus_means(learned, swept, 0)
     batches = -(-swept.n_windows // module.BATCH_WINDOWS)
-    assert forwards == [learned.cfg.n_layers - 1] * batches  # layers 0..2 in one pass, stopped at the last
-    later = corpus_means(learned, swept, 2)
-    assert len(forwards) == batches  # kept: no forward
-    alone = corpus_means_of(learned, swept, [2])[2]
-    assert all(torch.equal(a, b) for a, b in zip(later, alone)) and torch.equal(first[0], later[0])
+    one = corpus_means(learned, swept, [1])
+    assert forwards == [1] * batches  # stopped at the layer asked
+    forwards.clear()
+    every = corpus_means(learned, swept, [0, 1, 2])
+    assert forwards == [2] * batches  # 0 and 2 in one pass; 1 was kept
+    forwards.clear()
+    again = corpus_means(learned, swept, [2, 0])
+    assert forwards == [] and all(torch.equal(a, b) for a, b in zip(again[2], every[2]))
+    for layer in (0, 2):
+        alone = corpus_means_of(learned, swept, [layer])[layer]
+        assert all(torch.equal(a, b) for a, b in zip(every[layer], alone))
+    assert one[1] is every[1]
     monkeypatch.setattr(module, "MEANS_BYTES", 1)  # one layer's sums at a time: a pass each
     cache.clear(learned)
     forwards.clear()
-    corpus_means(learned, swept, 1)
-    assert forwards == [1] * batches
+    corpus_means(learned, swept, [1, 2])
+    assert forwards == [1] * batches + [2] * batches
 
 
 def test_min_count_leaves_rare_tokens_out_and_counts_them(learned, swept):

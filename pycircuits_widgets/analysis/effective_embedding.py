@@ -27,16 +27,15 @@ import torch
 
 from ..models.interventions import Interventions
 from .ablation import check_model
-from .cache import MODEL, holds, keeper, stored
+from .cache import MODEL, keeper, stored
 from .circuits import check_index, embedding
 
 KINDS = ("raw", "mlp0", "corpus")
 BATCH_WINDOWS = 16
 """Windows per forward of ``"corpus"`` (its peak memory is one batch's activations up to the layer)."""
 MEANS_BYTES = 1 << 30
-"""Most bytes of float64 sums one pass over a sweep holds: the layers after the one asked for are read in
-the same pass while their sums fit (a reading of every layer, as the eigenvalue plot's, is then a few
-passes, not one per layer)."""
+"""Most bytes of float64 sums one pass over a sweep holds (``corpus_means``): a reading of every layer, as
+the eigenvalue plot's, is then a few passes, not one per layer."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ def effective_embedding(model, layer: int, kind: str = "raw", sweep=None, min_co
                                   "W_E through block 0 with the token attending to itself alone: what other tokens "
                                   "and blocks 1.. write is left out.")
     sweep.check_model(model, "effective_embedding")
-    tokens, stream, counts = corpus_means(model, sweep, layer)
+    tokens, stream, counts = corpus_means(model, sweep, [layer])[layer]
     kept = counts >= min_count
     return EffectiveEmbedding(layer, kind, tokens[kept], stream[kept], model.layer_read(stream[kept].to(model.dtype))[0],
                               counts[kept], int((~kept).sum()),
@@ -106,22 +105,24 @@ def after_block_0(model) -> torch.Tensor:
     return cache.resid[:, 1, 0]
 
 
-def corpus_means(model, sweep, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(tokens [n], mean stream [n, d_model] float64, counts [n])`` over the tokens ``sweep``'s windows
-    hold: each token's mean residual stream entering ``layer`` (module docstring). Kept per model, sweep
-    and layer (``cache``: a finished sweep never changes); computed by ``corpus_means_of`` for ``layer``
-    and the next layers not kept yet, as many as ``MEANS_BYTES`` of sums hold, in one pass."""
+def corpus_means(model, sweep, layers: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``{layer: (tokens [n], mean stream [n, d_model] float64, counts [n])}`` over the tokens ``sweep``'s
+    windows hold: each token's mean residual stream entering each of ``layers`` (module docstring). Kept
+    per model, sweep and layer (``cache``: a finished sweep never changes); the layers not kept yet are
+    computed by ``corpus_means_of`` in groups whose sums fit ``MEANS_BYTES``, one pass per group, stopped
+    at the group's last layer (one layer asked: one pass stopped there, its sums alone in memory)."""
+    sweep.check_model(model, "corpus_means")
     key = ("corpus_means", str(sweep.path), sweep.manifest["digest"])
-    found = stored(model, (*key, layer))
-    if found is not None:
-        return found
-    L, d_model = model.cfg.n_layers, model.cfg.d_model
-    n_seen = int(torch.unique(sweep.windows).numel())
-    group = max(1, MEANS_BYTES // (n_seen * d_model * 8))
-    layers = [layer] + [later for later in range(layer + 1, min(L, layer + group)) if not holds(model, (*key, later))]
-    keep = {each: keeper(model, (*key, each), tier=MODEL) for each in layers}
-    means = corpus_means_of(model, sweep, layers)
-    return {each: keep[each](value) for each, value in means.items()}[layer]
+    found = {layer: stored(model, (*key, layer)) for layer in sorted(set(layers))}
+    missing = [layer for layer, value in found.items() if value is None]
+    if missing:
+        n_seen = int(torch.unique(sweep.windows).numel())
+        group = max(1, MEANS_BYTES // (n_seen * model.cfg.d_model * 8))
+        for start in range(0, len(missing), group):
+            part = missing[start:start + group]
+            keep = {layer: keeper(model, (*key, layer), tier=MODEL) for layer in part}
+            found.update({layer: keep[layer](value) for layer, value in corpus_means_of(model, sweep, part).items()})
+    return found
 
 
 def corpus_means_of(model, sweep, layers: list[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -46,7 +46,7 @@ from ..linalg import eigvals
 from ..progress import steps
 from .cache import MODEL, cached
 from .circuits import embedding, embedding_is_normalized
-from .effective_embedding import effective_embedding
+from .effective_embedding import corpus_means, effective_embedding
 from .finite import non_finite_error
 from .rotary import matmul_rotation, offset_window, reduce_offsets, rotation_parts
 
@@ -100,6 +100,8 @@ def _effective_grams(model, kind: str, embedding, sweep, work: torch.dtype) -> d
     if embedding not in ("mlp0", "corpus"):
         raise ValueError(f"eigenvalues: embedding must be None, 'raw', 'mlp0' or 'corpus', got {embedding!r}")
     grams = {}
+    if embedding == "corpus" and sweep is not None:  # every layer's means in as few passes as fit (then kept)
+        corpus_means(model, sweep, list(range(1, model.cfg.n_layers)))
     for layer in range(1, model.cfg.n_layers):
         found = effective_embedding(model, layer, embedding, sweep=sweep)
         E = found.vectors.to(work)

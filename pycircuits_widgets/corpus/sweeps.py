@@ -60,8 +60,8 @@ class SweepProgress:
 
 def model_fingerprint(model) -> str:
     """sha256 (hex) of what the model computes: its config but its name, and every weight's name, dtype,
-    shape and bytes. Not the name: ``from_hf`` names a model by the folder it was loaded from, which differs
-    between machines sharing a store (and a user may rename a model)."""
+    shape and bytes. Not the name: the same weights may be named otherwise on another machine sharing a
+    store (a folder's own name, a user's ``name=``)."""
     config = {key: value for key, value in dataclasses.asdict(model.cfg).items() if key != "name"}
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     for name in weight_shapes(model.cfg):
