@@ -141,13 +141,13 @@ class Recorder:
             # (GPT-2 small, 16 windows of 128, 2 threads)
             scores = post[:, layer].to(self.work).reshape(b * T, d_mlp).T.contiguous()
             totals.append(scores.sum(-1))
-            positives.append((scores > 0).sum(-1))
+            positives.append((scores > 0).sum(-1, dtype=torch.int32))  # (an int32 sum of bools: half the int64's time)
             top = top_k_first(scores, self.k)
             values.append(top[0])
             index.append(top[1])
         sums["neuron_sum"] = torch.stack(totals).to(torch.float64)  # [L, d_mlp]
         self._check_finite(sums["neuron_sum"], "MLP post-activations", first_window, b)
-        sums["neuron_positive"] = torch.stack(positives)
+        sums["neuron_positive"] = torch.stack(positives).long()  # summed over the corpus in int64
         values, index = torch.cat(values), torch.cat(index)  # row l * d_mlp + n
         return TopK(values + 0.0, index // T + first_window, index % T).padded(self.k)
 
