@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -93,6 +94,18 @@ def _short(x: float):
     return float(f"{x:.5g}") if math.isfinite(x) else tag_nonfinite(x)
 
 
+@dataclass(frozen=True, eq=False)
+class Part:
+    """Part ``[start, stop)`` of a 1-D array that many answers share (a corpus window's tokens, which every
+    head's examples in it show): packed once in the view's data under ``key``, each answer holding a
+    reference to its part (``{"packed": [byte offset, dtype, [stop - start]]}``, as any packed array)."""
+
+    key: object
+    array: np.ndarray
+    start: int
+    stop: int
+
+
 def _json(value) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
@@ -107,6 +120,7 @@ class Answers:
         self.rules: list[dict] = []
         self.kernel: dict[str, str] = {}
         self._data = bytearray()
+        self._shared: dict = {}  # Part.key -> (byte offset, dtype) of the array packed once
         self._pending: list = []
 
     def needs_kernel(self, *names: str) -> None:
@@ -132,6 +146,8 @@ class Answers:
                 rule["merge"] = merge
             self.left -= len(_json(rule))
             self.rules.append(rule)
+            if self.left <= 0:  # no answer fits: none is computed
+                continue
             for values, patch, *shared in answers:
                 mark, base_size = len(self._data), len(_json(rule["base"]))
                 compact = self._compact(self._as_traits(patch))
@@ -139,6 +155,7 @@ class Answers:
                 cost = len(_json(compact)) + len(self._data) - mark + len(_json(grown)) - base_size
                 if cost > self.left:
                     del self._data[mark:]  # the answer did not fit: neither do the rest
+                    self._shared = {k: v for k, v in self._shared.items() if v[0] < mark}
                     self.left = 0
                     break
                 self.left -= cost
@@ -174,7 +191,16 @@ class Answers:
         self._data.extend(np.ascontiguousarray(arr).tobytes())
         return {"packed": [offset, str(arr.dtype), list(arr.shape)]}
 
+    def _part(self, part: Part) -> dict:
+        if part.key not in self._shared:
+            offset, dtype, _ = self._pack(np.asarray(part.array))["packed"]
+            self._shared[part.key] = (offset, dtype)
+        offset, dtype = self._shared[part.key]
+        return {"packed": [offset + part.start * np.dtype(dtype).itemsize, dtype, [part.stop - part.start]]}
+
     def _compact(self, value):
+        if isinstance(value, Part):
+            return self._part(value)
         if isinstance(value, np.ndarray):
             return self._pack(value)
         if isinstance(value, dict):

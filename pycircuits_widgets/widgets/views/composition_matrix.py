@@ -11,6 +11,7 @@ from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
 from ..core.meter import Meter, metered
 from ..core.offset_window import OffsetWindow
+from ..core.save_plan import MEASURED, PAGE_BYTES_PER_ANSWER_BYTE, PlanItem
 from ..core.selection import HeadSelection, PairSelection, check_model
 from .notes import direct_path_ignores
 
@@ -19,6 +20,11 @@ from .notes import direct_path_ignores
 ERRATUM = "erratum_left"
 NORMS = {"correct": "correct", "erratum": ERRATUM}
 """Panel -> the ``norm`` of ``composition_scores`` it shows."""
+
+
+PAIR_BYTES = 1024
+"""Saved bytes of one head pair's detail (scores, singular values and eigenvalues of ``d_head`` each): a plan's
+estimate."""
 
 
 class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidget):
@@ -197,11 +203,30 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
                     for name, value in update.items():
                         setattr(self, name, value)
 
-    def compute_for_page(self) -> None:
-        """A saved page of a small model holds every measured matrix (``CircuitWidget.compute_for_page``), where the
-        view has a text to measure on."""
-        if self._measure is not None:
-            self.compute_measured()
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's composition (``core.save_plan``): the scores with their baseline and the head pairs'
+        detail within the budget (weight-only: products of two heads' ``d_model x d_head`` factors, at each
+        offset of the window), then the measured matrices on the text (each kind: every writer head's output
+        removed from each later layer's input, that layer's heads read again)."""
+        cfg = self.model.cfg
+        L, H, d, dh = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head
+        offsets = max(1, len(self._offsets or ()))
+        budget = offline.BUDGET if self._offline_budget is None else self._offline_budget
+        pairs = min(L * H * (L - 1) * H // 2, budget // PAIR_BYTES + 1)
+        items = [self.answers_item(context, "composition scores with their baseline, head pairs' detail",
+                                   pairs * 2 * d * dh * dh * (offsets + 3))]
+        missing = [kind for kind in KINDS if kind not in self._measured]
+        if self._measure is not None and missing:
+            pos = self._measure[0].tokens.shape[1]
+            per_kind = L * (L - 1) // 2 * H * 2 * pos * (2 * d * H * dh + 2 * pos * H * dh)
+
+            def measure(n: int) -> None:
+                self.compute_measured(missing)
+
+            items.append(PlanItem(context.section, "measured composition matrices",
+                                  context.rate.seconds(len(missing) * per_kind),
+                                  int(PAGE_BYTES_PER_ANSWER_BYTE * 4 * (L * H) ** 2 * len(missing)), MEASURED, measure))
+        return items
 
     @rolls_back
     def _on_source(self, change):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
 
+import numpy as np
 import torch
 import traitlets
 
@@ -12,6 +14,7 @@ from ...corpus.sweeps import checked_sweep
 from ..core import offline
 from ..core.base import CircuitWidget
 from ..core.payload import JSON_BUFFER
+from ..core.save_plan import EXAMPLES, PAGE_BYTES_PER_ANSWER_BYTE, PlanItem, forward_flops
 from ..core.selection import HeadSelection, Index
 
 BEFORE = 24
@@ -24,6 +27,11 @@ the live view has more."""
 SAVED_BUDGET = 160_000
 """Most bytes of the examples a saved page keeps (``offline.Answers``): ``SAVED`` examples of each of
 16 heads at 128-token windows; past it a head says it needs a kernel."""
+GROUP = 16
+"""Heads whose examples' windows a save reads again together, where no plan chose the heads (the view's
+own budget decides how many fit: a group at a time, so little is read past it)."""
+VALUE_CHARS = 6
+"""Characters of one attention value in the saved JSON ("0.123,"): a plan's estimate of a head's bytes."""
 KEPT_UNITS = 64
 """Heads (or neurons) whose rows with values the view keeps, the latest shown: a revisit re-runs no window."""
 RERUN_BYTES = 64 << 20
@@ -114,6 +122,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             raise ValueError(f"DatasetExamples: k must be an int in 1..{sweep.k} (the examples the sweep kept), got {k!r}")
         self._sweep, self._k = sweep, k or sweep.k
         self._kept: collections.OrderedDict = collections.OrderedDict()  # unit -> rows with values (``_steps``)
+        self._page_heads: list[tuple[int, int]] = []  # the heads a save's plan keeps (``page_items``); [] every head
         info = sweep.manifest["info"]["corpus"]
         corpus = {"model": sweep.model_name, "windows": sweep.n_windows, "seq_len": sweep.seq_len, "k": self._k,
                   "description": info["description"], "documents": info["documents"]}
@@ -237,17 +246,84 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             out.update(zip(windows[start:start + batch], picked))
             yield None
 
-    # -- kernel-less answers --------------------------------------------------------------------
+    # -- kernel-less answers ----------------------------------------------------------------------
     def offline_answers(self, answers) -> None:
-        """Kernel-less: every head's first ``SAVED`` examples with their attention, the current head first,
-        within the budget (a head past it says it needs a kernel); opening an example needs one."""
+        """Kernel-less: every head's first ``SAVED`` examples with their attention (the heads a save's plan
+        chose, ``page_items``; default every head, the current head first), within the budget (a head past
+        it says it needs a kernel); opening an example needs one. Each example's tokens are a part of its
+        window's, which the page holds once (``offline.Part``), however many heads' examples show it."""
         saved = min(self._k, SAVED)
+        heads = self._page_heads or offline.heads(self)
+        group = len(heads) if self._page_heads else GROUP
 
-        def answer(layer, head):
-            rows, ids = self.examples(layer, head, -1, saved)
-            patch = {"rows": self.with_values(rows, layer, head, -1), "shown": [layer, head, -1], "neuron": -1}
-            return (layer, head), patch, {"strings": self._strings_of(ids)}
+        def answers_of(group_heads):
+            for (layer, head), (rows, ids) in self._valued_heads(group_heads, saved).items():
+                for r in rows:
+                    r["segments"] = [{**s, "ids": offline.Part(("window", r["window"]), self._window(r["window"]),
+                                                               s["start"], s["start"] + len(s["ids"]))}
+                                     for s in r["segments"]]
+                patch = {"rows": rows, "shown": [layer, head, -1], "neuron": -1}
+                yield (layer, head), patch, {"strings": self._strings_of(ids)}
 
-        answers.rule(["layer", "head"], (answer(l, h) for l, h in offline.heads(self)),
+        answers.rule(["layer", "head"],
+                     (answer for at in range(0, len(heads), group) for answer in answers_of(heads[at:at + group])),
                      missing=offline.over_budget("This head's dataset examples"))
         answers.needs_kernel("opened")
+
+    def _window(self, window: int) -> np.ndarray:
+        """int32 [seq_len]: the sweep's tokens of ``window`` (the page's shared table of examples' tokens)."""
+        return self._sweep.windows[window].numpy().astype(np.int32)
+
+    @torch.inference_mode()
+    def _valued_heads(self, heads: list[tuple[int, int]], k: int) -> dict:
+        """``{(layer, head): (rows with values, token ids)}`` of each head's first ``k`` examples: every window
+        they show read again once (``run_with_cache`` up to the last layer asked for, in batches whose
+        patterns stay under ``RERUN_BYTES``), each head's attention row taken from it."""
+        found = {unit: self.examples(*unit, -1, k) for unit in heads}
+        wanted = collections.defaultdict(set)  # window -> {(layer, head, position)}
+        for (layer, head), (rows, _) in found.items():
+            for r in rows:
+                wanted[r["window"]].add((layer, head, r["position"]))
+        cfg, T = self.model.cfg, self._sweep.seq_len
+        layers = 1 + max(layer for layer, _ in heads)
+        batch = max(1, RERUN_BYTES // (layers * cfg.n_heads * T * T * 4))
+        windows = sorted(wanted)
+        per_window = {unit: collections.defaultdict(dict) for unit in heads}  # unit -> window -> position -> row [T]
+        for start in range(0, len(windows), batch):
+            part = windows[start:start + batch]
+            _, cache = self.model.run_with_cache(self._sweep.windows[part].to(self.model.device), logits=False,
+                                                 layers=layers)
+            for i, w in enumerate(part):
+                for layer, head, position in wanted[w]:
+                    per_window[layer, head][w][position] = cache.patterns[i, layer, head, position].float().cpu()
+        return {unit: (self._valued(rows, per_window[unit], -1), ids) for unit, (rows, ids) in found.items()}
+
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's dataset examples (``core.save_plan``): the first ``SAVED`` examples of every head, the
+        heads the reader chose first, then the selected one, then the rest. Cost: one forward of the windows
+        they show (at most the sweep's); bytes: the selected head's examples measured (their rows from the
+        sweep, each token's attention as ``VALUE_CHARS`` characters, their token strings), a window's tokens once
+        per window."""
+        saved = min(self._k, SAVED)
+        heads = list(dict.fromkeys([*context.chosen, *offline.heads(self)]))
+        rows, ids = self.examples(*heads[0], -1, saved)
+        tokens = sum(len(s["ids"]) for r in rows for s in r["segments"])
+        saved_rows = [{**r, "segments": [{**s, "ids": {"packed": [1 << 24, "uint16", [len(s["ids"])]]}}
+                                         for s in r["segments"]]} for r in rows]  # (a part of the shared table)
+        answer = (len(json.dumps(saved_rows, separators=(",", ":"))) + VALUE_CHARS * tokens
+                  + len(json.dumps(self._strings_of(ids), separators=(",", ":"))))
+        windows = min(self._sweep.n_windows, saved * len(heads))
+        per_head = answer + 4 * self._sweep.seq_len * windows / len(heads)  # (int32 worst case)
+        cost = context.rate.seconds(forward_flops(self.model.cfg, windows * self._sweep.seq_len, self._sweep.seq_len))
+
+        def keep(n: int) -> None:
+            self._page_heads = heads[:n]
+            self._offline_budget = int(n * per_head)
+            self._offline_fresh = False
+            self._offline_ready()
+
+        def leave() -> None:
+            self._offline_budget, self._offline_fresh = 0, False
+
+        return [PlanItem(context.section, "dataset examples", cost, int(PAGE_BYTES_PER_ANSWER_BYTE * per_head * len(heads)),
+                         EXAMPLES, keep, units=len(heads), unit="head", leave=leave)]

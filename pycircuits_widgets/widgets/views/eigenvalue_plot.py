@@ -8,7 +8,7 @@ import traitlets
 
 from ...analysis.circuits import embedding_note
 from ...analysis.eigen import best_offset_spectra
-from ...analysis.head_scores import SCORE_NAMES, head_scores
+from ...analysis.head_scores import SCORE_NAMES, head_scores, repeated_random_tokens
 from ...analysis.skip_trigrams import copied_tokens
 from ...corpus.sweeps import checked_sweep
 from ..core import offline
@@ -16,8 +16,12 @@ from ..core.arrays import Array, ArrayDict
 from ..core.base import CircuitWidget, rolls_back
 from ..core.offset_window import OffsetWindow
 from ..core.payload import to_numpy
+from ..core.save_plan import PAGE_BYTES_PER_ANSWER_BYTE, WEIGHTS, PlanItem, forward_flops
 from ..core.selection import Bounded, HeadSelection, check_model
 from .notes import direct_path_ignores
+
+COPY_BYTES = 40
+"""Saved bytes of one most-copied token in a head's detail (its id, string and score as JSON): a plan's estimate."""
 
 
 class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
@@ -156,6 +160,34 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
             ((layer, head), offline.last(self._detail_steps(layer, head, self.n_copies)))
             for layer, head in offline.heads(self)
         ), base={"error": ""}, missing=offline.over_budget("This head's eigenvalue detail"))
+
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's weight-only work (``core.save_plan``): the positivities (if still computing: the
+        factored OV and QK circuits, ``d_model``-square products through the vocabulary once, then per head
+        and offset) and each head's detail within the budget (its copied tokens: two vocabulary-long
+        products of the head's rank); the head scores, where not computed yet (a forward of the repeated
+        random tokens they are measured on)."""
+        cfg = self.model.cfg
+        L, H, d, dh, V = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_vocab
+        offsets = max(1, len(self._offsets or ()))
+        spectra = 0 if self.ov_positivity is not None else 2 * V * d * d + L * H * 2 * d * d * dh * (1 + offsets)
+        budget = offline.BUDGET if self._offline_budget is None else self._offline_budget
+        detail_bytes = 4 * dh * 2 + self.n_copies * COPY_BYTES
+        heads = min(L * H, budget // detail_bytes + 1)
+        items = [self.answers_item(context, "eigenvalue positivities and each head's spectrum",
+                                   spectra + heads * 4 * V * d * dh)]
+        if any(isinstance(score, dict) for score in self.scores.values()):
+            tokens = repeated_random_tokens(self.model)
+            flops = forward_flops(cfg, tokens.numel(), tokens.shape[1])
+            items.append(PlanItem(context.section, "head scores", context.rate.seconds(flops),
+                                  int(PAGE_BYTES_PER_ANSWER_BYTE * 4 * L * H * len(SCORE_NAMES)), WEIGHTS,
+                                  lambda n: self._apply(next(self._score_steps()))))
+        return items
+
+    def _apply(self, update: dict) -> None:
+        with self.hold_sync():
+            for name, value in update.items():
+                setattr(self, name, value)
 
     def fill_steps(self, selection):
         """``selection``'s head's detail computed into the per-model cache (its copied tokens)."""
