@@ -18,7 +18,7 @@ from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.widgets.core import offline, save_plan
 from pycircuits_widgets.widgets.core.save_plan import CHOSEN, EXAMPLES, MEASURED, REST, WEIGHTS
 from pycircuits_widgets.widgets.sharing.standalone import page_plan
-from pycircuits_widgets.widgets.views.dataset_examples import SAVED
+from pycircuits_widgets.widgets.views.dataset_examples import SAVED, UNSHADED
 from random_models import custom_model
 
 TEXT = "def f(x):\n    return x + 1\n"
@@ -96,6 +96,23 @@ def test_a_page_too_small_for_everything_names_what_it_left_out_with_its_cost_an
     assert any(line.startswith("exact skip-trigram tables of ") for line in left)
     for line in left:
         assert re.search(r": (under a second|about [\d.]+ (s|min|h)) in a kernel, [\d.]+ MB of page$", line), line
+
+
+def test_heads_whose_attention_does_not_fit_keep_their_examples_and_say_so(explorer, tmp_path):
+    explorer.compute()  # (what the save does first for a small model: the plan's base then holds it)
+    whole = page_plan([explorer], None, 10 ** 9)
+    weights = sum(item.bytes_estimate for item in whole.items if item.value_rank == WEIGHTS)
+    rows, shading = (item for item in whole.items if item.section == "examples")
+    max_bytes = whole.base_bytes + weights + rows.bytes_estimate + shading.bytes_estimate // 2
+    page = explorer.save_html(tmp_path / "page.html", max_bytes=max_bytes, budget=None).read_text()
+    patches = offline.rules(explorer.examples._offline)[0]["patches"]
+    shaded = [k for k, p in patches.items() if all(s["values"] is not None for r in p["rows"] for s in r["segments"])]
+    plain = [p for k, p in patches.items() if k not in shaded]
+    assert len(patches) == 16 and 0 < len(shaded) < 16 and list(patches)[:len(shaded)] == shaded
+    assert all(p["_offline_note"] == UNSHADED and all(s["values"] is None for r in p["rows"] for s in r["segments"])
+               for p in plain)
+    assert f"attention shading of the dataset examples of {len(plain)} more heads: " in plan_section(page)
+    assert len(page.encode()) <= max_bytes
 
 
 def test_a_save_with_no_time_left_computes_nothing_and_says_so(explorer, tmp_path):

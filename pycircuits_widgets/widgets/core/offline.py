@@ -30,7 +30,9 @@ answer is packed into the one binary ``data`` buffer (float16 for floats within 
 float32; uint16 for vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
 dtype, shape]}`` (one buffer for hundreds of small arrays, not one payload each: a notebook
 saves every buffer with its path, about 150 bytes apiece); a rule's ``base`` holds what all its answers share (e.g. the token
-strings of every table, each string once), merged under each answer's own patch.
+strings of every table, each string once), merged under each answer's own patch. An array many
+answers show in part (a corpus window's tokens, in every head's examples from it) is packed once, each
+answer referencing its part (:class:`Part`: a packed reference with an offset into it).
 A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str,
 "merge": [dict traits the patch adds entries to] (optional)}``,
 keyed by the selection's values as JSON joined by "," (:func:`key`).
@@ -74,9 +76,9 @@ def key(*values) -> str:
 
 
 def over_budget(what: str) -> str:
-    """The reason shown for a selection whose answer did not fit."""
-    return (f"{what} is not saved with this view (over its {BUDGET // 1000} KB budget for kernel-less "
-            "answers): it needs a running kernel.")
+    """The reason shown for a selection whose answer did not fit (the view's budget, :data:`BUDGET` unless a
+    save's plan gave it another, ``core.save_plan``)."""
+    return f"{what} is not saved with this view (over its budget for kernel-less answers): it needs a running kernel."
 
 
 NONFINITE = "__pcw_nonfinite__"

@@ -101,6 +101,9 @@ class PlanItem:
         unit: the units' noun ("head"), "" for work done whole.
         leave: what the view does when the plan leaves the item out whole (so its save computes none of it:
             the page says it needs a kernel); None: nothing.
+        cost_at: ``cost_at(n)``: estimated seconds of the first ``n`` units, where they do not cost alike (the
+            examples' attention: the windows the first ``n`` heads show, each read once); None: ``n / units``
+            of ``cost_s``.
     """
 
     section: str
@@ -112,6 +115,24 @@ class PlanItem:
     units: int = 1
     unit: str = ""
     leave: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    cost_at: Callable[[int], float] | None = field(default=None, repr=False, compare=False)
+
+    def seconds(self, n: int) -> float:
+        """Estimated seconds of the first ``n`` units."""
+        return self.cost_at(n) if self.cost_at is not None else self.cost_s * n / self.units
+
+    def bytes(self, n: int) -> float:
+        """Estimated page bytes of the first ``n`` units."""
+        return self.bytes_estimate * n / self.units
+
+    def fitting(self, seconds: float | None, room: float) -> int:
+        """The most units (from the first) whose estimates fit ``seconds`` (None: no limit) and ``room`` bytes."""
+        fits = lambda n: (seconds is None or self.seconds(n) <= seconds) and self.bytes(n) <= room
+        lo, hi = 0, self.units  # (costs grow with n: the largest n that fits, by bisection)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
 
     def __post_init__(self):
         if self.units < 1 or self.cost_s < 0 or self.bytes_estimate < 0:
@@ -186,14 +207,11 @@ class SavePlan:
         self.left: list[tuple[PlanItem, int]] = []
         seconds, room = budget_s, max_bytes - base_bytes
         for item in self.items:
-            n = item.units
-            for spent, each in ((seconds, item.cost_s / item.units), (room, item.bytes_estimate / item.units)):
-                if spent is not None and each > 0:
-                    n = min(n, int(spent // each))
+            n = item.fitting(seconds, room)
             if n > 0:
                 self.kept.append((item, n))
-                seconds = None if seconds is None else seconds - n * item.cost_s / item.units
-                room -= n * item.bytes_estimate / item.units
+                seconds = None if seconds is None else seconds - item.seconds(n)
+                room -= item.bytes(n)
             if n < item.units:
                 self.left.append((item, item.units - n))
 
@@ -205,11 +223,7 @@ class SavePlan:
     @property
     def cost_s(self) -> float:
         """Estimated seconds of the kept work (the save bar's estimate)."""
-        return sum(item.cost_s * n / item.units for item, n in self.kept)
-
-    def bytes_for(self, section: str) -> int:
-        """Page bytes the plan gives ``section``'s kept items."""
-        return int(sum(item.bytes_estimate * n / item.units for item, n in self.kept if item.section == section))
+        return sum(item.seconds(n) for item, n in self.kept)
 
     def run(self, bar=None) -> None:
         """Leave out what did not fit (``PlanItem.leave``), then compute the kept items in order; ``bar`` (a
@@ -222,7 +236,7 @@ class SavePlan:
             if bar is not None:
                 bar.note(f"{item.section}: {item.phrase(n)}")
             item.run(n)
-            before, done = done, done + item.cost_s * n / item.units
+            before, done = done, done + item.seconds(n)
             if bar is not None:
                 bar.update(round(done) - round(before))
 
@@ -231,8 +245,8 @@ class SavePlan:
         in a kernel")."""
         kept = {(item.section, item.what) for item, _ in self.kept}  # ("more": some of the same were kept)
         return [f"{item.phrase(n, more=n < item.units or (item.section, item.what) in kept)}: "
-                f"{duration(item.cost_s * n / item.units)} in a kernel, "
-                f"{megabytes(int(item.bytes_estimate * n / item.units))} of page"
+                f"{duration(item.seconds(item.units) - item.seconds(item.units - n))} in a kernel, "
+                f"{megabytes(int(item.bytes(n)))} of page"
                 for item, n in self.left]
 
     def statement(self, page_bytes: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import time
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ SAVED_BUDGET = 160_000
 GROUP = 16
 """Heads whose examples' windows a save reads again together, where no plan chose the heads (the view's
 own budget decides how many fit: a group at a time, so little is read past it)."""
+UNSHADED = ("This page saved this head's examples without the attention on each token (its save's time ran out "
+            "first): a running kernel reads their windows again.")
+"""What a saved page says over a head's examples saved without their attention (``page_items``)."""
 VALUE_CHARS = 6
 """Characters of one attention value in the saved JSON ("0.123,"): a plan's estimate of a head's bytes."""
 KEPT_UNITS = 64
@@ -123,6 +127,7 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         self._sweep, self._k = sweep, k or sweep.k
         self._kept: collections.OrderedDict = collections.OrderedDict()  # unit -> rows with values (``_steps``)
         self._page_heads: list[tuple[int, int]] = []  # the heads a save's plan keeps (``page_items``); [] every head
+        self._page_shaded: list[tuple[int, int]] = []  # ... and those of them it keeps the attention of
         info = sweep.manifest["info"]["corpus"]
         corpus = {"model": sweep.model_name, "windows": sweep.n_windows, "seq_len": sweep.seq_len, "k": self._k,
                   "description": info["description"], "documents": info["documents"]}
@@ -249,21 +254,27 @@ class DatasetExamples(HeadSelection, CircuitWidget):
     # -- kernel-less answers ----------------------------------------------------------------------
     def offline_answers(self, answers) -> None:
         """Kernel-less: every head's first ``SAVED`` examples with their attention (the heads a save's plan
-        chose, ``page_items``; default every head, the current head first), within the budget (a head past
-        it says it needs a kernel); opening an example needs one. Each example's tokens are a part of its
-        window's, which the page holds once (``offline.Part``), however many heads' examples show it."""
+        chose, ``page_items``, with the attention of its first ones only, ``UNSHADED``; default every head, the
+        current head first), within the budget (a head past it says it needs a kernel); opening an example
+        needs one. Each example's tokens are a part of its window's, which the page holds once
+        (``offline.Part``), however many heads' examples show it."""
         saved = min(self._k, SAVED)
         heads = self._page_heads or offline.heads(self)
+        shaded = set(self._page_shaded if self._page_heads else heads)
         group = len(heads) if self._page_heads else GROUP
 
         def answers_of(group_heads):
-            for (layer, head), (rows, ids) in self._valued_heads(group_heads, saved).items():
+            valued = self._valued_heads([unit for unit in group_heads if unit in shaded], saved)
+            for unit in group_heads:
+                rows, ids = valued[unit] if unit in valued else self.examples(*unit, -1, saved)
                 for r in rows:
                     r["segments"] = [{**s, "ids": offline.Part(("window", r["window"]), self._window(r["window"]),
                                                                s["start"], s["start"] + len(s["ids"]))}
                                      for s in r["segments"]]
-                patch = {"rows": rows, "shown": [layer, head, -1], "neuron": -1}
-                yield (layer, head), patch, {"strings": self._strings_of(ids)}
+                patch = {"rows": rows, "shown": [*unit, -1], "neuron": -1}
+                if unit not in valued:
+                    patch["_offline_note"] = UNSHADED
+                yield unit, patch, {"strings": self._strings_of(ids)}
 
         answers.rule(["layer", "head"],
                      (answer for at in range(0, len(heads), group) for answer in answers_of(heads[at:at + group])),
@@ -280,6 +291,8 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         they show read again once (``run_with_cache`` up to the last layer asked for, in batches whose
         patterns stay under ``RERUN_BYTES``), each head's attention row taken from it."""
         found = {unit: self.examples(*unit, -1, k) for unit in heads}
+        if not heads:
+            return found
         wanted = collections.defaultdict(set)  # window -> {(layer, head, position)}
         for (layer, head), (rows, _) in found.items():
             for r in rows:
@@ -299,31 +312,45 @@ class DatasetExamples(HeadSelection, CircuitWidget):
         return {unit: (self._valued(rows, per_window[unit], -1), ids) for unit, (rows, ids) in found.items()}
 
     def page_items(self, context) -> list[PlanItem]:
-        """A saved page's dataset examples (``core.save_plan``): the first ``SAVED`` examples of every head, the
-        heads the reader chose first, then the selected one, then the rest. Cost: one forward of the windows
-        they show (at most the sweep's); bytes: the selected head's examples measured (their rows from the
-        sweep, each token's attention as ``VALUE_CHARS`` characters, their token strings), a window's tokens once
-        per window."""
-        saved = min(self._k, SAVED)
+        """A saved page's dataset examples (``core.save_plan``): the first ``SAVED`` examples of every head (the
+        heads the reader chose first, then the selected one, then the rest), then the attention on each of
+        their tokens. The rows' cost: reading the sweep's tables, timed on the first head; the attention's:
+        one forward of the windows the first heads show, each window once, up to the last layer among them.
+        Bytes: the first head's rows measured (their token strings included), each token's attention as
+        ``VALUE_CHARS`` characters; a window's tokens once per window (int32, the worst case)."""
+        cfg, saved, T = self.model.cfg, min(self._k, SAVED), self._sweep.seq_len
         heads = list(dict.fromkeys([*context.chosen, *offline.heads(self)]))
+        began = time.perf_counter()
         rows, ids = self.examples(*heads[0], -1, saved)
+        reading = time.perf_counter() - began
         tokens = sum(len(s["ids"]) for r in rows for s in r["segments"])
         saved_rows = [{**r, "segments": [{**s, "ids": {"packed": [1 << 24, "uint16", [len(s["ids"])]]}}
                                          for s in r["segments"]]} for r in rows]  # (a part of the shared table)
-        answer = (len(json.dumps(saved_rows, separators=(",", ":"))) + VALUE_CHARS * tokens
-                  + len(json.dumps(self._strings_of(ids), separators=(",", ":"))))
-        windows = min(self._sweep.n_windows, saved * len(heads))
-        per_head = answer + 4 * self._sweep.seq_len * windows / len(heads)  # (int32 worst case)
-        cost = context.rate.seconds(forward_flops(self.model.cfg, windows * self._sweep.seq_len, self._sweep.seq_len))
+        windows_seen, seen, deepest = [0], set(), [0]  # after the first n heads: windows read, layers run
+        for layer, head in heads:
+            seen.update(self._sweep.head_examples(layer, head)["window"].iloc[:saved].tolist())
+            windows_seen.append(len(seen))
+            deepest.append(max(deepest[-1], layer + 1))
+        windows = 4 * T * len(seen) / len(heads)  # (int32 tokens: each window once, shared by its heads)
+        per_head = len(json.dumps(saved_rows, separators=(",", ":"))) + len(json.dumps(self._strings_of(ids))) + windows
+        per_values = VALUE_CHARS * tokens
+        flops = [forward_flops(cfg, windows_seen[n] * T, T, layers=deepest[n]) for n in range(len(heads) + 1)]
 
-        def keep(n: int) -> None:
-            self._page_heads = heads[:n]
-            self._offline_budget = int(n * per_head)
+        def keep(n: int, shaded: int) -> None:  # the rows of the first n heads, the attention of the first shaded
+            self._page_heads, self._page_shaded = heads[:n], heads[:shaded]
+            self._offline_budget = int(n * per_head + shaded * per_values)
             self._offline_fresh = False
             self._offline_ready()
 
         def leave() -> None:
+            self._page_heads, self._page_shaded = [], []
             self._offline_budget, self._offline_fresh = 0, False
 
-        return [PlanItem(context.section, "dataset examples", cost, int(PAGE_BYTES_PER_ANSWER_BYTE * per_head * len(heads)),
-                         EXAMPLES, keep, units=len(heads), unit="head", leave=leave)]
+        # (the rows are answered at once, without attention: cheap; the attention's item answers them again)
+        bytes_of = lambda each: int(PAGE_BYTES_PER_ANSWER_BYTE * each * len(heads))
+        return [PlanItem(context.section, "dataset examples", reading * len(heads), bytes_of(per_head), EXAMPLES,
+                         lambda n: keep(n, 0), units=len(heads), unit="head", leave=leave),
+                PlanItem(context.section, "attention shading of the dataset examples",
+                         context.rate.seconds(flops[-1]), bytes_of(per_values), EXAMPLES,
+                         lambda n: keep(len(self._page_heads), min(n, len(self._page_heads))), units=len(heads),
+                         unit="head", cost_at=lambda n: context.rate.seconds(flops[n]))]
