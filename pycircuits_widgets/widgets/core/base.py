@@ -219,18 +219,20 @@ class CircuitWidget(anywidget.AnyWidget):
         ``save_plan.PlanContext`` (section name, rate, the heads the reader chose). Default: nothing."""
         return []
 
-    def answers_item(self, context, what: str, flops: float) -> save_plan.PlanItem:
+    def answers_item(self, context, what: str, seconds: float) -> save_plan.PlanItem:
         """A weight-only plan item (``save_plan.WEIGHTS``): the view's work and its kernel-less answers
-        (within ``_offline_budget``) computed now, ``flops`` of work; left out, the view saves no answers (the
-        page says other selections need a kernel)."""
-        budget = offline.BUDGET if self._offline_budget is None else self._offline_budget
-
+        (within ``_offline_budget``) computed now, ``seconds`` of work; left out, the view saves no answers
+        (the page says other selections need a kernel)."""
         def leave() -> None:
             self._offline_budget, self._offline_fresh = 0, False
 
-        return save_plan.PlanItem(context.section, what, context.rate.seconds(flops),
-                                  int(save_plan.PAGE_BYTES_PER_ANSWER_BYTE * budget), save_plan.WEIGHTS,
+        return save_plan.PlanItem(context.section, what, seconds,
+                                  int(save_plan.PAGE_BYTES_PER_ANSWER_BYTE * self.answers_budget()), save_plan.WEIGHTS,
                                   lambda n: self._offline_ready(), leave=leave)
+
+    def answers_budget(self) -> int:
+        """Most bytes of this view's kernel-less answers (``_offline_budget``, else ``offline.BUDGET``)."""
+        return offline.BUDGET if self._offline_budget is None else self._offline_budget
 
     def page_views(self) -> dict:
         """The views a saved page of this one plans for, by section name (``page_items``): itself; an explorer,
@@ -247,8 +249,7 @@ class CircuitWidget(anywidget.AnyWidget):
         budget) where no plan item of its own counts them: 0 once they are current."""
         if self._answers_offline != "runner" or self._offline_fresh:
             return 0
-        budget = offline.BUDGET if self._offline_budget is None else self._offline_budget
-        return int(save_plan.PAGE_BYTES_PER_ANSWER_BYTE * budget)
+        return int(save_plan.PAGE_BYTES_PER_ANSWER_BYTE * self.answers_budget())
 
     # -- kernel-less answers ------------------------------------------------------------
     def offline_answers(self, answers: offline.Answers) -> None:

@@ -214,6 +214,13 @@ class Answers:
         return value
 
 
+def answer_bytes(patch: dict, widget=None) -> int:
+    """Bytes one answer of ``patch`` counts against a view's budget (its JSON and packed arrays, as
+    :class:`Answers` packs them): a save's plan sizes a view's answers with it."""
+    answers = Answers(widget=widget)
+    return len(_json(answers._compact(answers._as_traits(patch)))) + len(answers._data)
+
+
 def rules(state: dict) -> list[dict]:
     """The rules of an ``_offline`` state (inverse of the deflated JSON of ``Answers.state``)."""
     return decode_json(state["rules"])

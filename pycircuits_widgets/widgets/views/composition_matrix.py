@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import traitlets
 
 from ...analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
@@ -20,11 +22,6 @@ from .notes import direct_path_ignores
 ERRATUM = "erratum_left"
 NORMS = {"correct": "correct", "erratum": ERRATUM}
 """Panel -> the ``norm`` of ``composition_scores`` it shows."""
-
-
-PAIR_BYTES = 1024
-"""Saved bytes of one head pair's detail (scores, singular values and eigenvalues of ``d_head`` each): a plan's
-estimate."""
 
 
 class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidget):
@@ -205,16 +202,19 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
 
     def page_items(self, context) -> list[PlanItem]:
         """A saved page's composition (``core.save_plan``): the scores with their baseline and the head pairs'
-        detail within the budget (weight-only: products of two heads' ``d_model x d_head`` factors, at each
-        offset of the window), then the measured matrices on the text (each kind: every writer head's output
-        removed from each later layer's input, that layer's heads read again)."""
+        detail within the budget, one pair's detail timed (the last pair's: not computed yet; its answer is
+        then free), then the measured matrices on the text (each kind: every writer head's output removed
+        from each later layer's input, that layer's heads read again: FLOPs over the rate)."""
         cfg = self.model.cfg
         L, H, d, dh = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head
-        offsets = max(1, len(self._offsets or ()))
-        budget = offline.BUDGET if self._offline_budget is None else self._offline_budget
-        pairs = min(L * H * (L - 1) * H // 2, budget // PAIR_BYTES + 1)
-        items = [self.answers_item(context, "composition scores with their baseline, head pairs' detail",
-                                   pairs * 2 * d * dh * dh * (offsets + 3))]
+        items = []
+        if L > 1:
+            began = time.perf_counter()
+            answer = offline.last(self._detail_steps([L - 2, H - 1, L - 1, H - 1], self.kind))
+            each = time.perf_counter() - began
+            pairs = min(L * H * (L - 1) * H // 2, self.answers_budget() // offline.answer_bytes(answer, self) + 1)
+            items.append(self.answers_item(context, "composition scores with their baseline, head pairs' detail",
+                                           each * pairs))
         missing = [kind for kind in KINDS if kind not in self._measured]
         if self._measure is not None and missing:
             pos = self._measure[0].tokens.shape[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import traitlets
@@ -19,9 +20,6 @@ from ..core.payload import to_numpy
 from ..core.save_plan import PAGE_BYTES_PER_ANSWER_BYTE, WEIGHTS, PlanItem, forward_flops
 from ..core.selection import Bounded, HeadSelection, check_model
 from .notes import direct_path_ignores
-
-COPY_BYTES = 40
-"""Saved bytes of one most-copied token in a head's detail (its id, string and score as JSON): a plan's estimate."""
 
 
 class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
@@ -162,20 +160,17 @@ class EigenvaluePlot(OffsetWindow, HeadSelection, CircuitWidget):
         ), base={"error": ""}, missing=offline.over_budget("This head's eigenvalue detail"))
 
     def page_items(self, context) -> list[PlanItem]:
-        """A saved page's weight-only work (``core.save_plan``): the positivities (if still computing: the
-        factored OV and QK circuits, ``d_model``-square products through the vocabulary once, then per head
-        and offset) and each head's detail within the budget (its copied tokens: two vocabulary-long
-        products of the head's rank); the head scores, where not computed yet (a forward of the repeated
-        random tokens they are measured on)."""
+        """A saved page's weight-only work (``core.save_plan``): the positivities and each head's detail within
+        the budget, one head's detail timed (one not computed yet: the positivities too, if still computing);
+        the head scores, where not computed yet (a forward of the repeated random tokens they are measured on)."""
         cfg = self.model.cfg
-        L, H, d, dh, V = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_vocab
-        offsets = max(1, len(self._offsets or ()))
-        spectra = 0 if self.ov_positivity is not None else 2 * V * d * d + L * H * 2 * d * d * dh * (1 + offsets)
-        budget = offline.BUDGET if self._offline_budget is None else self._offline_budget
-        detail_bytes = 4 * dh * 2 + self.n_copies * COPY_BYTES
-        heads = min(L * H, budget // detail_bytes + 1)
-        items = [self.answers_item(context, "eigenvalue positivities and each head's spectrum",
-                                   spectra + heads * 4 * V * d * dh)]
+        L, H = cfg.n_layers, cfg.n_heads
+        heads = offline.heads(self)
+        began = time.perf_counter()
+        answer = offline.last(self._detail_steps(*heads[-1], self.n_copies))  # (cached: its answer is then free)
+        each = time.perf_counter() - began
+        fitting = min(L * H, self.answers_budget() // offline.answer_bytes(answer, self) + 1)
+        items = [self.answers_item(context, "eigenvalue positivities and each head's spectrum", each * fitting)]
         if any(isinstance(score, dict) for score in self.scores.values()):
             tokens = repeated_random_tokens(self.model)
             flops = forward_flops(cfg, tokens.numel(), tokens.shape[1])

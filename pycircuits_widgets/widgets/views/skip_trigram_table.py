@@ -249,11 +249,11 @@ class SkipTrigramTable(OffsetWindow, HeadSelection, TokenSelection, CircuitWidge
     def page_items(self, context) -> list[PlanItem]:
         """A saved page's exact tables (``core.save_plan``): of the heads the reader chose (``CHOSEN``), then of
         every other head (``REST``). Cost: a whole-vocabulary search per head (source x destination scores over
-        the head's rank, QK and OV, at each offset of the window); bytes: ``k`` rows of ids, scores and strings."""
+        the head's rank: QK at each offset of the window, OV once); bytes: ``k`` rows of ids, scores and strings."""
         cfg = self.model.cfg
         chosen = list(dict.fromkeys([*context.chosen, (self.layer, self.head)]))
         rest = [unit for unit in offline.heads(self) if unit not in chosen]
-        searched = 2 * 2 * cfg.d_vocab ** 2 * cfg.d_head * max(1, len(self._offsets or ()))
+        searched = 2 * cfg.d_vocab ** 2 * cfg.d_head * (max(1, len(self._offsets or ())) + 1)
         rows = min(self.k, offline.TABLE_K)
         per_head = rows * TABLE_ROW_BYTES
         self._page_heads = []  # (a new plan: no head kept yet)
