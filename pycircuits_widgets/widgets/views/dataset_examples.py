@@ -26,14 +26,16 @@ SAVED = 20
 """Most examples of each head a saved page keeps (``save_html``, notebook export); the page says when
 the live view has more."""
 SAVED_BUDGET = 160_000
-"""Most bytes of the examples a saved page keeps (``offline.Answers``): ``SAVED`` examples of each of
-16 heads at 128-token windows; past it a head says it needs a kernel."""
+"""Most bytes of the examples a page keeps where no save's plan sizes them (``page_items``; a notebook's
+export): ``SAVED`` examples of each of 16 heads at 128-token windows; past it a head says it needs a kernel."""
 GROUP = 16
 """Heads whose examples' windows a save reads again together, where no plan chose the heads (the view's
 own budget decides how many fit: a group at a time, so little is read past it)."""
 UNSHADED = ("This page saved this head's examples without the attention on each token (its save's time ran out "
             "first): a running kernel reads their windows again.")
 """What a saved page says over a head's examples saved without their attention (``page_items``)."""
+SIZED = 8
+"""Heads, spread over the model, whose saved rows a save's plan measures (the largest sizes every head's)."""
 VALUE_CHARS = 6
 """Characters of one attention value in the saved JSON ("0.123,"): a plan's estimate of a head's bytes."""
 KEPT_UNITS = 64
@@ -311,28 +313,36 @@ class DatasetExamples(HeadSelection, CircuitWidget):
                     per_window[layer, head][w][position] = cache.patterns[i, layer, head, position].float().cpu()
         return {unit: (self._valued(rows, per_window[unit], -1), ids) for unit, (rows, ids) in found.items()}
 
+    def _answer_size(self, unit: tuple[int, int], k: int) -> tuple[int, int]:
+        """(bytes, tokens) of a head's saved rows without their attention: their JSON with each segment's tokens a
+        part of the shared table (``offline.Part``), and their token strings."""
+        rows, ids = self.examples(*unit, -1, k)
+        saved_rows = [{**r, "segments": [{**s, "ids": {"packed": [1 << 24, "uint16", [len(s["ids"])]]}}
+                                         for s in r["segments"]]} for r in rows]
+        size = len(json.dumps(saved_rows, separators=(",", ":"))) + len(json.dumps(self._strings_of(ids)))
+        return size, sum(len(s["ids"]) for r in rows for s in r["segments"])
+
     def page_items(self, context) -> list[PlanItem]:
         """A saved page's dataset examples (``core.save_plan``): the first ``SAVED`` examples of every head (the
         heads the reader chose first, then the selected one, then the rest), then the attention on each of
-        their tokens. The rows' cost: reading the sweep's tables, timed on the first head; the attention's:
+        their tokens. The rows' cost: reading the sweep's tables, timed on ``SIZED`` heads; the attention's:
         one forward of the windows the first heads show, each window once, up to the last layer among them.
-        Bytes: the first head's rows measured (their token strings included), each token's attention as
-        ``VALUE_CHARS`` characters; a window's tokens once per window (int32, the worst case)."""
+        Bytes: the largest of ``SIZED`` heads' rows measured (their token strings included), each token's
+        attention as ``VALUE_CHARS`` characters; a window's tokens once per window (int32, the worst case)."""
         cfg, saved, T = self.model.cfg, min(self._k, SAVED), self._sweep.seq_len
         heads = list(dict.fromkeys([*context.chosen, *offline.heads(self)]))
+        sample = heads[::max(1, len(heads) // SIZED)]
         began = time.perf_counter()
-        rows, ids = self.examples(*heads[0], -1, saved)
-        reading = time.perf_counter() - began
-        tokens = sum(len(s["ids"]) for r in rows for s in r["segments"])
-        saved_rows = [{**r, "segments": [{**s, "ids": {"packed": [1 << 24, "uint16", [len(s["ids"])]]}}
-                                         for s in r["segments"]]} for r in rows]  # (a part of the shared table)
+        sized = [self._answer_size(unit, saved) for unit in sample]
+        reading = (time.perf_counter() - began) / len(sample)
+        rows_bytes, tokens = max(size for size, _ in sized), max(n for _, n in sized)
         windows_seen, seen, deepest = [0], set(), [0]  # after the first n heads: windows read, layers run
         for layer, head in heads:
             seen.update(self._sweep.head_examples(layer, head)["window"].iloc[:saved].tolist())
             windows_seen.append(len(seen))
             deepest.append(max(deepest[-1], layer + 1))
         windows = 4 * T * len(seen) / len(heads)  # (int32 tokens: each window once, shared by its heads)
-        per_head = len(json.dumps(saved_rows, separators=(",", ":"))) + len(json.dumps(self._strings_of(ids))) + windows
+        per_head = rows_bytes + windows
         per_values = VALUE_CHARS * tokens
         flops = [forward_flops(cfg, windows_seen[n] * T, T, layers=deepest[n]) for n in range(len(heads) + 1)]
 
