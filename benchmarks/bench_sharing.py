@@ -10,8 +10,14 @@ does, and prints one table of sizes:
   widget state: how the saved size grows with the number of views.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_sharing.py [--smoke]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_sharing.py --plan [--windows 384 --seq-len 64 --budget 60]
 
 ``--smoke``: only the notebook of 1 widget, saved and exported: checks that the script runs end to end.
+
+``--plan``: the saved page of a 270-head model (SmolLM2-135M's shape, random weights: 30 layers x 9 heads,
+d_model 576, d_vocab 49152, d_mlp 1536) with a corpus sweep of ``--windows`` windows (20 examples of each
+head): ``explorer.save_html`` with the default ``max_bytes`` and ``--budget`` seconds; prints the page's
+size, what its plan kept (estimated and measured seconds) and what it says it left out.
 """
 
 from __future__ import annotations
@@ -94,8 +100,69 @@ def main(smoke: bool) -> None:
         print(f"{what:<{width}}  {size:>10}  {note}")
 
 
+def plan_page(windows: int, seq_len: int, budget: float) -> None:
+    """``--plan`` (module docstring)."""
+    import html
+    import re
+    import time
+
+    import torch
+    import transformers
+
+    import pycircuits_widgets as pcw
+    from bench_build import SHAPES, text_of, tokenizer
+    from pycircuits_widgets.widgets.core import save_plan
+
+    timed = []  # (item, units, estimated s, measured s): each kept item as the save runs it
+    run = save_plan.SavePlan.run
+
+    def timing_run(plan, bar=None):  # SavePlan.run, each kept item timed
+        for item, n in plan.left:
+            if n == item.units and item.leave is not None:
+                item.leave()
+        for item, n in plan.kept:
+            began = time.perf_counter()
+            item.run(n)
+            timed.append((item, n, item.seconds(n), time.perf_counter() - began))
+
+    torch.manual_seed(0)
+    tok = tokenizer()
+    hf = transformers.AutoModelForCausalLM.from_config(SHAPES["llama-135m"](), attn_implementation="eager").eval()
+    model = pcw.from_hf(hf, tok)
+    with tempfile.TemporaryDirectory() as tmp:
+        began = time.perf_counter()
+        sweep = pcw.sweep(model, pcw.Corpus.python_stdlib(), pathlib.Path(tmp) / "store", seq_len=seq_len, k=20,
+                          max_windows=windows, progress=False)
+        swept = time.perf_counter() - began
+        explorer = pcw.CircuitExplorer(model, text_of(tok, 40), sweep=sweep)
+        save_plan.SavePlan.run = timing_run
+        try:
+            began = time.perf_counter()
+            path = explorer.save_html(pathlib.Path(tmp) / "page.html", budget=budget)
+            saved = time.perf_counter() - began
+        finally:
+            save_plan.SavePlan.run = run
+            explorer.close()
+        page = path.read_text()
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; sweep of {windows} windows of {seq_len} "
+          f"tokens: {swept:.0f} s; save_html(budget={budget:g}): {saved:.1f} s, {mb(len(page.encode()))}")
+    for item, n, estimate, measured in timed:
+        print(f"  kept  {item.section}: {item.phrase(n)}: estimated {estimate:.1f} s, took {measured:.1f} s")
+    said = re.search(r'<section class="pcw-plan">(.*?)</section>', page, re.DOTALL).group(1)
+    for line in re.findall(r"<p>(.*?)</p>|<li>(.*?)</li>", said):
+        print("  page:", html.unescape(line[0] or "  - " + line[1]))
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="only the notebook of 1 widget, saved and exported: "
                         "checks that the script runs end to end")
-    main(parser.parse_args().smoke)
+    parser.add_argument("--plan", action="store_true", help="the saved page of a 30 x 9-head model (module docstring)")
+    parser.add_argument("--windows", type=int, default=384, help="--plan: windows of the corpus sweep")
+    parser.add_argument("--seq-len", type=int, default=64, help="--plan: tokens of each window")
+    parser.add_argument("--budget", type=float, default=60.0, help="--plan: save_html's budget in seconds")
+    args = parser.parse_args()
+    if args.plan:
+        plan_page(args.windows, args.seq_len, args.budget)
+    else:
+        main(args.smoke)

@@ -32,6 +32,7 @@ import torch
 import transformers
 
 import pycircuits_widgets as pcw
+from pycircuits_widgets.widgets.core.save_plan import PlanContext, Rate, SavePlan
 from pycircuits_widgets.widgets.sharing.standalone import Page, content_policy, references, render_html
 from pycircuits_widgets.widgets.views.registry import BY_NAME
 
@@ -68,8 +69,9 @@ def gallery_views(store: pathlib.Path) -> dict[str, object]:
         # a token and a head pair selected, so the views that follow them show their detail
         explorer = pcw.CircuitExplorer(model, text, sweep=corpus, task=task, position=4, selected_pair=(0, 3, 1, 2))
         explorer.compute()
-        for view in explorer.views().values():  # what a saved page of a small model holds (save_html)
-            view.compute_for_page()
+        rate = Rate.measure(model)  # what a saved page of a small model holds (save_html's plan, every item)
+        SavePlan([item for name, view in explorer.views().items() for item in view.page_items(PlanContext(name, rate))],
+                 budget_s=None, max_bytes=1 << 40, base_bytes=0).run()
         explorer.wait(timeout=600)
         if explorer.neurons is not None:
             explorer.neurons.neuron = 5  # a neuron's detail too

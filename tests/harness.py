@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 
-from pycircuits_widgets.widgets.sharing.standalone import render_html
+from pycircuits_widgets.widgets.sharing.standalone import page_plan, render_html
 
 CHROMIUM = os.environ.get("PCW_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -36,6 +36,17 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-quic",
 ]
+
+def page_room(widgets, rank: int, *, heads=(), more: int = 0) -> int:
+    """A ``max_bytes`` with room for what a save's plan (``core.save_plan``) puts up to value rank ``rank``
+    (``save_plan.WEIGHTS`` ...) and ``more`` bytes, estimated as the save will (an explorer of a small model:
+    its on-demand views computed first, as its save does)."""
+    for w in widgets:
+        if hasattr(w, "compute"):
+            w.compute()
+    plan = page_plan(widgets, None, 1 << 40, heads=heads)
+    return plan.base_bytes + sum(item.bytes_estimate for item in plan.items if item.value_rank <= rank) + more
+
 
 def token_as_shown(display: str) -> str:
     """How a view prints a token's display string (oracle of js/src/lib/tokens.js

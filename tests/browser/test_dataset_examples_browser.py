@@ -17,8 +17,9 @@ from harness import explorer_section, saved_page_open, show_explorer
 from pycircuits_widgets.corpus import Corpus
 from pycircuits_widgets.models import load_pretrained
 from pycircuits_widgets.widgets.core import offline
+from pycircuits_widgets.widgets.core.save_plan import WEIGHTS
 from pycircuits_widgets.widgets.sharing.notebook_export import WIDGET_STATE, export_notebook
-from pycircuits_widgets.widgets.sharing.standalone import widget_state
+from pycircuits_widgets.widgets.sharing.standalone import page_plan, widget_state
 
 pytestmark = pytest.mark.browser
 
@@ -144,13 +145,18 @@ def test_an_exported_notebook_keeps_the_examples(browser, model, swept, tmp_path
         assert shown_windows(examples) == kernel_windows(swept, 0, 3)
 
 
-def test_a_saved_page_greys_the_examples_of_a_head_it_has_none_for(browser, model, swept, tmp_path, monkeypatch):
+def test_a_saved_page_greys_the_examples_of_a_head_it_has_none_for(browser, model, swept, tmp_path):
     """Never another head's examples under the selected head's label (issue 43): a head the saved page
-    holds no answer for (its budget spent) greys the last examples shown and names whose they are."""
-    monkeypatch.setattr(pcw.DatasetExamples, "_offline_budget", 12_000)  # the saved head's examples and few more
+    holds no answer for (its byte budget spent) greys the last examples shown and names whose they are."""
     explorer = pcw.CircuitExplorer(model, "def f(x):\n    return x", sweep=swept)
     try:
-        path = explorer.save_html(tmp_path / "examples.html")
+        explorer.compute()  # (what the save does first for a small model: the plan's base then holds it)
+        whole = page_plan([explorer], None, 10 ** 9)
+        weights = sum(item.bytes_estimate for item in whole.items if item.value_rank == WEIGHTS)
+        examples = next(item for item in whole.items if item.section == "examples")
+        # a page with room for the weight-only views and a third of the heads' examples
+        path = explorer.save_html(tmp_path / "examples.html",
+                                  max_bytes=whole.base_bytes + weights + examples.bytes_estimate // 3)
         rules = offline.rules(explorer.examples._offline)
     finally:
         explorer.close()

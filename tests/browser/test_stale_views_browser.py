@@ -11,8 +11,9 @@ from playwright.sync_api import expect
 
 import pycircuits_widgets as pcw
 from harness import explorer_section as section
-from harness import saved_page_open
+from harness import page_room, saved_page_open
 from pycircuits_widgets.widgets.core import offline
+from pycircuits_widgets.widgets.core.save_plan import MEASURED
 from random_models import paper_model
 
 pytestmark = pytest.mark.browser
@@ -30,9 +31,11 @@ def saved_heads(view) -> set:
 @pytest.fixture(scope="module")
 def saved_page(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(offline, "BUDGET", 2500)  # room for a head or two of each view, not all six
+        mp.setattr(offline, "BUDGET", 2500)  # room for a head or two of each weight-only view, not all six
         explorer = pcw.CircuitExplorer(paper_model(n_layers=2, n_heads=3, dtype=torch.float32), TEXT)
-        path = explorer.save_html(tmp_path_factory.mktemp("saved") / "explorer.html")
+        # a page with room for the selected head's table, not the other heads' (save_plan.REST)
+        path = explorer.save_html(tmp_path_factory.mktemp("saved") / "explorer.html",
+                                  max_bytes=page_room([explorer], MEASURED, more=1000))
     return explorer, path
 
 

@@ -25,7 +25,7 @@ import anywidget
 import traitlets
 
 from ... import progress as bars
-from . import offline, runner
+from . import offline, runner, save_plan
 from .bundle import BundleMissing, bundle_code, bundle_file, carrier_esm, ensure_carrier, stub_esm
 from .runner import Runner
 
@@ -213,9 +213,43 @@ class CircuitWidget(anywidget.AnyWidget):
         ``timeout`` s (False; None: no limit)."""
         return self._runner.wait(timeout)
 
-    def compute_for_page(self) -> None:
-        """Compute here what the view shows only when asked for, so a page saved next holds it (an
-        explorer's save does this for a small model). Default: nothing."""
+    def page_items(self, context) -> list:
+        """What this view could add to a saved page (``core.save_plan``): a ``PlanItem`` per piece of work, its
+        seconds estimated at this model's size (FLOPs over ``context.rate``) and its page bytes; ``context``: a
+        ``save_plan.PlanContext`` (section name, rate, the heads the reader chose). Default: nothing."""
+        return []
+
+    def answers_item(self, context, what: str, seconds: float) -> save_plan.PlanItem:
+        """A weight-only plan item (``save_plan.WEIGHTS``): the view's work and its kernel-less answers
+        (within ``_offline_budget``) computed now, ``seconds`` of work; left out, the view saves no answers
+        (the page says other selections need a kernel)."""
+        def leave() -> None:
+            self._offline_budget, self._offline_fresh = 0, False
+
+        return save_plan.PlanItem(context.section, what, seconds,
+                                  int(save_plan.PAGE_BYTES_PER_ANSWER_BYTE * self.answers_budget()), save_plan.WEIGHTS,
+                                  lambda n: self._offline_ready(), leave=leave)
+
+    def answers_budget(self) -> int:
+        """Most bytes of this view's kernel-less answers (``_offline_budget``, else ``offline.BUDGET``)."""
+        return offline.BUDGET if self._offline_budget is None else self._offline_budget
+
+    def page_views(self) -> dict:
+        """The views a saved page of this one plans for, by section name (``page_items``): itself; an explorer,
+        its sections."""
+        return {type(self).__name__: self}
+
+    def visited_heads(self) -> list[tuple[int, int]]:
+        """Heads a reader looked at here, latest first, whose exact tables a saved page keeps after the ones it
+        lists (``save_html(heads=)``): the selected head, for a view with one."""
+        return [(self.layer, self.head)] if self.has_trait("layer") and self.has_trait("head") else []
+
+    def answers_reserve(self) -> int:
+        """Page bytes a save may still add for this view's kernel-less answers (computed at save, within its
+        budget) where no plan item of its own counts them: 0 once they are current."""
+        if self._answers_offline != "runner" or self._offline_fresh:
+            return 0
+        return int(save_plan.PAGE_BYTES_PER_ANSWER_BYTE * self.answers_budget())
 
     # -- kernel-less answers ------------------------------------------------------------
     def offline_answers(self, answers: offline.Answers) -> None:
@@ -304,7 +338,8 @@ class CircuitWidget(anywidget.AnyWidget):
         return fallback_html(self)
 
     def save_html(self, path, *, title: str | None = None, offline: bool = True,
-                  budget: float | None = SAVE_BUDGET) -> pathlib.Path:
+                  budget: float | None = SAVE_BUDGET, max_bytes: int = save_plan.MAX_BYTES,
+                  heads=()) -> pathlib.Path:
         """Write a self-contained HTML file (bundle and data inlined, no CDN, no kernel)
         that shows this view with every interaction that needs no kernel. With ``offline``
         (default) the view's kernel-less answers (``_offline``: each head's skip-trigram table
@@ -315,12 +350,23 @@ class CircuitWidget(anywidget.AnyWidget):
         ``budget``: seconds the save waits, in all, for views still computing (default
         ``SAVE_BUDGET``; None: no limit), a bar saying which. A view not done by then is saved as
         it stands, marked "not computed" on the page; the explorer's background precompute is
-        never waited for."""
+        never waited for.
+
+        The save plans (``core.save_plan``): before any work it estimates what each part of the page costs at
+        this model's size and computes, in order of value, what fits ``budget`` and ``max_bytes`` (bytes of
+        the page, default ``save_plan.MAX_BYTES``): weight-only views, then the dataset examples of every head,
+        then the exact skip-trigram tables of ``heads`` (``[(layer, head), ...]``) and of the heads visited,
+        then measured matrices and the head-loss table. The page states its size and budgets and names what it
+        left out, each with its cost; the bar's estimate is the plan's."""
         from ..sharing import standalone
 
         standalone.refuse_notebook_target(path)  # before any work
+        save_plan.check_max_bytes(max_bytes)
+        if getattr(self, "model", None) is not None:
+            save_plan.check_heads(heads, self.model.cfg)
         bundle_code()  # BundleMissing, naming the build command, before any work too
-        return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline, budget=budget)
+        return standalone.save_html([self], path, title=title or type(self).__name__, offline=offline, budget=budget,
+                                    max_bytes=max_bytes, heads=heads)
 
     def save_figure(self, path, *, section: str | None = None, title: str | None = None, format: str | None = None,
                     scale: float = 3.0, width: int = 1000, budget: float | None = SAVE_BUDGET) -> pathlib.Path:

@@ -30,7 +30,9 @@ answer is packed into the one binary ``data`` buffer (float16 for floats within 
 float32; uint16 for vocabulary ids that fit) and referenced from the JSON as ``{"packed": [byte offset,
 dtype, shape]}`` (one buffer for hundreds of small arrays, not one payload each: a notebook
 saves every buffer with its path, about 150 bytes apiece); a rule's ``base`` holds what all its answers share (e.g. the token
-strings of every table, each string once), merged under each answer's own patch.
+strings of every table, each string once), merged under each answer's own patch. An array many
+answers show in part (a corpus window's tokens, in every head's examples from it) is packed once, each
+answer referencing its part (:class:`Part`: a packed reference with an offset into it).
 A rule: ``{"on": [trait names], "base": patch, "patches": {key: patch}, "missing": str,
 "merge": [dict traits the patch adds entries to] (optional)}``,
 keyed by the selection's values as JSON joined by "," (:func:`key`).
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -73,9 +76,9 @@ def key(*values) -> str:
 
 
 def over_budget(what: str) -> str:
-    """The reason shown for a selection whose answer did not fit."""
-    return (f"{what} is not saved with this view (over its {BUDGET // 1000} KB budget for kernel-less "
-            "answers): it needs a running kernel.")
+    """The reason shown for a selection whose answer did not fit (the view's budget, :data:`BUDGET` unless a
+    save's plan gave it another, ``core.save_plan``)."""
+    return f"{what} is not saved with this view (over its budget for kernel-less answers): it needs a running kernel."
 
 
 NONFINITE = "__pcw_nonfinite__"
@@ -93,6 +96,18 @@ def _short(x: float):
     return float(f"{x:.5g}") if math.isfinite(x) else tag_nonfinite(x)
 
 
+@dataclass(frozen=True, eq=False)
+class Part:
+    """Part ``[start, stop)`` of a 1-D array that many answers share (a corpus window's tokens, which every
+    head's examples in it show): packed once in the view's data under ``key``, each answer holding a
+    reference to its part (``{"packed": [byte offset, dtype, [stop - start]]}``, as any packed array)."""
+
+    key: object
+    array: np.ndarray
+    start: int
+    stop: int
+
+
 def _json(value) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
@@ -107,6 +122,7 @@ class Answers:
         self.rules: list[dict] = []
         self.kernel: dict[str, str] = {}
         self._data = bytearray()
+        self._shared: dict = {}  # Part.key -> (byte offset, dtype) of the array packed once
         self._pending: list = []
 
     def needs_kernel(self, *names: str) -> None:
@@ -132,6 +148,8 @@ class Answers:
                 rule["merge"] = merge
             self.left -= len(_json(rule))
             self.rules.append(rule)
+            if self.left <= 0:  # no answer fits: none is computed
+                continue
             for values, patch, *shared in answers:
                 mark, base_size = len(self._data), len(_json(rule["base"]))
                 compact = self._compact(self._as_traits(patch))
@@ -139,6 +157,7 @@ class Answers:
                 cost = len(_json(compact)) + len(self._data) - mark + len(_json(grown)) - base_size
                 if cost > self.left:
                     del self._data[mark:]  # the answer did not fit: neither do the rest
+                    self._shared = {k: v for k, v in self._shared.items() if v[0] < mark}
                     self.left = 0
                     break
                 self.left -= cost
@@ -174,7 +193,16 @@ class Answers:
         self._data.extend(np.ascontiguousarray(arr).tobytes())
         return {"packed": [offset, str(arr.dtype), list(arr.shape)]}
 
+    def _part(self, part: Part) -> dict:
+        if part.key not in self._shared:
+            offset, dtype, _ = self._pack(np.asarray(part.array))["packed"]
+            self._shared[part.key] = (offset, dtype)
+        offset, dtype = self._shared[part.key]
+        return {"packed": [offset + part.start * np.dtype(dtype).itemsize, dtype, [part.stop - part.start]]}
+
     def _compact(self, value):
+        if isinstance(value, Part):
+            return self._part(value)
         if isinstance(value, np.ndarray):
             return self._pack(value)
         if isinstance(value, dict):
@@ -184,6 +212,13 @@ class Answers:
         if isinstance(value, float):
             return _short(value)
         return value
+
+
+def answer_bytes(patch: dict, widget=None) -> int:
+    """Bytes one answer of ``patch`` counts against a view's budget (its JSON and packed arrays, as
+    :class:`Answers` packs them): a save's plan sizes a view's answers with it."""
+    answers = Answers(widget=widget)
+    return len(_json(answers._compact(answers._as_traits(patch)))) + len(answers._data)
 
 
 def rules(state: dict) -> list[dict]:

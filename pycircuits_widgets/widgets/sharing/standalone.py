@@ -46,6 +46,7 @@ from ..core.base import CircuitWidget
 from ..core.bundle import bundle_packed, packed_css_bytes
 from ..core.offline import tag_nonfinite
 from ..core.payload import JSON_BUFFER
+from ..core.save_plan import PlanContext, Rate, SavePlan, check_heads, check_max_bytes
 
 OURS = "pycircuits_widgets."
 """Prefix of ``_anywidget_id`` (module path of the class) of this package's widgets."""
@@ -390,7 +391,8 @@ def _live_widgets(widgets) -> dict:
 
 
 def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = True,
-                budget: float | None = None, wait: bool = True) -> str:
+                budget: float | None = None, wait: bool = True, max_bytes: int | None = None,
+                heads=()) -> str:
     """One HTML page showing the given widgets (ours live; boxes laid out; others as a
     placeholder), the bundle inlined once. Each view's state carries the answers a reader's
     clicks need (its ``_offline`` trait, :mod:`.offline`), made current here unless
@@ -400,7 +402,12 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
     bar naming each; one not done by then is saved as it stands with ``progress`` ``{"state":
     NOT_COMPUTED, "text"}``, which the page shows, and ``busy`` off (no spinner that never ends).
     ``wait=False``: the page is wired to a live kernel (a test harness standing in for one), which
-    sends the views' results as they come: nothing is waited for and nothing marked."""
+    sends the views' results as they come: nothing is waited for and nothing marked.
+
+    ``max_bytes`` (with ``offline`` and ``wait``): the page is planned (:func:`page_plan`): what each view's
+    work costs at its model's size is estimated first, the most valuable that fits ``budget`` and
+    ``max_bytes`` is computed (the exact tables of ``heads``, ``[(layer, head)]``, before other heads'),
+    and the page states its size, its budgets and what was left out with its cost."""
     widgets = list(widgets)
     if not widgets:
         raise ValueError("render_html needs at least one widget")
@@ -408,7 +415,15 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
         if not isinstance(w, ipywidgets.Widget):
             raise TypeError(f"expected widgets, got {type(w).__name__}")
     live = _live_widgets(widgets)
-    states = _page_states(live, offline, budget) if wait else {}
+    if max_bytes is not None:
+        check_max_bytes(max_bytes)
+    start = time.monotonic()
+    plan = page_plan(widgets, budget, max_bytes, heads) if max_bytes is not None and offline and wait else None
+    if plan is not None:
+        with progress("save_html: computing what fits the page (estimated)", total=plan.total_s, unit="s") as bar:
+            plan.run(bar)
+    left = None if budget is None else max(0.0, budget - (time.monotonic() - start))
+    states = _page_states(live, offline, left) if wait else {}
     saved = widget_state(widgets)
     limit = "" if budget is None else f" (budget {budget:g} s)"
     for model_id, state in states.items():
@@ -420,6 +435,19 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
                 live[model_id]._fallback_html())
     cells = "\n".join(page.view_html(w.model_id, {"text/plain": repr(w)}) for w in widgets)
     page.add_children()
+    if plan is None:
+        return _page_html(title, page, cells)
+    # the page's own size in its statement: measured with the statement in place (its digits do not change it)
+    text = _page_html(title, page, _plan_html(plan, 0) + cells)
+    text = _page_html(title, page, _plan_html(plan, len(text.encode("utf-8"))) + cells)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise RuntimeError(f"save_html: the page came to {size:,} bytes, over max_bytes={max_bytes:,}: the plan's byte "
+                           "estimates were too low (a bug: please report it); nothing was written")
+    return text
+
+
+def _page_html(title: str, page: Page, cells: str) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en" class="pcw-page">
 <head>
@@ -437,13 +465,50 @@ def render_html(widgets, *, title: str = "pycircuits_widgets", offline: bool = T
 """
 
 
+_PLAN_CSS = """
+.pcw-plan { font: 13px system-ui, sans-serif; margin: 0 0 16px; }
+.pcw-plan p, .pcw-plan ul { margin: 2px 0; }
+"""
+
+
+def _plan_html(plan: SavePlan, page_bytes: int) -> str:
+    """The page's statement of its budgets and of what it left out, each with its cost (plain HTML: shown
+    with or without JavaScript)."""
+    left = "".join(f"<li>{html.escape(line)}</li>" for line in plan.left_out())
+    out = f"<p>Left out (not computed within the budgets; a running kernel computes them):</p><ul>{left}</ul>" if left else ""
+    return (f'<section class="pcw-plan"><style>{script_text(_PLAN_CSS)}</style>'
+            f"<p>{html.escape(plan.statement(page_bytes))}</p>{out}</section>")
+
+
+def page_plan(widgets, budget: float | None, max_bytes: int, heads=()) -> SavePlan:
+    """The plan of a page of ``widgets`` (``core.save_plan``): each of our views' ``page_items`` (an explorer's:
+    each section's, ``CircuitWidget.page_views``) at a rate measured now on the first view's model, the heads
+    ``heads`` (checked against each model) and then the ones each view visited chosen first; the page's base
+    bytes: the bundle, the views' state as it stands, and the kernel-less answers of views without items."""
+    check_max_bytes(max_bytes)
+    items, rate, planned = [], None, set()
+    for w in widgets:
+        if not isinstance(w, CircuitWidget) or getattr(w, "model", None) is None:
+            continue
+        chosen = check_heads(heads, w.model.cfg) + tuple(w.visited_heads())
+        rate = rate or Rate.measure(w.model)
+        for section, view in w.page_views().items():
+            found = view.page_items(PlanContext(section, rate, tuple(dict.fromkeys(chosen))))
+            items += found
+            planned |= {view.model_id} if found else set()
+    base = (len(bundle_packed()) + len(strict_json(widget_state(widgets)))
+            + sum(w.answers_reserve() for model_id, w in _live_widgets(widgets).items()
+                  if isinstance(w, CircuitWidget) and model_id not in planned))
+    return SavePlan(items, budget_s=budget, max_bytes=max_bytes, base_bytes=base)
+
+
 def _page_states(live: dict, offline: bool, budget: float | None) -> dict:
     """Each of our live views' ``for_page`` state, their work waited for within ``budget`` seconds in all,
     on a bar naming each; model id -> ``PageState``."""
     ours = {model_id: w for model_id, w in live.items() if isinstance(w, CircuitWidget)}
     deadline = None if budget is None else time.monotonic() + budget
     states = {}
-    limit = "" if budget is None else f" (budget {budget:g} s)"
+    limit = "" if budget is None else f" ({budget:.0f} s left of the budget)"
     with progress(f"save_html: waiting for the views{limit}", total=len(ours), unit="view") as bar:
         for model_id, w in ours.items():
             name = type(w).__name__
@@ -505,6 +570,7 @@ def refuse_notebook_target(out) -> pathlib.Path:
 
 
 def save_html(widgets, path, *, title: str = "pycircuits_widgets", offline: bool = True,
-              budget: float | None = None) -> pathlib.Path:
+              budget: float | None = None, max_bytes: int | None = None, heads=()) -> pathlib.Path:
     """Write :func:`render_html` to ``path`` atomically (never to a ``.ipynb``); returns the path."""
-    return write_atomic(refuse_notebook_target(path), render_html(widgets, title=title, offline=offline, budget=budget))
+    return write_atomic(refuse_notebook_target(path), render_html(widgets, title=title, offline=offline, budget=budget,
+                                                                  max_bytes=max_bytes, heads=heads))

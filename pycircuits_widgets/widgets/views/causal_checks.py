@@ -10,6 +10,7 @@ from ...corpus.sweeps import checked_sweep
 from ..core.arrays import Array
 from ..core.base import CircuitWidget, rolls_back
 from ..core.meter import Meter, metered
+from ..core.save_plan import MEASURED, PAGE_BYTES_PER_ANSWER_BYTE, PlanItem, forward_flops
 from ..core.selection import HeadSelection, check_model, head_label
 from ..core.shown_run import RunWriter, ShownRun
 
@@ -154,10 +155,17 @@ class CausalChecks(RunWriter, HeadSelection, CircuitWidget):
             for name, value in (update or {}).items():
                 setattr(self, name, value)
 
-    def compute_for_page(self) -> None:
-        """A saved page of a small model holds the head-loss table: computed here (``CircuitWidget.compute_for_page``)."""
-        if self.run.clean.tokens.shape[1] > 1:
-            self.compute_head_loss_change()
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's head-loss table (``core.save_plan``), where not computed yet: one forward of the text
+        per head."""
+        pos = self.run.clean.tokens.shape[1]
+        if pos < 2 or self.head_loss_change is not None:
+            return []
+        cfg = self.model.cfg
+        heads = cfg.n_layers * cfg.n_heads
+        return [PlanItem(context.section, "the head-loss table", context.rate.seconds(heads * forward_flops(cfg, pos, pos)),
+                         int(PAGE_BYTES_PER_ANSWER_BYTE * 4 * heads), MEASURED,
+                         lambda n: self.compute_head_loss_change())]
 
     def settle(self, timeout, note=None) -> bool:
         """The ablated run is waited for; the head-loss table (background work) is not."""

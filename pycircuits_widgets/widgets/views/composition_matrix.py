@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import traitlets
 
 from ...analysis.composition import KINDS, composition_baseline, composition_detail, composition_scores
@@ -11,6 +13,7 @@ from ..core.arrays import ArrayDict
 from ..core.base import CircuitWidget, rolls_back
 from ..core.meter import Meter, metered
 from ..core.offset_window import OffsetWindow
+from ..core.save_plan import MEASURED, PAGE_BYTES_PER_ANSWER_BYTE, PlanItem
 from ..core.selection import HeadSelection, PairSelection, check_model
 from .notes import direct_path_ignores
 
@@ -197,11 +200,35 @@ class CompositionMatrix(OffsetWindow, HeadSelection, PairSelection, CircuitWidge
                     for name, value in update.items():
                         setattr(self, name, value)
 
-    def compute_for_page(self) -> None:
-        """A saved page of a small model holds every measured matrix (``CircuitWidget.compute_for_page``), where the
-        view has a text to measure on."""
-        if self._measure is not None:
-            self.compute_measured()
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's composition (``core.save_plan``): the scores with their baseline and the head pairs'
+        detail within the budget, timed on the last two pairs (not computed yet; their answers are then free),
+        then the measured matrices on the text (each kind: every writer head's output removed
+        from each later layer's input, that layer's heads read again: FLOPs over the rate)."""
+        cfg = self.model.cfg
+        L, H, d, dh = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head
+        items = []
+        if L > 1:
+            timed = []  # (seconds, answer) of the last pairs: the first pays what every pair shares (a Gram, once)
+            for pair in ([L - 2, h, L - 1, H - 1] for h in range(H - 1, max(-1, H - 3), -1)):
+                began = time.perf_counter()
+                answer = offline.last(self._detail_steps(pair, self.kind))
+                timed.append((time.perf_counter() - began, answer))
+            pairs = min(L * H * (L - 1) * H // 2, self.answers_budget() // offline.answer_bytes(timed[-1][1], self) + 1)
+            items.append(self.answers_item(context, "composition scores with their baseline, head pairs' detail",
+                                           timed[0][0] + (pairs - 1) * timed[-1][0]))
+        missing = [kind for kind in KINDS if kind not in self._measured]
+        if self._measure is not None and missing:
+            pos = self._measure[0].tokens.shape[1]
+            per_kind = L * (L - 1) // 2 * H * 2 * pos * (2 * d * H * dh + 2 * pos * H * dh)
+
+            def measure(n: int) -> None:
+                self.compute_measured(missing)
+
+            items.append(PlanItem(context.section, "measured composition matrices",
+                                  context.rate.seconds(len(missing) * per_kind),
+                                  int(PAGE_BYTES_PER_ANSWER_BYTE * 4 * (L * H) ** 2 * len(missing)), MEASURED, measure))
+        return items
 
     @rolls_back
     def _on_source(self, change):

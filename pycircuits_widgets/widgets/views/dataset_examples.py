@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
+import time
 
+import numpy as np
 import torch
 import traitlets
 
@@ -13,6 +16,7 @@ from ...corpus.sweeps import checked_sweep
 from ..core import offline
 from ..core.base import CircuitWidget
 from ..core.payload import JSON_BUFFER
+from ..core.save_plan import EXAMPLES, PAGE_BYTES_PER_ANSWER_BYTE, PlanItem, forward_flops
 from ..core.selection import HeadSelection, Index
 
 BEFORE = 24
@@ -23,8 +27,18 @@ SAVED = 20
 """Most examples of each head a saved page keeps (``save_html``, notebook export); the page says when
 the live view has more."""
 SAVED_BUDGET = 160_000
-"""Most bytes of the examples a saved page keeps (``offline.Answers``): ``SAVED`` examples of each of
-16 heads at 128-token windows; past it a head says it needs a kernel."""
+"""Most bytes of the examples a page keeps where no save's plan sizes them (``page_items``; a notebook's
+export): ``SAVED`` examples of each of 16 heads at 128-token windows; past it a head says it needs a kernel."""
+GROUP = 16
+"""Heads whose examples' windows a save reads again together, where no plan chose the heads (the view's
+own budget decides how many fit: a group at a time, so little is read past it)."""
+UNSHADED = ("This page saved this head's examples without the attention on each token (its save's time ran out "
+            "first): a running kernel reads their windows again.")
+"""What a saved page says over a head's examples saved without their attention (``page_items``)."""
+SIZED = 8
+"""Heads, spread over the model, whose saved rows a save's plan measures (the largest sizes every head's)."""
+VALUE_CHARS = 6
+"""Characters of one attention value in the saved JSON ("0.123,"): a plan's estimate of a head's bytes."""
 KEPT_UNITS = 64
 """Heads (or neurons) whose rows with values the view keeps, the latest shown: a revisit re-runs no window."""
 RERUN_BYTES = 64 << 20
@@ -128,6 +142,8 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             raise ValueError(f"DatasetExamples: k must be an int in 1..{sweep.k} (the examples the sweep kept), got {k!r}")
         self._sweep, self._k = sweep, k or sweep.k
         self._kept: collections.OrderedDict = collections.OrderedDict()  # unit -> rows with values (``_steps``)
+        self._page_heads: list[tuple[int, int]] = []  # the heads a save's plan keeps (``page_items``); [] every head
+        self._page_shaded: list[tuple[int, int]] = []  # ... and those of them it keeps the attention of
         info = sweep.manifest["info"]["corpus"]
         corpus = {"model": sweep.model_name, "windows": sweep.n_windows, "seq_len": sweep.seq_len, "k": self._k,
                   "description": info["description"], "documents": info["documents"]}
@@ -256,21 +272,119 @@ class DatasetExamples(HeadSelection, CircuitWidget):
             out.update(zip(windows[start:start + batch], picked))
             yield None
 
-    # -- kernel-less answers --------------------------------------------------------------------
+    # -- kernel-less answers ----------------------------------------------------------------------
     def offline_answers(self, answers) -> None:
-        """Kernel-less: the first ``SAVED`` examples with their attention of the current head in every
-        ranking, then of every other head in the current ranking, within the budget (a head or ranking
-        past it says it needs a kernel); opening an example needs one."""
+        """Kernel-less: every head's first ``SAVED`` examples with their attention in the current ranking (the
+        heads a save's plan chose, ``page_items``, with the attention of its first ones only, ``UNSHADED``;
+        default every head, the current head first), then, where every head's fitted whole, the current
+        head's in the other rankings, within the budget (a head or ranking past it says it needs a kernel);
+        opening an example needs one. Each example's tokens are a part of its window's, which the page holds
+        once (``offline.Part``), however many heads' examples show it."""
         saved = min(self._k, SAVED)
+        every = offline.heads(self)
+        heads = self._page_heads or every
+        shaded = set(self._page_shaded if self._page_heads else heads)
+        units = [(*unit, self.rank_by) for unit in heads]
+        if len(shaded) == len(every):  # (the plan sized the heads in one ranking: the others only past them)
+            units += [(self.layer, self.head, r) for r in RANKINGS if r != self.rank_by]
+        group = len(units) if self._page_heads else GROUP
 
-        def answer(layer, head, rank_by):
-            rows, ids = self.examples(layer, head, -1, saved, rank_by)
-            patch = {"rows": self.with_values(rows, layer, head, -1), "shown": [layer, head, -1, rank_by],
-                     "neuron": -1}
-            return (layer, head, rank_by), patch, {"strings": self._strings_of(ids)}
+        def answers_of(group_units):
+            valued = self._valued_heads([unit for unit in group_units if unit[:2] in shaded], saved)
+            for unit in group_units:
+                rows, ids = valued[unit] if unit in valued else self.examples(*unit[:2], -1, saved, unit[2])
+                for r in rows:
+                    r["segments"] = [{**s, "ids": offline.Part(("window", r["window"]), self._window(r["window"]),
+                                                               s["start"], s["start"] + len(s["ids"]))}
+                                     for s in r["segments"]]
+                patch = {"rows": rows, "shown": [*unit[:2], -1, unit[2]], "neuron": -1}
+                if unit not in valued:
+                    patch["_offline_note"] = UNSHADED
+                yield unit, patch, {"strings": self._strings_of(ids)}
 
-        wanted = [(l, h, self.rank_by) for l, h in offline.heads(self)]
-        wanted[1:1] = [(self.layer, self.head, r) for r in RANKINGS if r != self.rank_by]
-        answers.rule(["layer", "head", "rank_by"], (answer(*unit) for unit in wanted),
+        answers.rule(["layer", "head", "rank_by"],
+                     (answer for at in range(0, len(units), group) for answer in answers_of(units[at:at + group])),
                      missing=offline.over_budget("This head's dataset examples in this ranking"))
         answers.needs_kernel("opened")
+
+    def _window(self, window: int) -> np.ndarray:
+        """int32 [seq_len]: the sweep's tokens of ``window`` (the page's shared table of examples' tokens)."""
+        return self._sweep.windows[window].numpy().astype(np.int32)
+
+    @torch.inference_mode()
+    def _valued_heads(self, units: list[tuple[int, int, str]], k: int) -> dict:
+        """``{(layer, head, rank_by): (rows with values, token ids)}`` of each head's first ``k`` examples in
+        that ranking: every window they show read again once (``run_with_cache`` up to the last layer asked
+        for, in batches whose patterns stay under ``RERUN_BYTES``), each head's attention row taken from it."""
+        found = {unit: self.examples(*unit[:2], -1, k, unit[2]) for unit in units}
+        if not units:
+            return found
+        wanted = collections.defaultdict(set)  # window -> {(layer, head, position)}
+        for (layer, head, _), (rows, _) in found.items():
+            for r in rows:
+                wanted[r["window"]].add((layer, head, r["position"]))
+        cfg, T = self.model.cfg, self._sweep.seq_len
+        layers = 1 + max(unit[0] for unit in units)
+        batch = max(1, RERUN_BYTES // (layers * cfg.n_heads * T * T * 4))
+        windows = sorted(wanted)
+        per_window = {unit[:2]: collections.defaultdict(dict) for unit in units}  # head -> window -> position -> row [T]
+        for start in range(0, len(windows), batch):
+            part = windows[start:start + batch]
+            _, cache = self.model.run_with_cache(self._sweep.windows[part].to(self.model.device), logits=False,
+                                                 layers=layers)
+            for i, w in enumerate(part):
+                for layer, head, position in wanted[w]:
+                    per_window[layer, head][w][position] = cache.patterns[i, layer, head, position].float().cpu()
+        return {unit: (self._valued(rows, per_window[unit[:2]], -1), ids) for unit, (rows, ids) in found.items()}
+
+    def _answer_size(self, unit: tuple[int, int], k: int) -> tuple[int, int]:
+        """(bytes, tokens) of a head's saved rows without their attention: their JSON with each segment's tokens a
+        part of the shared table (``offline.Part``), and their token strings."""
+        rows, ids = self.examples(*unit, -1, k, self.rank_by)
+        saved_rows = [{**r, "segments": [{**s, "ids": {"packed": [1 << 24, "uint16", [len(s["ids"])]]}}
+                                         for s in r["segments"]]} for r in rows]
+        size = len(json.dumps(saved_rows, separators=(",", ":"))) + len(json.dumps(self._strings_of(ids)))
+        return size, sum(len(s["ids"]) for r in rows for s in r["segments"])
+
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's dataset examples (``core.save_plan``): the first ``SAVED`` examples of every head (the
+        heads the reader chose first, then the selected one, then the rest), then the attention on each of
+        their tokens. The rows' cost: reading the sweep's tables, timed on ``SIZED`` heads; the attention's:
+        one forward of the windows the first heads show, each window once, up to the last layer among them.
+        Bytes: the largest of ``SIZED`` heads' rows measured (their token strings included), each token's
+        attention as ``VALUE_CHARS`` characters; a window's tokens once per window (int32, the worst case)."""
+        cfg, saved, T = self.model.cfg, min(self._k, SAVED), self._sweep.seq_len
+        heads = list(dict.fromkeys([*context.chosen, *offline.heads(self)]))
+        sample = heads[::max(1, len(heads) // SIZED)]
+        began = time.perf_counter()
+        sized = [self._answer_size(unit, saved) for unit in sample]
+        reading = (time.perf_counter() - began) / len(sample)
+        rows_bytes, tokens = max(size for size, _ in sized), max(n for _, n in sized)
+        windows_seen, seen, deepest = [0], set(), [0]  # after the first n heads: windows read, layers run
+        for layer, head in heads:
+            seen.update(self._sweep.head_examples(layer, head, by=self.rank_by)["window"].iloc[:saved].tolist())
+            windows_seen.append(len(seen))
+            deepest.append(max(deepest[-1], layer + 1))
+        windows = 4 * T * len(seen) / len(heads)  # (int32 tokens: each window once, shared by its heads)
+        per_head = rows_bytes + windows
+        per_values = VALUE_CHARS * tokens
+        flops = [forward_flops(cfg, windows_seen[n] * T, T, layers=deepest[n]) for n in range(len(heads) + 1)]
+
+        def keep(n: int, shaded: int) -> None:  # the rows of the first n heads, the attention of the first shaded
+            self._page_heads, self._page_shaded = heads[:n], heads[:shaded]
+            self._offline_budget = int(n * per_head + shaded * per_values)
+            self._offline_fresh = False
+            self._offline_ready()
+
+        def leave() -> None:
+            self._page_heads, self._page_shaded = [], []
+            self._offline_budget, self._offline_fresh = 0, False
+
+        # (the rows are answered at once, without attention: cheap; the attention's item answers them again)
+        bytes_of = lambda each: int(PAGE_BYTES_PER_ANSWER_BYTE * each * len(heads))
+        return [PlanItem(context.section, "dataset examples", reading * len(heads), bytes_of(per_head), EXAMPLES,
+                         lambda n: keep(n, 0), units=len(heads), unit="head", leave=leave),
+                PlanItem(context.section, "attention shading of the dataset examples",
+                         context.rate.seconds(flops[-1]), bytes_of(per_values), EXAMPLES,
+                         lambda n: keep(len(self._page_heads), min(n, len(self._page_heads))), units=len(heads),
+                         unit="head", cost_at=lambda n: context.rate.seconds(flops[n]))]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import traitlets
 
 from ...analysis.circuits import embedding_note
 from ...analysis.eigen import best_offset_spectra
-from ...analysis.head_scores import SCORE_NAMES, head_scores
+from ...analysis.head_scores import SCORE_NAMES, head_scores, repeated_random_tokens
 from ...analysis.skip_trigrams import copied_tokens
 from ...corpus.sweeps import checked_sweep
 from ..core import offline
@@ -17,6 +18,7 @@ from ..core.base import CircuitWidget, rolls_back
 from ..core.offset_window import OffsetWindow
 from ..core.payload import to_numpy
 from ..core.read_through import ReadThrough
+from ..core.save_plan import PAGE_BYTES_PER_ANSWER_BYTE, WEIGHTS, PlanItem, forward_flops
 from ..core.selection import Bounded, HeadSelection, check_model
 from .notes import direct_path_ignores
 
@@ -176,6 +178,31 @@ class EigenvaluePlot(OffsetWindow, ReadThrough, HeadSelection, CircuitWidget):
             ((layer, head), offline.last(self._detail_steps(layer, head, self.n_copies)))
             for layer, head in offline.heads(self)
         ), base={"error": ""}, missing=offline.over_budget("This head's eigenvalue detail"))
+
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's weight-only work (``core.save_plan``): the positivities and each head's detail within
+        the budget, one head's detail timed (one not computed yet: the positivities too, if still computing);
+        the head scores, where not computed yet (a forward of the repeated random tokens they are measured on)."""
+        cfg = self.model.cfg
+        L, H = cfg.n_layers, cfg.n_heads
+        heads = offline.heads(self)
+        began = time.perf_counter()
+        answer = offline.last(self._detail_steps(*heads[-1], self.n_copies))  # (cached: its answer is then free)
+        each = time.perf_counter() - began
+        fitting = min(L * H, self.answers_budget() // offline.answer_bytes(answer, self) + 1)
+        items = [self.answers_item(context, "eigenvalue positivities and each head's spectrum", each * fitting)]
+        if any(isinstance(score, dict) for score in self.scores.values()):
+            tokens = repeated_random_tokens(self.model)
+            flops = forward_flops(cfg, tokens.numel(), tokens.shape[1])
+            items.append(PlanItem(context.section, "head scores", context.rate.seconds(flops),
+                                  int(PAGE_BYTES_PER_ANSWER_BYTE * 4 * L * H * len(SCORE_NAMES)), WEIGHTS,
+                                  lambda n: self._apply(next(self._score_steps()))))
+        return items
+
+    def _apply(self, update: dict) -> None:
+        with self.hold_sync():
+            for name, value in update.items():
+                setattr(self, name, value)
 
     def fill_steps(self, selection):
         """``selection``'s head's detail computed into the per-model cache (its copied tokens)."""

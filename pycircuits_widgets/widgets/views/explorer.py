@@ -19,6 +19,7 @@ from ..core import offline
 from ..core.arrays import Array
 from ..core.base import SAVE_BUDGET, CircuitWidget, PageState, check_text, rolls_back
 from ..core.meter import Meter
+from ..core.save_plan import MAX_BYTES
 from ..core.selection import (
     SELECTION_KEYS,
     HeadSelection,
@@ -33,10 +34,11 @@ from .induction_mechanism import EMBED_TABLES_MAX_VOCAB
 from .registry import BY_NAME, EXPLORER, LINKS, ON_DEMAND, VIEWS, ViewSpec
 
 SMALL_HEADS = 64
-""":meth:`CircuitExplorer.save_html` completes every section (``CircuitWidget.compute_for_page``: the on-demand
-paper views, the measured composition matrices, each head's ablation loss change) of a model of at most
-this many heads (and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work (the ablations: at most one
-forward each, ``SMALL_HEADS`` forwards in all)."""
+""":meth:`CircuitExplorer.save_html` computes the on-demand paper views of a model of at most this many heads
+(and :data:`EMBED_TABLES_MAX_VOCAB` tokens): seconds of work; every other section's work is the save's plan
+(``core.save_plan``)."""
+VISITED = 16
+"""Most heads the explorer remembers a reader selected (``visited_heads``), latest first."""
 FILLING = "precomputing heads"
 """What the explorer's progress says while it precomputes heads (its background fill)."""
 
@@ -145,6 +147,7 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
         self._strings = model.token_strings
         self._ran = None  # (text, RunResult): the one forward pass of the current text
         self._links = {}  # section name -> [(observed object, handler, trait names)]: undone if it is closed
+        self._visited: dict[tuple[int, int], None] = {}  # heads selected here, oldest first (``visited_heads``)
         selection = {k: kwargs.pop(k) for k in SELECTION_KEYS if k in kwargs}
         options = {(spec, k): kwargs.pop(k) for spec in VIEWS for k in spec.options if k in kwargs}
         super().__init__(model, text=text, model_name=name_of_model(model),
@@ -220,20 +223,27 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
             if view is not None:
                 view.active = True
 
-    def save_html(self, path, *, title: str | None = None, offline: bool = True, budget: float | None = SAVE_BUDGET):
-        """As ``CircuitWidget.save_html``; with ``offline``, every section of a small model is completed first
-        (at most ``SMALL_HEADS`` heads and ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work; the on-demand
-        paper views, the measured composition matrices, each head's ablation loss change), so the page shows
-        them. A larger model's page shows the ones computed so far and says which were not. ``budget``
-        (seconds, default ``SAVE_BUDGET``) bounds the wait for sections still computing: one not done by then
-        is saved "not computed" (the page says so) and keeps computing here. The background precompute is
-        never waited for."""
+    def save_html(self, path, *, title: str | None = None, offline: bool = True, budget: float | None = SAVE_BUDGET,
+                  max_bytes: int = MAX_BYTES, heads=()):
+        """As ``CircuitWidget.save_html``: the save plans every section's work (weight-only views, every head's
+        dataset examples, the exact tables of ``heads`` and of the heads visited here, measured matrices and
+        the head-loss table) within ``budget`` seconds and ``max_bytes``, and the page names what it left out
+        with its cost. With ``offline``, the on-demand paper views of a small model (at most ``SMALL_HEADS``
+        heads and ``EMBED_TABLES_MAX_VOCAB`` tokens: seconds of work) are computed first, so the page shows
+        them. A section still computing when ``budget`` is spent is saved "not computed" (the page says so)
+        and keeps computing here. The background precompute is never waited for."""
         cfg = self.model.cfg
         if offline and cfg.n_layers * cfg.n_heads <= SMALL_HEADS and cfg.d_vocab <= EMBED_TABLES_MAX_VOCAB:
             self.compute()
-            for view in self.views().values():
-                view.compute_for_page()
-        return super().save_html(path, title=title, offline=offline, budget=budget)
+        return super().save_html(path, title=title, offline=offline, budget=budget, max_bytes=max_bytes, heads=heads)
+
+    def page_views(self) -> dict[str, CircuitWidget]:
+        """The sections a saved page plans for (``CircuitWidget.page_views``): every view, by section name."""
+        return self.views()
+
+    def visited_heads(self) -> list[tuple[int, int]]:
+        """The heads a reader selected here, latest first (at most ``VISITED``)."""
+        return list(reversed(self._visited))
 
     def for_page(self, deadline, offline, note=None) -> PageState:
         """The explorer's own work is its background precompute, which a page never waits for; its sections
@@ -384,6 +394,11 @@ class CircuitExplorer(ExplorerViews, HeadSelection, PositionSelection, TokenSele
     @rolls_back
     def _to_views(self, change):
         name = change["name"]
+        if name in ("layer", "head"):
+            self._visited.pop((self.layer, self.head), None)
+            self._visited[self.layer, self.head] = None
+            while len(self._visited) > VISITED:
+                del self._visited[next(iter(self._visited))]
         if name == "token":
             self.token_str = self._strings[self.token] if self.token >= 0 else ""
         current = {k: getattr(self, k) for k in SELECTION_KEYS}

@@ -17,6 +17,7 @@ from ..core.meter import cancelled, metered
 from ..core.offset_window import OffsetWindow
 from ..core.read_through import READ_THROUGH, ReadThrough
 from ..core.runner import GIVE_WAY, give_way_between
+from ..core.save_plan import CHOSEN, PAGE_BYTES_PER_ANSWER_BYTE, REST, PlanItem
 from ..core.selection import Bounded, HeadSelection, TokenSelection, check_model
 from .notes import direct_path_ignores
 
@@ -26,6 +27,9 @@ SEARCH = {"screen": ("exact table: screening sources", "source blocks"),
 """The ``progress`` text and unit of each stage of a head's exact search (``head_table_steps``), metered apart."""
 MAX_MATCHES = 20
 MAX_K = 10_000  # most trigrams in a table: also the most pages, and the largest page
+TABLE_ROW_BYTES = 64
+"""Saved bytes of one row of a head's table (ids as uint16, scores as float16, its new token strings): a
+plan's estimate."""
 
 
 class SkipTrigramTable(OffsetWindow, ReadThrough, HeadSelection, TokenSelection, CircuitWidget):
@@ -113,6 +117,7 @@ class SkipTrigramTable(OffsetWindow, ReadThrough, HeadSelection, TokenSelection,
         check_model(model, "SkipTrigramTable")
         if checked_sweep(sweep, model, "SkipTrigramTable") is not None:
             kwargs["corpus"] = {"windows": sweep.n_windows, "seq_len": sweep.seq_len, "model": sweep.model_name}
+        self._page_heads: list[tuple[int, int]] = []  # the heads a save's plan keeps (``page_items``); [] as before
         self._strings = model.token_strings
         super().__init__(model, offsets, sweep=sweep, approximate=not (model.cfg.n_layers == 1 and model.cfg.attn_only),
                          ignores=direct_path_ignores(model.cfg), _embedding_note=embedding_note(model), **kwargs)
@@ -177,7 +182,8 @@ class SkipTrigramTable(OffsetWindow, ReadThrough, HeadSelection, TokenSelection,
         ``offline.TABLE_K``; the token strings of all tables once, in the rule's base); token
         search and token queries need a kernel."""
         answers.needs_kernel("query", "token", "embedding", *self._window_needs_kernel())
-        if self.model.cfg.d_vocab > self.partial_above:  # seconds per head: minutes for every head
+        heads = self._page_heads or offline.heads(self)
+        if self.model.cfg.d_vocab > self.partial_above and not self._page_heads:  # seconds per head: minutes for all
             answers.rule(["layer", "head"], [], missing="Skip-trigram tables of other heads need a running "
                                                         "kernel (large vocabulary).")
             return
@@ -193,7 +199,7 @@ class SkipTrigramTable(OffsetWindow, ReadThrough, HeadSelection, TokenSelection,
                                      f"(a running kernel computes the top {self.k}).")
 
         def tables():
-            for layer, head in offline.heads(self):  # corpus counts: the shown head's, and others' counted already
+            for layer, head in heads:  # corpus counts: the shown head's, and others' counted already
                 counting = "count" if (layer, head) == (self.layer, self.head) else "kept"
                 table = dict(offline.last(self._table_steps(layer, head, rows, counting))["trigrams"])
                 strings = table.pop("strings")
@@ -203,6 +209,34 @@ class SkipTrigramTable(OffsetWindow, ReadThrough, HeadSelection, TokenSelection,
 
         answers.rule(["layer", "head"], tables(), base=base,
                      missing=offline.over_budget("This head's skip-trigram table"))
+
+    def page_items(self, context) -> list[PlanItem]:
+        """A saved page's exact tables (``core.save_plan``): of the heads the reader chose (``CHOSEN``), then of
+        every other head (``REST``). Cost: a whole-vocabulary search per head (source x destination scores over
+        the head's rank: QK at each offset of the window, OV once); bytes: ``k`` rows of ids, scores and strings."""
+        cfg = self.model.cfg
+        chosen = list(dict.fromkeys([*context.chosen, (self.layer, self.head)]))
+        rest = [unit for unit in offline.heads(self) if unit not in chosen]
+        searched = 2 * cfg.d_vocab ** 2 * cfg.d_head * (max(1, len(self._offsets or ())) + 1)
+        rows = min(self.k, offline.TABLE_K)
+        per_head = rows * TABLE_ROW_BYTES
+        self._page_heads = []  # (a new plan: no head kept yet)
+
+        def keep(heads):
+            def run(n: int) -> None:  # (the chosen heads' tables are cached when the rest's run)
+                self._page_heads = list(dict.fromkeys(self._page_heads + heads[:n]))
+                self._offline_budget = int(len(self._page_heads) * per_head)
+                self._offline_fresh = False
+                self._offline_ready()
+            return run
+
+        def leave() -> None:  # (before any kept item runs: a kept one sets its own budget)
+            self._offline_budget, self._offline_fresh = 0, False
+
+        return [PlanItem(context.section, "exact skip-trigram tables", context.rate.seconds(len(heads) * searched),
+                         int(PAGE_BYTES_PER_ANSWER_BYTE * per_head * len(heads)), rank, keep(heads), units=len(heads),
+                         unit="head", leave=leave)
+                for heads, rank in ((chosen, CHOSEN), (rest, REST)) if heads]
 
     # -- observers: each kind of result has its own slot on the runner -----------------------
     @rolls_back
