@@ -145,3 +145,23 @@ def test_cells_per_forward_is_refused_unless_a_positive_int(task):
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match=r"cells_per_forward must be None or an int >= 1 .*got " + repr(bad)):
             activation_patch(task.model, task, "head_out", cells_per_forward=bad)
+
+
+def test_a_repeated_cache_is_the_run_of_the_repeated_batch_and_refuses_what_it_cannot_be(task):
+    # the shapes of the repeated batch's forward stopped after the first layer; each block a copy of the run
+    model = task.model
+    repeated = task.clean.repeated(3, 1)
+    _, stopped = model.run_with_cache(task.tokens_clean.repeat(3, 1), logits=False, layers=1)
+    for name in ("tokens", "embed", "resid", "patterns", "z", "mlp_out", "ln_scale", "ln_scale_mlp"):
+        got, want = getattr(repeated, name), getattr(task.clean, name)
+        assert got.shape == getattr(stopped, name).shape, name
+        for block in got.unflatten(0, (3, -1)):
+            assert torch.equal(block, want if name in ("tokens", "embed") else want[:, :block.shape[1]]), name
+    assert repeated.mlp_post is None and repeated.interventions is None
+    with pytest.raises(ValueError, match=r"n must be an int >= 1 \(the copies of the batch\), got 0"):
+        task.clean.repeated(0, 1)
+    with pytest.raises(ValueError, match=r"layers must be an int in 1\.\.2, got 3"):
+        task.clean.repeated(2, 3)
+    _, patched = model.run_with_cache(task.tokens_clean, Interventions(resid={0: task.clean.resid[:, 0]}))
+    with pytest.raises(ValueError, match="the cache of a run with interventions is no run to resume"):
+        patched.repeated(2, 1)
