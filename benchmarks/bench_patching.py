@@ -7,7 +7,7 @@ One random GPT-2-small (``transformers.GPT2Config()``: 12 layers of 12 heads, d_
 50,257) as a TransformerBridge, and ours from it (``pcw.from_transformer_lens``); a task of ``--prompts``
 random clean and corrupted prompts of ``--tokens`` tokens with a logit-difference metric. Timed, best of
 ``--repeats`` after a warm-up, in one process, alternating: ``pcw.activation_patch(model, task,
-"head_out")`` (one forward resumed at the head's layer per head) and TransformerLens's
+"head_out")`` (a layer's heads in one batched forward resumed at that layer) and TransformerLens's
 ``patching.get_act_patch_attn_head_out_all_pos`` (a whole hooked forward per head), both over all 144
 heads; and one plain forward of the corrupted prompts, the unit of the "forwards" column. Then
 attribution patching (``pcw.attribution_patch``) of every head and of every neuron (one forward with
