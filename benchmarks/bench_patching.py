@@ -7,12 +7,13 @@ One random GPT-2-small (``transformers.GPT2Config()``: 12 layers of 12 heads, d_
 50,257) as a TransformerBridge, and ours from it (``pcw.from_transformer_lens``); a task of ``--prompts``
 random clean and corrupted prompts of ``--tokens`` tokens with a logit-difference metric. Timed, best of
 ``--repeats`` after a warm-up, in one process, alternating: ``pcw.activation_patch(model, task,
-"head_out")`` (one forward resumed at the head's layer per head) and TransformerLens's
+"head_out")`` (a layer's heads in one batched forward resumed at that layer) and TransformerLens's
 ``patching.get_act_patch_attn_head_out_all_pos`` (a whole hooked forward per head), both over all 144
 heads; and one plain forward of the corrupted prompts, the unit of the "forwards" column. Then
 attribution patching (``pcw.attribution_patch``) of every head and of every neuron (one forward with
 its gradient taps and one backward each), and of every head's key input (AtP*'s correction: a resumed
-forward and a backward per layer), in forwards. The targets (issue 53): exact ours >= 3x
+forward and a backward per layer), in forwards, and of every head with AtP*'s GradDrop (a forward and a
+backward more per layer). The targets (issue 53): exact ours >= 3x
 TransformerLens, <= 1 forward per head; attribution of every head and neuron <= 3 forwards.
 Edge attribution (``pcw.edge_attribution``) of every edge (embed, heads and MLPs into every head's
 query, key and value input, every MLP's input and the logits: 32,491 edges at GPT-2-small's shape), EAP
@@ -119,15 +120,18 @@ def main():
     print(f"| faithfulness of the top {len(top)} edges | {faithful:.3f} | | | {faithful / forward:.2f} in all |")
     if a.edges_only:
         return
-    ours = best_seconds(lambda: pcw.activation_patch(model, task, "head_out"), a.repeats)
-    theirs = best_seconds(tl, a.repeats)
+    # alternating too: the ratio and the forwards per head from runs under the same neighbours' load
+    unit, ours, theirs = alternating_best([lambda: model.run_with_cache(corrupted),
+                                           lambda: pcw.activation_patch(model, task, "head_out"), tl], a.repeats)
     attribution = {site: best_seconds(lambda site=site: pcw.attribution_patch(model, task, site), a.repeats)
                    for site in ("head_out", "neuron", "k_input")}
+    graddrop = best_seconds(lambda: pcw.attribution_patch(model, task, "head_out", graddrop=True), a.repeats)
     print(f"| head_out patching, all {heads} heads | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x | "
-          f"{ours / forward / heads:.2f} per head |")
+          f"{ours / unit / heads:.2f} per head (its own forward {unit:.3f} s) |")
     for site, seconds in attribution.items():
         cells = c.n_layers * c.d_mlp if site == "neuron" else heads
         print(f"| attribution_patch {site}, all {cells} cells | {seconds:.3f} | | | {seconds / forward:.2f} in all |")
+    print(f"| attribution_patch head_out, graddrop=True | {graddrop:.3f} | | | {graddrop / forward:.2f} in all |")
     print(f"({load_average()})")
 
 

@@ -17,8 +17,10 @@ import torch
 
 import pycircuits_widgets as pcw
 from family_configs import tiny_model
-from pycircuits_widgets.analysis.attribution import SITES, attribution_patch
+from pycircuits_widgets.analysis.attribution import GRADDROP_SITES, SITES, attribution_patch
 from pycircuits_widgets.analysis.patching import Task, activation_patch, logit_diff
+from pycircuits_widgets.models import CircuitModel, ModelConfig
+from random_models import IdTokenizer, custom_model
 from test_interventions import oracle
 from test_patching import N_PROMPTS, induction, model  # noqa: F401 (fixtures)
 from tolerance import chain_tol, logit_tol, model_forward_length
@@ -36,11 +38,13 @@ def gpt2_64():
     return m, task
 
 
-def oracle_gradients(model, task, tokens) -> dict:
+def oracle_gradients(model, task, tokens, drop=None) -> dict:
     """``{"pre": [L] x [b, pos, d], "head": [L] x [b, H, pos, d], "act": [L] x [b, pos, d_mlp], "Q"/"K"/"V":
     [L] x [b, H, pos, d], "pattern": [L] x [b, H, dest, src]}``: the metric's gradient at every layer's
     stream, head output, neuron activation, each head's query, key and value input stream and pattern,
-    through the oracle's forward."""
+    through the oracle's forward. ``drop``: a layer whose heads' outputs and neurons' activations (all it
+    adds to the stream but constant biases) are detached, after the zeros are added (GradDrop: no
+    gradient through that layer's attention or MLP, theirs included)."""
     b, n = tokens.shape
     c = model.cfg
     leaves = {"pre": [], "head": [], "act": [], "Q": [], "K": [], "V": [], "pattern": []}
@@ -49,7 +53,7 @@ def oracle_gradients(model, task, tokens) -> dict:
         def hook(layer, x):
             leaf = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
             leaves[kind].append(leaf)
-            return x + leaf
+            return (x + leaf).detach() if layer == drop and kind in ("head", "act") else x + leaf
         return hook
 
     def add_input(layer, via, x):  # x [b, H, pos, d]: each head's own read of the stream
@@ -64,15 +68,17 @@ def oracle_gradients(model, task, tokens) -> dict:
     with torch.enable_grad():
         value = logit_diff(oracle(model, tokens, **hooks)["logits"], task)
         flat = [leaf for kind in leaves.values() for leaf in kind]
-        grads = iter(torch.autograd.grad(value, flat))
+        grads = iter(torch.zeros_like(leaf) if g is None else g  # (a leaf the detached layer cut off: no gradient)
+                     for leaf, g in zip(flat, torch.autograd.grad(value, flat, allow_unused=True)))
     return {kind: [next(grads) for _ in leaves[kind]] for kind in leaves}
 
 
-def oracle_estimates(model, task, direction) -> dict:
-    """Each site's estimates ``[site shape]`` (not normalised) from the oracle's gradients and activations."""
+def oracle_estimates(model, task, direction, drop=None) -> dict:
+    """Each site's estimates ``[site shape]`` (not normalised) from the oracle's gradients and activations
+    (``drop``: the gradients with that layer detached, ``oracle_gradients``)."""
     base, source = ((task.tokens_corrupted, task.tokens_clean) if direction == "denoise"
                     else (task.tokens_clean, task.tokens_corrupted))
-    g = oracle_gradients(model, task, base)
+    g = oracle_gradients(model, task, base, drop)
     runs = {}
     for name, tokens in (("base", base), ("source", source)):
         seen = {"pre": [], "act": []}
@@ -143,6 +149,70 @@ def test_every_site_equals_the_float64_autograd_oracle(which, direction, model, 
         assert got.dims == SITES[site] and got.scores.shape == want.shape and got.scores.dtype == torch.float64
         tol = tolerance(m, task, 1.0 + float(want_all[site].abs().max()))
         assert float((got.scores - want).abs().max()) <= tol, (site, direction, got.scores, want)
+
+
+@pytest.mark.parametrize("which", ["shipped", "gpt2"])
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_graddrop_equals_the_oracle_with_each_layer_detached(which, direction, model, induction, gpt2_64):
+    # each of the L estimates: the oracle's gradients with that layer's heads and neurons detached (its own
+    # cells then get none: the oracle's zeros cut off), dotted with the same activation differences
+    m, task = (model, induction) if which == "shipped" else gpt2_64
+    L, span = m.cfg.n_layers, task.metric_clean - task.metric_corrupted
+    dropped = [oracle_estimates(m, task, direction, drop) for drop in range(L)]
+    for site in GRADDROP_SITES:
+        if site in ("mlp_out", "neuron") and m.cfg.attn_only:
+            continue
+        got = attribution_patch(m, task, site, direction, graddrop=True)
+        want = torch.stack([d[site] for d in dropped]) / span  # [L, *shape]
+        tol = tolerance(m, task, 1.0 + float(want.abs().max() * abs(span)))
+        assert got.dropped.shape == (L, *got.scores.shape) and got.dropped.dtype == torch.float64
+        assert float((got.dropped - want).abs().max()) <= tol, (site, direction, got.dropped, want)
+        # the score: the magnitudes' sum over the layers, over the L - 1 that are not a cell's own
+        assert float((got.graddrop - want.abs().sum(0) / (L - 1)).abs().max()) <= L / (L - 1) * tol, site
+        assert torch.equal(got.scores, attribution_patch(m, task, site, direction).scores), site
+
+
+def cancelling_model():
+    """Two attention-only layers of one head, no norm and no positions, one-token prompts (each head reads
+    its own token): the embedding is ``a e0 + c e2``; head 0.0 writes ``a e1``; head 1.0 writes minus the
+    ``e1`` component of its input, ``-a e1``. Head 0.0's output reaches the logits directly (the
+    unembedding reads ``e1``) and through head 1.0, the two cancelling exactly; ``c`` (``e2``) carries the
+    task's behaviour."""
+    cfg = ModelConfig(n_layers=2, n_heads=1, d_model=3, d_head=1, d_vocab=4, n_ctx=4, positional="none",
+                      normalization=None)
+    e = torch.eye(3, dtype=torch.float64)
+    W_E = torch.tensor([[1.0, 0, 0.5], [2.0, 0, -1.0], [0.0, 0, 0], [0.0, 0, 0]], dtype=torch.float64)
+    W_U = torch.tensor([[0.3, -0.2, 0, 0], [1.0, -1.5, 0, 0], [1.5, -0.5, 0, 0]], dtype=torch.float64)
+    W_V = torch.stack([e[:, :1], e[:, 1:2]])[:, None]  # [L, H, d_model, d_head]: head 0.0 reads e0, 1.0 reads e1
+    W_O = torch.stack([e[1:2], -e[1:2]])[:, None]  # [L, H, d_head, d_model]: both write to e1, 1.0 negated
+    W_Q = W_K = torch.zeros(2, 1, 3, 1, dtype=torch.float64)
+    return CircuitModel(cfg, tokenizer=IdTokenizer(), W_E=W_E, W_U=W_U, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
+
+
+def test_graddrop_finds_a_head_whose_two_paths_cancel():
+    m = cancelling_model()
+    task = Task(m, [[0]], [[1]], answers=[(0, 1)])
+    plain = attribution_patch(m, task, "head_out", graddrop=True)
+    # the corrupted run to the clean one moves head 0.0's output by (1 - 2) e1: the direct path's change
+    # of the logit difference is that times (W_U[1, 0] - W_U[1, 1]); through head 1.0 the opposite
+    span = task.metric_clean - task.metric_corrupted
+    direct = (1.0 - 2.0) * float(m.W_U[1, 0] - m.W_U[1, 1]) / span
+    tol = tolerance(m, task, 1.0 + abs(direct * span))
+    assert abs(float(plain.scores[0, 0])) <= tol  # the gradient at head 0.0's output: its two paths cancel
+    # layer 1 dropped: the direct path alone; layer 0 dropped: head 0.0's own output, no gradient
+    assert abs(float(plain.dropped[1, 0, 0]) - direct) <= tol and float(plain.dropped[0, 0, 0]) == 0
+    assert abs(float(plain.graddrop[0, 0]) - abs(direct)) <= tol and abs(direct) > 0.1
+
+
+def test_graddrop_is_refused_where_it_does_not_apply(model, induction):
+    with pytest.raises(ValueError, match=r"graddrop is for the sites \('resid_pre'.*got 'k_input'"):
+        attribution_patch(model, induction, "k_input", graddrop=True)
+    with pytest.raises(TypeError, match="graddrop must be True or False, got 'yes'"):
+        attribution_patch(model, induction, "head_out", graddrop="yes")
+    one = custom_model(n_layers=1, n_heads=1, d_model=3, d_head=1, d_vocab=4, n_ctx=4)
+    task = Task(one, [[0, 1]], [[2, 1]], answers=[(0, 1)])
+    with pytest.raises(ValueError, match="scores a cell over the other layers; 'model' has 1"):
+        attribution_patch(one, task, "head_out", graddrop=True)
 
 
 @pytest.mark.parametrize("direction", ["denoise", "noise"])

@@ -651,3 +651,27 @@ def test_zero_taps_leave_the_forward_as_it_is_and_bad_taps_and_patterns_are_refu
         shipped.run_with_cache(torch.tensor([[1, 2]]), Interventions(taps={(0, "post"): torch.zeros(1, 2, 512)}))
     with pytest.raises(ValueError, match=r"patterns\[\(0, 1\)\]: a pattern is a tensor \[batch, dest, src\] = \[2, 6, 6\]"):
         gpt2_64.run_with_cache(tokens, Interventions(patterns={(0, 1): torch.ones(2, 6, 5)}))
+
+
+def test_a_detached_layer_keeps_the_forward_and_its_gradient_goes_past_it_only(gpt2_64):
+    """``Interventions.detached``: the logits bit for bit the clean forward's; the gradient at the stream
+    before a detached layer is the gradient after it (only the skip connection carries it back), while
+    without the detach it also flows through the layer's attention and MLP."""
+    tokens = torch.randint(0, gpt2_64.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    clean, _ = gpt2_64.run_with_cache(tokens)
+
+    def gradients(detached):
+        taps = {(1, w): torch.zeros(2, 6, gpt2_64.cfg.d_model, dtype=torch.float64, requires_grad=True)
+                for w in ("pre", "post")}
+        logits, _ = gpt2_64.run_with_cache(tokens, Interventions(taps=taps, detached=detached))
+        assert torch.equal(logits, clean)
+        return torch.autograd.grad(logits[:, -1, :3].sum(), [taps[1, "pre"], taps[1, "post"]])
+
+    before, after = gradients(frozenset({1}))
+    assert torch.equal(before, after)
+    before, after = gradients(frozenset())
+    assert float((before - after).abs().max()) > 1e-3 * float(after.abs().max())
+    with pytest.raises(ValueError, match=r"Interventions.detached: a layer must be in 0\.\.1, got 2"):
+        gpt2_64.run_with_cache(tokens, Interventions(detached=frozenset({2})))
+    with pytest.raises(TypeError, match="Interventions.detached: a set of layers, got list"):
+        gpt2_64.run_with_cache(tokens, Interventions(detached=[0]))

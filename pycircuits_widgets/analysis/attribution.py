@@ -31,8 +31,19 @@ all, not one): a head's own read is not where the shared stream's gradient is.
 
 Scores are on ``activation_patch``'s scale (``Task.normalise``: 0 the corrupted run, 1 the clean one),
 so ``result.agreement(activation_patch(...))`` compares the estimate with the exact cells: rank
-correlation, the overlap of the top cells, and where they disagree most. Not yet: AtP*'s second part
-(GradDrop, for effects that cancel along paths).
+correlation, the overlap of the top cells, and where they disagree most.
+
+**GradDrop** (``graddrop=True``; AtP*'s second part, Kramár et al., 2024, for the stream sites
+``GRADDROP_SITES``): a cell whose effect reaches the metric by paths that cancel (a direct effect undone
+by a later layer's) has a gradient near zero although patching it along one path alone moves the metric.
+For each layer ``l``, the estimate again with the gradient through layer ``l``'s residual contribution
+dropped (its attention's and MLP's outputs enter the stream detached: ``Interventions(detached=)``), which
+keeps the paths past that layer and cuts those through it; ``result.dropped [L, ...]`` holds the ``L``
+estimates (changes on the normalised scale), ``result.graddrop`` the score ``sum_l |dropped[l]| / (L - 1)``
+(a cell of layer ``l`` that is part of its contribution, every site but ``resid_pre``, has no gradient
+with it dropped: the mean of the magnitudes over the other layers). It costs ``L`` forwards with the taps
+and ``L`` backwards more than the estimate alone (one graph per dropped layer: about ``3 L`` forwards'
+time; 36.6 forwards in all, the estimate's included, at GPT-2-small's 12 layers: ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -44,6 +55,9 @@ import torch
 from ..models.interventions import TAPS, Interventions
 from .patching import PatchResult, Task, check_patching, head_outs
 
+GRADDROP_SITES = ("resid_pre", "head_out", "head_out_pos", "attn_out", "mlp_out", "neuron")
+"""The sites ``attribution_patch(graddrop=True)`` takes: the ones read from the stream's gradient in one backward
+(an input or pattern site takes a backward per layer already: ``L`` per dropped layer)."""
 SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"),
          "head_out_pos": ("layer", "head", "position"), "attn_out": ("layer", "position"),
          "mlp_out": ("layer", "position"), "neuron": ("layer", "neuron"),
@@ -70,12 +84,21 @@ class Agreement:
 @dataclass(frozen=True)
 class AttributionResult:
     """``scores`` (float64, the site's shape, ``activation_patch``'s scale) of the attribution estimate of
-    patching ``site`` in ``direction``; ``dims`` names its dimensions (``SITES``)."""
+    patching ``site`` in ``direction``; ``dims`` names its dimensions (``SITES``). ``dropped`` (with
+    ``graddrop=True``, else None): ``[L, *shape]`` float64, the estimate's change from the base run with
+    layer ``l``'s contribution detached, on the normalised scale (module docstring)."""
 
     site: str
     direction: str
     scores: torch.Tensor
     dims: tuple[str, ...]
+    dropped: torch.Tensor | None = None
+
+    @property
+    def graddrop(self) -> torch.Tensor | None:
+        """AtP*'s GradDrop score (the site's shape, ``>= 0``, on the normalised scale): ``sum_l |dropped[l]|
+        / (L - 1)``; None without ``graddrop=True``."""
+        return None if self.dropped is None else self.dropped.abs().sum(0) / (len(self.dropped) - 1)
 
     def agreement(self, exact: PatchResult, k: int = 10) -> Agreement:
         """The estimate against ``exact`` (``activation_patch`` of the same site and direction)."""
@@ -109,12 +132,21 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra * rb).sum()) / denominator if denominator else float("nan")
 
 
-def attribution_patch(model, task: Task, site: str, direction: str = "denoise") -> AttributionResult:
+def attribution_patch(model, task: Task, site: str, direction: str = "denoise", graddrop: bool = False) -> AttributionResult:
     """The attribution estimate of ``activation_patch(model, task, site, direction)`` for every cell, from
     one forward and one backward of the base run, or for the heads' inputs and patterns one resumed
-    forward and backward per layer (module docstring)."""
+    forward and backward per layer (module docstring). ``graddrop``: also AtP*'s GradDrop (``result.dropped``,
+    ``result.graddrop``; ``L`` forwards and backwards more)."""
     check_patching(model, task, site, SITES, direction, "attribution_patch")
     c = model.cfg
+    if not isinstance(graddrop, bool):
+        raise TypeError(f"attribution_patch: graddrop must be True or False, got {graddrop!r}")
+    if graddrop and site not in GRADDROP_SITES:
+        raise ValueError(f"attribution_patch: graddrop is for the sites {GRADDROP_SITES}, got {site!r} (its estimate "
+                         "takes a backward per layer already)")
+    if graddrop and c.n_layers < 2:
+        raise ValueError(f"attribution_patch: graddrop drops one layer's gradient at a time and scores a cell over the "
+                         f"other layers; {c.name!r} has {c.n_layers}")
     if site == "neuron" and c.post_norms:
         raise ValueError(f"attribution_patch: site 'neuron': {c.name!r} normalises its MLP's output, so a neuron "
                          "does not enter the stream additively (exact patching: pcw.activation_patch)")
@@ -131,12 +163,26 @@ def attribution_patch(model, task: Task, site: str, direction: str = "denoise") 
         estimate = torch.stack([_pattern_estimate(model, task, site, layer, tokens, base, source)
                                 for layer in range(c.n_layers)])
     else:
-        grads = _stream_gradients(model, task, tokens)
-        with torch.no_grad():
-            estimate = torch.stack([_layer_estimate(model, site, layer, base, source, grads)
-                                    for layer in range(c.n_layers)])
+        estimate = _site_estimate(model, task, site, tokens, base, source)
+    dropped = None
+    if graddrop:
+        dropped = torch.stack([_site_estimate(model, task, site, tokens, base, source, drop)
+                               for drop in range(c.n_layers)]) / (task.metric_clean - task.metric_corrupted)
     start = task.metric_corrupted if direction == "denoise" else task.metric_clean
-    return AttributionResult(site, direction, task.normalise(start + estimate), SITES[site])
+    return AttributionResult(site, direction, task.normalise(start + estimate), SITES[site], dropped)
+
+
+def _site_estimate(model, task: Task, site: str, tokens, base, source, drop: int | None = None) -> torch.Tensor:
+    """``[L, ...]``: every cell's estimate of a stream site (not normalised), from one forward of ``tokens``
+    with taps and one backward; ``drop``: with that layer's contribution detached (GradDrop), its own
+    cells then 0 but for ``resid_pre`` (the stream before it goes on past it)."""
+    grads = _stream_gradients(model, task, tokens, frozenset() if drop is None else {drop})
+    with torch.no_grad():
+        estimate = torch.stack([_layer_estimate(model, site, layer, base, source, grads)
+                                for layer in range(model.cfg.n_layers)])
+    if drop is not None and site != "resid_pre":  # (the tap after the layer reads the stream, not its detached part)
+        estimate[drop] = 0
+    return estimate
 
 
 def metric_gradients(task: Task, run, leaves: list, where: str = "attribution_patch", metric=None) -> tuple:
@@ -195,12 +241,14 @@ def _pattern_estimate(model, task: Task, site: str, layer: int, tokens, base, so
     return torch.stack([torch.einsum("bqs,bqs->", delta[:, h], g.double()) for h, g in enumerate(grads)])
 
 
-def _stream_gradients(model, task: Task, tokens: torch.Tensor) -> dict:
-    """``{(layer, where): dm/dstream [b, pos, d_model] float64}`` on the run of ``tokens`` at every tap point."""
+def _stream_gradients(model, task: Task, tokens: torch.Tensor, detached: frozenset = frozenset()) -> dict:
+    """``{(layer, where): dm/dstream [b, pos, d_model] float64}`` on the run of ``tokens`` at every tap point
+    (``detached``: layers whose contribution enters the stream detached, ``Interventions.detached``)."""
     points = [(layer, where) for layer in range(model.cfg.n_layers) for where in TAPS
               if where != "post" or not model.cfg.attn_only]
     taps = {p: _zeros(model, tokens) for p in points}
-    grads = metric_gradients(task, lambda: model.run_with_cache(tokens, Interventions(taps=taps))[0], list(taps.values()))
+    edits = Interventions(taps=taps, detached=frozenset(detached))
+    grads = metric_gradients(task, lambda: model.run_with_cache(tokens, edits)[0], list(taps.values()))
     return {p: g.double() for p, g in zip(points, grads)}
 
 

@@ -10,8 +10,11 @@ Both runs are made once, with their caches.
 **Exact activation patching** (``activation_patch``): for each cell of a site, the forward of the base
 run (the corrupted one to *denoise*, the clean one to *noise*) with that cell's activation taken from
 the other run, through the model's own interventions (``models.interventions``), resumed from the base
-run at the cell's layer: one resumed forward per cell. The result is normalised so that 0 is the
-corrupted run's metric and 1 the clean run's (``Task.normalise``). Sites, and the result's shape:
+run at the cell's layer. The cells of a layer run as one batched resumed forward: the base prompts
+repeated once per cell, block ``i`` of the batch patching cell ``i`` (every value a block does not patch
+is the base run's own), the metric read per block; a layer whose cells' copies would take more than
+``PATCH_BATCH_BYTES`` runs in chunks of cells, a batched forward each. The result is normalised so that 0
+is the corrupted run's metric and 1 the clean run's (``Task.normalise``). Sites, and the result's shape:
 
 ==================  ============  ==============================================================
 ``"resid_pre"``     ``[L, P]``    the residual stream before layer ``l`` at position ``p``
@@ -48,8 +51,15 @@ SITES = {"resid_pre": ("layer", "position"), "head_out": ("layer", "head"), "hea
 """Each site's cells, by the names of the result's dimensions (module docstring)."""
 DIRECTIONS = ("denoise", "noise")
 EVERY_NEURON_MAX = 4096
-"""The most neurons ``activation_patch(site="neuron")`` patches without ``top`` (a forward each: GPT-2
-small's 36,864 would take hours); past it, ``top`` is asked for."""
+"""The most neurons ``activation_patch(site="neuron")`` patches without ``top`` (a forward's copy of the
+prompts each: GPT-2 small's 36,864 would take hours); past it, ``top`` is asked for."""
+PATCH_BATCH_BYTES = 2**30
+"""The most memory the activations of one batched patched forward take, as ``block_bytes`` estimates them
+(``activation_patch`` patches as many cells in one forward as fit): 1 GiB, what a notebook on a laptop
+spares. A forward of many copies of the prompts runs the layers' products on more rows at once (the
+point of batching) but holds each copy's cache; at GPT-2-small's shape with 4 prompts of 20 tokens a copy
+is about 26 MB and a layer's 12 heads run in one forward, while one 1,024-token prompt (about 1.6 GB a
+copy) runs one cell a forward, as unbatched patching does."""
 
 
 def _prompts(model, prompts, which: str) -> tuple[list[torch.Tensor], list[str]]:
@@ -169,23 +179,46 @@ class Task:
     def run_metric(self, tokens: torch.Tensor, interventions: Interventions, resume, where: str) -> float:
         """The metric of the forward of ``tokens`` with ``interventions``, resumed from ``resume`` (a float;
         refused unless a finite scalar, naming ``where``)."""
-        return self._number(self.metric_tensor(tokens, interventions, resume), where)
+        return self.run_metrics(tokens, interventions, resume, [where])[0]
+
+    def run_metrics(self, tokens: torch.Tensor, interventions: Interventions, resume, wheres: list[str]) -> list[float]:
+        """The metric of each block of the forward of ``tokens`` (the task's batch of ``b`` prompts repeated
+        ``len(wheres)`` times, ``[len(wheres) * b, pos]``, block-major) with ``interventions``, resumed from
+        ``resume``: a float per block, each refused unless a finite scalar, naming its ``wheres[i]``."""
+        values = self.metric_blocks(tokens, interventions, resume, len(wheres))
+        return [self._number(value, where) for value, where in zip(values, wheres)]
 
     def metric_tensor(self, tokens: torch.Tensor, interventions: Interventions | None, resume=None):
         """The metric of the forward of ``tokens`` with ``interventions`` (resumed from ``resume``, a clean
         cache, or None), as the metric computes it: a tensor differentiable through the forward where the
-        metric is. The logit difference reads two logits per prompt: that forward then stops at the final
-        stream and unembeds only the answers' columns at ``position``, not ``[batch, pos, d_vocab]`` (a
-        half-precision model, whose cache holds the stream rounded, and any other metric read the whole
-        logits)."""
-        if self.metric_fn is logit_diff and self.model.dtype in (torch.float32, torch.float64):
+        metric is (``metric_blocks`` of one block)."""
+        return self.metric_blocks(tokens, interventions, resume, 1)[0]
+
+    @property
+    def reads_answers_only(self) -> bool:
+        """Whether ``metric_blocks`` unembeds only the answers' columns at ``position`` (the logit difference
+        of a float32 or float64 model), not the whole logits ``[batch, pos, d_vocab]``."""
+        return self.metric_fn is logit_diff and self.model.dtype in (torch.float32, torch.float64)
+
+    def metric_blocks(self, tokens: torch.Tensor, interventions: Interventions | None, resume=None,
+                      blocks: int = 1) -> list:
+        """The metric of each of ``blocks`` blocks of the forward of ``tokens`` (``[blocks * b, pos]``: the task's
+        batch of ``b`` prompts repeated, block-major, each block its own run) with ``interventions`` (resumed
+        from ``resume``, a clean cache of ``tokens``, or None): a list of what the metric gives, each
+        differentiable through the forward where the metric is. The logit difference reads two logits per
+        prompt (``reads_answers_only``): that forward then stops at the final stream and unembeds only the
+        answers' columns at ``position``, not ``[blocks * b, pos, d_vocab]`` (a half-precision model, whose
+        cache holds the stream rounded, and any other metric read the whole logits)."""
+        b = len(self.tokens_clean)
+        if self.reads_answers_only:
             _, cache = self.model.run_with_cache(tokens, interventions=interventions, resume=resume, logits=False)
-            xn = self.model.read(cache.resid[:, -1, self.position])[0]  # [batch, d_model]
-            every = self.model.unembed(xn, self.answer_ids.flatten().to(xn.device))  # [batch, 2 * batch]
+            xn = self.model.read(cache.resid[:, -1, self.position])[0]  # [blocks * b, d_model]
+            every = self.model.unembed(xn, self.answer_ids.flatten().to(xn.device))  # [blocks * b, 2 * b]
             rows = torch.arange(len(xn), device=xn.device)
-            return _mean_difference(every.view(len(xn), -1, 2)[rows, rows])
+            own = every.view(len(xn), b, 2)[rows, rows % b]  # [blocks * b, 2]: each row's own prompt's answers
+            return list(_mean_difference(own.view(blocks, b, 2)).unbind())
         logits, _ = self.model.run_with_cache(tokens, interventions=interventions, resume=resume)
-        return self.metric_fn(logits, self)
+        return [self.metric_fn(logits[i * b:(i + 1) * b], self) for i in range(blocks)]
 
     def normalise(self, value: float) -> float:
         """``value`` on the scale where the corrupted run's metric is 0 and the clean run's 1."""
@@ -209,9 +242,10 @@ def logit_diff(logits: torch.Tensor, task: Task) -> torch.Tensor:
 
 
 def _mean_difference(answers: torch.Tensor) -> torch.Tensor:
-    """The mean over prompts of ``correct - wrong``, of their logits ``answers [batch, 2]``, in float64."""
+    """The mean over prompts of ``correct - wrong``, of their logits ``answers [..., batch, 2]``, in float64:
+    ``[...]``."""
     answers = answers.double()
-    return (answers[:, 0] - answers[:, 1]).mean()
+    return (answers[..., 0] - answers[..., 1]).mean(-1)
 
 
 @dataclass(frozen=True)
@@ -230,23 +264,48 @@ def head_outs(model, cache, layer: int) -> torch.Tensor:
     return torch.einsum("bhpe,hed->bhpd", cache.z[:, layer], model.W_O[layer])
 
 
-def activation_patch(model, task: Task, site: str, direction: str = "denoise", top: int | None = None) -> PatchResult:
-    """Exact activation patching of ``site`` (module docstring) for ``task``: one resumed forward per cell.
-    ``direction="denoise"``: the corrupted run with one activation from the clean run; ``"noise"``: the
-    clean run with one from the corrupted run. ``top`` (site ``"neuron"`` only): patch only the ``top``
-    neurons of each layer with the largest attribution estimate (``attribution_patch``), the other cells
-    NaN; None: every neuron. Returns a ``PatchResult`` (normalised scores), its cells counted on a
-    progress bar past a second."""
-    return counted(activation_patch_steps(model, task, site, direction, top), "activation_patch", "layer")
+def block_bytes(model, task: Task) -> int:
+    """The bytes one copy of the task's prompts (a block: ``b`` prompts of ``pos`` tokens) takes in a batched
+    patched forward, at most: per token, its cache and the base run's copy it resumes from (each
+    ``(2 L + 1) d_model + L H (pos + d_head)`` numbers: the stream before each layer and the final one, each
+    MLP's output, the patterns and the heads' ``z``), the values patched in (at most ``H (d_model + pos)``,
+    every head's output, input or pattern, or ``d_mlp``, every neuron's), the MLP's hidden activations
+    (three ``d_mlp``: before and after the nonlinearity, and a gate's) and, for a metric that reads the whole
+    logits (``Task.reads_answers_only`` False), ``d_vocab``; in the model's dtype, float32 at least (a
+    half-precision model's stream is float32)."""
+    c, pos = model.cfg, task.n_pos
+    d_mlp = 0 if c.attn_only else c.d_mlp
+    cache = (2 * c.n_layers + 1) * c.d_model + c.n_layers * c.n_heads * (pos + c.d_head)
+    per_token = 2 * cache + max(c.n_heads * (c.d_model + pos), d_mlp) + 3 * d_mlp
+    per_token += 0 if task.reads_answers_only else c.d_vocab
+    return len(task.tokens_clean) * pos * per_token * max(model.W_E.element_size(), 4)
+
+
+def activation_patch(model, task: Task, site: str, direction: str = "denoise", top: int | None = None,
+                     cells_per_forward: int | None = None) -> PatchResult:
+    """Exact activation patching of ``site`` (module docstring) for ``task``: one batched resumed forward
+    per layer (or per chunk of ``cells_per_forward`` of its cells). ``direction="denoise"``: the corrupted
+    run with one activation from the clean run; ``"noise"``: the clean run with one from the corrupted run.
+    ``top`` (site ``"neuron"`` only): patch only the ``top`` neurons of each layer with the largest
+    attribution estimate (``attribution_patch``), the other cells NaN; None: every neuron.
+    ``cells_per_forward``: the most cells one forward patches (each a copy of the task's prompts); None:
+    as many as ``PATCH_BATCH_BYTES`` holds. Returns a ``PatchResult`` (normalised scores), its layers
+    counted on a progress bar past a second."""
+    return counted(activation_patch_steps(model, task, site, direction, top, cells_per_forward=cells_per_forward),
+                   "activation_patch", "layer")
 
 
 def activation_patch_steps(model, task: Task, site: str, direction: str = "denoise", top: int | None = None,
-                           into: dict | None = None):
+                           into: dict | None = None, cells_per_forward: int | None = None):
     """``activation_patch`` in pieces (``analysis.pieces``): one layer's cells each, yielding ``(done,
     n_layers)`` after it; returns the ``PatchResult``. The arguments are checked before the first yield.
     ``into`` (a dict, optional) gets ``"scores"``, the result's tensor, filled in as the layers end (NaN
     before), for a caller that shows the cells while the rest come."""
     check_patching(model, task, site, SITES, direction, "activation_patch")
+    if cells_per_forward is not None and (isinstance(cells_per_forward, bool) or not isinstance(cells_per_forward, int)
+                                          or cells_per_forward < 1):
+        raise ValueError(f"activation_patch: cells_per_forward must be None or an int >= 1 (the most cells one "
+                         f"forward patches), got {cells_per_forward!r}")
     if top is not None and (site != "neuron" or isinstance(top, bool) or not isinstance(top, int) or top < 1):
         raise ValueError(f"activation_patch: top is an int >= 1 for site 'neuron' (the neurons of each layer to "
                          f"patch), got top={top!r} for site {site!r}")
@@ -271,12 +330,20 @@ def activation_patch_steps(model, task: Task, site: str, direction: str = "denoi
             neurons = effect.argsort(1, descending=True)[:, :top]
     if into is not None:
         into["scores"] = scores
+    per_forward = cells_per_forward or max(1, PATCH_BATCH_BYTES // block_bytes(model, task))
     yield 0, c.n_layers
     for layer in range(c.n_layers):
+        cells = _cells(model, site, layer, task.n_pos, None if neurons is None else neurons[layer].tolist())
         with torch.no_grad():
-            for cell, edits in _cells(model, site, layer, base, source, task.n_pos,
-                                      None if neurons is None else neurons[layer].tolist()):
-                scores[cell] = task.normalise(task.run_metric(tokens, edits, base, f"{site} {cell}"))
+            for first in range(0, len(cells), per_forward):
+                chunk = cells[first:first + per_forward]
+                n = len(chunk)
+                # one forward for the chunk: the base prompts once per cell, from the base run at this layer
+                metrics = task.run_metrics(tokens.repeat(n, 1), _patched(model, site, layer, chunk, base, source),
+                                           base if n == 1 else base.repeated(n, layer + 1),
+                                           [f"{site} {cell}" for cell in chunk])
+                for cell, metric in zip(chunk, metrics):
+                    scores[cell] = task.normalise(metric)
         yield layer + 1, c.n_layers
     return PatchResult(site, direction, scores, dims)
 
@@ -310,44 +377,56 @@ def check_patching(model, task: Task, site: str, sites: dict, direction: str, wh
         raise ValueError(f"{where}: site {site!r} needs MLPs; {model.cfg.name!r} is attention-only")
 
 
-def _cells(model, site: str, layer: int, base, source, n_pos: int, neurons: list[int] | None = None):
-    """``(cell index, Interventions)`` of each cell of ``site`` in ``layer``: what the patched forward changes
-    (``base``, ``source``: the patched run's cache and the run its activations come from; ``neurons``: the
-    layer's neurons to patch, site ``"neuron"``)."""
-    n_heads = model.cfg.n_heads
-    if site in ("head_out", "head_out_pos", "attn_out"):  # the heads' outputs [b, H, pos, d_model]
-        ours, theirs = head_outs(model, base, layer), head_outs(model, source, layer)
-    if site == "head_out":
-        for h in range(n_heads):
-            yield (layer, h), Interventions(heads={(layer, h): theirs[:, h]})
-    elif site == "head_out_pos":
-        for h in range(n_heads):
-            for p in range(n_pos):
-                value = ours[:, h].clone()
-                value[:, p] = theirs[:, h, p]
-                yield (layer, h, p), Interventions(heads={(layer, h): value})
-    elif site == "resid_pre":
-        for p in range(n_pos):
-            stream = base.resid[:, layer].clone()
-            stream[:, p] = source.resid[:, layer, p]
-            yield (layer, p), Interventions(resid={layer: stream})
-    elif site == "attn_out":
-        for p in range(n_pos):
-            value = ours.clone()
-            value[:, :, p] = theirs[:, :, p]
-            yield (layer, p), Interventions(heads={(layer, h): value[:, h] for h in range(n_heads)})
-    elif site == "pattern":
-        for h in range(n_heads):
-            yield (layer, h), Interventions(patterns={(layer, h): source.patterns[:, layer, h]})
-    elif site == "mlp_out":
-        for p in range(n_pos):
-            post = base.mlp_post[:, layer].clone()  # [b, pos, d_mlp]
-            post[:, p] = source.mlp_post[:, layer, p]
-            yield (layer, p), Interventions(neurons={(layer, n): post[..., n] for n in range(post.shape[-1])})
-    elif site == "neuron":
-        for n in neurons:
-            yield (layer, n), Interventions(neurons={(layer, n): source.mlp_post[:, layer, :, n]})
-    else:  # the q, k or v input: the other run's stream before this layer
-        via = site[0].upper()
-        for h in range(n_heads):
-            yield (layer, h), Interventions(head_inputs={(layer, h, via): source.resid[:, layer]})
+def _cells(model, site: str, layer: int, n_pos: int, neurons: list[int] | None = None) -> list[tuple[int, ...]]:
+    """The index in the result of each cell of ``site`` in ``layer`` (``neurons``: the layer's neurons to patch,
+    site ``"neuron"``)."""
+    c = model.cfg
+    second = {"position": range(n_pos), "head": range(c.n_heads), "neuron": neurons}[SITES[site][1]]
+    if site == "head_out_pos":
+        return [(layer, h, p) for h in range(c.n_heads) for p in range(n_pos)]
+    return [(layer, i) for i in second]
+
+
+def _site_values(model, site: str, layer: int, run) -> torch.Tensor:
+    """``[b, keys, ...]``: what ``site`` patches in ``layer`` of ``run`` (a cache), by the key of the
+    intervention that replaces it (a head, a neuron, or the site's one tensor, key 0)."""
+    if site in ("head_out", "head_out_pos", "attn_out"):
+        return head_outs(model, run, layer)  # [b, H, pos, d_model]
+    if site == "pattern":
+        return run.patterns[:, layer]  # [b, H, dest, src]
+    if site == "neuron":
+        return run.mlp_post[:, layer].movedim(-1, 1)  # [b, d_mlp, pos]
+    if site == "mlp_out":
+        return run.mlp_post[:, layer, None]  # [b, 1, pos, d_mlp]: every neuron's, its output a function of them
+    stream = run.resid[:, layer, None]  # [b, 1, pos, d_model]: resid_pre's, and what q, k, v inputs read
+    return stream if site == "resid_pre" else stream.expand(-1, model.cfg.n_heads, -1, -1)
+
+
+def _patched(model, site: str, layer: int, cells: list[tuple[int, ...]], base, source) -> Interventions:
+    """The interventions of one forward of the base prompts repeated ``len(cells)`` times (``[len(cells) * b,
+    pos]``, block-major) in which block ``i`` patches ``cells[i]`` (of ``site`` in ``layer``) and nothing
+    else: each value replaced is ``source``'s in the blocks of the cells that patch it, ``base``'s own (what
+    the forward computes there anyway) in the others. ``base``, ``source``: the patched run's cache and the
+    run its activations come from."""
+    n, H = len(cells), model.cfg.n_heads
+    ours, theirs = _site_values(model, site, layer, base), _site_values(model, site, layer, source)
+    values: dict[int, torch.Tensor] = {}  # key -> [n, b, ...]
+    for i, cell in enumerate(cells):
+        keys = range(H) if site == "attn_out" else [0] if site in ("resid_pre", "mlp_out") else [cell[1]]
+        at = cell[-1] if site in ("head_out_pos", "resid_pre", "attn_out", "mlp_out") else slice(None)  # position
+        for key in keys:
+            if key not in values:
+                values[key] = ours[:, key].repeat(n, *[1] * (ours.ndim - 2)).unflatten(0, (n, -1))
+            values[key][i, :, at] = theirs[:, key, at]
+    values = {key: value.flatten(0, 1) for key, value in values.items()}
+    if site in ("head_out", "head_out_pos", "attn_out"):
+        return Interventions(heads={(layer, h): value for h, value in values.items()})
+    if site == "pattern":
+        return Interventions(patterns={(layer, h): value for h, value in values.items()})
+    if site == "neuron":
+        return Interventions(neurons={(layer, k): value for k, value in values.items()})
+    if site == "mlp_out":
+        return Interventions(neurons={(layer, k): values[0][..., k] for k in range(values[0].shape[-1])})
+    if site == "resid_pre":
+        return Interventions(resid={layer: values[0]})
+    return Interventions(head_inputs={(layer, h, site[0].upper()): value for h, value in values.items()})

@@ -78,3 +78,32 @@ class ActivationCache:
             if replacement is not None:  # a mean-ablated head wrote its mean (its z is zero)
                 out[:, layer, head] = torch.as_tensor(replacement, dtype=out.dtype, device=out.device)
         return out
+
+    def repeated(self, n: int, layers: int) -> ActivationCache:
+        """The clean run's cache for its batch repeated ``n`` times: every entry ``[n * b, ...]``, block-major
+        (rows ``i * b`` to ``(i + 1) * b - 1`` are the batch again), as ``run_with_cache`` of
+        ``tokens.repeat(n, 1)`` records it, holding only the first ``layers`` layers (``resid [n * b, layers +
+        1, ...]``, the other per-layer entries ``[n * b, layers, ...]``, no final norm: a forward stopped
+        there) and no neurons' activations (``mlp_post`` None). What a forward of the repeated batch resumed
+        at layer ``layers - 1`` reads (``run_with_cache(resume=)``), at a fraction of the whole cache's
+        copy: one patched run per block (``analysis.patching``)."""
+        if self.interventions:
+            raise ValueError("ActivationCache.repeated: the cache of a run with interventions is no run to resume; "
+                             "repeat a clean run's")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"ActivationCache.repeated: n must be an int >= 1 (the copies of the batch), got {n!r}")
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= self.z.shape[1]:
+            raise ValueError(f"ActivationCache.repeated: layers must be an int in 1..{self.z.shape[1]}, got {layers!r}")
+
+        def rep(x: torch.Tensor | None, upto: int | None = layers) -> torch.Tensor | None:
+            if x is None:
+                return None
+            x = x if upto is None else x[:, :upto]
+            return x.repeat(n, *[1] * (x.ndim - 1))
+
+        out = ActivationCache(tokens=rep(self.tokens, None), embed=rep(self.embed, None),
+                              resid=rep(self.resid, layers + 1), patterns=rep(self.patterns), z=rep(self.z),
+                              mlp_out=rep(self.mlp_out), ln_scale=rep(self.ln_scale), ln_scale_mlp=rep(self.ln_scale_mlp),
+                              W_O=self.W_O, post_scale_attn=rep(self.post_scale_attn))
+        out._W_O_version = self._W_O_version  # (weights modified since this run: refused on resuming, as this run is)
+        return out

@@ -385,7 +385,8 @@ class Forward:
             attn_out, post_scale = self.attention_write(layer, attn_out)
             if post_scale is not None:
                 post_scales.append(post_scale)
-            x = x + attn_out
+            detached = edits is not None and edits.detached  # (the values kept, no gradient back through them)
+            x = x + (attn_out.detach() if detached else attn_out)
             if "mid" in taps:
                 x = x + taps["mid"].to(x.dtype)
             if not cfg.attn_only:
@@ -395,6 +396,7 @@ class Forward:
                     posts.append(post)
                 if cfg.post_norms:
                     mlp_out = self._post_norm(mlp_out, self.w_post_mlp[layer])[0]
+                mlp_out = mlp_out.detach() if detached else mlp_out
                 mlp_outs.append(mlp_out)
                 scales["mlp"].append(scale)
                 x = x + mlp_out

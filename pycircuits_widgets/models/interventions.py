@@ -32,6 +32,10 @@ the model's own forward, with these changes at the layers they name (0-based lay
   those streams instead); ``"mlp_in"`` with ``delta [batch, pos, d_model]`` to the stream the layer's
   MLP reads. Edge attribution patching (``analysis.edges``) takes its gradients there, and measures a
   circuit by adding there what each edge left out changes.
+* ``detached``: ``{layer, ...}``. That layer's residual contribution (its attention's and its MLP's
+  outputs as added to the stream) enters the stream detached from autograd: the forward's values are
+  the same, but no gradient flows back through the layer's attention or MLP, only along the stream past
+  them (AtP*'s GradDrop: ``analysis.attribution``).
 
 Everything after the first layer named is recomputed from the changed stream.
 """
@@ -57,7 +61,7 @@ input ``[batch, n_heads, pos, d_model]``, the MLP's input ``[batch, pos, d_model
 class LayerEdits(NamedTuple):
     """One layer's share of an ``Interventions``: ``heads {head: replacement}``, ``neurons {neuron:
     replacement}``, ``inputs {head: {via: stream}}``, ``patterns {head: pattern}``, ``resid`` (the stream
-    before it, or None), ``taps {where: delta}``."""
+    before it, or None), ``taps {where: delta}``, ``detached`` (whether its contribution is detached)."""
 
     heads: dict
     neurons: dict
@@ -65,6 +69,7 @@ class LayerEdits(NamedTuple):
     patterns: dict
     resid: torch.Tensor | None
     taps: dict
+    detached: bool
 
 
 @dataclass(frozen=True)
@@ -77,16 +82,18 @@ class Interventions:
     patterns: dict = field(default_factory=dict)
     resid: dict = field(default_factory=dict)
     taps: dict = field(default_factory=dict)
+    detached: frozenset = field(default_factory=frozenset)
 
     def __bool__(self) -> bool:
-        return bool(self.heads or self.neurons or self.head_inputs or self.patterns or self.resid or self.taps)
+        return bool(self.heads or self.neurons or self.head_inputs or self.patterns or self.resid or self.taps
+                    or self.detached)
 
     def first_layer(self, n_layers: int) -> int:
         """The first layer an intervention changes (``n_layers`` when none does): the layers before it
         run as in the clean forward."""
         layers = [key[0] for part in (self.heads, self.neurons, self.head_inputs, self.patterns, self.taps)
                   for key in part]
-        return min([*layers, *self.resid], default=n_layers)
+        return min([*layers, *self.resid, *self.detached], default=n_layers)
 
     def at(self, layer: int) -> LayerEdits | None:
         """``layer``'s edits, or None where it has none."""
@@ -99,8 +106,9 @@ class Interventions:
         patterns = {h: p for (l, h), p in self.patterns.items() if l == layer}
         resid = self.resid.get(layer)
         taps = {where: delta for (l, where), delta in self.taps.items() if l == layer}
-        if heads or neurons or inputs or patterns or resid is not None or taps:
-            return LayerEdits(heads, neurons, inputs, patterns, resid, taps)
+        detached = layer in self.detached
+        if heads or neurons or inputs or patterns or resid is not None or taps or detached:
+            return LayerEdits(heads, neurons, inputs, patterns, resid, taps, detached)
         return None
 
     def check(self, cfg, batch: int, pos: int) -> None:
@@ -127,6 +135,10 @@ class Interventions:
                 got = tuple(pattern.shape) if isinstance(pattern, torch.Tensor) else type(pattern).__name__
                 raise ValueError(f"Interventions.patterns[{key!r}]: a pattern is a tensor [batch, dest, src] = "
                                  f"{[batch, pos, pos]}, got {got}")
+        if not isinstance(self.detached, (set, frozenset)):
+            raise TypeError(f"Interventions.detached: a set of layers, got {type(self.detached).__name__}")
+        for layer in self.detached:
+            check_index(layer, "Interventions.detached: a layer", L)
         for layer, stream in self.resid.items():
             check_index(layer, "Interventions.resid: a key (a layer)", L)
             _check_stream(f"resid[{layer}]", stream, (batch, pos, cfg.d_model))

@@ -48,7 +48,7 @@ class PatchedRun:
 
 class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
     """A task's patching heatmaps: for each site of :data:`SITES`, exact activation patching
-    (``pcw.activation_patch``: one resumed forward per cell) beside its first-order estimate
+    (``pcw.activation_patch``: a layer's cells in one batched resumed forward) beside its first-order estimate
     (``pcw.attribution_patch``: two forwards and a backward), both on the task's scale (0 the
     corrupted run, 1 the clean one), and how well the estimate ranks the cells (``agreement``). A
     click on a head's cell selects the head. The estimate comes first (seconds), then the exact
