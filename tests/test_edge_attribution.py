@@ -243,6 +243,31 @@ def test_faithfulness_equals_the_oracle_circuit_run(which, model, small_task, gp
     assert abs(result.faithfulness(result.circuit(threshold=math.inf)).metric - task.metric_corrupted) <= tol
 
 
+@pytest.mark.parametrize("which", ["shipped", "gpt2"])
+def test_a_pruned_circuit_keeps_only_paths_to_the_logits_and_its_faithfulness(which, model, small_task, gpt2_64):
+    """``prune=True`` drops edges into nodes whose output the circuit carries nowhere: checked by walking the
+    kept edges back from the logits here, and by the faithfulness, which what such an edge carries cannot
+    change (the same run: within the forward's rounding)."""
+    m, task = (model, small_task) if which == "shipped" else gpt2_64
+    result = edge_attribution(m, task)
+    tol = metric_tol(m, task)
+    g = torch.Generator().manual_seed(5)
+    n = len(result.edges)
+    for chosen in (result.circuit(top_n=n // 4).edges,
+                   [result.edges[i] for i in torch.randperm(n, generator=g)[: n // 3].tolist()]):
+        full, pruned = result.circuit(edges=chosen), result.circuit(edges=chosen, prune=True)
+        reaching, frontier = set(), {"logits"}
+        while frontier:  # the nodes with a kept path to the logits, walked back edge by edge
+            reaching |= frontier
+            frontier = {u for u, d, _ in full.edges if d in frontier} - reaching
+        assert set(pruned.edges) == {e for e in full.edges if e[1] in reaching}
+        assert len(pruned) < len(full)  # (these circuits have dangling edges to drop)
+        assert all(pruned.scores[i] == result.score(*e) for i, e in enumerate(pruned.edges))
+        assert abs(result.faithfulness(pruned).metric - result.faithfulness(full).metric) <= tol
+    with pytest.raises(TypeError, match="prune must be True or False"):
+        result.circuit(top_n=3, prune="yes")
+
+
 def test_faithfulness_of_all_edges_but_one_nodes_is_exact_patching_of_that_node(model, small_task):
     task = small_task
     result = edge_attribution(model, task)

@@ -182,10 +182,14 @@ class EdgeAttribution:
             object.__setattr__(self, "_index_cache", index)
         return index
 
-    def circuit(self, top_n: int | None = None, threshold: float | None = None, edges=None) -> Circuit:
+    def circuit(self, top_n: int | None = None, threshold: float | None = None, edges=None,
+                prune: bool = False) -> Circuit:
         """A circuit of this graph, by exactly one of: ``top_n`` (the ``top_n`` edges of largest
         ``|score|``), ``threshold`` (every edge with ``|score| >= threshold``, in the metric's units) or
-        ``edges`` (these ``(upstream, downstream, via)`` triples, e.g. a known circuit)."""
+        ``edges`` (these ``(upstream, downstream, via)`` triples, e.g. a known circuit). ``prune``: then
+        drop, until none is left, every edge into a node none of whose outputs the circuit keeps (the
+        logits aside): what it carries reaches no output, so the circuit's ``faithfulness`` is the same
+        without it, and its drawing shows only paths to the logits."""
         given = [name for name, value in (("top_n", top_n), ("threshold", threshold), ("edges", edges))
                  if value is not None]
         if len(given) != 1:
@@ -209,6 +213,14 @@ class EdgeAttribution:
             index = self._index()
             chosen = torch.tensor(sorted({index[_edge(*_triple(e), self.graph)] for e in edges}), dtype=torch.long)
         chosen = torch.sort(chosen).values  # the graph's order: input by input
+        if not isinstance(prune, bool):
+            raise TypeError(f"circuit: prune must be True or False, got {prune!r}")
+        while prune:
+            read = {self.edges[i][0] for i in chosen.tolist()}  # nodes whose output an edge of the circuit carries
+            reaching = torch.tensor([self.edges[i][1] in read or self.edges[i][1] == "logits" for i in chosen.tolist()],
+                                    dtype=torch.bool)
+            prune = not bool(reaching.all())
+            chosen = chosen[reaching]
         kept = tuple(self.edges[i] for i in chosen.tolist())
         order = {name: i for i, name in enumerate((*self.graph.upstream, "logits"))}
         nodes = tuple(sorted({node for u, d, _ in kept for node in (u, d)}, key=order.__getitem__))

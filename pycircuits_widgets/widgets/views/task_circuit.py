@@ -229,7 +229,7 @@ class TaskCircuit(RunWriter, HeadSelection, CircuitWidget):
         sizes = []
         for n in sorted({min(n, len(found.edges)) for n in CIRCUIT_SIZES}):
             yield None  # a chunk boundary: a click goes first
-            circuit = found.circuit(top_n=n)
+            circuit = found.circuit(top_n=n, prune=True)  # (the same faithfulness; drawn, only paths to the logits)
             faithful = found.faithfulness(circuit)
             sizes.append([n, faithful.score])
             if faithful.score >= FAITHFUL:
