@@ -100,8 +100,8 @@ def main(smoke: bool) -> None:
         print(f"{what:<{width}}  {size:>10}  {note}")
 
 
-def plan_page(windows: int, seq_len: int, budget: float) -> None:
-    """``--plan`` (module docstring)."""
+def plan_page(windows: int, seq_len: int, budget: float, out: pathlib.Path | None = None) -> None:
+    """``--plan`` (module docstring); ``out``: where to keep the saved page (to open it, or take its picture)."""
     import html
     import re
     import time
@@ -144,6 +144,8 @@ def plan_page(windows: int, seq_len: int, budget: float) -> None:
             save_plan.SavePlan.run = run
             explorer.close()
         page = path.read_text()
+        if out is not None:
+            out.write_text(page)
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; sweep of {windows} windows of {seq_len} "
           f"tokens: {swept:.0f} s; save_html(budget={budget:g}): {saved:.1f} s, {mb(len(page.encode()))}")
     for item, n, estimate, measured in timed:
@@ -161,8 +163,9 @@ if __name__ == "__main__":
     parser.add_argument("--windows", type=int, default=384, help="--plan: windows of the corpus sweep")
     parser.add_argument("--seq-len", type=int, default=64, help="--plan: tokens of each window")
     parser.add_argument("--budget", type=float, default=60.0, help="--plan: save_html's budget in seconds")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="--plan: keep the saved page at this path")
     args = parser.parse_args()
     if args.plan:
-        plan_page(args.windows, args.seq_len, args.budget)
+        plan_page(args.windows, args.seq_len, args.budget, args.out)
     else:
         main(args.smoke)
