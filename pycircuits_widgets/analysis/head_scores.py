@@ -73,18 +73,17 @@ def target_attention(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, 
     return out
 
 
-def target_mass(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def target_mass(patterns: torch.Tensor, tokens: torch.Tensor, attention: dict | None = None
+                ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The parts of each score's mean, summable over batches: ``{name: (mass [L, H], n)}``, ``mass`` the
     attention on targets summed over every (sequence, position) (float64; a position without a target
     adds 0), ``n`` how many positions have a target (int64 scalar). ``patterns [batch, L, H, dest, src]``,
-    ``tokens [batch, pos]``."""
-    masks = target_masks(tokens)
-    stacked = torch.stack(list(masks.values()), 1)  # [batch, score, dest, src]
-    counts = stacked.any(-1).sum((0, 2))
-    # one pass over the patterns for all three scores; each sequence's sum in the patterns' dtype, the
-    # sequences' in float64
-    mass = torch.einsum("blhij,bsij->sblh", patterns, stacked.to(patterns.dtype)).sum(1, dtype=torch.float64)
-    return {name: (mass[s], counts[s]) for s, name in enumerate(masks)}
+    ``tokens [batch, pos]``; ``attention``: their ``target_attention``, where the caller has it already
+    (the sweep reads it for its examples too)."""
+    attention = target_attention(patterns, tokens) if attention is None else attention
+    # each sequence's sum in the patterns' dtype, the sequences' in float64
+    return {name: (at.sum(-1).sum(0, dtype=torch.float64), targets.any(-1).sum())
+            for name, (at, targets) in attention.items()}
 
 
 def scores_from_patterns(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:

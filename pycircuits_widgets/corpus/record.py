@@ -80,14 +80,15 @@ class Recorder:
         b, T = tokens.shape
         _, cache = self.model.run_with_cache(tokens, mlp_post=self.mlps, logits=False)
         sums = {"positions": torch.tensor(b * T, device=self.device), "windows": torch.tensor(b, device=self.device)}
-        for name, (mass, n) in target_mass(cache.patterns, cache.tokens).items():
+        parts = target_attention(cache.patterns, cache.tokens)  # (the scores' sums and the role examples')
+        for name, (mass, n) in target_mass(cache.patterns, cache.tokens, parts).items():
             sums[f"mass.{name}"], sums[f"targets.{name}"] = mass, n
         self._check_finite(sums[f"mass.{SCORE_NAMES[0]}"], "attention patterns", first_window, b)
         heads = neurons = None
         roles = {}
         if not self.scores_only:
             heads = self._heads(cache, first_window, sums)
-            roles = self._roles(cache, first_window)
+            roles = self._roles(cache, parts, first_window)
         if self.mlps:
             neurons = self._neurons(cache.mlp_post, first_window, sums)
         return Accumulator(heads, neurons, sums, roles)
@@ -110,15 +111,15 @@ class Recorder:
         attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
         return TopK(values + 0.0, win + first_window, pos, {"source": source, "attention": attention}).padded(self.k)
 
-    def _roles(self, cache, first_window: int) -> dict[str, TopK]:
-        """Each role's ``TopK`` (module docstring): rows ``l * H + h``, a position's score its attention on
-        the role's targets, ``-inf`` (no example) where it has none."""
+    def _roles(self, cache, parts: dict, first_window: int) -> dict[str, TopK]:
+        """Each role's ``TopK`` (module docstring) from the batch's ``target_attention``: rows ``l * H + h``, a
+        position's score its attention on the role's targets, ``-inf`` (no example) where it has none."""
         patterns = cache.patterns  # [b, L, H, T, T]
         b, L, H, T, _ = patterns.shape
         rows = torch.arange(L * H, device=patterns.device)[:, None]
         out = {}
-        for name, (attention, targets) in target_attention(patterns, cache.tokens).items():
-            scores = attention.to(self.work).masked_fill(~targets.any(-1)[:, None, None], float("-inf"))
+        for name, (mass, targets) in parts.items():
+            scores = mass.to(self.work).masked_fill(~targets.any(-1)[:, None, None], float("-inf"))
             values, index = top_k_first(scores.permute(1, 2, 0, 3).reshape(L * H, b * T), self.k)
             win, pos = index // T, index % T
             empty = values == float("-inf")  # fewer than k positions with a target in this batch
