@@ -30,7 +30,6 @@ import torch
 from ..models.circuit_model import weight_shapes
 from .accumulators import Accumulator
 from .arguments import check_positive
-from .memory import release_free_memory
 
 IN_FLIGHT_PER_WORKER = 2
 SERIAL = "engine='serial' makes the same store in this process, without Ray"
@@ -62,10 +61,8 @@ class ShardWorker:
             model_parts = ray.get(parts[0])
             model = CircuitModel(model_parts["cfg"], **model_parts["weights"])
             self.recorder = Recorder(model, self.settings["k"], self.settings["scores_only"], self.device)
-        tensors = self.recorder.record(torch.tensor(windows), shard * self.settings["shard_windows"],
-                                       self.settings["batch_size"]).tensors()
-        release_free_memory()  # memory.py: the actor lives for the whole sweep
-        return tensors
+        return self.recorder.record(torch.tensor(windows), shard * self.settings["shard_windows"],
+                                    self.settings["batch_size"]).tensors()
 
 
 def code_identity() -> str:

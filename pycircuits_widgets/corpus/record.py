@@ -30,6 +30,7 @@ import torch
 from ..analysis.head_scores import SCORE_NAMES, target_attention, target_mass
 from ..linalg import linalg_dtype, qr_r
 from .accumulators import EMPTY, Accumulator, TopK, top_k_first
+from .memory import heap_kept
 
 HEAD_EXTRAS = {"source": torch.long, "attention": torch.float32}
 
@@ -64,16 +65,18 @@ class Recorder:
                on_batch: Callable[[int], None] | None = None) -> Accumulator:
         """The accumulator of ``windows [n, T]`` (numbered from ``first_window``), run ``batch_size`` at a
         time, each batch merged into the shard's as it ends (sums in batch order: the same bits as merging
-        them all at the end, in the memory of two accumulators, not one per batch); on the CPU.
+        them all at the end, in the memory of two accumulators, not one per batch); on the CPU. Freed memory
+        is kept between the batches and handed back at the end (``memory.heap_kept``).
         ``on_batch(b)`` after each batch of ``b`` windows (a progress bar's tick)."""
         acc = None
-        for start in range(0, len(windows), batch_size):
-            tokens = windows[start:start + batch_size]
-            batch = self.batch(tokens.to(self.device), first_window + start)
-            acc = batch if acc is None else acc.merge(batch)
-            if on_batch is not None:
-                on_batch(len(tokens))
-        return acc.to("cpu")
+        with heap_kept():  # memory.py: each batch's tensors reuse the last one's pages, handed back after
+            for start in range(0, len(windows), batch_size):
+                tokens = windows[start:start + batch_size]
+                batch = self.batch(tokens.to(self.device), first_window + start)
+                acc = batch if acc is None else acc.merge(batch)
+                if on_batch is not None:
+                    on_batch(len(tokens))
+            return acc.to("cpu")
 
     def batch(self, tokens: torch.Tensor, first_window: int) -> Accumulator:
         """The accumulator of one batch ``tokens [b, T]`` (windows from ``first_window``), on the device."""
