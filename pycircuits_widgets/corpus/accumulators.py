@@ -104,6 +104,11 @@ class TopK:
         fields = {name: pad(name, t) for name, t in self.fields().items()}
         return TopK(fields.pop("score"), fields.pop("window"), fields.pop("position"), fields)
 
+    def rows(self, start: int, stop: int) -> TopK:
+        """The table of rows ``start .. stop - 1``."""
+        fields = {name: t[start:stop] for name, t in self.fields().items()}
+        return TopK(fields.pop("score"), fields.pop("window"), fields.pop("position"), fields)
+
     def to(self, device) -> TopK:
         return TopK(*(t.to(device) for t in (self.score, self.window, self.position)),
                     {n: t.to(device) for n, t in self.extras.items()})

@@ -116,24 +116,27 @@ class Recorder:
 
     def _roles(self, cache, parts: dict, first_window: int) -> dict[str, TopK]:
         """Each role's ``TopK`` (module docstring) from the batch's ``target_attention``: rows ``l * H + h``, a
-        position's score its attention on the role's targets, ``-inf`` (no example) where it has none."""
+        position's score its attention on the role's targets, ``-inf`` (no example) where it has none. The
+        roles are ranked as one table of ``roles * L * H`` rows, then split: one pass of each step, not one
+        per role (attn-only-2l: each step is a few microseconds of work and as much dispatch)."""
         patterns = cache.patterns  # [b, L, H, T, T]
         b, L, H, T, _ = patterns.shape
-        rows = torch.arange(L * H, device=patterns.device)[:, None]
-        out = {}
-        for name, (mass, targets) in parts.items():
-            scores = mass.to(self.work).masked_fill(~targets.any(-1)[:, None, None], float("-inf"))
-            values, index = top_k_first(scores.permute(1, 2, 0, 3).reshape(L * H, b * T), self.k)
-            win, pos = index // T, index % T
-            empty = values == float("-inf")  # fewer than k positions with a target in this batch
-            # the target attended most at each example: the pattern row with non-targets below any target
-            picked = patterns[win, rows // H, rows % H, pos].masked_fill(~targets[win, pos], -1.0)
-            source = picked.argmax(-1)
-            attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
-            out[name] = TopK(values + 0.0, (win + first_window).masked_fill(empty, EMPTY), pos.masked_fill(empty, 0),
-                             {"source": source.masked_fill(empty, 0), "attention": attention.masked_fill(empty, 0.0)}
-                             ).padded(self.k)
-        return out
+        targets = torch.stack([mask for _, mask in parts.values()])  # [roles, b, dest, src]
+        scores = torch.stack([mass for mass, _ in parts.values()]).to(self.work)  # [roles, b, L, H, dest]
+        scores.masked_fill_(~targets.any(-1)[:, :, None, None], float("-inf"))
+        values, index = top_k_first(scores.permute(0, 2, 3, 1, 4).reshape(len(parts) * L * H, b * T), self.k)
+        win, pos = index // T, index % T
+        rows = torch.arange(len(parts) * L * H, device=patterns.device)[:, None]
+        role, head = rows // (L * H), rows % (L * H)
+        empty = values == float("-inf")  # fewer than k positions with a target in this batch
+        # the target attended most at each example: the pattern row with non-targets below any target
+        picked = patterns[win, head // H, head % H, pos].masked_fill(~targets[role, win, pos], -1.0)
+        source = picked.argmax(-1)
+        attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
+        table = TopK(values + 0.0, (win + first_window).masked_fill(empty, EMPTY), pos.masked_fill(empty, 0),
+                     {"source": source.masked_fill(empty, 0), "attention": attention.masked_fill(empty, 0.0)}
+                     ).padded(self.k)
+        return {name: table.rows(i * L * H, (i + 1) * L * H) for i, name in enumerate(parts)}
 
     def _neurons(self, post: torch.Tensor, first_window: int, sums: dict) -> TopK:
         b, L, T, d_mlp = post.shape
