@@ -57,19 +57,22 @@ def target_masks(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"previous_token": previous, "duplicate_token": duplicate, "induction": induction}
 
 
-def target_attention(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Each score at each destination: ``{name: (attention [batch, L, H, dest], targets [batch, dest, src])}``,
-    ``attention`` the pattern's mass on the position's targets (0 where it has none; the per-position
-    terms of ``target_mass``'s mean), in the patterns' dtype; ``targets`` the score's mask
-    (``target_masks``). ``patterns [batch, L, H, dest, src]``,
-    ``tokens [batch, pos]``. The targets are few (one per position for the previous token, the earlier
-    copies for the others): gathered, not a masked pass over every pattern."""
+def target_attention(patterns: torch.Tensor, tokens: torch.Tensor
+                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Each score at each destination: ``{name: (attention [batch, L, H, dest], targets [batch, dest, src],
+    has_target [batch, dest])}``, ``attention`` the pattern's mass on the position's targets (0 where it
+    has none; the per-position terms of ``target_mass``'s mean), in the patterns' dtype; ``targets`` the
+    score's mask (``target_masks``) and ``has_target`` whether a position has any. ``patterns [batch, L,
+    H, dest, src]``, ``tokens [batch, pos]``. The targets are few (one per position for the previous
+    token, the earlier copies for the others): gathered, not a masked pass over every pattern."""
     b, L, H, T, _ = patterns.shape
     out = {}
     for name, mask in target_masks(tokens).items():
         seq, dest, src = mask.nonzero(as_tuple=True)
         at = patterns.new_zeros(b, T, L, H).index_put_((seq, dest), patterns[seq, :, :, dest, src], accumulate=True)
-        out[name] = (at.permute(0, 2, 3, 1), mask)
+        has_target = torch.zeros(b, T, dtype=torch.bool, device=mask.device)
+        has_target[seq, dest] = True
+        out[name] = (at.permute(0, 2, 3, 1), mask, has_target)
     return out
 
 
@@ -82,8 +85,8 @@ def target_mass(patterns: torch.Tensor, tokens: torch.Tensor, attention: dict | 
     (the sweep reads it for its examples too)."""
     attention = target_attention(patterns, tokens) if attention is None else attention
     # each sequence's sum in the patterns' dtype, the sequences' in float64
-    return {name: (at.sum(-1).sum(0, dtype=torch.float64), targets.any(-1).sum())
-            for name, (at, targets) in attention.items()}
+    return {name: (at.sum(-1).sum(0, dtype=torch.float64), has_target.sum())
+            for name, (at, _, has_target) in attention.items()}
 
 
 def scores_from_patterns(patterns: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -107,11 +107,7 @@ class Recorder:
         scores = norms.permute(1, 2, 0, 3).reshape(L * H, b * T)  # row l * H + h, column window * T + t
         values, index = top_k_first(scores, self.k)
         win, pos = index // T, index % T
-        rows = torch.arange(L * H, device=z.device)[:, None]
-        # the attention rows at the chosen examples only: [L * H, k, T]
-        picked = cache.patterns[win, rows // H, rows % H, pos]
-        source = picked.argmax(-1)
-        attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
+        source, attention = _attended_most(cache.patterns, win, torch.arange(L * H, device=z.device)[:, None], pos)
         return TopK(values + 0.0, win + first_window, pos, {"source": source, "attention": attention}).padded(self.k)
 
     def _roles(self, cache, parts: dict, first_window: int) -> dict[str, TopK]:
@@ -121,18 +117,16 @@ class Recorder:
         per role (attn-only-2l: each step is a few microseconds of work and as much dispatch)."""
         patterns = cache.patterns  # [b, L, H, T, T]
         b, L, H, T, _ = patterns.shape
-        targets = torch.stack([mask for _, mask in parts.values()])  # [roles, b, dest, src]
-        scores = torch.stack([mass for mass, _ in parts.values()]).to(self.work)  # [roles, b, L, H, dest]
-        scores.masked_fill_(~targets.any(-1)[:, :, None, None], float("-inf"))
+        targets = torch.stack([mask for _, mask, _ in parts.values()])  # [roles, b, dest, src]
+        scores = torch.stack([mass for mass, _, _ in parts.values()]).to(self.work)  # [roles, b, L, H, dest]
+        has_target = torch.stack([has for _, _, has in parts.values()])  # [roles, b, dest]
+        scores.masked_fill_(~has_target[:, :, None, None], float("-inf"))
         values, index = top_k_first(scores.permute(0, 2, 3, 1, 4).reshape(len(parts) * L * H, b * T), self.k)
         win, pos = index // T, index % T
         rows = torch.arange(len(parts) * L * H, device=patterns.device)[:, None]
         role, head = rows // (L * H), rows % (L * H)
         empty = values == float("-inf")  # fewer than k positions with a target in this batch
-        # the target attended most at each example: the pattern row with non-targets below any target
-        picked = patterns[win, head // H, head % H, pos].masked_fill(~targets[role, win, pos], -1.0)
-        source = picked.argmax(-1)
-        attention = picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
+        source, attention = _attended_most(patterns, win, head, pos, targets[role, win, pos])
         table = TopK(values + 0.0, (win + first_window).masked_fill(empty, EMPTY), pos.masked_fill(empty, 0),
                      {"source": source.masked_fill(empty, 0), "attention": attention.masked_fill(empty, 0.0)}
                      ).padded(self.k)
@@ -163,3 +157,17 @@ class Recorder:
         if not bool(torch.isfinite(total).all()):
             raise NonFiniteActivation(f"the forward over windows {first_window}..{first_window + b - 1} gave "
                                       f"non-finite {what} (NaN or inf); the model overflows on this text")
+
+
+def _attended_most(patterns: torch.Tensor, win: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+                   allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """At each example (window ``win``, head row ``rows = l * H + h``, destination ``pos``; ``[R, k]``,
+    ``rows`` broadcast): the source the head attends to most there, the first of equal maxima, and that
+    attention (float32); ``allowed [R, k, src]``: only among those sources (a role's targets; each example
+    has one). Reads the pattern rows of the examples only (``[R, k, T]``) from ``patterns [b, L, H, T, T]``."""
+    H = patterns.shape[2]
+    picked = patterns[win, rows // H, rows % H, pos]
+    if allowed is not None:  # the disallowed below any attention
+        picked = picked.masked_fill(~allowed, -1.0)
+    source = picked.argmax(-1)
+    return source, picked.gather(-1, source[..., None])[..., 0].to(torch.float32)
